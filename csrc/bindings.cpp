@@ -1,0 +1,149 @@
+// pybind11 entry points of the CPU core. Argument checking that users see happens in Python
+// (dihal_fast.geometry); here arrays arrive C-contiguous with the right dtype, and the checks
+// below only guard the kernels against misuse from other callers.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels.hpp"
+
+namespace py = pybind11;
+using std::int64_t;
+
+namespace {
+
+template <typename T>
+using CArray = py::array_t<T, py::array::c_style>;
+
+template <typename T>
+void require_matrix(const CArray<T>& X, const char* name) {
+  if (X.ndim() != 2) throw std::invalid_argument(std::string(name) + " must be 2-D, got ndim=" + std::to_string(X.ndim()));
+  if (X.shape(0) < 1 || X.shape(1) < 1) throw std::invalid_argument(std::string(name) + " must be non-empty");
+}
+
+template <typename T>
+int64_t covariance_update(CArray<T> X, int64_t count, CArray<double> mean, CArray<double> comoment) {
+  require_matrix(X, "X");
+  const int64_t n = X.shape(0), D = X.shape(1);
+  if (mean.ndim() != 1 || mean.shape(0) != D || comoment.ndim() != 2 || comoment.shape(0) != D || comoment.shape(1) != D)
+    throw std::invalid_argument("mean/comoment do not match the dimension of X");
+  const T* x = X.data();
+  double* m = mean.mutable_data();
+  double* M = comoment.mutable_data();
+  py::gil_scoped_release release;
+  dihal::covariance_update<T>(x, n, D, &count, m, M);
+  return count;
+}
+
+template <typename T>
+py::tuple knn(CArray<T> X, int64_t k) {
+  require_matrix(X, "X");
+  const int64_t n = X.shape(0), D = X.shape(1);
+  if (k < 1 || k >= n) throw std::invalid_argument("k must satisfy 1 <= k < n");
+  CArray<int64_t> idx({n, k});
+  CArray<double> d2({n, k});
+  const T* x = X.data();
+  int64_t* pi = idx.mutable_data();
+  double* pd = d2.mutable_data();
+  {
+    py::gil_scoped_release release;
+    dihal::knn<T>(x, n, D, k, pi, pd);
+  }
+  return py::make_tuple(idx, d2);
+}
+
+template <typename T>
+CArray<double> local_top_eigenvalues(CArray<T> X, CArray<int64_t> idx) {
+  require_matrix(X, "X");
+  const int64_t n = X.shape(0), D = X.shape(1);
+  if (idx.ndim() != 2 || idx.shape(0) != n) throw std::invalid_argument("indices must have shape (n, k)");
+  const int64_t k = idx.shape(1);
+  const int64_t* pi = idx.data();
+  for (int64_t i = 0; i < n * k; ++i)
+    if (pi[i] < 0 || pi[i] >= n) throw std::invalid_argument("neighbour index out of range");
+  CArray<double> out(n);
+  const T* x = X.data();
+  double* po = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    dihal::local_top_eigenvalues<T>(x, n, D, pi, k, po);
+  }
+  return out;
+}
+
+template <typename T>
+CArray<double> pair_quotients(CArray<T> X, CArray<double> mean, CArray<double> S, double lam, CArray<int64_t> pi,
+                              CArray<int64_t> pj) {
+  require_matrix(X, "X");
+  const int64_t n = X.shape(0), D = X.shape(1);
+  if (mean.ndim() != 1 || mean.shape(0) != D || S.ndim() != 2 || S.shape(0) != D || S.shape(1) != D)
+    throw std::invalid_argument("mean/covariance do not match the dimension of X");
+  if (pi.ndim() != 1 || pj.ndim() != 1 || pi.shape(0) != pj.shape(0))
+    throw std::invalid_argument("pair index arrays must be 1-D and of equal length");
+  const int64_t P = pi.shape(0);
+  const int64_t *a = pi.data(), *b = pj.data();
+  for (int64_t p = 0; p < P; ++p)
+    if (a[p] < 0 || a[p] >= n || b[p] < 0 || b[p] >= n) throw std::invalid_argument("pair index out of range");
+  CArray<double> out(P);
+  const T* x = X.data();
+  const double *m = mean.data(), *s = S.data();
+  double* po = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    dihal::pair_quotients<T>(x, n, D, m, s, lam, a, b, P, po);
+  }
+  return out;
+}
+
+py::tuple top_eigenvalue_psd(CArray<double> S, double rel_tol) {
+  if (S.ndim() != 2 || S.shape(0) != S.shape(1) || S.shape(0) < 1)
+    throw std::invalid_argument("S must be a non-empty square matrix");
+  const double* s = S.data();
+  const int64_t D = S.shape(0);
+  int iterations = 0;
+  double value;
+  {
+    py::gil_scoped_release release;
+    value = dihal::top_eigenvalue_psd(s, D, rel_tol, &iterations);
+  }
+  return py::make_tuple(value, iterations);
+}
+
+double top_eigenvalue_small(CArray<double> A) {
+  if (A.ndim() != 2 || A.shape(0) != A.shape(1) || A.shape(0) < 1)
+    throw std::invalid_argument("A must be a non-empty square matrix");
+  std::vector<double> work(A.data(), A.data() + A.size());
+  return dihal::top_eigenvalue_small(work.data(), int(A.shape(0)));
+}
+
+py::dict build_info() {
+  py::dict info;
+  info["compiler"] = std::string(__VERSION__);
+  info["cxx_standard"] = long(__cplusplus);
+  info["openmp_threads"] = dihal::num_threads();
+  info["blas"] = "scipy-openblas32";
+  info["cuda_compiled"] = bool(DIHAL_CUDA_BUILT);
+  return info;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "dihal_fast CPU kernels (OpenMP + OpenBLAS)";
+  m.def("covariance_update", &covariance_update<float>, py::arg("X"), py::arg("count"), py::arg("mean"), py::arg("comoment"));
+  m.def("covariance_update", &covariance_update<double>, py::arg("X"), py::arg("count"), py::arg("mean"), py::arg("comoment"));
+  m.def("knn", &knn<float>, py::arg("X"), py::arg("k"));
+  m.def("knn", &knn<double>, py::arg("X"), py::arg("k"));
+  m.def("local_top_eigenvalues", &local_top_eigenvalues<float>, py::arg("X"), py::arg("indices"));
+  m.def("local_top_eigenvalues", &local_top_eigenvalues<double>, py::arg("X"), py::arg("indices"));
+  m.def("pair_quotients", &pair_quotients<float>, py::arg("X"), py::arg("mean"), py::arg("cov"), py::arg("lam"),
+        py::arg("pi"), py::arg("pj"));
+  m.def("pair_quotients", &pair_quotients<double>, py::arg("X"), py::arg("mean"), py::arg("cov"), py::arg("lam"),
+        py::arg("pi"), py::arg("pj"));
+  m.def("top_eigenvalue_psd", &top_eigenvalue_psd, py::arg("S"), py::arg("rel_tol") = 1e-12);
+  m.def("top_eigenvalue_small", &top_eigenvalue_small, py::arg("A"));
+  m.def("build_info", &build_info);
+}

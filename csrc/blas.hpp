@@ -1,0 +1,35 @@
+// BLAS/LAPACK from the scipy-openblas32 wheel (symbols carry the scipy_ prefix), with small
+// overloads so that the templated kernels call the right precision.
+#pragma once
+#include <cblas.h>
+#include <lapacke.h>
+
+namespace dihal::blas {
+
+inline void syrk_upper_t(int D, int n, const float* A, float* C) {
+  scipy_cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, D, n, 1.0f, A, D, 0.0f, C, D);
+}
+inline void syrk_upper_t(int D, int n, const double* A, double* C) {
+  scipy_cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, D, n, 1.0, A, D, 0.0, C, D);
+}
+// C (m x n) = A (m x k) * B (n x k)^T, all row-major with leading dimension lda/ldb = k.
+inline void gemm_abt(int m, int n, int k, const float* A, const float* B, float* C, int ldc) {
+  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, A, k, B, k, 0.0f, C, ldc);
+}
+inline void gemm_abt(int m, int n, int k, const double* A, const double* B, double* C, int ldc) {
+  scipy_cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0, A, k, B, k, 0.0, C, ldc);
+}
+
+// Runs the enclosed scope with OpenBLAS on one thread (for BLAS calls inside OpenMP regions).
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() : previous_(scipy_openblas_get_num_threads()) { scipy_openblas_set_num_threads(1); }
+  ~SingleThreadedBlas() { scipy_openblas_set_num_threads(previous_); }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace dihal::blas

@@ -1,0 +1,121 @@
+// Top eigenvalues: cyclic Jacobi for small dense symmetric matrices, Lanczos with full
+// reorthogonalisation for large positive semi-definite ones.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "blas.hpp"
+#include "kernels.hpp"
+
+namespace dihal {
+
+double top_eigenpair_small(double* A, int m, double* vec) {
+  std::vector<double> V;
+  if (vec) {
+    V.assign(size_t(m) * size_t(m), 0.0);
+    for (int p = 0; p < m; ++p) V[size_t(p * m + p)] = 1.0;
+  }
+  for (int sweep = 0; sweep < 100 && m > 1; ++sweep) {
+    double off = 0.0, diag = 0.0;
+    for (int p = 0; p < m; ++p) {
+      diag += A[p * m + p] * A[p * m + p];
+      for (int q = p + 1; q < m; ++q) off += A[p * m + q] * A[p * m + q];
+    }
+    if (off <= 1e-30 * diag || off == 0.0) break;
+    for (int p = 0; p < m - 1; ++p) {
+      for (int q = p + 1; q < m; ++q) {
+        const double apq = A[p * m + q];
+        if (apq == 0.0) continue;
+        const double theta = (A[q * m + q] - A[p * m + p]) / (2.0 * apq);
+        const double t = std::copysign(1.0, theta) / (std::fabs(theta) + std::sqrt(theta * theta + 1.0));
+        const double c = 1.0 / std::sqrt(t * t + 1.0), s = t * c;
+        for (int r = 0; r < m; ++r) {  // A <- A J (columns p, q)
+          const double arp = A[r * m + p], arq = A[r * m + q];
+          A[r * m + p] = c * arp - s * arq;
+          A[r * m + q] = s * arp + c * arq;
+        }
+        for (int r = 0; r < m; ++r) {  // A <- J^T A (rows p, q)
+          const double apr = A[p * m + r], aqr = A[q * m + r];
+          A[p * m + r] = c * apr - s * aqr;
+          A[q * m + r] = s * apr + c * aqr;
+        }
+        if (vec)
+          for (int r = 0; r < m; ++r) {  // V <- V J
+            const double vrp = V[size_t(r * m + p)], vrq = V[size_t(r * m + q)];
+            V[size_t(r * m + p)] = c * vrp - s * vrq;
+            V[size_t(r * m + q)] = s * vrp + c * vrq;
+          }
+      }
+    }
+  }
+  int best = 0;
+  for (int p = 1; p < m; ++p)
+    if (A[p * m + p] > A[best * m + best]) best = p;
+  if (vec)
+    for (int r = 0; r < m; ++r) vec[r] = V[size_t(r * m + best)];
+  return A[best * m + best];
+}
+
+double top_eigenvalue_small(double* A, int m) { return top_eigenpair_small(A, m, nullptr); }
+
+double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* iterations) {
+  if (D == 1) {
+    if (iterations) *iterations = 0;
+    return S[0];
+  }
+  const int64_t max_iter = std::min<int64_t>(D, 300);
+  std::vector<double> V(size_t(max_iter + 1) * size_t(D));  // Lanczos basis, one row per vector
+  std::vector<double> alpha, beta, w(D), T;
+  // Deterministic, well-spread start vector.
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  double norm = 0.0;
+  for (int64_t i = 0; i < D; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    V[size_t(i)] = 0.5 + double(state >> 11) * (1.0 / 9007199254740992.0);
+    norm += V[size_t(i)] * V[size_t(i)];
+  }
+  norm = std::sqrt(norm);
+  for (int64_t i = 0; i < D; ++i) V[size_t(i)] /= norm;
+
+  double theta = 0.0;
+  int64_t j = 0;
+  for (; j < max_iter; ++j) {
+    double* v = V.data() + j * D;
+    scipy_cblas_dsymv(CblasRowMajor, CblasUpper, int(D), 1.0, S, int(D), v, 1, 0.0, w.data(), 1);
+    const double a = scipy_cblas_ddot(int(D), w.data(), 1, v, 1);
+    alpha.push_back(a);
+    // Full reorthogonalisation (twice is enough) against all previous vectors.
+    for (int pass = 0; pass < 2; ++pass)
+      for (int64_t i = 0; i <= j; ++i) {
+        const double* vi = V.data() + i * D;
+        const double h = scipy_cblas_ddot(int(D), w.data(), 1, vi, 1);
+        scipy_cblas_daxpy(int(D), -h, vi, 1, w.data(), 1);
+      }
+    const double b = scipy_cblas_dnrm2(int(D), w.data(), 1);
+
+    // Ritz values of the tridiagonal T_j; residual of the top Ritz pair is |b * s_last|.
+    const int m = int(j + 1);
+    T.assign(size_t(m) * size_t(m), 0.0);
+    for (int i = 0; i < m; ++i) {
+      T[size_t(i * m + i)] = alpha[size_t(i)];
+      if (i + 1 < m) T[size_t(i * m + i + 1)] = T[size_t((i + 1) * m + i)] = beta[size_t(i)];
+    }
+    std::vector<double> s(static_cast<size_t>(m));
+    theta = top_eigenpair_small(T.data(), m, s.data());
+    const double last = s[size_t(m - 1)];
+    const double residual = std::fabs(b * last);
+    if (b <= 1e-14 * std::max(std::fabs(theta), 1e-300) || (residual <= rel_tol * std::fabs(theta))) {
+      ++j;
+      break;
+    }
+    beta.push_back(b);
+    double* vnext = V.data() + (j + 1) * D;
+    for (int64_t i = 0; i < D; ++i) vnext[i] = w[size_t(i)] / b;
+  }
+  if (iterations) *iterations = int(j);
+  return theta;
+}
+
+}  // namespace dihal

@@ -1,0 +1,164 @@
+// Exact kNN: tiled distance products (GEMM in the input precision on mean-centred data) with a
+// fused per-row candidate list, then an exact float64 re-rank. A row whose float64 answer cannot be
+// certified from the candidates (the k-th exact distance is not clearly below every rejected
+// point's approximate distance minus the rounding bound) is recomputed exactly against all rows.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "blas.hpp"
+#include "kernels.hpp"
+
+namespace dihal {
+namespace {
+
+constexpr int64_t kQueryBlock = 256;
+constexpr int64_t kRefBlock = 2048;
+
+// A bounded list of the best (distance, index) pairs, kept sorted by distance ascending.
+struct Candidates {
+  float* dist;
+  int64_t* idx;
+  int64_t size = 0;
+  int64_t cap;
+
+  float threshold() const { return size < cap ? std::numeric_limits<float>::infinity() : dist[cap - 1]; }
+
+  void insert(float d, int64_t j) {
+    int64_t pos = size < cap ? size++ : cap - 1;
+    while (pos > 0 && dist[pos - 1] > d) {
+      dist[pos] = dist[pos - 1];
+      idx[pos] = idx[pos - 1];
+      --pos;
+    }
+    dist[pos] = d;
+    idx[pos] = j;
+  }
+};
+
+template <typename T>
+double exact_sqdist(const T* a, const T* b, int64_t D) {
+  double s = 0.0;
+  for (int64_t c = 0; c < D; ++c) {
+    const double d = double(a[c]) - double(b[c]);
+    s += d * d;
+  }
+  return s;
+}
+
+// Sorts (distance, index) pairs by distance, then index, and keeps the first k.
+void sort_pairs(std::vector<std::pair<double, int64_t>>& v, int64_t k) {
+  const auto less = [](const auto& x, const auto& y) { return x.first < y.first || (x.first == y.first && x.second < y.second); };
+  if (int64_t(v.size()) > k) {
+    std::nth_element(v.begin(), v.begin() + k, v.end(), less);
+    v.resize(size_t(k));
+  }
+  std::sort(v.begin(), v.end(), less);
+}
+
+}  // namespace
+
+template <typename T>
+void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* out_d2) {
+  const int64_t cap = std::min(n - 1, k + std::max<int64_t>(16, k / 2));
+
+  // Centre in float64, round to the working precision; squared norms in float64.
+  std::vector<double> mean(D, 0.0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < D; ++c) mean[c] += double(X[r * D + c]);
+  for (auto& m : mean) m /= double(n);
+  std::vector<T> Xc(size_t(n) * size_t(D));
+  std::vector<float> norms(n);
+  double max_norm2 = 0.0;
+#pragma omp parallel for schedule(static) reduction(max : max_norm2)
+  for (int64_t r = 0; r < n; ++r) {
+    double s = 0.0;
+    for (int64_t c = 0; c < D; ++c) {
+      const T v = T(double(X[r * D + c]) - mean[c]);
+      Xc[size_t(r * D + c)] = v;
+      s += double(v) * double(v);
+    }
+    norms[r] = float(s);
+    max_norm2 = std::max(max_norm2, s);
+  }
+  // Rounding bound of an approximate squared distance (dot product of length D in precision T,
+  // plus the norms and the final sum), relative to ||x_i||^2 + max_j ||x_j||^2.
+  const double unit = std::numeric_limits<T>::epsilon() / 2;
+  const double rel_bound = (4.0 * std::sqrt(double(D)) + 8.0) * unit + 4.0 * double(std::numeric_limits<float>::epsilon());
+
+  std::vector<float> cand_dist(size_t(n) * size_t(cap));
+  std::vector<int64_t> cand_idx(size_t(n) * size_t(cap));
+  std::vector<float> cand_thr(n);
+
+  {
+    blas::SingleThreadedBlas single;
+    const int64_t n_qblocks = (n + kQueryBlock - 1) / kQueryBlock;
+#pragma omp parallel
+    {
+      std::vector<T> tile(size_t(kQueryBlock) * size_t(kRefBlock));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t qb = 0; qb < n_qblocks; ++qb) {
+        const int64_t q0 = qb * kQueryBlock, nq = std::min(kQueryBlock, n - q0);
+        std::vector<Candidates> lists(nq);
+        for (int64_t q = 0; q < nq; ++q)
+          lists[q] = Candidates{cand_dist.data() + (q0 + q) * cap, cand_idx.data() + (q0 + q) * cap, 0, cap};
+        for (int64_t r0 = 0; r0 < n; r0 += kRefBlock) {
+          const int64_t nr = std::min(kRefBlock, n - r0);
+          blas::gemm_abt(int(nq), int(nr), int(D), Xc.data() + q0 * D, Xc.data() + r0 * D, tile.data(), int(nr));
+          for (int64_t q = 0; q < nq; ++q) {
+            Candidates& list = lists[q];
+            const T* g = tile.data() + q * nr;
+            const float nqn = norms[q0 + q];
+            const int64_t self = q0 + q - r0;
+            float thr = list.threshold();
+            for (int64_t j = 0; j < nr; ++j) {
+              const float d = nqn + norms[r0 + j] - 2.0f * float(g[j]);
+              if (d < thr && j != self) {
+                list.insert(d, r0 + j);
+                thr = list.threshold();
+              }
+            }
+          }
+        }
+        for (int64_t q = 0; q < nq; ++q) cand_thr[q0 + q] = lists[q].threshold();
+      }
+    }
+  }
+
+  // Exact re-rank in float64, certified against the rounding bound; otherwise exact brute force.
+#pragma omp parallel
+  {
+    std::vector<std::pair<double, int64_t>> pairs;
+#pragma omp for schedule(dynamic, 16)
+    for (int64_t i = 0; i < n; ++i) {
+      const T* xi = X + i * D;
+      pairs.clear();
+      for (int64_t c = 0; c < cap; ++c) {
+        const int64_t j = cand_idx[size_t(i * cap + c)];
+        pairs.emplace_back(exact_sqdist(xi, X + j * D, D), j);
+      }
+      sort_pairs(pairs, k);
+      const bool complete = cap == n - 1;
+      const double bound = rel_bound * (double(norms[i]) + max_norm2);
+      if (!complete && !(pairs[size_t(k - 1)].first < double(cand_thr[i]) - bound)) {
+        pairs.clear();
+        for (int64_t j = 0; j < n; ++j)
+          if (j != i) pairs.emplace_back(exact_sqdist(xi, X + j * D, D), j);
+        sort_pairs(pairs, k);
+      }
+      for (int64_t c = 0; c < k; ++c) {
+        out_idx[i * k + c] = pairs[size_t(c)].second;
+        out_d2[i * k + c] = pairs[size_t(c)].first;
+      }
+    }
+  }
+}
+
+template void knn<float>(const float*, int64_t, int64_t, int64_t, int64_t*, double*);
+template void knn<double>(const double*, int64_t, int64_t, int64_t, int64_t*, double*);
+
+}  // namespace dihal

@@ -1,0 +1,44 @@
+// Declarations of the CPU geometry kernels. All matrices are dense row-major; rows are tokens.
+// Every kernel accumulates in float64 (or in blocks of the input precision merged in float64)
+// and is templated on the input element type (float or double).
+#pragma once
+#include <cstdint>
+
+namespace dihal {
+
+// Chan/pairwise update of (count, mean[D], comoment[D*D]) with the rows of X (n x D).
+// Only the upper triangle of the co-moment is read and written (the caller mirrors it). Blocks of rows are centred at their own mean, their
+// co-moment is formed by a SYRK in the input precision and merged in float64.
+template <typename T>
+void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* comoment);
+
+// Exact k nearest rows of X (excluding the row itself, ties to the lower index).
+// Writes indices (n x k) and squared Euclidean distances computed in float64 (n x k).
+template <typename T>
+void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* indices, double* sqdist);
+
+// For each row i, the top eigenvalue of the covariance (normalised by k + 1) of row i together
+// with its k neighbours idx[i, :], via the (k+1) x (k+1) Gram matrix of the centred points.
+template <typename T>
+void local_top_eigenvalues(const T* X, int64_t n, int64_t D, const int64_t* idx, int64_t k, double* out);
+
+// Rayleigh quotients (x_i - x_j)^T (S + lam I)^-1 (x_i - x_j) / ||x_i - x_j||^2 for the given pairs,
+// NaN where x_i == x_j. S is D x D symmetric positive semi-definite, mean is used to centre X.
+template <typename T>
+void pair_quotients(const T* X, int64_t n, int64_t D, const double* mean, const double* S, double lam,
+                    const int64_t* pi, const int64_t* pj, int64_t n_pairs, double* out);
+
+// Largest eigenvalue of a symmetric positive semi-definite D x D matrix (Lanczos with full
+// reorthogonalisation and a residual-based convergence test). Returns the number of
+// iterations used through *iterations when non-null.
+double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* iterations);
+
+// Largest eigenvalue of a small symmetric m x m matrix (cyclic Jacobi; A is overwritten).
+// top_eigenpair_small also writes the unit eigenvector into vec (m entries) when vec is non-null.
+double top_eigenvalue_small(double* A, int m);
+double top_eigenpair_small(double* A, int m, double* vec);
+
+// Threads used by the OpenMP kernels.
+int num_threads();
+
+}  // namespace dihal

@@ -1,0 +1,94 @@
+"""Loading of the compiled modules.
+
+``import dihal_fast`` never fails because a compiled module or a GPU library is missing: the
+modules are loaded on first use, and a missing one raises :class:`BackendUnavailable` with what was
+tried and what to install.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib
+import os
+from types import ModuleType
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend was asked for that is not compiled into this build or cannot run here."""
+
+
+@functools.lru_cache(maxsize=None)
+def _preload_openblas() -> None:
+    # The extension links libscipy_openblas.so; loading it first by full path makes the import
+    # independent of the rpath (editable installs, relocated environments).
+    import scipy_openblas32
+
+    path = os.path.join(scipy_openblas32.get_lib_dir(), "libscipy_openblas.so")
+    if os.path.exists(path):
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name: str) -> tuple[ModuleType | None, str]:
+    try:
+        if name == "_core":
+            _preload_openblas()
+        return importlib.import_module(f"dihal_fast.{name}"), ""
+    except ImportError as exc:  # not compiled, or a shared library missing
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def core() -> ModuleType:
+    """The compiled CPU module, or :class:`BackendUnavailable` saying why it cannot be loaded."""
+    module, reason = _load("_core")
+    if module is None:
+        raise BackendUnavailable(
+            "the compiled CPU core (dihal_fast._core) could not be loaded "
+            f"({reason}). Reinstall the package from source with a C++17 compiler: "
+            "pip install --force-reinstall --no-deps . (backend='reference' runs the NumPy code)."
+        )
+    return module
+
+
+def cuda_module() -> ModuleType:
+    """The compiled CUDA module, or :class:`BackendUnavailable` saying why not."""
+    module, reason = _load("_cuda")
+    if module is None:
+        raise BackendUnavailable(
+            "the CUDA backend is not compiled into this build "
+            f"({reason}). Build on a machine with nvcc (DIHAL_CUDA=ON pip install .)."
+        )
+    count, why = module.device_count()
+    if count == 0:
+        raise BackendUnavailable(f"the CUDA backend is compiled but no CUDA device can be used here ({why})")
+    return module
+
+
+def build_info() -> dict:
+    """What was compiled into this build and which backends can run on this machine."""
+    from dihal_fast._version import __version__
+
+    info: dict = {"version": __version__, "backends": {}}
+    core_module, core_reason = _load("_core")
+    info["backends"]["reference"] = {"compiled": True, "available": True, "reason": ""}
+    info["backends"]["cpu"] = {
+        "compiled": core_module is not None,
+        "available": core_module is not None,
+        "reason": core_reason,
+    }
+    if core_module is not None:
+        info["cpu"] = dict(core_module.build_info())
+    cuda, cuda_reason = _load("_cuda")
+    cuda_entry = {"compiled": cuda is not None, "available": False, "reason": cuda_reason}
+    if cuda is not None:
+        count, why = cuda.device_count()
+        cuda_entry.update(available=count > 0, devices=count, reason=why)
+        cuda_entry.update(dict(cuda.build_info()))
+    info["backends"]["cuda"] = cuda_entry
+    cuvs_compiled = bool(cuda is not None and cuda_entry.get("cuvs_compiled", False))
+    info["backends"]["cuvs"] = {
+        "compiled": cuvs_compiled,
+        "available": cuvs_compiled and cuda_entry["available"],
+        "reason": "" if cuvs_compiled else "built without cuVS (libcuvs not found at build time)",
+    }
+    return info

@@ -1,0 +1,136 @@
+"""Backend registry: one dispatch point for every geometry operation.
+
+A backend is an object with the operations below; the public functions in
+:mod:`dihal_fast.geometry.proxies` compose them. ``auto`` picks ``cuda`` for CUDA tensors and
+``cpu`` otherwise; asking for a backend that cannot run raises :class:`BackendUnavailable`.
+
+Operations (``X`` is a validated matrix as the backend expects it):
+  covariance(X) -> (mean, cov)        population covariance, float64
+  trace(cov) -> float
+  top_eigenvalue(cov) -> float        largest eigenvalue of a PSD matrix
+  knn(X, k) -> (indices, sqdist)      host int64 / float64 arrays
+  local_top_eigenvalues(X, idx) -> host float64 (n,)
+  pair_quotients(X, mean, cov, lam, pi, pj) -> host float64 (n_pairs,), NaN for identical rows
+  covariance_update(X, count, mean, comoment) -> count   (upper triangle of comoment, in place)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dihal_fast import _native, reference
+from dihal_fast._native import BackendUnavailable
+
+BACKENDS = ("auto", "cpu", "cuda", "cuvs", "reference")
+
+
+class CpuBackend:
+    """C++ kernels (OpenMP + OpenBLAS) on host NumPy arrays."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.core = _native.core()
+
+    def covariance(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # One-shot proxies use a float64 SYRK (exact to float64 rounding); the streaming
+        # accumulator below keeps the input precision inside blocks for throughput.
+        D = X.shape[1]
+        mean, M = np.zeros(D), np.zeros((D, D))
+        self.core.covariance_update(np.asarray(X, dtype=np.float64), 0, mean, M)
+        return mean, symmetrize_upper(M) / X.shape[0]
+
+    def trace(self, cov: np.ndarray) -> float:
+        return float(np.trace(cov))
+
+    def top_eigenvalue(self, cov: np.ndarray) -> float:
+        value, _ = self.core.top_eigenvalue_psd(cov)
+        return float(value)
+
+    def knn(self, X: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.core.knn(X, k)
+
+    def local_top_eigenvalues(self, X: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        return self.core.local_top_eigenvalues(X, idx)
+
+    def pair_quotients(self, X, mean, cov, lam, pi, pj) -> np.ndarray:
+        return self.core.pair_quotients(X, mean, cov, lam, pi, pj)
+
+    def covariance_update(self, X: np.ndarray, count: int, mean: np.ndarray, comoment: np.ndarray) -> int:
+        return int(self.core.covariance_update(X, count, mean, comoment))
+
+
+class ReferenceBackend:
+    """The NumPy float64 definitions from :mod:`dihal_fast.reference`."""
+
+    name = "reference"
+
+    def covariance(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return reference.covariance(X)
+
+    def trace(self, cov: np.ndarray) -> float:
+        return float(np.trace(cov))
+
+    def top_eigenvalue(self, cov: np.ndarray) -> float:
+        return float(np.linalg.eigvalsh(cov)[-1])
+
+    def knn(self, X: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return reference.knn(X, k)
+
+    def local_top_eigenvalues(self, X: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        return reference.local_top_eigenvalues(X, idx)
+
+    def pair_quotients(self, X, mean, cov, lam, pi, pj) -> np.ndarray:
+        X = reference.to_float64(X)
+        P = np.linalg.inv(cov + lam * np.eye(cov.shape[0]))
+        d = X[pi] - X[pj]
+        den = np.einsum("pd,pd->p", d, d)
+        num = np.einsum("pd,de,pe->p", d, P, d)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+    def covariance_update(self, X: np.ndarray, count: int, mean: np.ndarray, comoment: np.ndarray) -> int:
+        nb = X.shape[0]
+        bmean, bcov = reference.covariance(X)
+        delta = bmean - mean
+        total = count + nb
+        comoment += bcov * nb + np.outer(delta, delta) * (count * nb / total)
+        mean += delta * (nb / total)
+        return total
+
+
+def symmetrize_upper(M: np.ndarray) -> np.ndarray:
+    """The symmetric matrix whose upper triangle is that of ``M``."""
+    upper = np.triu(M)
+    return upper + np.triu(M, 1).T
+
+
+_INSTANCES: dict[str, Any] = {}
+
+
+def get_backend(backend: str, device: str = "cpu") -> Any:
+    """The backend object for ``backend`` given where the data lives (``cpu`` or ``cuda``)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend = "cuda" if device == "cuda" else "cpu"
+    if device == "cuda" and backend in ("cpu", "reference"):
+        raise ValueError(f"backend={backend!r} runs on the host; move the CUDA tensor with .cpu() first")
+    if backend not in _INSTANCES:
+        _INSTANCES[backend] = _create(backend)
+    return _INSTANCES[backend]
+
+
+def _create(backend: str) -> Any:
+    if backend == "cpu":
+        return CpuBackend()
+    if backend == "reference":
+        return ReferenceBackend()
+    # cuda / cuvs: the GPU kernels register here once compiled (see dihal_fast.geometry.backend_cuda).
+    try:
+        from dihal_fast.geometry import backend_cuda
+    except ImportError:
+        _native.cuda_module()  # raises with the reason when the module is missing or has no device
+        raise BackendUnavailable(f"backend={backend!r}: the CUDA kernels are not part of this build") from None
+    return backend_cuda.create(backend)

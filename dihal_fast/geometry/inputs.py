@@ -1,0 +1,106 @@
+"""Validation and conversion of user matrices: the one place where bad input is caught."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+_FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A validated ``n x D`` matrix: the array to hand to a backend and where it lives."""
+
+    data: Any  # np.ndarray (float32/float64, C-contiguous) or a torch CUDA tensor
+    device: str  # "cpu" or "cuda"
+    source_dtype: str
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.data.shape)  # type: ignore[return-value]
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def _dtype_name(x: Any) -> str:
+    return str(x.dtype).replace("torch.", "")
+
+
+def as_matrix(X: Any, name: str = "X", min_rows: int = 2, allow_cuda: bool = False) -> Matrix:
+    """Check that ``X`` is a finite 2-D float matrix with at least ``min_rows`` rows and ``D >= 1``.
+
+    NumPy arrays and CPU tensors become C-contiguous float32 (from float16/bfloat16/float32) or
+    float64 NumPy arrays; CUDA tensors are kept on the device when ``allow_cuda``.
+    Raises ``TypeError`` for non-float, object or ragged input and ``ValueError`` for wrong shapes,
+    too few rows or non-finite values, naming the argument and the value.
+    """
+    if _is_torch(X):
+        dtype = _dtype_name(X)
+        if dtype not in _FLOAT_NAMES:
+            raise TypeError(f"{name} must have a floating dtype ({', '.join(_FLOAT_NAMES)}), got torch.{dtype}")
+        _check_shape(tuple(X.shape), name, min_rows)
+        import torch
+
+        if not bool(torch.isfinite(X).all()):
+            bad = int((~torch.isfinite(X)).sum())
+            raise ValueError(f"{name} contains {bad} NaN or Inf value(s); clean or mask them before computing geometry")
+        if X.device.type == "cuda":
+            if not allow_cuda:
+                raise ValueError(
+                    f"{name} is a CUDA tensor; this backend runs on the CPU. Pass backend='cuda' "
+                    "(or 'auto'), or move the tensor with .cpu() yourself"
+                )
+            return Matrix(X, "cuda", dtype)
+        X = X.detach()
+        if dtype in ("float16", "bfloat16"):
+            X = X.float()
+        return Matrix(np.ascontiguousarray(X.numpy()), "cpu", dtype)
+
+    if not isinstance(X, np.ndarray):
+        try:
+            X = np.asarray(X)
+        except (ValueError, TypeError) as exc:
+            raise TypeError(f"{name} must be a 2-D float array; could not convert {type(X).__name__}: {exc}") from None
+    dtype = X.dtype.name
+    if X.dtype.kind != "f" or dtype not in _FLOAT_NAMES:
+        raise TypeError(f"{name} must have a floating dtype ({', '.join(_FLOAT_NAMES)}), got {X.dtype}")
+    _check_shape(X.shape, name, min_rows)
+    if not np.isfinite(X).all():
+        bad = int((~np.isfinite(X)).sum())
+        raise ValueError(f"{name} contains {bad} NaN or Inf value(s); clean or mask them before computing geometry")
+    work = X.astype(np.float32) if dtype == "float16" else X
+    return Matrix(np.ascontiguousarray(work), "cpu", dtype)
+
+
+def _check_shape(shape: tuple, name: str, min_rows: int) -> None:
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be 2-D (n tokens x D features), got shape {tuple(shape)}")
+    n, D = shape
+    if D < 1:
+        raise ValueError(f"{name} must have at least one feature column, got shape {tuple(shape)}")
+    if n < min_rows:
+        raise ValueError(f"{name} needs at least {min_rows} rows, got {n} (shape {tuple(shape)})")
+
+
+def check_k(k: Any, n: int) -> int:
+    """``k`` must be an integer with ``1 <= k < n``."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k must be an integer, got {k!r}")
+    if not 1 <= int(k) < n:
+        raise ValueError(f"k must satisfy 1 <= k < n (n = {n} rows), got k = {k}")
+    return int(k)
+
+
+def check_positive(value: Any, name: str, integer: bool = False) -> float:
+    """A finite positive number (an integer when ``integer``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if integer and not float(value).is_integer():
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return int(value) if integer else float(value)

@@ -1,0 +1,116 @@
+"""The public geometry proxies of DESIGN.md, composed from backend operations."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dihal_fast.geometry.backends import get_backend
+from dihal_fast.geometry.inputs import Matrix, as_matrix, check_k, check_positive
+from dihal_fast.profiling import nvtx_range
+from dihal_fast.reference import draw_pairs
+
+DEFAULT_K = 16
+DEFAULT_RIDGE = 1e-3
+DEFAULT_PAIRS = 10000
+
+
+def _prepare(X: Any, backend: str, min_rows: int = 2) -> tuple[Matrix, Any]:
+    allow_cuda = backend in ("auto", "cuda", "cuvs")
+    matrix = as_matrix(X, "X", min_rows=min_rows, allow_cuda=allow_cuda)
+    return matrix, get_backend(backend, matrix.device)
+
+
+def knn(X: Any, k: int = DEFAULT_K, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """Exact k nearest rows of ``X`` (self excluded, ties to the lower index).
+
+    Returns ``(indices, sqdist)``: int64 ``n x k`` and squared Euclidean distances ``n x k``
+    (float64 for float64 input, float32 otherwise), each row sorted by distance.
+    """
+    matrix, ops = _prepare(X, backend)
+    k = check_k(k, matrix.shape[0])
+    with nvtx_range("knn"):
+        idx, d2 = ops.knn(matrix.data, k)
+    idx, d2 = np.asarray(idx), np.asarray(d2)
+    return idx, d2 if matrix.source_dtype == "float64" else d2.astype(np.float32)
+
+
+def _covariance(matrix: Matrix, ops: Any) -> tuple[Any, Any, float]:
+    with nvtx_range("covariance"):
+        mean, cov = ops.covariance(matrix.data)
+        trace = ops.trace(cov)
+    if not trace > 0:
+        raise ValueError(f"X has zero variance (all {matrix.shape[0]} rows are identical); the proxies are undefined")
+    return mean, cov, trace
+
+
+def _k_eff(ops: Any, cov: Any, trace: float) -> float:
+    with nvtx_range("top_eigen"):
+        return trace / ops.top_eigenvalue(cov)
+
+
+def _m_mono(matrix: Matrix, ops: Any, mean: Any, cov: Any, trace: float, ridge: float, n_pairs: int, seed: int) -> float:
+    n, D = matrix.shape
+    pi, pj = draw_pairs(n, n_pairs, seed)
+    with nvtx_range("pairs"):
+        q = np.asarray(ops.pair_quotients(matrix.data, mean, cov, ridge * trace / D, pi, pj))
+    q = q[~np.isnan(q)]
+    if q.size == 0:
+        raise ValueError(f"all {n_pairs} sampled pairs are identical rows; m_mono is undefined")
+    return float(np.median(q))
+
+
+def _m_curv(matrix: Matrix, ops: Any, trace: float, k: int) -> float:
+    with nvtx_range("knn"):
+        idx, _ = ops.knn(matrix.data, k)
+    with nvtx_range("local_eigen"):
+        lam = np.asarray(ops.local_top_eigenvalues(matrix.data, idx))
+    eps = 1e-12 * trace / matrix.shape[1]
+    return float(np.median(1.0 / np.maximum(lam, eps)))
+
+
+def effective_rank(X: Any, backend: str = "auto") -> float:
+    """``k_eff = tr(Sigma) / lambda_max(Sigma)`` of the population covariance of ``X``."""
+    matrix, ops = _prepare(X, backend)
+    _, cov, trace = _covariance(matrix, ops)
+    return _k_eff(ops, cov, trace)
+
+
+def monotonicity_proxy(
+    X: Any, ridge: float = DEFAULT_RIDGE, n_pairs: int = DEFAULT_PAIRS, seed: int = 0, backend: str = "auto"
+) -> float:
+    """``m_mono``: median over ``n_pairs`` seeded pairs of the regularised-precision Rayleigh quotient."""
+    ridge = check_positive(ridge, "ridge")
+    n_pairs = check_positive(n_pairs, "n_pairs", integer=True)
+    matrix, ops = _prepare(X, backend)
+    mean, cov, trace = _covariance(matrix, ops)
+    return _m_mono(matrix, ops, mean, cov, trace, ridge, n_pairs, int(seed))
+
+
+def curvature_proxy(X: Any, k: int = DEFAULT_K, backend: str = "auto") -> float:
+    """``m_curv``: median over rows of ``1 / lambda_max`` of the k-NN local covariance."""
+    matrix, ops = _prepare(X, backend)
+    k = check_k(k, matrix.shape[0])
+    _, _, trace = _covariance(matrix, ops)
+    return _m_curv(matrix, ops, trace, k)
+
+
+def geometry_proxies(
+    X: Any,
+    k: int = DEFAULT_K,
+    ridge: float = DEFAULT_RIDGE,
+    n_pairs: int = DEFAULT_PAIRS,
+    seed: int = 0,
+    backend: str = "auto",
+) -> dict[str, float]:
+    """All three proxies of one layer's hidden states, sharing one covariance: ``m_curv, m_mono, k_eff``."""
+    ridge = check_positive(ridge, "ridge")
+    n_pairs = check_positive(n_pairs, "n_pairs", integer=True)
+    matrix, ops = _prepare(X, backend)
+    k = check_k(k, matrix.shape[0])
+    mean, cov, trace = _covariance(matrix, ops)
+    return {
+        "m_curv": _m_curv(matrix, ops, trace, k),
+        "m_mono": _m_mono(matrix, ops, mean, cov, trace, ridge, n_pairs, int(seed)),
+        "k_eff": _k_eff(ops, cov, trace),
+    }

@@ -1,0 +1,39 @@
+"""Selection score across candidate layers (DESIGN.md): which hidden state is most diffusion-friendly."""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+PROXY_NAMES = ("m_curv", "m_mono", "k_eff")
+
+
+def _zscore(values: np.ndarray) -> np.ndarray:
+    sd = values.std()  # population standard deviation
+    return (values - values.mean()) / sd if sd > 0 else np.zeros_like(values)
+
+
+def selection_scores(proxies_by_layer: Mapping[int, Mapping[str, float]]) -> tuple[dict[int, float], int]:
+    """``score(l) = z(log m_curv) + z(log m_mono) - z(log k_eff)``; returns ``({layer: score}, l*)``.
+
+    ``l*`` is the argmax, ties to the shallower layer. Every proxy must be finite and > 0.
+    """
+    if not proxies_by_layer:
+        raise ValueError("proxies_by_layer is empty: give the proxies of at least one candidate layer")
+    layers = sorted(proxies_by_layer)
+    logs = {}
+    for name in PROXY_NAMES:
+        column = []
+        for layer in layers:
+            entry = proxies_by_layer[layer]
+            if name not in entry:
+                raise ValueError(f"layer {layer} has no {name!r} (expected keys {PROXY_NAMES})")
+            value = float(entry[name])
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"layer {layer}: {name} must be finite and > 0, got {value!r}")
+            column.append(math.log(value))
+        logs[name] = np.array(column)
+    score = _zscore(logs["m_curv"]) + _zscore(logs["m_mono"]) - _zscore(logs["k_eff"])
+    best = layers[int(np.argmax(score))]  # argmax returns the first maximum: the shallower layer
+    return {layer: float(s) for layer, s in zip(layers, score)}, best

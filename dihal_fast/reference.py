@@ -1,0 +1,117 @@
+"""Plain NumPy float64 implementations of every geometry definition in DESIGN.md.
+
+These are the ground truth the compiled kernels are tested against: short, literal and slow
+(``O(n^2 D)`` memory-light loops, dense inverses). Use ``backend="reference"`` in the public API
+to run them through the same argument checks.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+
+def to_float64(X) -> np.ndarray:
+    """A float64 NumPy copy of a NumPy array or torch tensor (any device, dtype or stride)."""
+    if hasattr(X, "detach"):
+        X = X.detach().to("cpu").double().numpy()
+    return np.array(X, dtype=np.float64, copy=True)
+
+
+def draw_pairs(n: int, n_pairs: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n_pairs`` ordered pairs ``(i, j)``, ``i != j``, uniform over the rows, from ``seed``.
+
+    This sampler *is* part of the definition of ``m_mono``: every backend uses it.
+    """
+    rng = np.random.default_rng(seed)
+    i = rng.integers(0, n, size=n_pairs, dtype=np.int64)
+    j = rng.integers(0, n - 1, size=n_pairs, dtype=np.int64)
+    j += j >= i
+    return i, j
+
+
+def covariance(X) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and population covariance ``(X - mu)^T (X - mu) / n``."""
+    X = to_float64(X)
+    mu = X.mean(axis=0)
+    Xc = X - mu
+    return mu, Xc.T @ Xc / X.shape[0]
+
+
+def effective_rank(X) -> float:
+    """``tr(Sigma) / lambda_max(Sigma)``."""
+    _, S = covariance(X)
+    return float(np.trace(S) / np.linalg.eigvalsh(S)[-1])
+
+
+def monotonicity_proxy(X, ridge: float = 1e-3, n_pairs: int = 10000, seed: int = 0) -> float:
+    """Median over sampled pairs of ``d^T (Sigma + lam I)^-1 d / ||d||^2``, ``lam = ridge tr(Sigma)/D``."""
+    X = to_float64(X)
+    _, S = covariance(X)
+    D = S.shape[0]
+    P = np.linalg.inv(S + ridge * np.trace(S) / D * np.eye(D))
+    i, j = draw_pairs(X.shape[0], n_pairs, seed)
+    d = X[i] - X[j]
+    den = np.einsum("pd,pd->p", d, d)
+    keep = den > 0
+    num = np.einsum("pd,de,pe->p", d[keep], P, d[keep])
+    return float(np.median(num / den[keep]))
+
+
+def knn(X, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Brute-force k nearest rows (self excluded, ties to the lower index) and squared distances."""
+    X = to_float64(X)
+    n = X.shape[0]
+    idx = np.empty((n, k), dtype=np.int64)
+    dist = np.empty((n, k), dtype=np.float64)
+    for r in range(n):
+        diff = X - X[r]
+        d = np.einsum("nd,nd->n", diff, diff)
+        d[r] = np.inf
+        order = np.argsort(d, kind="stable")[:k]
+        idx[r], dist[r] = order, d[order]
+    return idx, dist
+
+
+def local_top_eigenvalues(X, indices: np.ndarray) -> np.ndarray:
+    """Top eigenvalue of each row's neighbourhood covariance (row + its neighbours, normalised by k+1)."""
+    X = to_float64(X)
+    out = np.empty(X.shape[0])
+    for r in range(X.shape[0]):
+        N = X[np.concatenate(([r], indices[r]))]
+        N = N - N.mean(axis=0)
+        out[r] = np.linalg.eigvalsh(N @ N.T)[-1] / N.shape[0]
+    return out
+
+
+def curvature_proxy(X, k: int = 16) -> float:
+    """``median_i 1 / max(lambda_max(Sigma_i), eps)``, ``eps = 1e-12 tr(Sigma) / D``."""
+    X = to_float64(X)
+    _, S = covariance(X)
+    eps = 1e-12 * np.trace(S) / S.shape[0]
+    idx, _ = knn(X, k)
+    lam = local_top_eigenvalues(X, idx)
+    return float(np.median(1.0 / np.maximum(lam, eps)))
+
+
+def geometry_proxies(X, k: int = 16, ridge: float = 1e-3, n_pairs: int = 10000, seed: int = 0) -> dict[str, float]:
+    """The three proxies of one layer: ``m_curv``, ``m_mono``, ``k_eff``."""
+    return {
+        "m_curv": curvature_proxy(X, k),
+        "m_mono": monotonicity_proxy(X, ridge, n_pairs, seed),
+        "k_eff": effective_rank(X),
+    }
+
+
+def selection_scores(proxies_by_layer: Mapping[int, Mapping[str, float]]) -> tuple[dict[int, float], int]:
+    """``z(log m_curv) + z(log m_mono) - z(log k_eff)`` across layers; best layer, ties to the shallower."""
+    layers = sorted(proxies_by_layer)
+
+    def z(name: str) -> np.ndarray:
+        v = np.log([float(proxies_by_layer[l][name]) for l in layers])
+        sd = v.std()
+        return (v - v.mean()) / sd if sd > 0 else np.zeros_like(v)
+
+    score = z("m_curv") + z("m_mono") - z("k_eff")
+    best = layers[int(np.argmax(score))]
+    return {l: float(s) for l, s in zip(layers, score)}, best

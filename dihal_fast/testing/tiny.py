@@ -1,0 +1,80 @@
+"""Tiny randomly initialised causal-LM checkpoints (Llama, Qwen3, GPT-2, Mistral) with a real tokenizer.
+
+They load with ``AutoModelForCausalLM.from_pretrained(dir)`` / ``AutoTokenizer.from_pretrained(dir)``
+offline, like any user checkpoint, so tests exercise the real loading path.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+FAMILIES = ("llama", "qwen3", "gpt2", "mistral")
+
+_TRAINING_TEXT = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time there was a little girl who loved to read books.",
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune.",
+    "Numbers like 12, 345 and 6789 appear in text too; so do symbols: #, $, %, &.",
+]
+
+
+def make_tiny_tokenizer(vocab_size: int = 384):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with bos/eos/pad tokens, trained on a few lines."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_TRAINING_TEXT * 4, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def make_tiny_checkpoint(
+    out_dir: str | Path,
+    family: str = "llama",
+    n_layers: int = 4,
+    hidden: int = 32,
+    heads: int = 4,
+    seed: int = 0,
+    vocab_size: int = 384,
+    max_positions: int = 128,
+) -> Path:
+    """Write a tiny random ``family`` checkpoint with its tokenizer to ``out_dir`` and return the path."""
+    import torch
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen3Config
+
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    tokenizer = make_tiny_tokenizer(vocab_size)
+    vocab = len(tokenizer)
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=n_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        **ids,
+    )
+    if family == "llama":
+        config = LlamaConfig(**common)
+    elif family == "mistral":
+        config = MistralConfig(**common)
+    elif family == "qwen3":
+        config = Qwen3Config(**common, head_dim=hidden // heads)
+    else:
+        config = GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=n_layers, n_head=heads, n_positions=max_positions, **ids)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
