@@ -1,0 +1,63 @@
+"""Loading local Hugging Face causal-LM checkpoints with errors a user can act on."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def resolve_model_dir(path: str | os.PathLike | None) -> Path:
+    """``path`` checked to be a checkpoint directory; ``None`` means the shipped backbone."""
+    if path is None:
+        from dihal_fast.backbone import default_model_dir
+
+        return default_model_dir()
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"model directory does not exist: {path}")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise ValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
+    try:
+        json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}/config.json is corrupt: {exc}") from None
+    return path
+
+
+def load_tokenizer(path: str | os.PathLike | None):
+    """The checkpoint's tokenizer; a missing pad token is set to EOS (and said so in the log)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_dir(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"could not load a tokenizer from {path}: {exc}") from None
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ValueError(f"the tokenizer in {path} has neither a pad nor an eos token; add a pad token")
+        logger.info("tokenizer has no pad token; using eos (%r) for padding", tokenizer.eos_token)
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(path: str | os.PathLike | None, dtype: str = "float32", device: str = "cpu"):
+    """``(model, tokenizer)`` from a local checkpoint directory, in eval mode on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    path = resolve_model_dir(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    except Exception as exc:  # transformers/safetensors raise many types for a bad checkpoint
+        raise ValueError(f"could not load a causal LM from {path}: {type(exc).__name__}: {exc}") from None
+    tokenizer = load_tokenizer(path)
+    return model.to(device).eval(), tokenizer
