@@ -1,0 +1,135 @@
+"""Scoring text with language models: teacher-forced NLL/KL on token blocks, and generative perplexity
+of samples under an evaluator LM."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+from tqdm import tqdm
+
+from dihal_fast.evaluate.metrics import perplexity, pooled_nll, token_kl, token_nll
+
+logger = logging.getLogger(__name__)
+
+LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+GEN_PPL_PROTOCOL = (
+    "samples decoded to text (special tokens dropped), retokenised by the evaluator tokenizer without "
+    "special tokens; the evaluator's BOS is prepended when it has one so every sample token is scored "
+    "(otherwise the first token is unscored); truncated to the evaluator context; no EOS appended; "
+    "gen_ppl = exp(token-pooled NLL over all samples); gen_ppl_per_sample = mean over samples of "
+    "exp(per-sample mean NLL)"
+)
+
+
+def logits_fn(model) -> LogitsFn:
+    """``(input_ids, attention_mask) -> logits`` for any model whose forward returns ``.logits``."""
+
+    def run(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    return run
+
+
+@torch.no_grad()
+def teacher_forced(
+    model: LogitsFn,
+    blocks: torch.Tensor,
+    batch_size: int = 8,
+    reference: LogitsFn | None = None,
+    desc: str = "scoring",
+) -> dict:
+    """Token-pooled NLL and PPL of ``model`` on ``LongTensor[N, T]`` blocks (no padding).
+
+    With ``reference`` (the backbone), also the mean per-token ``KL(reference || model)`` on the same
+    positions. Returns ``{nll, ppl, n_tokens[, kl]}``.
+    """
+    if blocks.dim() != 2 or blocks.shape[0] == 0 or blocks.shape[1] < 2:
+        raise ValueError(f"expected a non-empty LongTensor[N, T] of blocks with T >= 2, got {tuple(blocks.shape)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    nll_sum, n_tokens, kl_sum = 0.0, 0, 0.0
+    for start in tqdm(range(0, blocks.shape[0], batch_size), desc=desc, leave=False):
+        ids = blocks[start : start + batch_size]
+        mask = torch.ones_like(ids)
+        logits = model(ids, mask)
+        batch_nll, batch_count = token_nll(logits, ids, mask)
+        nll_sum += float(batch_nll.sum())
+        n_tokens += int(batch_count.sum())
+        if reference is not None:
+            kl_sum += float(token_kl(reference(ids, mask), logits, mask)[0].sum())
+    nll = pooled_nll(nll_sum, n_tokens)
+    out = {"nll": nll, "ppl": perplexity(nll), "n_tokens": n_tokens}
+    if reference is not None:
+        out["kl"] = kl_sum / n_tokens
+    return out
+
+
+def evaluator_context(model, tokenizer) -> int:
+    """Longest sequence the evaluator accepts (config positions, else the tokenizer's limit)."""
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(model.config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < 10**7:
+        return limit
+    raise ValueError("cannot tell the evaluator's context length from its config or tokenizer")
+
+
+@torch.no_grad()
+def generative_perplexity(
+    texts: Sequence[str], model, tokenizer, batch_size: int = 8, device: str = "cpu"
+) -> dict:
+    """Gen PPL of sample texts under an evaluator causal LM, by :data:`GEN_PPL_PROTOCOL`.
+
+    Returns the pooled and per-sample Gen PPL, token counts, how many samples were truncated or
+    empty after retokenisation, and ``token_ids`` (the evaluator tokens of each sample, used for
+    entropy and diversity so that all three share one tokenisation).
+    """
+    if not texts:
+        raise ValueError("no samples to score")
+    context = evaluator_context(model, tokenizer)
+    bos = tokenizer.bos_token_id
+    prefix = [bos] if bos is not None else []
+    keep = context - len(prefix)
+    token_ids, n_truncated = [], 0
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        n_truncated += len(ids) > keep
+        token_ids.append(ids[:keep])
+    scored = [(i, prefix + ids) for i, ids in enumerate(token_ids) if len(prefix + ids) >= 2]
+    if not scored:
+        raise ValueError("every sample is empty (or one token without a BOS) after retokenisation; nothing to score")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    per_sample_nll: list[float] = []
+    nll_total, count_total = 0.0, 0
+    for start in range(0, len(scored), batch_size):
+        batch = [ids for _, ids in scored[start : start + batch_size]]
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(input_ids)
+        for row, ids in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            mask[row, : len(ids)] = 1
+        input_ids, mask = input_ids.to(device), mask.to(device)
+        logits = model(input_ids=input_ids, attention_mask=mask).logits
+        sums, counts = token_nll(logits, input_ids, mask)
+        nll_total += float(sums.sum())
+        count_total += int(counts.sum())
+        per_sample_nll += (sums / counts).tolist()
+    nll = pooled_nll(nll_total, count_total)
+    return {
+        "gen_ppl": perplexity(nll),
+        "gen_nll": nll,
+        "gen_ppl_per_sample": sum(perplexity(v) for v in per_sample_nll) / len(per_sample_nll),
+        "n_samples": len(texts),
+        "n_scored_tokens": count_total,
+        "n_truncated": int(n_truncated),
+        "n_empty": len(texts) - len(scored),
+        "evaluator_context": context,
+        "evaluator_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "protocol": GEN_PPL_PROTOCOL,
+        "token_ids": token_ids,
+    }
