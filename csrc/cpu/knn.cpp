@@ -20,15 +20,16 @@ constexpr int64_t kQueryBlock = 256;
 constexpr int64_t kRefBlock = 2048;
 
 // A bounded list of the best (distance, index) pairs, kept sorted by distance ascending.
+template <typename T>
 struct Candidates {
-  float* dist;
+  T* dist;
   int64_t* idx;
   int64_t size = 0;
   int64_t cap;
 
-  float threshold() const { return size < cap ? std::numeric_limits<float>::infinity() : dist[cap - 1]; }
+  T threshold() const { return size < cap ? std::numeric_limits<T>::infinity() : dist[cap - 1]; }
 
-  void insert(float d, int64_t j) {
+  void insert(T d, int64_t j) {
     int64_t pos = size < cap ? size++ : cap - 1;
     while (pos > 0 && dist[pos - 1] > d) {
       dist[pos] = dist[pos - 1];
@@ -66,33 +67,41 @@ template <typename T>
 void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* out_d2) {
   const int64_t cap = std::min(n - 1, k + std::max<int64_t>(16, k / 2));
 
-  // Centre in float64, round to the working precision; squared norms in float64.
+  // Centre in float64 and scale by a power of two so that every value is at most 1 in magnitude
+  // (exact, and no overflow of squared norms in the working precision); round to T.
   std::vector<double> mean(D, 0.0);
   for (int64_t r = 0; r < n; ++r)
     for (int64_t c = 0; c < D; ++c) mean[c] += double(X[r * D + c]);
   for (auto& m : mean) m /= double(n);
+  double max_abs = 0.0;
+#pragma omp parallel for schedule(static) reduction(max : max_abs)
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < D; ++c) max_abs = std::max(max_abs, std::fabs(double(X[r * D + c]) - mean[c]));
+  const double scale = max_abs > 0 ? std::ldexp(1.0, -std::ilogb(max_abs) - 1) : 1.0;
+  const double scale2 = scale * scale;
   std::vector<T> Xc(size_t(n) * size_t(D));
-  std::vector<float> norms(n);
+  std::vector<T> norms(n);
   double max_norm2 = 0.0;
 #pragma omp parallel for schedule(static) reduction(max : max_norm2)
   for (int64_t r = 0; r < n; ++r) {
     double s = 0.0;
     for (int64_t c = 0; c < D; ++c) {
-      const T v = T(double(X[r * D + c]) - mean[c]);
+      const T v = T((double(X[r * D + c]) - mean[c]) * scale);
       Xc[size_t(r * D + c)] = v;
       s += double(v) * double(v);
     }
-    norms[r] = float(s);
+    norms[r] = T(s);
     max_norm2 = std::max(max_norm2, s);
   }
   // Rounding bound of an approximate squared distance (dot product of length D in precision T,
-  // plus the norms and the final sum), relative to ||x_i||^2 + max_j ||x_j||^2.
+  // plus the norms and the final sum), relative to ||x_i||^2 + max_j ||x_j||^2 (scaled units).
   const double unit = std::numeric_limits<T>::epsilon() / 2;
-  const double rel_bound = (4.0 * std::sqrt(double(D)) + 8.0) * unit + 4.0 * double(std::numeric_limits<float>::epsilon());
+  const double rel_bound = (4.0 * std::sqrt(double(D)) + 8.0) * unit;
 
-  std::vector<float> cand_dist(size_t(n) * size_t(cap));
+  std::vector<T> cand_dist(size_t(n) * size_t(cap));
   std::vector<int64_t> cand_idx(size_t(n) * size_t(cap));
-  std::vector<float> cand_thr(n);
+  std::vector<T> cand_thr(n);
+  std::vector<int64_t> cand_count(n);
 
   {
     blas::SingleThreadedBlas single;
@@ -103,20 +112,20 @@ void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* 
 #pragma omp for schedule(dynamic, 1)
       for (int64_t qb = 0; qb < n_qblocks; ++qb) {
         const int64_t q0 = qb * kQueryBlock, nq = std::min(kQueryBlock, n - q0);
-        std::vector<Candidates> lists(nq);
+        std::vector<Candidates<T>> lists(nq);
         for (int64_t q = 0; q < nq; ++q)
-          lists[q] = Candidates{cand_dist.data() + (q0 + q) * cap, cand_idx.data() + (q0 + q) * cap, 0, cap};
+          lists[q] = Candidates<T>{cand_dist.data() + (q0 + q) * cap, cand_idx.data() + (q0 + q) * cap, 0, cap};
         for (int64_t r0 = 0; r0 < n; r0 += kRefBlock) {
           const int64_t nr = std::min(kRefBlock, n - r0);
           blas::gemm_abt(int(nq), int(nr), int(D), Xc.data() + q0 * D, Xc.data() + r0 * D, tile.data(), int(nr));
           for (int64_t q = 0; q < nq; ++q) {
-            Candidates& list = lists[q];
+            Candidates<T>& list = lists[q];
             const T* g = tile.data() + q * nr;
-            const float nqn = norms[q0 + q];
+            const T nqn = norms[q0 + q];
             const int64_t self = q0 + q - r0;
-            float thr = list.threshold();
+            T thr = list.threshold();
             for (int64_t j = 0; j < nr; ++j) {
-              const float d = nqn + norms[r0 + j] - 2.0f * float(g[j]);
+              const T d = nqn + norms[r0 + j] - T(2) * g[j];
               if (d < thr && j != self) {
                 list.insert(d, r0 + j);
                 thr = list.threshold();
@@ -124,7 +133,10 @@ void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* 
             }
           }
         }
-        for (int64_t q = 0; q < nq; ++q) cand_thr[q0 + q] = lists[q].threshold();
+        for (int64_t q = 0; q < nq; ++q) {
+          cand_thr[q0 + q] = lists[q].threshold();
+          cand_count[q0 + q] = lists[q].size;
+        }
       }
     }
   }
@@ -137,14 +149,15 @@ void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* 
     for (int64_t i = 0; i < n; ++i) {
       const T* xi = X + i * D;
       pairs.clear();
-      for (int64_t c = 0; c < cap; ++c) {
+      for (int64_t c = 0; c < cand_count[i]; ++c) {
         const int64_t j = cand_idx[size_t(i * cap + c)];
         pairs.emplace_back(exact_sqdist(xi, X + j * D, D), j);
       }
       sort_pairs(pairs, k);
-      const bool complete = cap == n - 1;
+      const bool filled = cand_count[i] == cap && int64_t(pairs.size()) >= k;
+      const bool complete = filled && cap == n - 1;
       const double bound = rel_bound * (double(norms[i]) + max_norm2);
-      if (!complete && !(pairs[size_t(k - 1)].first < double(cand_thr[i]) - bound)) {
+      if (!complete && !(filled && pairs[size_t(k - 1)].first * scale2 < double(cand_thr[i]) - bound)) {
         pairs.clear();
         for (int64_t j = 0; j < n; ++j)
           if (j != i) pairs.emplace_back(exact_sqdist(xi, X + j * D, D), j);

@@ -48,6 +48,7 @@ def as_matrix(X: Any, name: str = "X", min_rows: int = 2, allow_cuda: bool = Fal
         if not bool(torch.isfinite(X).all()):
             bad = int((~torch.isfinite(X)).sum())
             raise ValueError(f"{name} contains {bad} NaN or Inf value(s); clean or mask them before computing geometry")
+        _check_magnitude(float(X.abs().max()), name)
         if X.device.type == "cuda":
             if not allow_cuda:
                 raise ValueError(
@@ -72,8 +73,21 @@ def as_matrix(X: Any, name: str = "X", min_rows: int = 2, allow_cuda: bool = Fal
     if not np.isfinite(X).all():
         bad = int((~np.isfinite(X)).sum())
         raise ValueError(f"{name} contains {bad} NaN or Inf value(s); clean or mask them before computing geometry")
+    _check_magnitude(float(np.abs(X).max()), name)
     work = X.astype(np.float32) if dtype == "float16" else X
     return Matrix(np.ascontiguousarray(work), "cpu", dtype)
+
+
+# Beyond this magnitude squared distances and co-moments can overflow float64.
+MAX_ABS_VALUE = 1e100
+
+
+def _check_magnitude(max_abs: float, name: str) -> None:
+    if max_abs > MAX_ABS_VALUE:
+        raise ValueError(
+            f"{name} has values up to {max_abs:.3g} in magnitude; above {MAX_ABS_VALUE:g} squared distances "
+            "overflow float64. Rescale X (the proxies m_mono and k_eff are scale-free; m_curv scales as 1/s^2)"
+        )
 
 
 def _check_shape(shape: tuple, name: str, min_rows: int) -> None:
