@@ -1,0 +1,82 @@
+"""Sudoku as a token task: context = the puzzle (0 = empty), target = the solution's digits minus one."""
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.tasks.base import EvalExample, TaskSpec, stack_pairs
+from dihal_fast.tasks.sudoku import Geometry, format_grid, geometry, is_valid_solution, random_symmetry
+from dihal_fast.tasks.sudoku_grade import generate
+
+logger = logging.getLogger(__name__)
+
+Pair = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def parse_box(text: str) -> tuple[int, int]:
+    """``"3x3"`` -> ``(3, 3)``; ValueError otherwise."""
+    try:
+        rows, cols = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"box shape must look like '3x3' or '2x3', got {text!r}") from None
+    geometry(rows, cols)
+    return rows, cols
+
+
+def generate_pool(geo: Geometry, count: int, difficulty: str, seed: int, cache: Path | None = None) -> list[Pair]:
+    """``count`` distinct generated puzzles of one grade, cached as JSON so a resumed run reuses them."""
+    if cache is not None and cache.is_file():
+        return [(tuple(p), tuple(s)) for p, s in read_json(cache, "puzzle pool")]
+    rng, seen, pool = random.Random(seed), set(), []
+    with tqdm(total=count, desc=f"generating {difficulty} {geo.n}x{geo.n} puzzles", leave=False) as bar:
+        while len(pool) < count:
+            puzzle, solution = generate(rng, geo, difficulty)
+            if puzzle not in seen:
+                seen.add(puzzle)
+                pool.append((puzzle, solution))
+                bar.update()
+    if cache is not None:
+        atomic_write_json(cache, [[list(p), list(s)] for p, s in pool])
+    return pool
+
+
+class SudokuTask:
+    """Training draws a pooled puzzle and applies a random symmetry, so the model sees many variants."""
+
+    def __init__(self, box_rows: int = 3, box_cols: int = 3, pool: list[Pair] | None = None) -> None:
+        self.geo = geometry(box_rows, box_cols)
+        n = self.geo.n
+        self.spec = TaskSpec("sudoku", target_vocab=n, target_len=n * n, context_vocab=n + 1, context_len=n * n, aligned=True)
+        self.pool = pool or []
+
+    def encode(self, puzzle: tuple[int, ...], solution: tuple[int, ...] | None = None) -> tuple[list[int], list[int]]:
+        if len(puzzle) != self.geo.cells:
+            raise ValueError(f"this model solves {self.geo.n}x{self.geo.n} Sudoku ({self.geo.cells} cells), got {len(puzzle)} cells")
+        target = [v - 1 for v in solution] if solution is not None else [0] * self.geo.cells
+        return list(puzzle), target
+
+    def train_batch(self, rng: random.Random, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.pool:
+            raise ValueError("the Sudoku task has no training pool")
+        pairs = [self.encode(*random_symmetry(*rng.choice(self.pool), rng, self.geo)) for _ in range(batch_size)]
+        return stack_pairs(pairs)
+
+    def example(self, puzzle: tuple[int, ...], solution: tuple[int, ...], group: str) -> EvalExample:
+        return EvalExample(tuple(self.encode(puzzle)[0]), (puzzle, solution), group)
+
+    def grid(self, target: list[int]) -> tuple[int, ...]:
+        return tuple(int(v) + 1 for v in target)
+
+    def score(self, example: EvalExample, target: list[int]) -> dict[str, bool]:
+        """``correct``: the whole board equals the reference; ``valid``: a valid grid keeping the givens."""
+        puzzle, solution = example.payload
+        grid = self.grid(target)
+        return {"correct": grid == tuple(solution), "valid": is_valid_solution(puzzle, grid, self.geo)}
+
+    def render(self, target: list[int]) -> str:
+        return format_grid(self.grid(target), pretty=True, geo=self.geo)
