@@ -1,6 +1,7 @@
 """Sampling from plain Hugging Face causal LMs with a KV cache and float64 categorical draws."""
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass
 
@@ -32,6 +33,12 @@ def check_generation_request(prompt_len: int, n_samples: int, max_new_tokens: in
         )
 
 
+def _cache_name(model) -> str:
+    """Forward keyword and output attribute of the KV cache: ``cache`` in transformers 5.x,
+    ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def sample_causal_lm(
     model,
@@ -48,14 +55,15 @@ def sample_causal_lm(
     """
     if prompt_ids.dim() != 2 or prompt_ids.shape[1] < 1:
         raise ValueError(f"prompt_ids must be LongTensor[B, P] with P >= 1, got {tuple(prompt_ids.shape)}")
+    name = _cache_name(model)
     start = time.perf_counter()
     out = model(input_ids=prompt_ids, use_cache=True)
-    cache, logits = out.past_key_values, out.logits[:, -1]
+    cache, logits = getattr(out, name), out.logits[:, -1]
     new = []
     for step in range(max_new_tokens):
         token = sample_categorical(logits, temperature, top_k, generator).to(prompt_ids.device)
         new.append(token)
         if step + 1 < max_new_tokens:
-            out = model(input_ids=token[:, None], past_key_values=cache, use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1]
+            out = model(input_ids=token[:, None], use_cache=True, **{name: cache})
+            cache, logits = getattr(out, name), out.logits[:, -1]
     return Generation(torch.stack(new, dim=1), time.perf_counter() - start)
