@@ -1,0 +1,156 @@
+"""A small Diffusion-LM-like control: continuous diffusion in the backbone's token-embedding space
+with rounding to the nearest token (Li et al. 2022, reduced to what a same-budget control needs).
+
+x0 is the backbone's (frozen) input embedding of each token, standardised per dimension. A
+bidirectional transformer predicts x0 from x_t = sqrt(abar) x0 + sqrt(1 - abar) eps under a cosine
+VP schedule; the loss is the x0 regression plus Diffusion-LM's rounding cross-entropy (logits =
+negative squared distance to every token embedding). Sampling is deterministic DDIM from Gaussian
+noise with the prompt positions held at their (noised) clean embeddings, Diffusion-LM's clamping of
+x0_hat to the nearest embedding at every step, and a final rounding to the nearest token. It has no
+tractable likelihood, so its NLL/PPL/KL are not reported.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.evaluate.generation import Generation
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DiffusionLMConfig:
+    """Size and training of the control (saved next to its checkpoint)."""
+
+    seq_len: int = 64
+    width: int = 128
+    layers: int = 2
+    heads: int = 4
+    lr: float = 1e-3
+    batch_size: int = 16
+    steps: int = 200
+    sample_steps: int = 50
+    seed: int = 0
+
+
+def cosine_alpha_bar(t: torch.Tensor) -> torch.Tensor:
+    """Cosine VP schedule ``abar(t) = cos^2(pi/2 * t)`` for ``t`` in [0, 1], clipped away from 0 and 1."""
+    return torch.cos(t.clamp(0.0, 1.0) * math.pi / 2).pow(2).clamp(1e-5, 1 - 1e-5)
+
+
+class DiffusionLM(nn.Module):
+    """Bidirectional x0-predicting denoiser over standardised token embeddings ``[V, D]``."""
+
+    def __init__(self, embedding: torch.Tensor, config: DiffusionLMConfig):
+        super().__init__()
+        self.config = config
+        emb = embedding.detach().float()
+        self.register_buffer("mean", emb.mean(dim=0))
+        self.register_buffer("std", emb.std(dim=0).clamp_min(1e-6))
+        self.register_buffer("table", (emb - self.mean) / self.std)
+        dim, width = emb.shape[1], config.width
+        self.inp = nn.Linear(dim, width)
+        self.pos = nn.Embedding(config.seq_len, width)
+        self.time = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
+        layer = nn.TransformerEncoderLayer(width, config.heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, config.layers, enable_nested_tensor=False)
+        self.out = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, dim))
+
+    def _time_features(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.config.width // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device) / half)
+        angles = 1000.0 * t[:, None] * freqs[None]
+        return self.time(torch.cat([angles.sin(), angles.cos()], dim=-1))
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``x0_hat[B, T, D]`` from ``x_t[B, T, D]`` and ``t[B]`` in [0, 1]."""
+        positions = torch.arange(x_t.shape[1], device=x_t.device)
+        h = self.inp(x_t) + self.pos(positions)[None] + self._time_features(t)[:, None]
+        return self.out(self.encoder(h))
+
+    def round_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Rounding logits ``-||x - e_v||^2`` over the vocabulary, ``[B, T, V]``."""
+        return 2 * x @ self.table.T - self.table.pow(2).sum(-1) - x.pow(2).sum(-1, keepdim=True)
+
+    def loss(self, tokens: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """x0 regression (mean over dims) + rounding cross-entropy on a batch ``tokens[B, T]``."""
+        x0 = self.table[tokens]
+        t = torch.rand(tokens.shape[0], generator=generator)
+        abar = cosine_alpha_bar(t)[:, None, None]
+        noise = torch.randn(x0.shape, generator=generator)
+        x0_hat = self(abar.sqrt() * x0 + (1 - abar).sqrt() * noise, t)
+        rounding = F.cross_entropy(self.round_logits(x0_hat).transpose(1, 2), tokens)
+        return F.mse_loss(x0_hat, x0) + rounding
+
+    @torch.no_grad()
+    def sample(self, prompt: torch.Tensor, new_tokens: int, steps: int, generator: torch.Generator | None = None) -> Generation:
+        """DDIM (eta = 0) with prompt in-filling and clamping; returns the ``new_tokens`` after the prompt."""
+        batch, plen = prompt.shape
+        length = plen + new_tokens
+        if length > self.config.seq_len:
+            raise ValueError(f"prompt + new tokens ({length}) exceed the control's sequence length {self.config.seq_len}")
+        start = time.perf_counter()
+        x0_prompt = self.table[prompt]
+        x = torch.randn((batch, length, self.table.shape[1]), generator=generator)
+        grid = torch.linspace(1.0, 0.0, steps + 1)
+        for t_now, t_next in zip(grid[:-1], grid[1:]):
+            abar, abar_next = cosine_alpha_bar(t_now), cosine_alpha_bar(t_next)
+            x0_hat = self.table[self.round_logits(self(x, t_now.expand(batch))).argmax(-1)]  # clamping trick
+            x0_hat[:, :plen] = x0_prompt  # prompt positions stay on the forward path of their initial noise
+            eps = (x - abar.sqrt() * x0_hat) / (1 - abar).sqrt()
+            x = abar_next.sqrt() * x0_hat + (1 - abar_next).sqrt() * eps
+        tokens = self.round_logits(x[:, plen:]).argmax(-1)
+        return Generation(tokens, time.perf_counter() - start)
+
+
+def train_diffusion_lm(
+    embedding: torch.Tensor, blocks: torch.Tensor, config: DiffusionLMConfig, out_dir: str | Path
+) -> DiffusionLM:
+    """Train the control on ``blocks[N, seq_len]`` for ``config.steps`` and save it to ``out_dir``.
+
+    A finished checkpoint in ``out_dir`` with the same config is loaded instead of retrained.
+    """
+    from safetensors.torch import load_file, save_file
+
+    out_dir = Path(out_dir)
+    if blocks.dim() != 2 or blocks.shape[1] != config.seq_len:
+        raise ValueError(f"blocks must be [N, {config.seq_len}], got {tuple(blocks.shape)}")
+    model = DiffusionLM(embedding, config)
+    finished = (out_dir / "model.safetensors").is_file() and (out_dir / "config.json").is_file()
+    if finished and read_json(out_dir / "config.json") == asdict(config):
+        logger.info("loading the finished Diffusion-LM control from %s", out_dir)
+        model.load_state_dict(load_file(out_dir / "model.safetensors"))
+        return model.eval()
+    generator = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)
+    trainable = list(model.parameters())
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
+    losses = []
+    model.train()
+    for _ in tqdm(range(config.steps), desc="Diffusion-LM control", leave=False):
+        index = torch.randint(0, blocks.shape[0], (config.batch_size,), generator=generator)
+        loss = model.loss(blocks[index], generator)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    model.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "train_log.json", {"loss": losses})
+    save_file(model.state_dict(), str(out_dir / "model.tmp.safetensors"))
+    (out_dir / "model.tmp.safetensors").replace(out_dir / "model.safetensors")
+    atomic_write_json(out_dir / "config.json", asdict(config))  # written last: marks the checkpoint finished
+    return model
