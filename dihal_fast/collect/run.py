@@ -1,0 +1,164 @@
+"""The collection pass: one forward per batch, every hidden state into :class:`LayerStatistics`."""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from dihal_fast.collect.checkpoint import CheckpointStore
+from dihal_fast.collect.config import CollectConfig
+from dihal_fast.collect.distributed import agree_on_errors, all_reduce_ints, local_device, merge_to_rank0, rank_info
+from dihal_fast.collect.statistics import LayerStatistics, token_mask
+from dihal_fast.common.models import DTYPES, load_causal_lm
+from dihal_fast.corpus import iter_token_blocks, read_texts
+from dihal_fast.profiling import nvtx_range
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CollectResult:
+    """Outcome of :func:`collect`. ``statistics`` is the merged state on rank 0 (``None`` elsewhere
+    or when the pass stopped early); ``complete`` is False when ``max_batches`` stopped it."""
+
+    statistics: LayerStatistics | None
+    complete: bool
+    n_blocks: int
+    n_tokens: int
+    n_layers: int
+    hidden_size: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def model_hidden_states(backbone: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
+    """All ``L + 1`` hidden states (embedding output first) of one batch, without the LM head."""
+    with torch.no_grad():
+        out = backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+    return out.hidden_states
+
+
+def _check_model(model, config: CollectConfig) -> tuple[int, int]:
+    n_layers, hidden = int(model.config.num_hidden_layers), int(model.config.hidden_size)
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    if max_positions is not None and config.seq_len > max_positions:
+        raise ValueError(f"seq_len {config.seq_len} exceeds the model's max_position_embeddings ({max_positions})")
+    return n_layers, hidden
+
+
+def _rank_blocks(tokenizer, config: CollectConfig, rank: int, world: int, skip: int) -> Iterator[torch.Tensor]:
+    """This rank's blocks (global blocks ``rank, rank + world, ...``) after the first ``skip``."""
+    total = config.total_blocks
+    rank_tokens = None if total is None else len(range(rank, total, world)) * config.seq_len
+    if rank_tokens == 0:
+        return iter(())
+    blocks = iter_token_blocks(tokenizer, read_texts(config.corpus), config.seq_len, rank_tokens, rank, world)
+    return itertools.islice(blocks, skip, None)
+
+
+def _collect_local(config: CollectConfig, run_dir: Path, resume: bool, max_batches: int | None, progress: bool):
+    rank, world = rank_info()
+    device = local_device(config.device)
+    model, tokenizer = load_causal_lm(config.model, config.dtype, device)
+    n_layers, hidden = _check_model(model, config)
+    vocab = model.get_input_embeddings().num_embeddings
+    store = CheckpointStore(run_dir, rank, world)
+    store.start(config, resume)
+    stats = LayerStatistics(range(n_layers + 1), hidden, config.reservoir_size, DTYPES[config.dtype], config.seed)
+    logger.info(
+        "collecting %d hidden states (dim %d) from %s on %s; reservoir of %d tokens needs up to %.1f MB",
+        n_layers + 1, hidden, config.model, device, config.reservoir_size,
+        config.reservoir_size * (n_layers + 1) * hidden * stats.reservoir.vectors[0].element_size() / 2**20,
+    )
+    state = {"blocks_done": 0, "batches_done": 0, "exhausted": False}
+    if resume:
+        state = store.load(stats) or state
+    positions = torch.arange(config.seq_len, device=device)
+    total = config.total_blocks
+    expected = None if total is None else -(-len(range(rank, total, world)) // config.batch_size)
+    bar = tqdm(total=expected, initial=state["batches_done"], unit="batch", desc="collect", disable=not progress or rank != 0)
+    batches_now, start = 0, time.perf_counter()
+    blocks = _rank_blocks(tokenizer, config, rank, world, state["blocks_done"]) if not state["exhausted"] else iter(())
+    while not state["exhausted"]:
+        if max_batches is not None and batches_now >= max_batches:
+            break
+        batch = list(itertools.islice(blocks, config.batch_size))
+        if not batch:
+            state["exhausted"] = True
+            break
+        input_ids = torch.stack(batch).to(device)
+        if int(input_ids.max()) >= vocab:
+            raise ValueError(f"the tokenizer produced id {int(input_ids.max())} but the model has only {vocab} embeddings")
+        local = torch.arange(state["blocks_done"], state["blocks_done"] + len(batch), device=device)
+        global_positions = (local * world + rank)[:, None] * config.seq_len + positions
+        attention = torch.ones_like(input_ids)
+        with nvtx_range("collect"):
+            hidden_states = model_hidden_states(model.base_model, input_ids, attention)
+            stats.update(hidden_states, token_mask(attention, config.keep_first), global_positions, input_ids)
+        del hidden_states
+        state["blocks_done"] += len(batch)
+        state["batches_done"] += 1
+        batches_now += 1
+        bar.update(1)
+        bar.set_postfix(tokens=stats.count)
+        if state["batches_done"] % config.checkpoint_every == 0:
+            store.save(stats, state)
+    bar.close()
+    store.save(stats, state)
+    return stats, state, n_layers, hidden, time.perf_counter() - start
+
+
+def collect(
+    config: CollectConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    max_batches: int | None = None,
+    progress: bool = True,
+) -> CollectResult:
+    """Stream ``config.corpus`` through ``config.model`` into per-layer statistics, checkpointed in ``RUN/collect``.
+
+    Every process (``torchrun``) reads its share of blocks; ranks agree on errors, then their states
+    are merged to rank 0. ``max_batches`` stops this invocation after that many batches (state
+    checkpointed; ``resume=True`` continues and yields the same result as one uninterrupted pass).
+    Raises ``ValueError`` when the corpus yields no block or fewer tokens than ``max_tokens``.
+    """
+    rank, world = rank_info()
+    if config.world_size != world:
+        raise ValueError(f"config.world_size is {config.world_size} but {world} process(es) are running")
+    try:
+        stats, state, n_layers, hidden, seconds = _collect_local(config, Path(run_dir), resume, max_batches, progress)
+        error = None
+    except Exception as exc:  # every rank must reach the agreement below, or the others would hang
+        error = exc
+    agree_on_errors(error)
+    n_blocks, complete_ranks = all_reduce_ints([state["blocks_done"], int(state["exhausted"])], "sum")
+    n_tokens = all_reduce_ints([stats.count], "sum")[0]
+    complete = complete_ranks == world
+    timings = {"collect_s": seconds}
+    if not complete:
+        logger.info("stopped after %d blocks (max_batches=%s); continue with resume", n_blocks, max_batches)
+        return CollectResult(None, False, n_blocks, n_tokens, n_layers, hidden, timings)
+    _check_totals(config, n_blocks)
+    start = time.perf_counter()
+    merged = merge_to_rank0(
+        stats, lambda: LayerStatistics(stats.layers, hidden, config.reservoir_size, stats.reservoir.dtype, config.seed)
+    )
+    timings["merge_s"] = time.perf_counter() - start
+    return CollectResult(merged, True, n_blocks, n_tokens, n_layers, hidden, timings)
+
+
+def _check_totals(config: CollectConfig, n_blocks: int) -> None:
+    if n_blocks == 0:
+        raise ValueError(f"corpus {config.corpus} yields no full block of seq_len = {config.seq_len} tokens")
+    wanted = config.total_blocks
+    if wanted is not None and n_blocks < wanted:
+        raise ValueError(
+            f"corpus {config.corpus} yields only {n_blocks * config.seq_len} tokens ({n_blocks} blocks of "
+            f"{config.seq_len}) but max_tokens = {config.max_tokens} were requested; lower --max-tokens or add text"
+        )
