@@ -1,0 +1,115 @@
+"""Configuration dataclasses of an HC-DLM run, saved as JSON next to every checkpoint."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.tasks.registry import TaskConfig
+
+MODEL_KINDS = ("hcdlm", "latent", "mdm", "ar")
+KERNELS = ("uniform", "absorbing")
+
+
+@dataclass
+class ModelConfig:
+    """Architecture. Baselines use ``hidden``/``heads`` and as many blocks as fit the HC-DLM budget."""
+
+    kind: str = "hcdlm"
+    hidden: int = 128
+    heads: int = 4
+    encoder_blocks: int = 2
+    denoiser_blocks: int = 3
+    predictor_blocks: int = 1
+    latents: int = 1  # M continuous latent vectors
+    latent_dim: int = 64  # d, size of each latent vector
+    kernel: str = "uniform"  # discrete forward kernel of the token scaffold
+    dropout: float = 0.0
+    baseline_blocks: int = 0  # 0 = as many as match the HC-DLM parameter count
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"model must be one of {MODEL_KINDS}, got {self.kind!r}")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+        for name in ("hidden", "heads", "encoder_blocks", "denoiser_blocks", "predictor_blocks", "latents", "latent_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class ObjectiveConfig:
+    """Weights of the HC-DLM objective (paper defaults) and the scaffold's guidance dropout."""
+
+    lambda_recon: float = 1.0
+    lambda_ent: float = 8e-3
+    lambda_cont: float = 0.5
+    mask_aux_weight: float = 0.2
+    mask_aux_rate: float = 0.15
+    scaffold_drop: float = 0.2  # share of scaffolds replaced by random tokens (classifier-free guidance)
+    timesteps: int = 1000  # T; one t ~ U{1..T} per example
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 2000
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 100
+    grad_clip: float = 1.0
+    ema: float = 0.999
+    seed: int = 0
+    max_minutes: float = 0.0  # wall-clock budget; 0 = run all steps
+    log_every: int = 25
+    checkpoint_every: int = 250
+    threads: int = 0  # torch threads; 0 = leave torch's default
+
+
+@dataclass
+class SampleConfig:
+    """How to generate: steps for diffusion models, guidance, re-masking, MDM order, temperature."""
+
+    steps: int = 50
+    cfg_weight: float = 0.0  # 0 = no guidance; the paper samples with 2.75
+    remask: str = "confidence"  # absorbing kernel: "confidence" or "random"
+    order: str = "margin"  # MDM unmasking order: "prob" (top-probability) or "margin"
+    temperature: float = 0.0  # 0 = argmax tokens (puzzles); 1 = sample (text), always in float64
+    batch_size: int = 128
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"sampling steps must be >= 1, got {self.steps}")
+        if self.remask not in ("confidence", "random"):
+            raise ValueError(f"remask must be 'confidence' or 'random', got {self.remask!r}")
+        if self.order not in ("prob", "margin"):
+            raise ValueError(f"MDM order must be 'prob' or 'margin', got {self.order!r}")
+
+
+@dataclass
+class RunConfig:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunConfig":
+        parts = {"task": TaskConfig, "model": ModelConfig, "objective": ObjectiveConfig, "train": TrainConfig}
+        try:
+            return cls(**{name: kind(**data.get(name, {})) for name, kind in parts.items()})
+        except TypeError as exc:
+            raise ValueError(f"run config has unknown or missing fields: {exc}") from None
+
+    def save(self, path: Path) -> None:
+        atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: Path) -> "RunConfig":
+        return cls.from_dict(read_json(path, "run config"))

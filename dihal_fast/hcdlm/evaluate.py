@@ -1,0 +1,141 @@
+"""Evaluation of a trained run: puzzle accuracy (per group), accuracy against sampling steps (paper
+Fig. 3b), sampling time per batch, and Gen PPL + entropy of text samples under an evaluator LM."""
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dihal_fast.hcdlm.checkpoint import latest_checkpoint, load_state, load_weights
+from dihal_fast.hcdlm.config import RunConfig, SampleConfig
+from dihal_fast.hcdlm.kernels import make_kernel
+from dihal_fast.hcdlm.models import build_model
+from dihal_fast.hcdlm.sampler import generate
+from dihal_fast.tasks.base import EvalExample
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedRun:
+    config: RunConfig
+    task: object
+    model: torch.nn.Module
+    kernel: object
+    step: int
+
+
+def load_run(run_dir: str | Path, use_ema: bool = True) -> LoadedRun:
+    """The newest checkpoint of a run (EMA weights by default), with its task (no training data)."""
+    from dihal_fast.tasks.registry import build_task
+
+    run_dir = Path(run_dir)
+    folder = latest_checkpoint(run_dir)
+    if folder is None:
+        raise FileNotFoundError(f"no checkpoint in {run_dir} (expected {run_dir}/latest.json from 'dihal hcdlm train')")
+    config = RunConfig.load(folder / "config.json")
+    task = build_task(config.task, for_training=False)
+    model = build_model(task.spec, config.model)
+    load_weights(model, folder / ("ema.safetensors" if use_ema else "model.safetensors"))
+    model.eval()
+    return LoadedRun(config, task, model, make_kernel(config.model.kernel, task.spec.target_vocab), load_state(folder)["step"])
+
+
+def sample_targets(run: LoadedRun, contexts: torch.Tensor, cfg: SampleConfig, seed: int = 0) -> tuple[list[list[int]], float]:
+    """Generated targets for ``contexts[N, C]`` in batches, and the mean wall time per batch (s)."""
+    generator = torch.Generator().manual_seed(seed)
+    out, times = [], []
+    for start in tqdm(range(0, contexts.shape[0], cfg.batch_size), desc="sampling", leave=False):
+        began = time.perf_counter()
+        tokens = generate(run.model, run.kernel, contexts[start : start + cfg.batch_size], cfg, generator)
+        times.append(time.perf_counter() - began)
+        out.extend(tokens.tolist())
+    return out, sum(times) / max(1, len(times))
+
+
+def evaluate_examples(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0, show: int = 3) -> dict:
+    """Accuracy overall and per group (plus any other score flags, e.g. Countdown ``loose``)."""
+    if not examples:
+        raise ValueError("no evaluation examples")
+    contexts = torch.tensor([ex.context for ex in examples], dtype=torch.long).reshape(len(examples), -1)
+    targets, seconds = sample_targets(run, contexts, cfg, seed)
+    totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for ex, target in zip(examples, targets):
+        flags = run.task.score(ex, target)
+        for group in ("all", ex.group):
+            totals[group]["n"] += 1
+            for name, ok in flags.items():
+                totals[group][name] += int(ok)
+    groups = {g: {"n": c["n"], **{("accuracy" if k == "correct" else k): c[k] / c["n"] for k in c if k != "n"}} for g, c in totals.items()}
+    overall = groups.pop("all")
+    return {**overall, "groups": groups, "sampling_steps": cfg.steps, "seconds_per_batch": seconds,
+            "batch_size": cfg.batch_size, "examples": [run.task.render(t) for t in targets[:show]]}
+
+
+def accuracy_vs_steps(run: LoadedRun, examples: list[EvalExample], steps_list: list[int], cfg: SampleConfig, seed: int = 0) -> list[dict]:
+    """``[{steps, accuracy, groups, seconds_per_batch}, ...]``; AR decodes once (it has no steps)."""
+    rows = []
+    for steps in steps_list:
+        if run.config.model.kind == "ar" and rows:
+            rows.append({**rows[0], "steps": steps})
+            continue
+        result = evaluate_examples(run, examples, replace(cfg, steps=steps), seed, show=0)
+        rows.append({"steps": steps, "accuracy": result["accuracy"], "groups": result["groups"], "seconds_per_batch": result["seconds_per_batch"]})
+        logger.info("%s: %d steps -> accuracy %.4f", run.config.model.kind, steps, result["accuracy"])
+    return rows
+
+
+def plot_accuracy_vs_steps(curves: dict[str, list[dict]], path: str | Path, title: str = "accuracy vs sampling steps") -> Path:
+    """One line per model (``label -> rows`` from :func:`accuracy_vs_steps`), log-x, saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for label, rows in curves.items():
+        ax.plot([r["steps"] for r in rows], [100 * r["accuracy"] for r in rows], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("sampling steps")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def evaluate_text(run: LoadedRun, n_samples: int, cfg: SampleConfig, evaluator_dir: str | Path, reference: list[str] | None = None, seed: int = 0) -> dict:
+    """Gen PPL (evaluator LM, float32) and mean per-sample unigram entropy of ``n_samples`` samples;
+    with ``reference`` texts, the same numbers for real data as a yardstick."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dihal_fast.evaluate.metrics import mean_unigram_entropy
+    from dihal_fast.evaluate.scoring import generative_perplexity
+
+    contexts = torch.zeros(n_samples, 0, dtype=torch.long)
+    targets, seconds = sample_targets(run, contexts, cfg, seed)
+    texts = [run.task.render(t) for t in targets]
+    evaluator = AutoModelForCausalLM.from_pretrained(evaluator_dir, torch_dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(evaluator_dir)
+
+    def score(samples: list[str]) -> dict:
+        result = generative_perplexity(samples, evaluator, tokenizer)
+        ids = [t for t in result.pop("token_ids") if t]
+        return {**result, "entropy": mean_unigram_entropy(ids)}
+
+    out = {"n": n_samples, **score(texts), "sampling_steps": cfg.steps, "temperature": cfg.temperature,
+           "seconds_per_batch": seconds, "evaluator": str(evaluator_dir), "examples": texts[:3]}
+    if reference:
+        data = score(reference)
+        out["data"] = {"gen_ppl": data["gen_ppl"], "entropy": data["entropy"], "n": len(reference)}
+    return out

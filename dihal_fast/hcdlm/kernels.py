@@ -1,0 +1,121 @@
+"""Noise processes as small objects: the continuous flow on latents and the discrete token kernels.
+
+Continuous: ``x_s = (1 - s) x_0 + s eps`` with ``s = t / T``; the x0-prediction Euler step of the
+paper's sampler is ``x_{t-1} = x_t - (x_t - x_hat_0) / t``. Discrete: ``alpha(s) = 1 - s`` of the tokens
+are kept; the rest become a uniform random token (``UniformKernel``) or [MASK] (``AbsorbingKernel``).
+All random decisions on tokens are drawn from float64 uniforms.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class FlowSchedule:
+    """Linear interpolation between data (s = 0) and N(0, I) noise (s = 1)."""
+
+    @staticmethod
+    def noise(x_0: torch.Tensor, s: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """``x_s`` for per-example levels ``s[B]``."""
+        s = s.view(-1, *([1] * (x_0.dim() - 1))).to(x_0.dtype)
+        return (1 - s) * x_0 + s * eps
+
+    @staticmethod
+    def euler_step(x_t: torch.Tensor, x_hat_0: torch.Tensor, t: int) -> torch.Tensor:
+        """One step from level ``t`` to ``t - 1`` (of ``steps``): ``x_t - (x_t - x_hat_0) / t``."""
+        if t < 1:
+            raise ValueError(f"Euler steps run from t = steps down to 1, got t={t}")
+        return x_t - (x_t - x_hat_0) / t
+
+
+def _uniform64(shape: tuple[int, ...], generator: torch.Generator | None, device) -> torch.Tensor:
+    return torch.rand(shape, dtype=torch.float64, generator=generator, device=device)
+
+
+def _level(s: torch.Tensor | float, tokens: torch.Tensor) -> torch.Tensor:
+    s = torch.as_tensor(s, dtype=torch.float64, device=tokens.device)
+    if s.dim() == 0:
+        s = s.expand(tokens.shape[0])
+    return s.view(-1, *([1] * (tokens.dim() - 1)))
+
+
+class _TokenKernel:
+    """Shared part of the discrete kernels: the vocabulary and uniform random tokens."""
+
+    def __init__(self, vocab: int) -> None:
+        if vocab < 2:
+            raise ValueError(f"vocab must be >= 2, got {vocab}")
+        self.vocab = vocab
+
+    def random_tokens(self, shape: tuple[int, ...], generator: torch.Generator | None = None, device="cpu") -> torch.Tensor:
+        return torch.randint(self.vocab, shape, generator=generator, device=device)
+
+
+class UniformKernel(_TokenKernel):
+    """Replace each token, with probability ``s``, by a token drawn uniformly from the vocabulary."""
+
+    def prior(self, shape: tuple[int, ...], generator: torch.Generator | None = None, device="cpu") -> torch.Tensor:
+        """``k_T``: uniform random tokens."""
+        return self.random_tokens(shape, generator, device)
+
+    def corrupt(self, tokens: torch.Tensor, s: torch.Tensor | float, generator: torch.Generator | None = None) -> torch.Tensor:
+        """A draw of ``q(k_s | k_0)`` for ``tokens[B, L]`` and levels ``s`` (scalar or ``[B]``)."""
+        replace = _uniform64(tuple(tokens.shape), generator, tokens.device) < _level(s, tokens)
+        return torch.where(replace, self.random_tokens(tuple(tokens.shape), generator, tokens.device), tokens)
+
+    def transition(self, s: float) -> torch.Tensor:
+        """``Q[i, j] = q(k_s = j | k_0 = i)`` in float64: ``(1 - s) I + s / V``."""
+        return (1 - s) * torch.eye(self.vocab, dtype=torch.float64) + s / self.vocab
+
+    def renoise(self, tokens: torch.Tensor, s: float, confidence: torch.Tensor | None = None,
+                generator: torch.Generator | None = None, mode: str = "random") -> torch.Tensor:
+        """Re-noise predicted clean tokens to level ``s`` (all positions in parallel)."""
+        return self.corrupt(tokens, s, generator)
+
+
+class AbsorbingKernel(_TokenKernel):
+    """Replace each token, with probability ``s``, by [MASK] (id ``vocab``)."""
+
+    @property
+    def mask_id(self) -> int:
+        return self.vocab
+
+    def prior(self, shape: tuple[int, ...], generator: torch.Generator | None = None, device="cpu") -> torch.Tensor:
+        """``k_T``: all [MASK]."""
+        return torch.full(shape, self.mask_id, dtype=torch.long, device=device)
+
+    def corrupt(self, tokens: torch.Tensor, s: torch.Tensor | float, generator: torch.Generator | None = None) -> torch.Tensor:
+        masked = _uniform64(tuple(tokens.shape), generator, tokens.device) < _level(s, tokens)
+        return tokens.masked_fill(masked, self.mask_id)
+
+    def transition(self, s: float) -> torch.Tensor:
+        """``Q[i, j]`` over ``V + 1`` states (the last is [MASK], which is absorbing)."""
+        q = torch.zeros(self.vocab + 1, self.vocab + 1, dtype=torch.float64)
+        q[: self.vocab, : self.vocab] = (1 - s) * torch.eye(self.vocab, dtype=torch.float64)
+        q[:, self.mask_id] = s
+        q[self.mask_id, self.mask_id] = 1.0
+        return q
+
+    def renoise(self, tokens: torch.Tensor, s: float, confidence: torch.Tensor | None = None,
+                generator: torch.Generator | None = None, mode: str = "confidence") -> torch.Tensor:
+        """Mask ``round(s L)`` tokens per row: the least confident ones (``mode="confidence"``) or random ones."""
+        if mode == "random" or confidence is None:
+            return self.corrupt(tokens, s, generator)
+        n_mask = int(round(s * tokens.shape[1]))
+        if n_mask == 0:
+            return tokens
+        lowest = confidence.to(torch.float64).topk(n_mask, dim=1, largest=False).indices
+        return tokens.scatter(1, lowest, self.mask_id)
+
+
+def noisy_token_probs(clean_probs: torch.Tensor, kernel: UniformKernel | AbsorbingKernel, s: float) -> torch.Tensor:
+    """``p(k_s | x) = sum_k0 p(k0 | x) q(k_s | k0)``: the clean head composed with the known kernel."""
+    q = kernel.transition(s)
+    return clean_probs.to(torch.float64) @ q[: clean_probs.shape[-1]]
+
+
+def make_kernel(name: str, vocab: int) -> UniformKernel | AbsorbingKernel:
+    if name == "uniform":
+        return UniformKernel(vocab)
+    if name == "absorbing":
+        return AbsorbingKernel(vocab)
+    raise ValueError(f"kernel must be 'uniform' or 'absorbing', got {name!r}")

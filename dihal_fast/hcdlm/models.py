@@ -1,0 +1,181 @@
+"""HC-DLM's three networks and the baselines (MDM, autoregressive), all over a task's token interface.
+
+Shapes: ``context[B, C]`` (the task's given tokens), ``tokens[B, L]`` in ``[0, V]`` where ``V`` is the
+[MASK] id, latents ``x[B, M, d]``, noise levels ``s[B]`` in ``[0, 1]``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dihal_fast.hcdlm.config import ModelConfig
+from dihal_fast.hcdlm.layers import Block, ContextEmbedding, TimeEmbedding, count_parameters, run_blocks
+from dihal_fast.tasks.base import TaskSpec
+
+LOGVAR_RANGE = (-10.0, 2.0)
+
+
+class TokenSlots(nn.Module):
+    """Embeddings of the ``L`` target slots: token (optional, [MASK] included) + position + aligned context."""
+
+    def __init__(self, spec: TaskSpec, hidden: int, with_tokens: bool = True) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(spec.target_vocab + 1, hidden) if with_tokens else None
+        self.position = nn.Parameter(torch.randn(spec.target_len, hidden) * 0.02)
+        self.context = ContextEmbedding(spec, hidden)
+
+    def forward(self, tokens: torch.Tensor | None, context: torch.Tensor, batch: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(prefix context or None, slots[B, L, H])``."""
+        prefix, slot_term = self.context(context)
+        slots = self.position.expand(batch, -1, -1) + slot_term
+        if self.tokens is not None:
+            slots = slots + self.tokens(tokens)
+        return prefix, slots
+
+
+class Encoder(nn.Module):
+    """q_psi(x_0 | k_0): a diagonal Gaussian over ``M`` latents read out by ``M`` learned query tokens.
+
+    The mean is layer-normalised per latent (no affine), so latents have the same scale as the N(0, I)
+    noise of the flow and cannot escape the entropy regulariser by growing.
+    """
+
+    def __init__(self, spec: TaskSpec, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.slots = TokenSlots(spec, cfg.hidden)
+        self.queries = nn.Parameter(torch.randn(cfg.latents, cfg.hidden) * 0.02)
+        self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.heads, cfg.dropout) for _ in range(cfg.encoder_blocks))
+        self.out = nn.Sequential(nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, 2 * cfg.latent_dim))
+        self.mean_norm = nn.LayerNorm(cfg.latent_dim, elementwise_affine=False)
+
+    def forward(self, tokens: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean[B, M, d], logvar[B, M, d])``."""
+        batch, m = tokens.shape[0], self.queries.shape[0]
+        prefix, slots = self.slots(tokens, context, batch)
+        h = run_blocks(self.blocks, [self.queries.expand(batch, -1, -1), slots, prefix])
+        mean, logvar = self.out(h[:, :m]).chunk(2, dim=-1)
+        return self.mean_norm(mean), logvar.clamp(*LOGVAR_RANGE)
+
+
+class Denoiser(nn.Module):
+    """d_phi(x_t, k_t, s) ~ x_0: latents and scaffold tokens in one self-attention, adaLN on ``s``.
+
+    With ``scaffold=False`` (the Latent DM baseline) the slots carry positions and context only.
+    """
+
+    def __init__(self, spec: TaskSpec, cfg: ModelConfig, scaffold: bool = True) -> None:
+        super().__init__()
+        self.scaffold = scaffold
+        self.latent_in = nn.Linear(cfg.latent_dim, cfg.hidden)
+        self.latent_position = nn.Parameter(torch.randn(cfg.latents, cfg.hidden) * 0.02)
+        self.slots = TokenSlots(spec, cfg.hidden, with_tokens=scaffold)
+        self.time = TimeEmbedding(cfg.hidden)
+        self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.heads, cfg.dropout, cond_dim=cfg.hidden) for _ in range(cfg.denoiser_blocks))
+        self.out_norm = nn.LayerNorm(cfg.hidden)
+        self.out = nn.Linear(cfg.hidden, cfg.latent_dim)
+
+    def forward(self, x_t: torch.Tensor, scaffold: torch.Tensor | None, s: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """``x_hat_0[B, M, d]``."""
+        batch, m = x_t.shape[0], x_t.shape[1]
+        prefix, slots = self.slots(scaffold if self.scaffold else None, context, batch)
+        h = run_blocks(self.blocks, [self.latent_in(x_t) + self.latent_position, slots, prefix], self.time(s))
+        return self.out(self.out_norm(h[:, :m]))
+
+
+class Predictor(nn.Module):
+    """p_theta(k_0 | x_0): ``L`` position queries attend to the latents (and the context) -> logits."""
+
+    def __init__(self, spec: TaskSpec, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.latent_in = nn.Linear(cfg.latent_dim, cfg.hidden)
+        self.latent_position = nn.Parameter(torch.randn(cfg.latents, cfg.hidden) * 0.02)
+        self.slots = TokenSlots(spec, cfg.hidden, with_tokens=False)
+        self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.heads, cfg.dropout) for _ in range(cfg.predictor_blocks))
+        self.head = nn.Sequential(nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, spec.target_vocab))
+
+    def forward(self, x_0: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """``logits[B, L, V]``."""
+        batch, m = x_0.shape[0], x_0.shape[1]
+        prefix, slots = self.slots(None, context, batch)
+        h = run_blocks(self.blocks, [self.latent_in(x_0) + self.latent_position, slots, prefix])
+        return self.head(h[:, m : m + slots.shape[1]])
+
+
+class HCDLM(nn.Module):
+    """Encoder, denoiser and token predictor; ``scaffold=False`` gives the Latent DM baseline."""
+
+    def __init__(self, spec: TaskSpec, cfg: ModelConfig, scaffold: bool = True) -> None:
+        super().__init__()
+        self.spec, self.cfg, self.scaffold = spec, cfg, scaffold
+        self.encoder = Encoder(spec, cfg)
+        self.denoiser = Denoiser(spec, cfg, scaffold)
+        self.predictor = Predictor(spec, cfg)
+
+    @property
+    def mask_id(self) -> int:
+        return self.spec.target_vocab
+
+
+class MDMNet(nn.Module):
+    """Bidirectional transformer predicting clean tokens at every slot from a partly [MASK]ed sequence."""
+
+    def __init__(self, spec: TaskSpec, cfg: ModelConfig, blocks: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.slots = TokenSlots(spec, cfg.hidden)
+        self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.heads, cfg.dropout) for _ in range(blocks))
+        self.head = nn.Sequential(nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, spec.target_vocab))
+
+    @property
+    def mask_id(self) -> int:
+        return self.spec.target_vocab
+
+    def forward(self, tokens: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """``logits[B, L, V]`` of the clean tokens."""
+        prefix, slots = self.slots(tokens, context, tokens.shape[0])
+        return self.head(run_blocks(self.blocks, [slots, prefix])[:, : slots.shape[1]])
+
+
+class ARNet(nn.Module):
+    """Causal transformer over ``[context, BOS, target]``, predicting each target token from the left."""
+
+    def __init__(self, spec: TaskSpec, cfg: ModelConfig, blocks: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.context_embed = nn.Embedding(max(spec.context_vocab, 1), cfg.hidden)
+        self.token_embed = nn.Embedding(spec.target_vocab + 1, cfg.hidden)  # last id = BOS
+        self.position = nn.Parameter(torch.randn(spec.context_len + spec.target_len, cfg.hidden) * 0.02)
+        self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.heads, cfg.dropout, causal=True) for _ in range(blocks))
+        self.head = nn.Sequential(nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, spec.target_vocab))
+
+    @property
+    def bos_id(self) -> int:
+        return self.spec.target_vocab
+
+    def forward(self, context: torch.Tensor, prefix_tokens: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, T, V]`` for target positions ``0..T-1`` given ``prefix_tokens[B, T]`` (BOS first)."""
+        h = torch.cat([self.context_embed(context), self.token_embed(prefix_tokens)], dim=1)
+        h = h + self.position[: h.shape[1]]
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h[:, context.shape[1] :])
+
+
+def matched_blocks(spec: TaskSpec, cfg: ModelConfig, kind: str) -> int:
+    """Blocks a baseline needs to come closest to the HC-DLM parameter count (at least one)."""
+    if cfg.baseline_blocks:
+        return cfg.baseline_blocks
+    budget = count_parameters(HCDLM(spec, cfg))
+    net = MDMNet if kind == "mdm" else ARNet
+    base, one = count_parameters(net(spec, cfg, 0)), count_parameters(Block(cfg.hidden, cfg.heads))
+    return max(1, round((budget - base) / one))
+
+
+def build_model(spec: TaskSpec, cfg: ModelConfig) -> nn.Module:
+    """The network of ``cfg.kind`` for this task."""
+    if cfg.kind == "hcdlm":
+        return HCDLM(spec, cfg, scaffold=True)
+    if cfg.kind == "latent":
+        return HCDLM(spec, cfg, scaffold=False)
+    blocks = matched_blocks(spec, cfg, cfg.kind)
+    return MDMNet(spec, cfg, blocks) if cfg.kind == "mdm" else ARNet(spec, cfg, blocks)

@@ -1,0 +1,104 @@
+"""Samplers: HC-DLM's latent-carrying loop (paper Algorithm 2), MDM unmasking, AR decoding.
+
+Each takes the model, what it needs of the noise process and a ``SampleConfig``, and returns target
+tokens ``[B, L]``. Token draws go through the float64 ``sample_categorical``.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from dihal_fast.evaluate.sampling import sample_categorical
+from dihal_fast.hcdlm.config import SampleConfig
+from dihal_fast.hcdlm.kernels import AbsorbingKernel, FlowSchedule, UniformKernel
+from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet
+
+StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], None]
+
+
+def guided_x0(model: HCDLM, kernel, x_t: torch.Tensor, scaffold: torch.Tensor | None, s: torch.Tensor,
+              context: torch.Tensor, weight: float, generator: torch.Generator | None) -> torch.Tensor:
+    """``x_hat = x_u + w (x_c - x_u)``; the unconditional branch sees a random-token scaffold (as in training)."""
+    x_cond = model.denoiser(x_t, scaffold, s, context)
+    if not weight or scaffold is None:
+        return x_cond
+    random_scaffold = kernel.random_tokens(tuple(scaffold.shape), generator, scaffold.device)
+    x_uncond = model.denoiser(x_t, random_scaffold, s, context)
+    return x_uncond + weight * (x_cond - x_uncond)
+
+
+@torch.no_grad()
+def sample_hcdlm(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: torch.Tensor, cfg: SampleConfig,
+                 generator: torch.Generator | None = None, on_step: StepHook | None = None) -> torch.Tensor:
+    """Algorithm 2: ``x_T ~ N(0, I)``, ``k_T ~ prior``; for ``t = N..1``: ``x_hat_0 = d(x_t, k_t, t/N)``,
+    ``x_{t-1} = x_t - (x_t - x_hat_0)/t``, ``k_hat_0 = argmax p(k0 | x_hat_0)``, ``k_{t-1}`` = ``k_hat_0``
+    re-noised to level ``(t-1)/N`` (absorbing: the least confident re-masked). Tokens of ``x_0`` at the end.
+
+    ``on_step(t, x_t, x_hat_0, k_t)`` is called before each update (for tests and traces).
+    """
+    batch, device = context.shape[0], context.device
+    shape = (batch, model.cfg.latents, model.cfg.latent_dim)
+    x = torch.randn(shape, generator=generator, device=device)
+    scaffold = kernel.prior((batch, model.spec.target_len), generator, device) if model.scaffold else None
+    for t in range(cfg.steps, 0, -1):
+        s = torch.full((batch,), t / cfg.steps, device=device)
+        x_hat = guided_x0(model, kernel, x, scaffold, s, context, cfg.cfg_weight, generator)
+        if on_step is not None:
+            on_step(t, x, x_hat, scaffold)
+        x = FlowSchedule.euler_step(x, x_hat, t)
+        if scaffold is not None and t > 1:
+            probs = torch.softmax(model.predictor(x_hat, context).to(torch.float64), dim=-1)
+            confidence, clean = probs.max(dim=-1)
+            scaffold = kernel.renoise(clean, (t - 1) / cfg.steps, confidence, generator, cfg.remask)
+    return sample_categorical(model.predictor(x, context), cfg.temperature, generator=generator)
+
+
+def _confidence(probs: torch.Tensor, chosen: torch.Tensor, order: str) -> torch.Tensor:
+    """Top-probability: ``p(chosen)``; margin: ``p(top1) - p(top2)``. ``probs[B, L, V]`` float64."""
+    if order == "prob":
+        return probs.gather(-1, chosen[..., None]).squeeze(-1)
+    top2 = probs.topk(2, dim=-1).values
+    return top2[..., 0] - top2[..., 1]
+
+
+@torch.no_grad()
+def sample_mdm(model: MDMNet, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Start fully masked; each of ``steps`` steps unmasks the most confident masked slots so that
+    ``round(s L)`` stay masked at level ``s = (N - i)/N`` (top-probability or top-margin order)."""
+    batch, length = context.shape[0], model.spec.target_len
+    tokens = torch.full((batch, length), model.mask_id, dtype=torch.long, device=context.device)
+    for i in range(1, cfg.steps + 1):
+        masked = tokens == model.mask_id
+        keep_masked = int(round(length * (cfg.steps - i) / cfg.steps))
+        n_new = int(masked.sum(dim=1).max()) - keep_masked
+        if n_new <= 0:
+            continue
+        logits = model(tokens, context).to(torch.float64)
+        chosen = sample_categorical(logits, cfg.temperature, generator=generator)
+        confidence = _confidence(torch.softmax(logits, dim=-1), chosen, cfg.order).masked_fill(~masked, -1.0)
+        picked = confidence.topk(n_new, dim=1).indices
+        reveal = torch.zeros_like(masked).scatter(1, picked, True) & masked
+        tokens = torch.where(reveal, chosen, tokens)
+    return tokens
+
+
+@torch.no_grad()
+def sample_ar(model: ARNet, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Left-to-right decoding (one forward pass per token; ``cfg.steps`` does not apply)."""
+    prefix = torch.full((context.shape[0], 1), model.bos_id, dtype=torch.long, device=context.device)
+    for _ in range(model.spec.target_len):
+        logits = model(context, prefix)[:, -1]
+        prefix = torch.cat([prefix, sample_categorical(logits, cfg.temperature, generator=generator)[:, None]], dim=1)
+    return prefix[:, 1:]
+
+
+def generate(model, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Target tokens ``[B, L]`` from whichever model this is."""
+    if isinstance(model, HCDLM):
+        return sample_hcdlm(model, kernel, context, cfg, generator)
+    if isinstance(model, MDMNet):
+        return sample_mdm(model, context, cfg, generator)
+    if isinstance(model, ARNet):
+        return sample_ar(model, context, cfg, generator)
+    raise TypeError(f"no sampler for {type(model).__name__}")

@@ -1,0 +1,121 @@
+"""Training loop shared by HC-DLM and the baselines: AdamW with warmup, EMA, JSONL log, checkpoints,
+resume, an optional wall-clock budget (for equal-time comparisons) and a progress bar."""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dihal_fast.common import seed_everything
+from dihal_fast.hcdlm.checkpoint import latest_checkpoint, load_state, load_weights, save_checkpoint
+from dihal_fast.hcdlm.config import RunConfig
+from dihal_fast.hcdlm.kernels import make_kernel
+from dihal_fast.hcdlm.layers import count_parameters
+from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet, build_model
+from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss
+from dihal_fast.profiling import nvtx_range
+from dihal_fast.tasks.registry import build_task
+
+logger = logging.getLogger(__name__)
+
+
+def compute_loss(model, kernel, context, target, config: RunConfig, generator: torch.Generator):
+    """The objective matching the model type."""
+    if isinstance(model, HCDLM):
+        return hcdlm_loss(model, kernel, context, target, config.objective, generator)
+    if isinstance(model, MDMNet):
+        return mdm_loss(model, context, target, generator)
+    if isinstance(model, ARNet):
+        return ar_loss(model, context, target, generator)
+    raise TypeError(f"no objective for {type(model).__name__}")
+
+
+@torch.no_grad()
+def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float, step: int) -> None:
+    """EMA with warm-up: the effective decay is ``min(decay, (1 + step) / (10 + step))``."""
+    rate = min(decay, (1 + step) / (10 + step))
+    for e, p in zip(ema.parameters(), model.parameters()):
+        e.lerp_(p, 1 - rate)
+
+
+def _check_resume(run_dir: Path, config: RunConfig) -> None:
+    saved_path = run_dir / "config.json"
+    if saved_path.is_file():
+        saved = RunConfig.load(saved_path)
+        for part in ("task", "model", "objective"):
+            if getattr(saved, part) != getattr(config, part):
+                raise ValueError(f"{run_dir} holds a run with a different {part} configuration; "
+                                 f"use a new --out directory (saved: {getattr(saved, part)})")
+
+
+def train(run_dir: str | Path, config: RunConfig) -> dict:
+    """Train (or resume) the run in ``run_dir``; returns a summary with the final step and loss."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _check_resume(run_dir, config)
+    tc = config.train
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    seed_everything(tc.seed)
+    task = build_task(config.task, run_dir, tc.seed)
+    model = build_model(task.spec, config.model)
+    ema = copy.deepcopy(model).requires_grad_(False)
+    kernel = make_kernel(config.model.kernel, task.spec.target_vocab)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / max(1, tc.warmup_steps)))
+    task_rng, generator = random.Random(tc.seed), torch.Generator().manual_seed(tc.seed)
+    step, elapsed = 0, 0.0
+    folder = latest_checkpoint(run_dir)
+    if folder is not None:
+        state = load_state(folder)
+        load_weights(model, folder / "model.safetensors")
+        load_weights(ema, folder / "ema.safetensors")
+        optimizer.load_state_dict(state["optimizer"])
+        task_rng.setstate(state["task_rng"])
+        generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        step, elapsed = state["step"], state["elapsed_s"]
+        schedule.last_epoch = step - 1
+        schedule.step()
+        logger.info("resuming %s from step %d", run_dir, step)
+    config.save(run_dir / "config.json")
+    n_params = count_parameters(model)
+    logger.info("%s on %s: %d parameters, %d steps", config.model.kind, config.task.name, n_params, tc.steps)
+    log_path, budget_s = run_dir / "train_log.jsonl", tc.max_minutes * 60
+    parts: dict[str, float] = {}
+    started = time.perf_counter() - elapsed
+    model.train()
+    with tqdm(total=tc.steps, initial=step, desc=f"train {config.model.kind}", dynamic_ncols=True) as bar, log_path.open("a") as log:
+        while step < tc.steps and not (budget_s and time.perf_counter() - started >= budget_s):
+            with nvtx_range("hcdlm_train_step"):
+                context, target = task.train_batch(task_rng, tc.batch_size)
+                loss, parts = compute_loss(model, kernel, context, target, config, generator)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"non-finite loss {float(loss)} at step {step}: {parts}")
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if tc.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+                optimizer.step()
+                schedule.step()
+                update_ema(ema, model, tc.ema, step)
+            step += 1
+            bar.update()
+            bar.set_postfix(loss=f"{parts['loss']:.4f}")
+            if step % tc.log_every == 0 or step == tc.steps:
+                record = {"step": step, "elapsed_s": round(time.perf_counter() - started, 2), "lr": schedule.get_last_lr()[0], **parts}
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+            if step % tc.checkpoint_every == 0:
+                save_checkpoint(run_dir, step, config, model, ema, optimizer, task_rng, generator, time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    if latest_checkpoint(run_dir) is None or load_state(latest_checkpoint(run_dir))["step"] != step:
+        save_checkpoint(run_dir, step, config, model, ema, optimizer, task_rng, generator, elapsed)
+    logger.info("stopped at step %d after %.1f s (loss %s)", step, elapsed, parts.get("loss"))
+    return {"step": step, "elapsed_s": elapsed, "parameters": n_params, **parts}
