@@ -1,0 +1,110 @@
+"""The evaluation harness: every model (backbone, hybrids, controls) is scored on the same held-out
+blocks and sampled with the same protocol, so their sections in ``evaluate.json`` are comparable."""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from dihal_fast.evaluate import metrics
+from dihal_fast.evaluate.generation import Generation
+from dihal_fast.evaluate.sampling import PROTOCOL as SAMPLING_PROTOCOL
+from dihal_fast.evaluate.scoring import GEN_PPL_PROTOCOL, generative_perplexity, teacher_forced
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalSettings:
+    """What is measured and how much of it (saved in the report)."""
+
+    seq_len: int = 128
+    eval_blocks: int = 32
+    batch_size: int = 8
+    n_samples: int = 16
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    nfe: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "eval_blocks", "batch_size", "n_samples", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.seq_len < 2:
+            raise ValueError(f"seq-len must be >= 2, got {self.seq_len}")
+
+
+def protocol(settings: EvalSettings) -> dict:
+    """The named protocol of a report: how every number in it was computed."""
+    return {
+        **metrics.PROTOCOL,
+        "heldout": f"the last {settings.eval_blocks} blocks of {settings.seq_len} tokens of the corpus "
+        "(documents joined by EOS, no padding)",
+        "generation": f"{settings.n_samples} unconditional samples of {settings.max_new_tokens} tokens from the "
+        f"start-of-document token, temperature {settings.temperature}, no early stop at EOS; "
+        f"sampling: {SAMPLING_PROTOCOL}",
+        "gen_ppl": GEN_PPL_PROTOCOL,
+        "tokens_per_s": "generated tokens / wall seconds of the whole sampling call (batch of all samples), "
+        "same prompts, batch and hardware for every model",
+    }
+
+
+def heldout_blocks(tokenizer, corpus, settings: EvalSettings) -> torch.Tensor:
+    """The last ``eval_blocks`` blocks of ``seq_len`` tokens of the corpus (``LongTensor[N, seq_len]``)."""
+    from dihal_fast.corpus import read_texts, token_blocks
+
+    blocks = token_blocks(tokenizer, read_texts(corpus), settings.seq_len)
+    if blocks.shape[0] < settings.eval_blocks:
+        logger.warning("corpus holds only %d blocks of %d tokens; evaluating on all of them",
+                       blocks.shape[0], settings.seq_len)
+    return blocks[-settings.eval_blocks :]
+
+
+def sample_metrics(generation: Generation, tokenizer, evaluator) -> tuple[dict, list[str]]:
+    """Gen PPL, entropy, both diversities and tokens/s of samples; also returns the decoded texts.
+
+    ``evaluator`` is a :class:`~dihal_fast.evaluate.models.LoadedLM`; entropy and diversity use its
+    tokens of each sample so that all sample metrics share one tokenisation.
+    """
+    texts = [tokenizer.decode(row, skip_special_tokens=True) for row in generation.tokens.tolist()]
+    gen = generative_perplexity(texts, evaluator.model, evaluator.tokenizer)
+    token_ids = [ids for ids in gen.pop("token_ids") if ids]
+    section = {
+        "gen_ppl": gen["gen_ppl"],
+        "entropy": metrics.mean_unigram_entropy(token_ids),
+        "diversity_dihal": metrics.diversity_dihal(token_ids),
+        "diversity_ld4lg": metrics.diversity_ld4lg(token_ids),
+        "tokens_per_s": metrics.tokens_per_second(generation.tokens.numel(), generation.seconds),
+        "sampling_seconds": generation.seconds,
+        "gen_ppl_details": gen,
+    }
+    return section, texts
+
+
+def evaluate_lm(lm, blocks: torch.Tensor, settings: EvalSettings, evaluator, reference=None) -> tuple[dict, list[str]]:
+    """One report section for a :class:`~dihal_fast.evaluate.models.LoadedLM` and its sample texts.
+
+    With ``reference`` (the backbone) the section's ``kl`` is KL(reference || lm); without, ``lm`` is the
+    reference and its KL is 0 by definition.
+    """
+    scores = teacher_forced(lm.logits, blocks, settings.batch_size,
+                            reference=reference.logits if reference is not None else None, desc=f"scoring {lm.kind}")
+    scores.setdefault("kl", 0.0)
+    prompt = torch.tensor([lm.prompt_ids("")]).expand(settings.n_samples, -1)
+    generator = torch.Generator().manual_seed(settings.seed)
+    generation = lm.sample(prompt, settings.max_new_tokens, settings.temperature, None, settings.nfe, generator)
+    section, texts = sample_metrics(generation, lm.tokenizer, evaluator)
+    return {"model": str(lm.path), "kind": lm.kind, **scores, **section}, texts
+
+
+def report_header(settings: EvalSettings, corpus, evaluator) -> dict:
+    """The fields every evaluation report starts with."""
+    return {
+        "protocol": protocol(settings),
+        "settings": asdict(settings),
+        "corpus": [str(Path(p)) for p in ([corpus] if isinstance(corpus, (str, Path)) else corpus)],
+        "evaluator": {"path": str(evaluator.path), "dtype": str(next(evaluator.model.parameters()).dtype).replace("torch.", "")},
+    }

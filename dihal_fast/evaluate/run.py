@@ -1,0 +1,120 @@
+"""``evaluate.json``: the hybrid against its backbone, plus the same-budget controls, resumable per section."""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.evaluate.harness import EvalSettings, evaluate_lm, heldout_blocks, report_header, sample_metrics
+from dihal_fast.evaluate.models import LoadedLM, load_lm, same_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def check_compatible(lm: LoadedLM, evaluator: LoadedLM, retokenise: bool) -> None:
+    """A model scored by an evaluator with another tokenizer is an error unless retokenisation is asked for."""
+    if not retokenise and not same_tokenizer(lm.tokenizer, evaluator.tokenizer):
+        raise ValueError(
+            f"the {lm.kind} at {lm.path} comes from the backbone {lm.backbone_dir}, whose tokenizer differs from the "
+            f"evaluator's ({evaluator.path}); pass --evaluator {lm.backbone_dir} (or another model with the same "
+            "tokenizer), or --retokenise to score decoded text under a different tokenizer on purpose"
+        )
+
+
+class SectionStore:
+    """Finished report sections as ``RUN/sections/<name>.json``, reused when the settings match."""
+
+    def __init__(self, out_dir: Path, settings: EvalSettings):
+        self.dir, self.settings = out_dir / "sections", asdict(settings)
+
+    def get(self, name: str) -> tuple[dict, list[str]] | None:
+        path = self.dir / f"{name}.json"
+        if not path.is_file():
+            return None
+        saved = read_json(path, f"saved section {name}")
+        if saved.get("settings") != self.settings:
+            logger.info("settings changed since %s was written; recomputing it", path)
+            return None
+        logger.info("reusing the finished %s section from %s", name, path)
+        return saved["section"], saved["samples"]
+
+    def put(self, name: str, section: dict, samples: list[str]) -> None:
+        atomic_write_json(self.dir / f"{name}.json", {"settings": self.settings, "section": section, "samples": samples})
+
+
+def evaluate_hybrid(
+    hybrid_path: str | Path,
+    corpus,
+    out_dir: str | Path,
+    settings: EvalSettings,
+    evaluator_path: str | Path | None = None,
+    retokenise: bool = False,
+    controls: dict[str, str | Path] | None = None,
+    diffusion_lm_steps: int | None = None,
+) -> dict:
+    """Evaluate a hybrid and its backbone (and optional controls) and write ``out_dir/evaluate.json``.
+
+    ``controls`` maps a name (``oracle``, ``worst``, ...) to another hybrid directory evaluated in the same
+    harness; ``diffusion_lm_steps`` trains the Diffusion-LM-like control for that many steps.
+    """
+    out_dir = Path(out_dir)
+    hybrid = load_lm(hybrid_path)
+    if hybrid.kind != "hybrid":
+        raise ValueError(f"--hybrid {hybrid_path} is not a hybrid directory (it is a plain {hybrid.kind} checkpoint)")
+    backbone = load_lm(hybrid.backbone_dir)
+    evaluator = load_lm(evaluator_path)
+    check_compatible(hybrid, evaluator, retokenise)
+    if not same_tokenizer(hybrid.tokenizer, backbone.tokenizer):
+        raise ValueError(f"the hybrid at {hybrid.path} does not share its backbone's ({backbone.path}) tokenizer")
+    blocks = heldout_blocks(backbone.tokenizer, corpus, settings)
+    store = SectionStore(out_dir, settings)
+    report = report_header(settings, corpus, evaluator)
+    report["n_heldout_tokens"] = int(blocks.numel())
+    samples: dict[str, list[str]] = {}
+
+    def section(name: str, compute) -> dict:
+        found = store.get(name)
+        if found is None:
+            found = compute()
+            store.put(name, *found)
+        samples[name] = found[1]
+        return found[0]
+
+    report["backbone"] = section("backbone", lambda: evaluate_lm(backbone, blocks, settings, evaluator))
+    report["hybrid"] = section("hybrid", lambda: evaluate_lm(hybrid, blocks, settings, evaluator, reference=backbone))
+    report["controls"] = {}
+    for name, path in (controls or {}).items():
+        control = load_lm(path)
+        check_compatible(control, backbone, retokenise=False)
+        report["controls"][name] = section(name, lambda c=control: evaluate_lm(c, blocks, settings, evaluator, reference=backbone))
+    if diffusion_lm_steps:
+        report["controls"]["diffusion_lm"] = section(
+            "diffusion_lm", lambda: _diffusion_lm_section(backbone, corpus, out_dir, settings, evaluator, diffusion_lm_steps)
+        )
+    report["samples"] = samples
+    atomic_write_json(out_dir / "evaluate.json", report)
+    return report
+
+
+def _diffusion_lm_section(backbone: LoadedLM, corpus, out_dir: Path, settings: EvalSettings, evaluator, steps: int):
+    import torch
+
+    from dihal_fast.corpus import read_texts, token_blocks
+    from dihal_fast.evaluate.diffusion_lm import DiffusionLMConfig, train_diffusion_lm
+
+    config = DiffusionLMConfig(seq_len=settings.max_new_tokens, steps=steps, seed=settings.seed)
+    blocks = token_blocks(backbone.tokenizer, read_texts(corpus), config.seq_len)
+    n_train = blocks.shape[0] - max(1, (settings.eval_blocks * settings.seq_len) // config.seq_len)
+    if n_train < 1:
+        raise ValueError("the corpus is too small to train the Diffusion-LM control outside the held-out blocks")
+    embedding = backbone.model.get_input_embeddings().weight
+    control = train_diffusion_lm(embedding, blocks[:n_train], config, out_dir / "diffusion_lm")
+    prompt = torch.zeros((settings.n_samples, 0), dtype=torch.long)  # unconditional, like its training blocks
+    generation = control.sample(prompt, settings.max_new_tokens, settings.nfe or config.sample_steps,
+                                torch.Generator().manual_seed(settings.seed))
+    metrics_, texts = sample_metrics(generation, backbone.tokenizer, evaluator)
+    unavailable = "not defined: the control has no tractable likelihood"
+    return {"model": str(out_dir / "diffusion_lm"), "kind": "diffusion_lm", "config": asdict(config),
+            "n_parameters": sum(p.numel() for p in control.parameters()),
+            "nll": None, "ppl": None, "kl": None, "likelihood_note": unavailable, **metrics_}, texts
