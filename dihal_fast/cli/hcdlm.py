@@ -1,0 +1,210 @@
+"""``dihal hcdlm train|eval|solve``: HC-DLM and its baselines on Sudoku, Countdown and text."""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+FMT = argparse.ArgumentDefaultsHelpFormatter
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from dihal_fast.hcdlm.config import KERNELS, MODEL_KINDS, ModelConfig, ObjectiveConfig, TrainConfig
+    from dihal_fast.tasks.registry import TASKS, TaskConfig
+
+    m, o, t, k = ModelConfig(), ObjectiveConfig(), TrainConfig(), TaskConfig()
+    p = sub.add_parser("train", formatter_class=FMT, help="train (or resume) a model on a task",
+                       description="Train HC-DLM or a baseline; rerunning with the same --out resumes from the newest checkpoint.")
+    p.add_argument("--task", choices=TASKS, required=True, help="task to train on")
+    p.add_argument("--model", choices=MODEL_KINDS, default=m.kind, help="hcdlm, mdm (masked diffusion), latent (Latent DM: no token scaffold) or ar")
+    p.add_argument("--out", type=Path, required=True, help="run directory (checkpoints, config.json, train_log.jsonl)")
+    p.add_argument("--steps", type=int, default=t.steps, help="optimizer steps in total")
+    p.add_argument("--max-minutes", type=float, default=t.max_minutes, help="stop after this much training wall-clock time (0 = no limit)")
+    p.add_argument("--batch-size", type=int, default=t.batch_size, help="examples per step")
+    p.add_argument("--lr", type=float, default=t.lr, help="AdamW learning rate")
+    p.add_argument("--ema", type=float, default=t.ema, help="EMA decay of the evaluation weights")
+    p.add_argument("--seed", type=int, default=t.seed, help="random seed (data, noise, initialisation)")
+    p.add_argument("--threads", type=int, default=t.threads, help="torch CPU threads (0 = torch default)")
+    p.add_argument("--checkpoint-every", type=int, default=t.checkpoint_every, help="steps between checkpoints")
+    p.add_argument("--kernel", choices=KERNELS, default=m.kernel, help="discrete forward kernel of the token scaffold")
+    p.add_argument("--latents", type=int, default=m.latents, help="M, number of continuous latent vectors")
+    p.add_argument("--latent-dim", type=int, default=m.latent_dim, help="d, size of each latent vector")
+    p.add_argument("--hidden", type=int, default=m.hidden, help="transformer width of every module")
+    p.add_argument("--heads", type=int, default=m.heads, help="attention heads")
+    p.add_argument("--encoder-blocks", type=int, default=m.encoder_blocks, help="blocks of the encoder q(x0|k0)")
+    p.add_argument("--denoiser-blocks", type=int, default=m.denoiser_blocks, help="DiT blocks of the denoiser")
+    p.add_argument("--predictor-blocks", type=int, default=m.predictor_blocks, help="blocks of the token predictor p(k0|x0)")
+    p.add_argument("--baseline-blocks", type=int, default=m.baseline_blocks, help="blocks of MDM/AR (0 = match the HC-DLM parameter count)")
+    p.add_argument("--dropout", type=float, default=m.dropout, help="dropout rate")
+    p.add_argument("--lambda-recon", type=float, default=o.lambda_recon, help="weight of the token reconstruction CE")
+    p.add_argument("--lambda-ent", type=float, default=o.lambda_ent, help="weight of the encoder's E[log q] (entropy regulariser)")
+    p.add_argument("--lambda-cont", type=float, default=o.lambda_cont, help="weight of the latent x0-regression")
+    p.add_argument("--scaffold-drop", type=float, default=o.scaffold_drop, help="share of scaffolds replaced by random tokens (for guidance)")
+    p.add_argument("--sudoku-box", default=k.sudoku_box, help="Sudoku box shape: 3x3 (9x9 grid), 2x3 (6x6) or 2x2 (4x4)")
+    p.add_argument("--sudoku-pool", type=int, default=k.sudoku_pool, help="generated training puzzles (augmented by symmetries)")
+    p.add_argument("--sudoku-difficulty", default=k.sudoku_train_difficulty, choices=["singles", "advanced", "search", "hard"], help="grade of the training puzzles")
+    p.add_argument("--countdown-numbers", type=_int_list, default=k.countdown_numbers, help="numbers per training problem, e.g. 3,4")
+    p.add_argument("--countdown-len", type=int, default=k.countdown_target_len, help="solution length in characters (0 = room for the largest problem)")
+    p.add_argument("--text-files", nargs="+", default=None, help="training text files (default: ../shared/data/text/tinystories.train.txt)")
+    p.add_argument("--text-len", type=int, default=k.text_len, help="tokens per text sample")
+    p.add_argument("--text-max-chars", type=int, default=k.text_max_chars, help="read at most this many characters per file (0 = all)")
+    p.add_argument("--backbone", type=Path, default=None, help="checkpoint whose tokenizer the text task uses (default: the shipped backbone)")
+    p.set_defaults(func=run_train)
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    from dihal_fast.hcdlm.config import SampleConfig
+
+    s = SampleConfig()
+    p.add_argument("--steps", type=int, default=s.steps, help="sampling steps (diffusion models)")
+    p.add_argument("--cfg-weight", type=float, default=s.cfg_weight, help="classifier-free guidance weight on the scaffold (0 = off; paper 2.75)")
+    p.add_argument("--remask", choices=["confidence", "random"], default=s.remask, help="absorbing kernel: which scaffold tokens are re-masked")
+    p.add_argument("--order", choices=["prob", "margin"], default=s.order, help="MDM unmasking order: top-probability or top-probability margin")
+    p.add_argument("--temperature", type=float, default=None, help="token sampling temperature, float64 (default: 0 = argmax for puzzles, 1 for text)")
+    p.add_argument("--batch-size", type=int, default=s.batch_size, help="examples per sampling batch")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--raw-weights", action="store_true", help="use the raw weights instead of the EMA")
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", formatter_class=FMT, help="evaluate a run on a data file",
+                       description="Accuracy on a Sudoku CSV (puzzle,solution) or Countdown JSONL (nums,target), detected "
+                                   "from the file, with an accuracy-vs-steps plot; Gen PPL and entropy for text runs.")
+    p.add_argument("run_dir", type=Path, help="run directory written by 'dihal hcdlm train'")
+    p.add_argument("--data", type=Path, required=True, help="evaluation file (Sudoku CSV, Countdown JSONL or a .txt file for text)")
+    p.add_argument("--out", type=Path, required=True, help="JSON report to write")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N records")
+    p.add_argument("--steps-sweep", type=_int_list, default=[5, 10, 25, 50], help="step counts for the accuracy-vs-steps plot (empty = none)")
+    p.add_argument("--samples", type=int, default=64, help="text: number of samples to score")
+    p.add_argument("--evaluator", type=Path, default=None, help="text: evaluator LM for Gen PPL (default: the shipped backbone)")
+    _add_sampling(p)
+    p.set_defaults(func=run_eval)
+
+
+def _add_solve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("solve", formatter_class=FMT, help="solve one Sudoku or Countdown problem with a trained run",
+                       description="Print the model's solution of one puzzle (Sudoku grid, '.' or 0 for blanks; or "
+                                   "Countdown 'n1,n2,...,target'), checked exactly; 'no solution' when none exists.")
+    p.add_argument("run_dir", type=Path, help="run directory written by 'dihal hcdlm train'")
+    p.add_argument("puzzle", help="the puzzle text")
+    _add_sampling(p)
+    p.set_defaults(func=run_solve)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("hcdlm", formatter_class=FMT, help="hierarchical continuous diffusion LM (train, eval, solve)",
+                                   description="HC-DLM and its baselines (MDM, Latent DM, AR) on Sudoku, Countdown and text.")
+    sub = parser.add_subparsers(dest="hcdlm_command", metavar="ACTION", required=True)
+    _add_train(sub)
+    _add_eval(sub)
+    _add_solve(sub)
+
+
+def _backbone_dir(path: Path | None) -> str:
+    from dihal_fast.backbone import default_model_dir
+
+    return str(path if path is not None else default_model_dir())
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from dihal_fast.hcdlm.config import ModelConfig, ObjectiveConfig, RunConfig, TrainConfig
+    from dihal_fast.hcdlm.trainer import train
+    from dihal_fast.tasks.registry import TaskConfig
+
+    text_files = [str(f) for f in (args.text_files or [])]
+    if args.task == "text" and not text_files:
+        default = Path(__file__).resolve().parents[3] / "shared" / "data" / "text" / "tinystories.train.txt"
+        text_files = [str(default)]
+    if args.steps < 1 or args.batch_size < 1:
+        raise ValueError(f"--steps and --batch-size must be >= 1, got {args.steps}, {args.batch_size}")
+    config = RunConfig(
+        task=TaskConfig(args.task, args.sudoku_box, args.sudoku_pool, args.sudoku_difficulty, list(args.countdown_numbers),
+                        args.countdown_len, text_files, args.text_len, args.text_max_chars,
+                        _backbone_dir(args.backbone) if args.task == "text" else ""),
+        model=ModelConfig(args.model, args.hidden, args.heads, args.encoder_blocks, args.denoiser_blocks, args.predictor_blocks,
+                          args.latents, args.latent_dim, args.kernel, args.dropout, args.baseline_blocks),
+        objective=ObjectiveConfig(args.lambda_recon, args.lambda_ent, args.lambda_cont, scaffold_drop=args.scaffold_drop),
+        train=TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, ema=args.ema, seed=args.seed,
+                          max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every, threads=args.threads),
+    )
+    summary = train(args.out, config)
+    print(f"trained {args.model} on {args.task}: step {summary['step']}, loss {summary.get('loss', float('nan')):.4f}, "
+          f"{summary['parameters']} parameters -> {args.out}")
+    return 0
+
+
+def _sample_config(args: argparse.Namespace, text: bool):
+    from dihal_fast.hcdlm.config import SampleConfig
+
+    temperature = args.temperature if args.temperature is not None else (1.0 if text else 0.0)
+    return SampleConfig(args.steps, args.cfg_weight, args.remask, args.order, temperature, args.batch_size)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from dihal_fast.common import atomic_write_json
+    from dihal_fast.hcdlm.eval_data import examples_from_file, text_windows
+    from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run, plot_accuracy_vs_steps
+
+    run = load_run(args.run_dir, use_ema=not args.raw_weights)
+    is_text = run.config.task.name == "text"
+    cfg = _sample_config(args, is_text)
+    if is_text:
+        reference = text_windows(run.task, args.data, args.samples)
+        report = evaluate_text(run, args.samples, cfg, _backbone_dir(args.evaluator), reference, args.seed)
+        print(f"{run.config.model.kind} text: gen_ppl {report['gen_ppl']:.2f}, entropy {report['entropy']:.3f} "
+              f"(data: {report['data']['gen_ppl']:.2f}, {report['data']['entropy']:.3f})")
+    else:
+        examples = examples_from_file(run.task, args.data, args.limit)
+        logger.info("evaluating %s (step %d) on %d examples from %s", run.config.model.kind, run.step, len(examples), args.data)
+        report = evaluate_examples(run, examples, cfg, args.seed)
+        sweep = [s for s in args.steps_sweep if s != cfg.steps]
+        if sweep:
+            rows = accuracy_vs_steps(run, examples, sweep, cfg, args.seed)
+            main_row = {"steps": cfg.steps, "accuracy": report["accuracy"], "groups": report["groups"], "seconds_per_batch": report["seconds_per_batch"]}
+            report["accuracy_vs_steps"] = sorted(rows + [main_row], key=lambda r: r["steps"])
+            plot = args.out.with_suffix(".steps.png")
+            plot_accuracy_vs_steps({run.config.model.kind: report["accuracy_vs_steps"]}, plot, f"{run.config.task.name}: {args.data.name}")
+            report["plot"] = str(plot)
+        print(f"{run.config.model.kind} on {args.data.name}: accuracy {report['accuracy']:.4f} (n={report['n']})")
+    report.update({"run": str(args.run_dir), "step": run.step, "data": str(args.data), "model": run.config.model.kind})
+    atomic_write_json(args.out, report)
+    return 0
+
+
+def run_solve(args: argparse.Namespace) -> int:
+    import torch
+
+    from dihal_fast.hcdlm.evaluate import load_run, sample_targets
+    from dihal_fast.tasks.countdown import parse_problem, solve as solve_countdown
+    from dihal_fast.tasks.sudoku import format_grid, parse_grid, solve_all
+
+    run = load_run(args.run_dir, use_ema=not args.raw_weights)
+    name = run.config.task.name
+    if name == "text":
+        raise ValueError("'solve' is for Sudoku and Countdown runs; this run was trained on text")
+    if name == "sudoku":
+        puzzle = parse_grid(args.puzzle, run.task.geo)
+        if not solve_all(puzzle, run.task.geo, limit=1):
+            print("no solution")
+            return 0
+        example = run.task.example(puzzle, solve_all(puzzle, run.task.geo, limit=1)[0], "input")
+    else:
+        problem = parse_problem(args.puzzle)
+        if solve_countdown(problem) is None:
+            print("no solution")
+            return 0
+        example = run.task.example(problem, "input")
+    target, _ = sample_targets(run, torch.tensor([example.context]), _sample_config(args, False), args.seed)
+    flags = run.task.score(example, target[0])
+    print(run.task.render(target[0]) if name == "countdown" else format_grid(run.task.grid(target[0]), pretty=True, geo=run.task.geo))
+    checks = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in flags.items() if k != "correct")
+    print(f"check: {'correct' if flags['correct'] else 'WRONG'} ({checks})")
+    return 0
