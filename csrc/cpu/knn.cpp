@@ -42,8 +42,10 @@ struct Candidates {
 };
 
 template <typename T>
+__attribute__((target_clones("avx512f", "avx2", "default")))
 double exact_sqdist(const T* a, const T* b, int64_t D) {
   double s = 0.0;
+#pragma omp simd reduction(+ : s)
   for (int64_t c = 0; c < D; ++c) {
     const double d = double(a[c]) - double(b[c]);
     s += d * d;
