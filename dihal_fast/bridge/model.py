@@ -1,0 +1,200 @@
+"""The conditional diffusion bridge: rebuilds the hidden state ``h_l`` from the embedding output ``c(x)``.
+
+Design. ``h_l`` of a causal LM is a deterministic function of the prefix ``x_1..x_i``, so all context has
+to flow through the condition; the noisy state needs no cross-position mixing. The bridge therefore has
+
+* a causal **context encoder** over ``c(x)`` (rotary causal self-attention blocks, width ``W``), run once
+  per token and cached, so a new token costs one position; and
+* a per-position **UNet denoiser** over the feature dimension (``W -> W/2 -> ... -> W/2^depth`` and back,
+  skip connections between matching widths, the context injected at every width, FiLM on a sinusoidal
+  time embedding), run ``nfe`` times per token. It is a few matrix products on one position, much cheaper
+  than a transformer layer, which is what makes few-step sampling fast.
+
+Output ``i`` depends on ``c(x_1..x_i)`` and ``z_{t,i}`` only. Targets are normalised per layer,
+``z = (h - mean) / std`` with the teacher's per-dimension mean and one scalar std (the root mean
+per-dimension variance): an isotropic rescaling that keeps the layer's geometry, makes ``E|z|^2 / D = 1``,
+and makes the squared error in ``z`` the fraction of variance unexplained, comparable across layers.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+from torch import Tensor, nn
+
+from dihal_fast.bridge.layers import ContextBlock, FiLMBlock, KVCache, sinusoidal_embedding
+from dihal_fast.bridge.samplers import make_sampler
+from dihal_fast.bridge.schedules import Prediction, make_schedule
+
+
+@dataclass
+class BridgeConfig:
+    """Architecture, diffusion process and target statistics of a bridge (saved as JSON beside it)."""
+
+    hidden_size: int  # D of the rebuilt hidden state h_l
+    condition_size: int  # size of the condition c(x)
+    layer: int  # index l of the rebuilt hidden state (output of backbone layer l)
+    width: int = 0  # W of context encoder and denoiser; 0 = hidden_size
+    context_layers: int = 2
+    heads: int = 0  # 0 = width // 64 (at least 1)
+    mlp_ratio: int = 2
+    unet_depth: int = 2  # halvings of the width in the denoiser's down path
+    time_dim: int = 128
+    schedule: str = "cosine"
+    prediction: str = "x0"
+    sampler: str = "ddim"
+    nfe: int = 2
+    target_mean: list[float] = field(default_factory=list)  # per-dimension mean of h_l (teacher)
+    target_std: float = 1.0  # sqrt(mean per-dimension variance of h_l)
+
+    def __post_init__(self) -> None:
+        self.width = self.width or self.hidden_size
+        self.heads = self.heads or max(1, self.width // 64)
+        if not self.target_mean:
+            self.target_mean = [0.0] * self.hidden_size
+        checks = {
+            "hidden_size": self.hidden_size > 0,
+            "condition_size": self.condition_size > 0,
+            "layer": self.layer >= 1,
+            "context_layers": self.context_layers >= 0,
+            "mlp_ratio": self.mlp_ratio >= 1,
+            "unet_depth": self.unet_depth >= 0 and self.width // 2**self.unet_depth >= 1,
+            "time_dim": self.time_dim >= 2 and self.time_dim % 2 == 0,
+            "nfe": self.nfe >= 1,
+            "target_std": self.target_std > 0,
+            "target_mean": len(self.target_mean) == self.hidden_size,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"invalid bridge config: {name} = {getattr(self, name)!r}")
+        if self.width % self.heads or (self.width // self.heads) % 2:
+            raise ValueError(f"bridge width {self.width} must split into {self.heads} heads of even size")
+        Prediction(self.prediction).check_schedule(make_schedule(self.schedule))
+        make_sampler(self.sampler)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BridgeConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown bridge config keys {unknown}; expected a subset of {sorted(known)}")
+        return cls(**data)
+
+
+class BridgeCache:
+    """Keys and values of the context encoder for the tokens seen so far (one entry per block)."""
+
+    def __init__(self, layers: int):
+        self.layers: list[KVCache | None] = [None] * layers
+
+    @property
+    def length(self) -> int:
+        first = self.layers[0] if self.layers else None
+        return 0 if first is None else first[0].shape[2]
+
+
+def position_noise(seed: int, positions: Tensor, draws: int, dim: int) -> Tensor:
+    """Standard normal ``(draws, B, T, dim)`` noise that depends only on ``(seed, position, row)``.
+
+    Drawing per position (not per call) makes incremental generation see exactly the noise that a full
+    recompute of the same sequence sees, whatever the chunking.
+    """
+    batch, length = positions.shape
+    out = torch.empty(draws, batch, length, dim)
+    for position in torch.unique(positions).tolist():
+        generator = torch.Generator().manual_seed((seed * 1_000_003 + position * 7919) % (2**63 - 1))
+        table = torch.randn(batch, draws, dim, generator=generator)
+        rows, cols = (positions == position).nonzero(as_tuple=True)
+        out[:, rows, cols] = table[rows].transpose(0, 1)
+    return out.to(positions.device)
+
+
+class Bridge(nn.Module):
+    """Context encoder + UNet denoiser; see the module docstring. Shapes: ``(B, T, ...)``."""
+
+    def __init__(self, config: BridgeConfig):
+        super().__init__()
+        self.config = config
+        self.schedule = make_schedule(config.schedule)
+        self.prediction = Prediction(config.prediction)
+        width = config.width
+        widths = [width // 2**level for level in range(config.unet_depth + 1)]
+        self.condition_in = nn.Sequential(nn.LayerNorm(config.condition_size), nn.Linear(config.condition_size, width))
+        self.context = nn.ModuleList(ContextBlock(width, config.heads, config.mlp_ratio) for _ in range(config.context_layers))
+        self.context_norm = nn.LayerNorm(width)
+        self.context_to_level = nn.ModuleList(nn.Linear(width, w) for w in widths)
+        self.time_mlp = nn.Sequential(nn.Linear(config.time_dim, config.time_dim), nn.SiLU())
+        self.noisy_in = nn.Linear(config.hidden_size, width)
+        self.down_blocks = nn.ModuleList(FiLMBlock(w, config.time_dim, config.mlp_ratio) for w in widths[:-1])
+        self.downs = nn.ModuleList(nn.Linear(widths[i], widths[i + 1]) for i in range(config.unet_depth))
+        self.middle = FiLMBlock(widths[-1], config.time_dim, config.mlp_ratio)
+        self.ups = nn.ModuleList(nn.Linear(widths[i + 1], widths[i]) for i in range(config.unet_depth))
+        self.up_blocks = nn.ModuleList(FiLMBlock(w, config.time_dim, config.mlp_ratio) for w in widths[:-1])
+        self.out = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, config.hidden_size))
+        nn.init.zeros_(self.out[1].weight)
+        nn.init.zeros_(self.out[1].bias)
+        self.register_buffer("target_mean", torch.tensor(config.target_mean, dtype=torch.float32))
+        self.register_buffer("target_std", torch.tensor(float(config.target_std)))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.noisy_in.weight.dtype
+
+    def set_target_statistics(self, mean: Tensor, std: float) -> None:
+        """Store the teacher's per-dimension mean and scalar std of ``h_l`` (buffers and config)."""
+        self.target_mean.copy_(mean.to(self.target_mean))
+        self.target_std.fill_(float(std))
+        self.config.target_mean, self.config.target_std = [float(v) for v in mean.tolist()], float(std)
+
+    def normalize(self, hidden: Tensor) -> Tensor:
+        return (hidden.float() - self.target_mean.float()) / self.target_std.float()
+
+    def denormalize(self, z: Tensor) -> Tensor:
+        return z.float() * self.target_std.float() + self.target_mean.float()
+
+    def encode(self, condition: Tensor, positions: Tensor, key_mask: Tensor | None = None, cache: BridgeCache | None = None) -> list[Tensor]:
+        """Per-level context features ``[(B, T, W / 2^k)]`` from ``c(x)``; extends ``cache`` in place."""
+        x = self.condition_in(condition.to(self.dtype))
+        for index, block in enumerate(self.context):
+            x, kv = block(x, positions, key_mask, cache.layers[index] if cache is not None else None)
+            if cache is not None:
+                cache.layers[index] = kv
+        x = self.context_norm(x)
+        return [project(x) for project in self.context_to_level]
+
+    def denoise(self, z: Tensor, t: Tensor, context: list[Tensor]) -> Tensor:
+        """Network output (in the config's prediction type) for noisy ``z`` ``(B, T, D)`` at time ``t``.
+
+        ``t`` is 0-d (one time for all positions) or ``(B, T)``.
+        """
+        time = self.time_mlp(sinusoidal_embedding(t, self.config.time_dim).to(self.dtype))
+        x = self.noisy_in(z.to(self.dtype)) + context[0]
+        skips = []
+        for level, (block, down) in enumerate(zip(self.down_blocks, self.downs)):
+            x = block(x, time)
+            skips.append(x)
+            x = down(x) + context[level + 1]
+        x = self.middle(x, time)
+        for level in reversed(range(len(self.ups))):
+            x = self.up_blocks[level](self.ups[level](x) + skips[level], time)
+        return self.out(x).float()
+
+    def sample(self, context: list[Tensor], noise: Tensor, nfe: int | None = None, sampler: str | None = None) -> Tensor:
+        """Normalised ``x0`` ``(B, T, D)`` from ``noise`` ``(draws, B, T, D)`` (draw 0 starts the chain)."""
+        chosen = make_sampler(sampler or self.config.sampler)
+
+        def model(z: Tensor, t: Tensor) -> Tensor:
+            return self.denoise(z, t, context)
+
+        return chosen.sample(model, self.schedule, self.prediction, noise[0], nfe or self.config.nfe, noise[1:])
+
+    def forward(
+        self, condition: Tensor, positions: Tensor, noisy: Tensor, t: Tensor, noise: Tensor, key_mask: Tensor | None = None,
+        nfe: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Training pass: ``(denoiser output at (noisy, t), sampled normalised x0 from noise)``."""
+        context = self.encode(condition, positions, key_mask)
+        return self.denoise(noisy, t, context), self.sample(context, noise, nfe)
