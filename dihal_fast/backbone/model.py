@@ -1,0 +1,50 @@
+"""The backbone model: a ``LlamaForCausalLM`` built from :class:`ModelConfig`, and precision choice."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from dihal_fast.backbone.config import ModelConfig
+
+
+def build_model(cfg: ModelConfig, tokenizer):
+    """A randomly initialised ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU) matching ``tokenizer``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if len(tokenizer) > cfg.vocab_size:
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than the model vocab size {cfg.vocab_size}")
+    config = LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.seq_len,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=cfg.tie_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+def count_parameters(model) -> int:
+    """Number of distinct parameters (tied embedding/LM-head weights counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def cpu_has_amx() -> bool:
+    """Whether the CPU advertises AMX bf16 tiles (Linux ``/proc/cpuinfo``)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.is_file() and "amx_bf16" in cpuinfo.read_text()
+
+
+def resolve_precision(precision: str, device: str) -> str:
+    """``auto`` -> bf16 autocast where bf16 matrix products are fast (CUDA, CPUs with AMX), else fp32.
+
+    On CPUs with only AVX-512 (no AMX) bf16 GEMMs measured slower than fp32 here, so auto keeps fp32.
+    """
+    if precision != "auto":
+        return precision
+    return "bf16" if device.startswith("cuda") or cpu_has_amx() else "fp32"

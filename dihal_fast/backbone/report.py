@@ -1,0 +1,132 @@
+"""Training report (per-split validation PPL next to unigram / bigram baselines), curve plot, ``info`` text."""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dihal_fast.backbone.baselines import best_bigram_perplexity, unigram_perplexity
+from dihal_fast.backbone.evaluate import perplexity, stream_nll
+from dihal_fast.common import atomic_write_json, read_json
+
+logger = logging.getLogger(__name__)
+
+REPORT_NAME = "training_report.json"
+
+
+def validation_table(model, train_ids: np.ndarray, valid_ids: dict[str, np.ndarray], seq_len: int, precision: str) -> dict:
+    """Per held-out split: model PPL (full split), unigram (add-1) and best add-k bigram PPL on the same tokens."""
+    from tqdm import tqdm
+
+    vocab = model.config.vocab_size
+    table = {}
+    for name, ids in tqdm(valid_ids.items(), desc="validation", unit="split", leave=False):
+        nll, count = stream_nll(model, ids, seq_len, precision=precision)
+        bigram, k = best_bigram_perplexity(train_ids, ids, vocab)
+        table[name] = {
+            "tokens": count,
+            "ppl": perplexity(nll, count),
+            "unigram_ppl": unigram_perplexity(train_ids, ids, vocab),
+            "bigram_ppl": bigram,
+            "bigram_k": k,
+        }
+        logger.info("%s: PPL %.2f (unigram %.1f, bigram %.1f)", name, table[name]["ppl"], table[name]["unigram_ppl"], bigram)
+    return table
+
+
+def write_training_report(out: Path, model, tokenizer, cfg, corpus, train_ids, valid_ids, step: int,
+                          wall_s: float, precision: str, command: str) -> dict[str, Any]:
+    """Evaluate, plot the curve and write ``training_report.json`` in ``out``; returns the report."""
+    import torch
+    import transformers
+
+    from dihal_fast import __version__
+    from dihal_fast.backbone.model import count_parameters
+
+    report = {
+        "command": command,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "steps_completed": step,
+        "steps_planned": cfg.steps,
+        "seed": cfg.seed,
+        "precision": precision,
+        "wall_time_s": round(wall_s, 1),
+        "train_tokens_seen": step * cfg.batch_size * cfg.model.seq_len,
+        "architecture": "LlamaForCausalLM",
+        "parameters": count_parameters(model),
+        "model": cfg.to_dict()["model"],
+        "tokenizer": {"type": "byte-level BPE", "vocab_size": len(tokenizer)},
+        "checkpoint_bytes": (out / "model.safetensors").stat().st_size,
+        "data": {"files": corpus.files, "train_tokens": int(len(train_ids)),
+                 "valid_tokens": {k: int(len(v)) for k, v in valid_ids.items()}},
+        "validation": validation_table(model, train_ids, valid_ids, cfg.model.seq_len, precision),
+        "software": {"dihal_fast": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": platform.python_version(), "machine": platform.processor() or platform.machine()},
+        "train_config": cfg.to_dict(),
+    }
+    atomic_write_json(out / REPORT_NAME, report)
+    plot_training_curve(out / "training_log.jsonl", out / "training_curve.png")
+    return report
+
+
+def plot_training_curve(log_path: Path, png_path: Path) -> None:
+    """Train loss and per-split validation loss (nats/token) against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in Path(log_path).read_text().splitlines() if line.strip()]
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot(*zip(*train), label="train (batch)", color="0.6", lw=1)
+    splits = sorted({name for r in records for name in r.get("val_loss", {})})
+    for name in splits:
+        points = [(r["step"], r["val_loss"][name]) for r in records if name in r.get("val_loss", {})]
+        ax.plot(*zip(*points), marker="o", ms=3, label=f"valid: {name}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.set_title("backbone training")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+
+
+def describe_backbone(model_dir: str | Path) -> str:
+    """Human-readable summary of a backbone directory: architecture, size, data, validation PPL."""
+    from transformers import AutoConfig
+
+    model_dir = Path(model_dir)
+    config = AutoConfig.from_pretrained(str(model_dir))
+    lines = [
+        f"backbone: {model_dir}",
+        f"architecture: {', '.join(config.architectures or [config.model_type])} "
+        f"({config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads, "
+        f"intermediate {config.intermediate_size}, vocab {config.vocab_size}, context {config.max_position_embeddings}, "
+        f"tied embeddings {config.tie_word_embeddings})",
+    ]
+    report_path = model_dir / REPORT_NAME
+    if not report_path.is_file():
+        lines.append(f"no {REPORT_NAME} next to the checkpoint: training data and validation perplexity unknown")
+        return "\n".join(lines)
+    report = read_json(report_path, "training report")
+    lines.append(f"parameters: {report['parameters']:,} ({report['checkpoint_bytes'] / 2**20:.1f} MiB safetensors)")
+    lines.append(f"trained: {report['steps_completed']}/{report['steps_planned']} steps, "
+                 f"{report['train_tokens_seen']:,} tokens seen, seed {report['seed']}, {report['precision']}, "
+                 f"{report['wall_time_s'] / 60:.1f} min")
+    lines.append(f"command: {report['command']}")
+    lines.append("data:")
+    for item in report["data"]["files"]:
+        lines.append(f"  {item['role']:<6} {Path(item['path']).name} ({item['bytes']:,} bytes, sha256 {item['sha256'][:12]})")
+    lines.append(f"{'held-out split':<20}{'tokens':>9}{'PPL':>9}{'unigram':>9}{'bigram':>9}")
+    for name, row in report["validation"].items():
+        lines.append(f"{name:<20}{row['tokens']:>9}{row['ppl']:>9.2f}{row['unigram_ppl']:>9.1f}{row['bigram_ppl']:>9.1f}")
+    return "\n".join(lines)
