@@ -119,6 +119,14 @@ double top_eigenvalue_small(CArray<double> A) {
   return dihal::top_eigenvalue_small(work.data(), int(A.shape(0)));
 }
 
+template <typename T>
+double max_abs(CArray<T> X) {
+  const T* x = X.data();
+  const int64_t size = X.size();
+  py::gil_scoped_release release;
+  return dihal::max_abs<T>(x, size);
+}
+
 py::dict build_info() {
   py::dict info;
   info["compiler"] = std::string(__VERSION__);
@@ -145,5 +153,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("pi"), py::arg("pj"));
   m.def("top_eigenvalue_psd", &top_eigenvalue_psd, py::arg("S"), py::arg("rel_tol") = 1e-12);
   m.def("top_eigenvalue_small", &top_eigenvalue_small, py::arg("A"));
+  m.def("max_abs", &max_abs<float>, py::arg("X"));
+  m.def("max_abs", &max_abs<double>, py::arg("X"));
   m.def("build_info", &build_info);
 }

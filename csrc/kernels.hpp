@@ -7,8 +7,9 @@
 namespace dihal {
 
 // Chan/pairwise update of (count, mean[D], comoment[D*D]) with the rows of X (n x D).
-// Only the upper triangle of the co-moment is read and written (the caller mirrors it). Blocks of rows are centred at their own mean, their
-// co-moment is formed by a SYRK in the input precision and merged in float64.
+// Only the upper triangle of the co-moment is read and written (the caller mirrors it).
+// Blocks of rows are shifted by the running mean, their co-moment is formed by a SYRK in the
+// input precision and merged in float64.
 template <typename T>
 void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* comoment);
 
@@ -37,6 +38,10 @@ double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* itera
 // top_eigenpair_small also writes the unit eigenvector into vec (m entries) when vec is non-null.
 double top_eigenvalue_small(double* A, int m);
 double top_eigenpair_small(double* A, int m, double* vec);
+
+// Largest |x| over a dense array in one read-only pass; NaN if any element is NaN, inf if any is inf.
+template <typename T>
+double max_abs(const T* X, int64_t size);
 
 // Threads used by the OpenMP kernels.
 int num_threads();

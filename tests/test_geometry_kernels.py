@@ -144,3 +144,43 @@ def test_property_knn_and_proxies(n, D, k_frac, dtype, seed):
     want = ref.geometry_proxies(X, k=k, n_pairs=200, seed=seed)
     for key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-7), key
+
+
+def _hidden_states(model_dir, texts: list[str]) -> list[np.ndarray]:
+    """Every layer's hidden states (padding and the first position dropped) of a local checkpoint."""
+    from dihal_fast.common.models import load_causal_lm
+
+    model, tokenizer = load_causal_lm(model_dir)
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model(**batch, output_hidden_states=True)
+    keep = batch["attention_mask"].bool().clone()
+    keep[:, 0] = False
+    return [h[keep].numpy() for h in out.hidden_states]
+
+
+@pytest.fixture(scope="module")
+def real_text(shared_data) -> list[str]:
+    text = (shared_data / "text" / "tinystories.valid.txt").read_text().split("\n\n")
+    return [t for t in text if len(t) > 200][:12]
+
+
+def test_proxies_on_hidden_states_of_a_transformers_model(tiny_checkpoints, real_text):
+    """Kernels against the reference on real activations: the shipped backbone when present, else a tiny Llama."""
+    from dihal_fast.backbone import DEFAULT_MODEL_DIR
+
+    model_dir = DEFAULT_MODEL_DIR if (DEFAULT_MODEL_DIR / "config.json").is_file() else tiny_checkpoints["llama"]
+    layers = _hidden_states(model_dir, real_text)
+    assert len(layers) >= 3
+    for H in (layers[1], layers[-1]):
+        H = H[:400]
+        np.testing.assert_array_equal(df.knn(H, 16)[0], ref.knn(H, 16)[0])
+        got = df.geometry_proxies(H, n_pairs=3000)
+        want = ref.geometry_proxies(H, n_pairs=3000)
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-8), key
+        half = torch.from_numpy(H).to(torch.bfloat16)
+        got16 = df.geometry_proxies(half, n_pairs=3000)
+        want16 = ref.geometry_proxies(half, n_pairs=3000)
+        for key in want16:
+            assert got16[key] == pytest.approx(want16[key], rel=1e-8), key

@@ -1,8 +1,10 @@
-// Streaming covariance: blocks of rows centred at their own mean, SYRK in the input precision,
+// Streaming covariance: blocks of rows shifted by the running mean, SYRK in the input precision,
 // Chan's pairwise merge of (count, mean, co-moment) in float64.
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "blas.hpp"
@@ -17,21 +19,26 @@ int64_t block_rows(int64_t D, size_t elem) {
   return std::clamp<int64_t>(target, 1024, 16384);
 }
 
+// Writes Y = X - shift (rounded to T) and returns the column sums of Y in float64: one pass.
 template <typename T>
-void block_mean(const T* X, int64_t rows, int64_t D, double* mean) {
-  std::fill(mean, mean + D, 0.0);
+void shift_rows(const T* X, int64_t rows, int64_t D, const double* shift, T* Y, double* sums) {
+  std::fill(sums, sums + D, 0.0);
 #pragma omp parallel
   {
     std::vector<double> local(D, 0.0);
 #pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < rows; ++r) {
       const T* x = X + r * D;
-      for (int64_t c = 0; c < D; ++c) local[c] += double(x[c]);
+      T* y = Y + r * D;
+      for (int64_t c = 0; c < D; ++c) {
+        const double v = double(x[c]) - shift[c];
+        y[c] = T(v);
+        local[c] += v;
+      }
     }
 #pragma omp critical
-    for (int64_t c = 0; c < D; ++c) mean[c] += local[c];
+    for (int64_t c = 0; c < D; ++c) sums[c] += local[c];
   }
-  for (int64_t c = 0; c < D; ++c) mean[c] /= double(rows);
 }
 
 }  // namespace
@@ -40,29 +47,34 @@ template <typename T>
 void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* M) {
   if (n <= 0) return;
   const int64_t block = block_rows(D, sizeof(T));
-  std::vector<T> centred(size_t(std::min(block, n)) * size_t(D));
+  std::vector<T> shifted(size_t(std::min(block, n)) * size_t(D));
   std::vector<T> gram(size_t(D) * size_t(D));
-  std::vector<double> bmean(D);
+  std::vector<double> shift(D), delta(D), sums(D);
 
   for (int64_t r0 = 0; r0 < n; r0 += block) {
     const int64_t rows = std::min(block, n - r0);
     const T* Xb = X + r0 * D;
-    block_mean(Xb, rows, D, bmean.data());
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < D; ++c) centred[size_t(r * D + c)] = T(double(Xb[r * D + c]) - bmean[c]);
-    blas::syrk_upper_t(int(D), int(rows), centred.data(), gram.data());
+    // Shift by the running mean (or the block's first row) so the working-precision SYRK sees
+    // small, centred-ish values; the block co-moment about its own mean is then
+    // C_shift - rows * (m_b - shift)(m_b - shift)^T.
+    for (int64_t c = 0; c < D; ++c) shift[c] = *count > 0 ? mean[c] : double(Xb[c]);
+    shift_rows(Xb, rows, D, shift.data(), shifted.data(), sums.data());
+    blas::gram_upper_t(int(D), int(rows), shifted.data(), gram.data());
 
     const double na = double(*count), nb = double(rows), ntot = na + nb;
     const double w = na * nb / ntot;
-    std::vector<double> delta(D);
-    for (int64_t c = 0; c < D; ++c) delta[c] = bmean[c] - mean[c];
+    // offset = m_b - shift; delta = m_b - mean
+    std::vector<double>& offset = sums;
+    for (int64_t c = 0; c < D; ++c) {
+      offset[c] /= nb;
+      delta[c] = shift[c] + offset[c] - mean[c];
+    }
 #pragma omp parallel for schedule(dynamic, 16)
     for (int64_t a = 0; a < D; ++a) {
-      const double da = delta[a] * w;
+      const double oa = offset[a] * nb, da = delta[a] * w;
       double* Ma = M + a * D;
       const T* Ga = gram.data() + a * D;
-      for (int64_t b = a; b < D; ++b) Ma[b] += double(Ga[b]) + da * delta[b];
+      for (int64_t b = a; b < D; ++b) Ma[b] += double(Ga[b]) - oa * offset[b] + da * delta[b];
     }
     for (int64_t c = 0; c < D; ++c) mean[c] += delta[c] * (nb / ntot);
     *count += rows;
@@ -71,6 +83,22 @@ void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double*
 
 template void covariance_update<float>(const float*, int64_t, int64_t, int64_t*, double*, double*);
 template void covariance_update<double>(const double*, int64_t, int64_t, int64_t*, double*, double*);
+
+template <typename T>
+double max_abs(const T* X, int64_t size) {
+  double best = 0.0;
+  bool nan = false;
+#pragma omp parallel for schedule(static) reduction(max : best) reduction(|| : nan)
+  for (int64_t i = 0; i < size; ++i) {
+    const double v = std::fabs(double(X[i]));
+    nan = nan || v != v;
+    best = v > best ? v : best;
+  }
+  return nan ? std::numeric_limits<double>::quiet_NaN() : best;
+}
+
+template double max_abs<float>(const float*, int64_t);
+template double max_abs<double>(const double*, int64_t);
 
 int num_threads() { return omp_get_max_threads(); }
 
