@@ -180,6 +180,17 @@ double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* itera
     for (int64_t i = 0; i < D; ++i) vnext[i] = w[size_t(i)] / b;
   }
   if (iterations) *iterations = int(j);
+  if (j >= max_iter && max_iter < D) {
+    // Not converged within the iteration cap: fall back to LAPACK's symmetric solver (top eigenvalue only).
+    std::vector<double> A(S, S + size_t(D) * size_t(D));
+    int found = 0;
+    double value = 0.0, z = 0.0;
+    std::vector<int> support(2);
+    const int info = scipy_LAPACKE_dsyevr(LAPACK_ROW_MAJOR, 'N', 'I', 'U', int(D), A.data(), int(D), 0.0, 0.0, int(D),
+                                          int(D), 0.0, &found, &value, &z, 1, support.data());
+    if (info != 0 || found != 1) throw std::runtime_error("LAPACK dsyevr failed on the covariance matrix");
+    return value;
+  }
   return theta;
 }
 
