@@ -77,3 +77,52 @@ def test_diffusion_lm_control_trains_samples_and_resumes(models, corpus, tmp_pat
     assert len(texts) == 4 and section["gen_ppl"] > 1 and section["entropy"] > 0
     again, texts_again = _diffusion_lm_section(backbone, corpus, tmp_path, SETTINGS, backbone, steps=30)
     assert texts_again == texts  # reloaded from the finished checkpoint, same seed
+
+
+@pytest.fixture(scope="module")
+def tiny_hybrid(tiny_checkpoints, tmp_path_factory):
+    """An untrained hybrid cut at layer 2 of the tiny Llama (enough to exercise the whole harness)."""
+    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.hybrid.model import HybridLM
+
+    model, tokenizer = load_causal_lm(tiny_checkpoints["llama"])
+    torch.manual_seed(0)
+    hybrid = HybridLM.from_backbone(model, 2, tokenizer=tokenizer, backbone_dir=tiny_checkpoints["llama"])
+    return hybrid.save_pretrained(tmp_path_factory.mktemp("hybrid") / "hybrid")
+
+
+def _evaluate_argv(hybrid, corpus, out, evaluator):
+    return ["evaluate", "--hybrid", str(hybrid), "--corpus", str(corpus), "--out", str(out), "--evaluator", str(evaluator),
+            "--seq-len", "24", "--eval-blocks", "3", "--n-samples", "3", "--max-new-tokens", "8", "--nfe", "2",
+            "--diffusion-lm-steps", "5"]
+
+
+def test_evaluate_cli_writes_every_section_and_resumes(tiny_hybrid, tiny_checkpoints, corpus, tmp_path, capsys):
+    from dihal_fast.cli import main
+    from dihal_fast.common import read_json
+
+    out = tmp_path / "run"
+    assert main(_evaluate_argv(tiny_hybrid, corpus, out, tiny_checkpoints["llama"])) == 0
+    report = read_json(out / "evaluate.json")
+    for name in ("backbone", "hybrid"):
+        for key in ("nll", "ppl", "kl", "gen_ppl", "entropy", "diversity_dihal", "diversity_ld4lg", "tokens_per_s"):
+            assert math.isfinite(report[name][key]), (name, key)
+    assert report["backbone"]["kl"] == 0.0 and report["hybrid"]["kl"] > 0
+    assert report["hybrid"]["kind"] == "hybrid" and report["controls"]["diffusion_lm"]["nll"] is None
+    assert set(report["samples"]) == {"backbone", "hybrid", "diffusion_lm"} and len(report["samples"]["hybrid"]) == 3
+    assert "first token" in report["protocol"]["nll"] and report["evaluator"]["dtype"] == "float32"
+    stamps = {p.name: p.stat().st_mtime_ns for p in (out / "sections").iterdir()}
+    assert main(_evaluate_argv(tiny_hybrid, corpus, out, tiny_checkpoints["llama"])) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "sections").iterdir()} == stamps  # reused, not recomputed
+    assert read_json(out / "evaluate.json")["hybrid"] == report["hybrid"]
+
+
+def test_evaluate_cli_bad_input(tiny_hybrid, tiny_checkpoints, corpus, tmp_path, capsys):
+    from dihal_fast.cli import main
+    from dihal_fast.testing import make_tiny_checkpoint
+
+    other = make_tiny_checkpoint(tmp_path / "other", "llama", vocab_size=300)
+    assert main(_evaluate_argv(tiny_hybrid, corpus, tmp_path / "a", other)) == 2
+    assert "tokenizer differs" in capsys.readouterr().err
+    assert main(_evaluate_argv(tiny_checkpoints["llama"], corpus, tmp_path / "b", tiny_checkpoints["llama"])) == 2
+    assert "not a hybrid" in capsys.readouterr().err

@@ -13,7 +13,7 @@ def test_perfect_agreement_and_reversal():
     loss = [0.4, 0.3, 0.2, 0.1]  # deeper = easier here
     agree = score_loss_correlations(layers, np.array([[1.0, 2.0, 3.0, 4.0]]), loss)
     for name in ("spearman", "kendall", "pearson"):
-        assert agree[name]["mean"] == pytest.approx(1.0) and agree[name]["std"] == 0.0
+        assert agree[name]["mean"] == pytest.approx(1.0) and agree[name]["std"] is None  # one run
     assert agree["rank_gap"] == 0 and agree["predicted_layer"] == 4 == agree["observed_best_layer"]
     reverse = score_loss_correlations(layers, np.array([[4.0, 3.0, 2.0, 1.0]]), loss)
     assert reverse["spearman"]["mean"] == pytest.approx(-1.0)
@@ -26,7 +26,7 @@ def test_mean_and_std_over_runs_hand_computed():
     runs = np.array([[1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 4.0, 3.0]])
     out = score_loss_correlations(layers, runs, loss)
     # second run: one adjacent swap -> Spearman 1 - 6*2/(4*15) = 0.8, Kendall (5-1)/6 = 2/3
-    assert out["spearman"]["mean"] == pytest.approx(0.9) and out["spearman"]["std"] == pytest.approx(0.1)
+    assert out["spearman"]["mean"] == pytest.approx(0.9) and out["spearman"]["std"] == pytest.approx(0.2 / 2**0.5)
     assert out["kendall"]["mean"] == pytest.approx((1 + 2 / 3) / 2)
     want_pearson = [stats.pearsonr(run, -np.array(loss))[0] for run in runs]
     assert out["pearson"]["mean"] == pytest.approx(np.mean(want_pearson))

@@ -12,7 +12,7 @@ from dihal_fast.common import atomic_write_bytes
 
 PROTOCOL = (
     "for each repeated score run r, Spearman/Kendall(tau-b)/Pearson between score_r(layer) and "
-    "-bridge_loss(layer) over the candidate layers; reported as mean and population std over runs. "
+    "-bridge_loss(layer) over the candidate layers; reported as mean and std (ddof=1, as locate's) over runs. "
     "rank_gap = position (0 = best) of the best-scoring layer (argmax of the mean score, ties to the "
     "shallower layer) in the ascending order of bridge loss; layer_gap = |that layer - the lowest-loss layer|"
 )
@@ -22,7 +22,8 @@ def _stat(values: list[float]) -> dict:
     finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return {"mean": None, "std": None, "n_runs": 0}
-    return {"mean": float(np.mean(finite)), "std": float(np.std(finite)), "n_runs": len(finite)}
+    std = float(np.std(finite, ddof=1)) if len(finite) > 1 else None
+    return {"mean": float(np.mean(finite)), "std": std, "n_runs": len(finite)}
 
 
 def score_loss_correlations(

@@ -2,12 +2,12 @@
 with rounding to the nearest token (Li et al. 2022, reduced to what a same-budget control needs).
 
 x0 is the backbone's (frozen) input embedding of each token, standardised per dimension. A
-bidirectional transformer predicts x0 from x_t = sqrt(abar) x0 + sqrt(1 - abar) eps under a cosine
-VP schedule; the loss is the x0 regression plus Diffusion-LM's rounding cross-entropy (logits =
-negative squared distance to every token embedding). Sampling is deterministic DDIM from Gaussian
-noise with the prompt positions held at their (noised) clean embeddings, Diffusion-LM's clamping of
-x0_hat to the nearest embedding at every step, and a final rounding to the nearest token. It has no
-tractable likelihood, so its NLL/PPL/KL are not reported.
+bidirectional transformer predicts x0 from z_t = alpha(t) x0 + sigma(t) eps under the bridge's cosine
+VP schedule (:mod:`dihal_fast.bridge.schedules`); the loss is the x0 regression plus Diffusion-LM's
+rounding cross-entropy (logits = negative squared distance to every token embedding). Sampling is
+unconditional: the bridge's deterministic DDIM sampler from Gaussian noise, with Diffusion-LM's
+clamping of x0_hat to the nearest embedding at every step and a final rounding to the nearest token.
+It has no tractable likelihood, so its NLL/PPL/KL are not reported.
 """
 from __future__ import annotations
 
@@ -22,10 +22,14 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from dihal_fast.bridge.samplers import DDIM
+from dihal_fast.bridge.schedules import CosineSchedule, Prediction
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.evaluate.generation import Generation
 
 logger = logging.getLogger(__name__)
+
+SCHEDULE = CosineSchedule()
 
 
 @dataclass
@@ -39,13 +43,8 @@ class DiffusionLMConfig:
     lr: float = 1e-3
     batch_size: int = 16
     steps: int = 200
-    sample_steps: int = 50
+    nfe: int = 50
     seed: int = 0
-
-
-def cosine_alpha_bar(t: torch.Tensor) -> torch.Tensor:
-    """Cosine VP schedule ``abar(t) = cos^2(pi/2 * t)`` for ``t`` in [0, 1], clipped away from 0 and 1."""
-    return torch.cos(t.clamp(0.0, 1.0) * math.pi / 2).pow(2).clamp(1e-5, 1 - 1e-5)
 
 
 class DiffusionLM(nn.Module):
@@ -86,30 +85,26 @@ class DiffusionLM(nn.Module):
         """x0 regression (mean over dims) + rounding cross-entropy on a batch ``tokens[B, T]``."""
         x0 = self.table[tokens]
         t = torch.rand(tokens.shape[0], generator=generator)
-        abar = cosine_alpha_bar(t)[:, None, None]
+        alpha, sigma = SCHEDULE.alpha_sigma(t[:, None, None])
         noise = torch.randn(x0.shape, generator=generator)
-        x0_hat = self(abar.sqrt() * x0 + (1 - abar).sqrt() * noise, t)
+        x0_hat = self(alpha * x0 + sigma * noise, t)
         rounding = F.cross_entropy(self.round_logits(x0_hat).transpose(1, 2), tokens)
         return F.mse_loss(x0_hat, x0) + rounding
 
+    def clamped_x0(self, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """x0 prediction snapped to the nearest token embedding (Diffusion-LM's clamping trick)."""
+        x0_hat = self(z, t.expand(z.shape[0]))
+        return self.table[self.round_logits(x0_hat).argmax(-1)]
+
     @torch.no_grad()
-    def sample(self, prompt: torch.Tensor, new_tokens: int, steps: int, generator: torch.Generator | None = None) -> Generation:
-        """DDIM (eta = 0) with prompt in-filling and clamping; returns the ``new_tokens`` after the prompt."""
-        batch, plen = prompt.shape
-        length = plen + new_tokens
-        if length > self.config.seq_len:
-            raise ValueError(f"prompt + new tokens ({length}) exceed the control's sequence length {self.config.seq_len}")
+    def sample(self, n_samples: int, length: int, nfe: int, generator: torch.Generator | None = None) -> Generation:
+        """``n_samples`` unconditional sequences of ``length`` tokens: DDIM (eta = 0), clamping, rounding."""
+        if not 1 <= length <= self.config.seq_len:
+            raise ValueError(f"length must lie in 1..{self.config.seq_len} (the control's sequence length), got {length}")
         start = time.perf_counter()
-        x0_prompt = self.table[prompt]
-        x = torch.randn((batch, length, self.table.shape[1]), generator=generator)
-        grid = torch.linspace(1.0, 0.0, steps + 1)
-        for t_now, t_next in zip(grid[:-1], grid[1:]):
-            abar, abar_next = cosine_alpha_bar(t_now), cosine_alpha_bar(t_next)
-            x0_hat = self.table[self.round_logits(self(x, t_now.expand(batch))).argmax(-1)]  # clamping trick
-            x0_hat[:, :plen] = x0_prompt  # prompt positions stay on the forward path of their initial noise
-            eps = (x - abar.sqrt() * x0_hat) / (1 - abar).sqrt()
-            x = abar_next.sqrt() * x0_hat + (1 - abar_next).sqrt() * eps
-        tokens = self.round_logits(x[:, plen:]).argmax(-1)
+        z = torch.randn((n_samples, length, self.table.shape[1]), generator=generator)
+        x0 = DDIM().sample(self.clamped_x0, SCHEDULE, Prediction("x0"), z, nfe)
+        tokens = self.round_logits(x0).argmax(-1)
         return Generation(tokens, time.perf_counter() - start)
 
 

@@ -67,20 +67,27 @@ def sample_metrics(generation: Generation, tokenizer, evaluator) -> tuple[dict, 
     """Gen PPL, entropy, both diversities and tokens/s of samples; also returns the decoded texts.
 
     ``evaluator`` is a :class:`~dihal_fast.evaluate.models.LoadedLM`; entropy and diversity use its
-    tokens of each sample so that all sample metrics share one tokenisation.
+    tokens of each sample so that all sample metrics share one tokenisation. A metric the samples do
+    not define (every sample empty after decoding, no 4-grams) is ``None`` with the reason in ``notes``.
     """
     texts = [tokenizer.decode(row, skip_special_tokens=True) for row in generation.tokens.tolist()]
-    gen = generative_perplexity(texts, evaluator.model, evaluator.tokenizer)
+    section: dict = {"tokens_per_s": metrics.tokens_per_second(generation.tokens.numel(), generation.seconds),
+                     "sampling_seconds": generation.seconds, "notes": {}}
+    try:
+        gen = generative_perplexity(texts, evaluator.model, evaluator.tokenizer)
+    except ValueError as exc:
+        gen = {"token_ids": []}
+        section["notes"]["gen_ppl"] = str(exc)
     token_ids = [ids for ids in gen.pop("token_ids") if ids]
-    section = {
-        "gen_ppl": gen["gen_ppl"],
-        "entropy": metrics.mean_unigram_entropy(token_ids),
-        "diversity_dihal": metrics.diversity_dihal(token_ids),
-        "diversity_ld4lg": metrics.diversity_ld4lg(token_ids),
-        "tokens_per_s": metrics.tokens_per_second(generation.tokens.numel(), generation.seconds),
-        "sampling_seconds": generation.seconds,
-        "gen_ppl_details": gen,
-    }
+    section["gen_ppl"] = gen.get("gen_ppl")
+    section["gen_ppl_details"] = gen
+    for name, fn in (("entropy", metrics.mean_unigram_entropy), ("diversity_dihal", metrics.diversity_dihal),
+                     ("diversity_ld4lg", metrics.diversity_ld4lg)):
+        try:
+            section[name] = fn(token_ids)
+        except ValueError as exc:
+            section[name] = None
+            section["notes"][name] = str(exc)
     return section, texts
 
 
@@ -95,7 +102,7 @@ def evaluate_lm(lm, blocks: torch.Tensor, settings: EvalSettings, evaluator, ref
     scores.setdefault("kl", 0.0)
     prompt = torch.tensor([lm.prompt_ids("")]).expand(settings.n_samples, -1)
     generator = torch.Generator().manual_seed(settings.seed)
-    generation = lm.sample(prompt, settings.max_new_tokens, settings.temperature, None, settings.nfe, generator)
+    generation = lm.sample(prompt, settings.max_new_tokens, settings.temperature, None, lm.nfe, generator)
     section, texts = sample_metrics(generation, lm.tokenizer, evaluator)
     return {"model": str(lm.path), "kind": lm.kind, **scores, **section}, texts
 

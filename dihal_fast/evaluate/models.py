@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from dihal_fast.common.models import load_causal_lm, load_tokenizer, resolve_model_dir
+from dihal_fast.common.models import load_causal_lm, resolve_model_dir
 from dihal_fast.evaluate.generation import Generation, check_generation_request, sample_causal_lm
 from dihal_fast.evaluate.scoring import evaluator_context
 
@@ -27,8 +27,12 @@ class LoadedLM:
     backbone_dir: Path
     context: int
 
+    nfe: int | None = None
+
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """``[B, T, V]`` next-token logits."""
+        """``[B, T, V]`` next-token logits (a hybrid's bridge runs ``nfe`` denoising steps; None = its default)."""
+        if self.kind == "hybrid":
+            return self.model(input_ids, attention_mask=attention_mask, nfe=self.nfe).logits
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def prompt_ids(self, prompt: str) -> list[int]:
@@ -58,25 +62,17 @@ class LoadedLM:
         return sample_causal_lm(self.model, prompt_ids, max_new_tokens, temperature, top_k, generator)
 
 
-def is_hybrid_dir(path: Path) -> bool:
-    """Whether ``path`` holds a saved hybrid (as opposed to a Hugging Face checkpoint)."""
-    from dihal_fast.evaluate.hybrid_adapter import find_hybrid_dir
-
-    return find_hybrid_dir(path) is not None
-
-
-def load_lm(path: str | os.PathLike | None, dtype: str = "float32", device: str = "cpu") -> LoadedLM:
+def load_lm(path: str | os.PathLike | None, dtype: str = "float32", device: str = "cpu", nfe: int | None = None) -> LoadedLM:
     """A backbone checkpoint directory, a hybrid directory or a ``dihal replace`` run directory
-    (``None`` = the shipped backbone)."""
+    (``None`` = the shipped backbone); ``nfe`` sets a hybrid's denoising steps for scoring."""
     from dihal_fast.evaluate.hybrid_adapter import find_hybrid_dir, load_hybrid
 
     if path is not None:
         hybrid_dir = find_hybrid_dir(Path(path))
         if hybrid_dir is not None:
-            model, backbone_dir = load_hybrid(hybrid_dir, device)
-            tokenizer = load_tokenizer(backbone_dir)
+            model, tokenizer, backbone_dir = load_hybrid(hybrid_dir, device)
             context = evaluator_context(model, tokenizer)
-            return LoadedLM("hybrid", hybrid_dir, model.eval(), tokenizer, backbone_dir, context)
+            return LoadedLM("hybrid", hybrid_dir, model, tokenizer, backbone_dir, context, nfe)
     model_dir = resolve_model_dir(path)
     model, tokenizer = load_causal_lm(model_dir, dtype=dtype, device=device)
     return LoadedLM("backbone", model_dir, model, tokenizer, model_dir, evaluator_context(model, tokenizer))

@@ -5,6 +5,8 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.evaluate.harness import EvalSettings, evaluate_lm, heldout_blocks, report_header, sample_metrics
 from dihal_fast.evaluate.models import LoadedLM, load_lm, same_tokenizer
@@ -59,7 +61,7 @@ def evaluate_hybrid(
     harness; ``diffusion_lm_steps`` trains the Diffusion-LM-like control for that many steps.
     """
     out_dir = Path(out_dir)
-    hybrid = load_lm(hybrid_path)
+    hybrid = load_lm(hybrid_path, nfe=settings.nfe)
     if hybrid.kind != "hybrid":
         raise ValueError(f"--hybrid {hybrid_path} is not a hybrid directory (it is a plain {hybrid.kind} checkpoint)")
     backbone = load_lm(hybrid.backbone_dir)
@@ -85,7 +87,7 @@ def evaluate_hybrid(
     report["hybrid"] = section("hybrid", lambda: evaluate_lm(hybrid, blocks, settings, evaluator, reference=backbone))
     report["controls"] = {}
     for name, path in (controls or {}).items():
-        control = load_lm(path)
+        control = load_lm(path, nfe=settings.nfe)
         check_compatible(control, backbone, retokenise=False)
         report["controls"][name] = section(name, lambda c=control: evaluate_lm(c, blocks, settings, evaluator, reference=backbone))
     if diffusion_lm_steps:
@@ -98,8 +100,6 @@ def evaluate_hybrid(
 
 
 def _diffusion_lm_section(backbone: LoadedLM, corpus, out_dir: Path, settings: EvalSettings, evaluator, steps: int):
-    import torch
-
     from dihal_fast.corpus import read_texts, token_blocks
     from dihal_fast.evaluate.diffusion_lm import DiffusionLMConfig, train_diffusion_lm
 
@@ -110,8 +110,7 @@ def _diffusion_lm_section(backbone: LoadedLM, corpus, out_dir: Path, settings: E
         raise ValueError("the corpus is too small to train the Diffusion-LM control outside the held-out blocks")
     embedding = backbone.model.get_input_embeddings().weight
     control = train_diffusion_lm(embedding, blocks[:n_train], config, out_dir / "diffusion_lm")
-    prompt = torch.zeros((settings.n_samples, 0), dtype=torch.long)  # unconditional, like its training blocks
-    generation = control.sample(prompt, settings.max_new_tokens, settings.nfe or config.sample_steps,
+    generation = control.sample(settings.n_samples, settings.max_new_tokens, settings.nfe or config.nfe,
                                 torch.Generator().manual_seed(settings.seed))
     metrics_, texts = sample_metrics(generation, backbone.tokenizer, evaluator)
     unavailable = "not defined: the control has no tractable likelihood"

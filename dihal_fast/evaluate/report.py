@@ -1,0 +1,77 @@
+"""``report.md`` of the end-to-end run: tables of every metric, the plots inline, samples."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from dihal_fast.common import atomic_write_bytes
+
+METRICS = ("nll", "ppl", "kl", "gen_ppl", "entropy", "diversity_dihal", "diversity_ld4lg", "tokens_per_s")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _mean_std(cell: Mapping | None) -> str:
+    if not cell:
+        return "n/a"
+    std = cell.get("std")
+    return _fmt(cell.get("mean")) + ("" if std is None else f" ± {_fmt(std)}")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """A GitHub-flavoured markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(c) if not isinstance(c, str) else c for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def metrics_table(evaluation: Mapping) -> str:
+    """Metric rows, one column per evaluated model (backbone, hybrid, controls)."""
+    columns = {"backbone": evaluation["backbone"], "hybrid": evaluation["hybrid"], **evaluation.get("controls", {})}
+    header = ["metric", *columns]
+    return table(header, [[m, *(col.get(m) for col in columns.values())] for m in METRICS])
+
+
+def locate_table(locate: Mapping) -> str:
+    rows = [[r["layer"], _mean_std(r.get("m_curv")), _mean_std(r.get("m_mono")), _mean_std(r.get("k_eff")),
+             _mean_std(r.get("score")) + (" **selected**" if r["layer"] == locate["selected_layer"] else "")]
+            for r in locate["layers"]]
+    return table(["layer", "m_curv", "m_mono", "k_eff", "score"], rows)
+
+
+def targets(evaluation: Mapping) -> dict:
+    """The issue's targets that one run can check: PPL ratio (<= 1.25) and throughput ratio."""
+    ratio = evaluation["hybrid"]["ppl"] / evaluation["backbone"]["ppl"]
+    speed = evaluation["hybrid"]["tokens_per_s"] / evaluation["backbone"]["tokens_per_s"]
+    return {"ppl_ratio": ratio, "ppl_ratio_target": 1.25, "ppl_ratio_met": ratio <= 1.25,
+            "tokens_per_s_ratio": speed, "tokens_per_s_ratio_note": "hybrid / backbone; > 1 means the hybrid is faster"}
+
+
+def write_report(path: Path, title: str, sections: Sequence[tuple[str, str]]) -> Path:
+    """Write ``# title`` followed by ``## heading`` + body for each section, atomically."""
+    parts = [f"# {title}\n"] + [f"## {heading}\n\n{body.strip()}\n" for heading, body in sections]
+    return atomic_write_bytes(path, "\n".join(parts).encode())
+
+
+def samples_block(samples: Mapping[str, Sequence[str]], per_model: int = 3, width: int = 300) -> str:
+    """The first few samples of every model, each cut to ``width`` characters."""
+    out = []
+    for name, texts in samples.items():
+        out.append(f"**{name}**\n")
+        for text in texts[:per_model]:
+            clean = " ".join(text.split())[:width]
+            out.append(f"> {clean}\n")
+    return "\n".join(out)
+
+
+def image(path: Path, relative_to: Path, caption: str) -> str:
+    """Inline markdown image if the plot exists, else a note saying it is missing."""
+    if not path.is_file():
+        return f"_({caption}: plot not produced)_"
+    return f"![{caption}]({path.relative_to(relative_to).as_posix()})"
