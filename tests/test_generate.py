@@ -90,3 +90,40 @@ def test_teacher_forced_kl_to_itself_is_zero_and_nll_matches(tiny_lm):
     assert out["n_tokens"] == 27
     assert out["nll"] == pytest.approx(total / 27, rel=1e-5)
     assert abs(out["kl"]) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def tiny_hybrid_dir(tiny_checkpoints, tmp_path_factory):
+    from dihal_fast.hybrid.model import HybridLM
+
+    model, tokenizer = load_causal_lm(tiny_checkpoints["llama"])
+    torch.manual_seed(0)
+    return HybridLM.from_backbone(model, 1, tokenizer=tokenizer, backbone_dir=tiny_checkpoints["llama"]).save_pretrained(
+        tmp_path_factory.mktemp("hybrid") / "run" / "hybrid")
+
+
+def test_generate_cli_on_hybrid_run_dir_and_backbone(tiny_hybrid_dir, tiny_checkpoints, tmp_path, capsys):
+    from dihal_fast.cli import main
+    from dihal_fast.common import read_json
+
+    base = ["--prompt", "The quick", "--prompt", "Once", "--n-samples", "2", "--max-new-tokens", "5", "--seed", "3"]
+    # a `dihal replace` run directory (hybrid in RUN/hybrid) is accepted as well as the hybrid directory
+    assert main(["generate", "--model", str(tiny_hybrid_dir.parent), *base, "--nfe", "2", "--out", str(tmp_path / "a.json")]) == 0
+    assert main(["generate", "--model", str(tiny_hybrid_dir), *base, "--nfe", "2", "--out", str(tmp_path / "b.json")]) == 0
+    a, b = read_json(tmp_path / "a.json"), read_json(tmp_path / "b.json")
+    assert a["kind"] == "hybrid" and len(a["samples"]) == 4 and a["samples"] == b["samples"]  # seeded
+    assert all(len(s["token_ids"]) == 5 for s in a["samples"]) and a["tokens_per_s"] > 0
+    assert main(["generate", "--model", str(tiny_checkpoints["gpt2"]), *base, "--out", str(tmp_path / "c.json")]) == 0
+    assert read_json(tmp_path / "c.json")["kind"] == "backbone"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--n-samples", "0"], "n-samples must be >= 1"),
+    (["--max-new-tokens", "400"], "exceeds the model's context"),
+    (["--prompt", "dog " * 200], "exceeds the model's context"),
+])
+def test_generate_cli_bad_input(tiny_hybrid_dir, extra, message, capsys):
+    from dihal_fast.cli import main
+
+    assert main(["generate", "--model", str(tiny_hybrid_dir), *extra]) == 2
+    assert message in capsys.readouterr().err
