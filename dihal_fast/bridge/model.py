@@ -17,7 +17,7 @@ and makes the squared error in ``z`` the fraction of variance unexplained, compa
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -25,10 +25,11 @@ from torch import Tensor, nn
 from dihal_fast.bridge.layers import ContextBlock, FiLMBlock, KVCache, sinusoidal_embedding
 from dihal_fast.bridge.samplers import make_sampler
 from dihal_fast.bridge.schedules import Prediction, make_schedule
+from dihal_fast.bridge.serial import DictConfig
 
 
 @dataclass
-class BridgeConfig:
+class BridgeConfig(DictConfig):
     """Architecture, diffusion process and target statistics of a bridge (saved as JSON beside it)."""
 
     hidden_size: int  # D of the rebuilt hidden state h_l
@@ -72,16 +73,6 @@ class BridgeConfig:
         Prediction(self.prediction).check_schedule(make_schedule(self.schedule))
         make_sampler(self.sampler)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> BridgeConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown bridge config keys {unknown}; expected a subset of {sorted(known)}")
-        return cls(**data)
 
 
 class BridgeCache:
@@ -136,24 +127,28 @@ class Bridge(nn.Module):
         self.out = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, config.hidden_size))
         nn.init.zeros_(self.out[1].weight)
         nn.init.zeros_(self.out[1].bias)
-        self.register_buffer("target_mean", torch.tensor(config.target_mean, dtype=torch.float32))
-        self.register_buffer("target_std", torch.tensor(float(config.target_std)))
+        # Plain float32 tensors, not buffers: a bf16 cast of the module must not round the statistics.
+        self.target_mean = torch.tensor(config.target_mean, dtype=torch.float32)
+        self.target_std = float(config.target_std)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.noisy_in.weight.dtype
 
     def set_target_statistics(self, mean: Tensor, std: float) -> None:
-        """Store the teacher's per-dimension mean and scalar std of ``h_l`` (buffers and config)."""
-        self.target_mean.copy_(mean.to(self.target_mean))
-        self.target_std.fill_(float(std))
-        self.config.target_mean, self.config.target_std = [float(v) for v in mean.tolist()], float(std)
+        """Store the teacher's per-dimension mean and scalar std of ``h_l`` (in the config, saved with it)."""
+        if mean.shape != (self.config.hidden_size,) or not std > 0:
+            raise ValueError(f"need a mean of shape ({self.config.hidden_size},) and std > 0, got {tuple(mean.shape)} and {std}")
+        self.target_mean, self.target_std = mean.detach().float().cpu(), float(std)
+        self.config.target_mean, self.config.target_std = [float(v) for v in self.target_mean.tolist()], float(std)
 
     def normalize(self, hidden: Tensor) -> Tensor:
-        return (hidden.float() - self.target_mean.float()) / self.target_std.float()
+        """``z = (h - mean) / std`` in float32."""
+        return (hidden.float() - self.target_mean.to(hidden.device)) / self.target_std
 
     def denormalize(self, z: Tensor) -> Tensor:
-        return z.float() * self.target_std.float() + self.target_mean.float()
+        """``h = z std + mean`` in float32."""
+        return z.float() * self.target_std + self.target_mean.to(z.device)
 
     def encode(self, condition: Tensor, positions: Tensor, key_mask: Tensor | None = None, cache: BridgeCache | None = None) -> list[Tensor]:
         """Per-level context features ``[(B, T, W / 2^k)]`` from ``c(x)``; extends ``cache`` in place."""

@@ -15,7 +15,7 @@ import inspect
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from dihal_fast.bridge import Bridge, BridgeCache, BridgeConfig, position_noise
+from dihal_fast.bridge.serial import DictConfig
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.hybrid import slicing
 
@@ -33,7 +34,7 @@ _TABLE_PREFIX = "condition_position_table."
 
 
 @dataclass
-class HybridConfig:
+class HybridConfig(DictConfig):
     """Where the hybrid was cut and from what (saved as ``hybrid_config.json``)."""
 
     family: str
@@ -45,22 +46,12 @@ class HybridConfig:
     freeze_upper: bool = True
     format: str = FORMAT
 
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["bridge"] = self.bridge.to_dict()
-        return data
-
     @classmethod
     def from_dict(cls, data: dict) -> HybridConfig:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} config (format = {data.get('format') if isinstance(data, dict) else None!r})")
-        known = {f.name for f in fields(cls)}
-        missing = sorted(known - set(data) - {"freeze_upper", "format"})
-        if missing:
-            raise ValueError(f"hybrid config lacks {missing}")
-        values = {k: v for k, v in data.items() if k in known}
-        values["bridge"] = BridgeConfig.from_dict(data["bridge"])
-        return cls(**values)
+        bridge = BridgeConfig.from_dict(data.get("bridge", {}))
+        return super().from_dict({**data, "bridge": bridge})
 
 
 @dataclass

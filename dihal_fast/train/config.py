@@ -1,0 +1,124 @@
+"""TrainConfig: everything that determines a bridge training run (saved as JSON next to every checkpoint).
+
+Each field carries its command-line help in ``metadata["help"]``; :func:`add_config_arguments` turns the
+dataclass into ``dihal replace`` options, so the CLI and the Python API cannot drift apart.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from dihal_fast.bridge import PREDICTIONS, SAMPLERS, SCHEDULES, BridgeConfig
+from dihal_fast.bridge.serial import DictConfig
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainConfig(DictConfig):
+    """Data, optimisation, loss weights, bridge architecture and bookkeeping of one bridge training run."""
+
+    # data
+    seq_len: int = _opt(128, "tokens per training block")
+    batch_size: int = _opt(8, "blocks per optimizer step on each process")
+    val_blocks: int = _opt(32, "held-out blocks for validation (the corpus tail, or the first blocks of --val-corpus)")
+    max_train_tokens: int = _opt(0, "read at most this many training tokens from the corpus (0 = all)")
+    stats_blocks: int = _opt(64, "training blocks used for the teacher's mean/std of h_l (target normalisation)")
+    # optimisation
+    steps: int = _opt(300, "optimizer steps in total")
+    lr: float = _opt(1e-3, "peak AdamW learning rate")
+    weight_decay: float = _opt(0.0, "AdamW weight decay")
+    warmup_steps: int = _opt(20, "linear warm-up steps, then cosine decay to a tenth of the peak")
+    grad_clip: float = _opt(1.0, "clip the global gradient norm to this value (0 = off)")
+    ema_decay: float = _opt(0.999, "EMA decay of the exported bridge weights (with warm-up (1+s)/(10+s))")
+    # loss
+    w_diff: float = _opt(1.0, "weight of the diffusion loss (MSE on the prediction target at a random t)")
+    w_rec: float = _opt(1.0, "weight of the variance-normalised reconstruction MSE of the sampled h_l")
+    w_lm: float = _opt(0.1, "weight of next-token cross-entropy through the retained layers")
+    w_kd: float = _opt(1.0, "weight of KL(teacher || hybrid) of next-token distributions")
+    kd_temperature: float = _opt(1.0, "softmax temperature of the distillation loss (loss scaled by T^2)")
+    # model
+    train_upper: bool = _opt(False, "also train the retained decoder layers and final norm (default: frozen)")
+    dtype: str = _opt("float32", "dtype of the backbone (teacher) and retained layers", choices=("float32", "bfloat16", "float16"))
+    bridge: dict = field(default_factory=dict, metadata={"help": "overrides of BridgeConfig options (see --bridge-*)"})
+    # bookkeeping
+    seed: int = _opt(0, "seed of initialisation, data order and diffusion noise")
+    device: str = _opt("cpu", "device for plain-torch training (DeepSpeed uses cuda:LOCAL_RANK when CUDA is present)")
+    log_every: int = _opt(10, "steps between JSONL log lines")
+    eval_every: int = _opt(0, "steps between validations (0 = only at the end)")
+    save_every: int = _opt(100, "steps between checkpoints (a final one is always written)")
+    keep_checkpoints: int = _opt(2, "newest checkpoints kept on disk")
+
+    def __post_init__(self) -> None:
+        positive = ("seq_len", "batch_size", "val_blocks", "stats_blocks", "steps", "log_every", "save_every", "keep_checkpoints")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("w_diff", "w_rec", "w_lm", "w_kd", "weight_decay", "grad_clip", "max_train_tokens", "warmup_steps", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.seq_len < 2:
+            raise ValueError(f"seq_len must be >= 2, got {self.seq_len}")
+        if self.lr <= 0 or self.kd_temperature <= 0:
+            raise ValueError(f"lr and kd_temperature must be > 0, got {self.lr} and {self.kd_temperature}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay must lie in [0, 1), got {self.ema_decay}")
+        if self.w_diff + self.w_rec + self.w_lm + self.w_kd == 0:
+            raise ValueError("all loss weights are 0: nothing to train")
+        self.bridge_options(hidden_size=8)  # validates the overrides
+
+    def bridge_options(self, hidden_size: int, layer: int = 1) -> BridgeConfig:
+        """The BridgeConfig these overrides give for a backbone of width ``hidden_size``."""
+        allowed = set(BRIDGE_OPTIONS)
+        unknown = sorted(set(self.bridge) - allowed)
+        if unknown:
+            raise ValueError(f"unknown bridge options {unknown}; expected a subset of {sorted(allowed)}")
+        return BridgeConfig(hidden_size=hidden_size, condition_size=hidden_size, layer=layer, **self.bridge)
+
+
+
+# Bridge options a user may set (the rest of BridgeConfig is derived from the backbone and the data).
+BRIDGE_OPTIONS: dict[str, str] = {
+    "width": "bridge width W (0 = the backbone's hidden size)",
+    "context_layers": "causal attention blocks of the context encoder over c(x)",
+    "heads": "attention heads of the context encoder (0 = W // 64)",
+    "mlp_ratio": "MLP expansion of context and denoiser blocks",
+    "unet_depth": "halvings of the width in the denoiser's down path (UNet levels - 1)",
+    "time_dim": "size of the sinusoidal time embedding",
+    "schedule": f"noise schedule: {', '.join(SCHEDULES)}",
+    "prediction": f"what the denoiser predicts: {', '.join(PREDICTIONS)}",
+    "sampler": f"sampler used in training unrolls and by default at inference: {', '.join(SAMPLERS)}",
+    "nfe": "denoiser evaluations per token (training unroll and default inference)",
+}
+# Fields set by commands themselves rather than as plain options.
+_NOT_OPTIONS = {"bridge"}
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--seq-len``, ``--lr``, ... for every TrainConfig field and ``--bridge-width``, ... for the bridge."""
+    for spec in fields(TrainConfig):
+        if spec.name in _NOT_OPTIONS:
+            continue
+        flag = "--" + spec.name.replace("_", "-")
+        default = spec.default if spec.default is not MISSING else None
+        if isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=spec.metadata["help"])
+        else:
+            parser.add_argument(flag, type=type(default), default=default, choices=spec.metadata.get("choices"),
+                                help=spec.metadata["help"])
+    defaults = {f.name: f.default for f in fields(BridgeConfig)}
+    for name, help_text in BRIDGE_OPTIONS.items():
+        choices = {"schedule": sorted(SCHEDULES), "prediction": list(PREDICTIONS), "sampler": sorted(SAMPLERS)}.get(name)
+        parser.add_argument("--bridge-" + name.replace("_", "-"), dest="bridge_" + name, type=type(defaults[name]),
+                            default=defaults[name], choices=choices, help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig that the options of :func:`add_config_arguments` describe."""
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name not in _NOT_OPTIONS}
+    defaults = {f.name: f.default for f in fields(BridgeConfig)}
+    bridge = {name: getattr(args, "bridge_" + name) for name in BRIDGE_OPTIONS if getattr(args, "bridge_" + name) != defaults[name]}
+    return TrainConfig(**values, bridge=bridge)

@@ -1,0 +1,60 @@
+"""Token blocks for bridge training: a training set, a held-out validation set, and a deterministic
+batch order that depends only on ``(seed, step)`` so that resuming needs nothing but the step."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from dihal_fast.corpus import iter_token_blocks, read_texts
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Blocks:
+    """``train`` ``(N, T)`` and ``val`` ``(M, T)`` LongTensors of token ids."""
+
+    train: torch.Tensor
+    val: torch.Tensor
+
+
+def load_blocks(tokenizer, corpus: str | os.PathLike, seq_len: int, val_blocks: int, max_train_tokens: int = 0,
+                val_corpus: str | os.PathLike | None = None) -> Blocks:
+    """Cut ``corpus`` into blocks; the validation set is ``val_corpus``'s first blocks, else the corpus tail."""
+    limit = max_train_tokens or None
+    if val_corpus is not None:
+        train = list(iter_token_blocks(tokenizer, read_texts(corpus), seq_len, limit))
+        val = list(iter_token_blocks(tokenizer, read_texts(val_corpus), seq_len, val_blocks * seq_len))
+        if len(val) < val_blocks:
+            raise ValueError(f"validation corpus {val_corpus} fills {len(val)} blocks of {seq_len} tokens; need {val_blocks}")
+    else:
+        blocks = list(iter_token_blocks(tokenizer, read_texts(corpus), seq_len, limit + val_blocks * seq_len if limit else None))
+        train, val = blocks[:-val_blocks], blocks[-val_blocks:]
+    if not train or len(val) < val_blocks:
+        raise ValueError(
+            f"corpus {corpus} gives {len(train) + len(val)} blocks of {seq_len} tokens; need more than --val-blocks "
+            f"({val_blocks}) so that some remain for training (use a larger corpus or smaller --seq-len/--val-blocks)"
+        )
+    logger.info("corpus: %d training and %d validation blocks of %d tokens", len(train), len(val), seq_len)
+    return Blocks(torch.stack(train), torch.stack(val))
+
+
+def batch_indices(step: int, n_blocks: int, batch_size: int, world_size: int, rank: int, seed: int) -> torch.Tensor:
+    """Rows of the training set for ``rank`` at ``step``: a slice of the global batch of a per-epoch permutation."""
+    global_batch = batch_size * world_size
+    if n_blocks < global_batch:
+        raise ValueError(f"{n_blocks} training blocks cannot fill a global batch of {global_batch} "
+                         f"({batch_size} per process x {world_size} processes)")
+    per_epoch = n_blocks // global_batch
+    epoch, index = divmod(step, per_epoch)
+    order = torch.randperm(n_blocks, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    start = index * global_batch + rank * batch_size
+    return order[start:start + batch_size]
+
+
+def step_generator(seed: int, step: int, rank: int) -> torch.Generator:
+    """The generator of a step's diffusion times and noise: a function of ``(seed, step, rank)`` only."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 1_009 + rank)

@@ -1,0 +1,181 @@
+"""DeepSpeed ZeRO (stages 0-3) engine: the same interface as :class:`~dihal_fast.train.engines.TorchEngine`.
+
+Only the trainable parameters (the bridge, plus the retained layers with ``train_upper``) go to the
+optimizer, and that optimizer is torch's AdamW, so no DeepSpeed op is ever compiled (the optional
+shared-memory communication op is switched off too; gloo carries CPU collectives). A DeepSpeed config is
+checked before anything starts: asking for a GPU-only feature on a CPU machine, an optimizer or scheduler
+section (this trainer owns both), or batch settings that contradict the TrainConfig are clear errors.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dihal_fast.common import read_json
+from dihal_fast.train.config import TrainConfig
+from dihal_fast.train.engines import make_optimizer, trainable_parameters
+
+logger = logging.getLogger(__name__)
+_TAG = "engine"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def world_size_from_env() -> int:
+    """``WORLD_SIZE`` as set by torchrun/deepspeed launchers (1 when not launched)."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"WORLD_SIZE must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def load_deepspeed_config(path: str | os.PathLike, config: TrainConfig, cuda: bool | None = None) -> dict:
+    """Read and check a DeepSpeed JSON config; returns it with the batch/clipping keys filled in."""
+    return check_deepspeed_config(read_json(path, "DeepSpeed config"), config, torch.cuda.is_available() if cuda is None else cuda, str(path))
+
+
+def check_deepspeed_config(ds: dict, config: TrainConfig, cuda: bool, name: str = "DeepSpeed config") -> dict:
+    """Validate ``ds`` against this trainer and machine; fill ``train_micro_batch_size_per_gpu`` etc."""
+    if not isinstance(ds, dict):
+        raise ValueError(f"{name} must be a JSON object, got {type(ds).__name__}")
+    ds = copy.deepcopy(ds)
+    for section in ("optimizer", "scheduler"):
+        if section in ds:
+            raise ValueError(f"{name} has an {section!r} section; remove it: dihal passes a torch AdamW and its own "
+                             "warm-up/cosine schedule (set --lr, --warmup-steps), so no DeepSpeed op needs compiling")
+    zero = ds.get("zero_optimization", {})
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"{name}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
+    if not cuda:
+        _reject_gpu_only(ds, zero, name)
+    world = world_size_from_env()
+    expected = {
+        "train_micro_batch_size_per_gpu": config.batch_size,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": config.batch_size * world,
+        "gradient_clipping": config.grad_clip,
+    }
+    for key, value in expected.items():
+        given = ds.get(key, "auto")
+        if given != "auto" and given != value:
+            raise ValueError(f"{name}: {key} = {given!r} contradicts the training settings ({value!r}: --batch-size "
+                             f"{config.batch_size} per process x {world} processes, --grad-clip {config.grad_clip}, no "
+                             "gradient accumulation); remove the key or set it to \"auto\"")
+        ds[key] = value
+    ds.setdefault("steps_per_print", 10**9)
+    return ds
+
+
+def _reject_gpu_only(ds: dict, zero: dict, name: str) -> None:
+    """Raise for features that need a GPU (or a compiled op) when the machine has none."""
+    if ds.get("fp16", {}).get("enabled", False) in (True, "auto"):
+        raise ValueError(f"{name} enables fp16, whose dynamic loss scaling needs a CUDA GPU; this machine has none "
+                         "(use \"bf16\": {\"enabled\": true} or full precision on CPU)")
+    if ds.get("amp", {}).get("enabled", False):
+        raise ValueError(f"{name} enables apex AMP, which needs a CUDA GPU; this machine has none")
+    for key in ("offload_optimizer", "offload_param"):
+        device = zero.get(key, {}).get("device", "none")
+        if device not in (None, "none"):
+            raise ValueError(f"{name}: zero_optimization.{key}.device = {device!r} offloads GPU memory "
+                             f"({'to NVMe through the compiled async_io op' if device == 'nvme' else 'to the host'}); "
+                             "this machine has no GPU, so remove the offload section")
+
+
+def start_distributed(cuda: bool) -> tuple[int, int]:
+    """Initialise the process group (nccl on GPUs, gloo on CPU); single-process defaults when not launched."""
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # never JIT-compile a DeepSpeed op
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+    return dist.get_rank(), dist.get_world_size()
+
+
+class DeepSpeedEngine:
+    """ZeRO training; requires :func:`start_distributed` first."""
+
+    kind = "deepspeed"
+
+    def __init__(self, objective: nn.Module, config: TrainConfig, ds_config: dict):
+        import deepspeed
+
+        self.config, self.stage = config, ds_config.get("zero_optimization", {}).get("stage", 0)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        cuda = torch.cuda.is_available()
+        self.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+        named = trainable_parameters(objective)
+        optimizer, scheduler = make_optimizer([p for _, p in named], config)
+        self.engine, _, _, self.scheduler = deepspeed.initialize(
+            model=objective, optimizer=optimizer, lr_scheduler=scheduler, model_parameters=[p for _, p in named], config=ds_config,
+        )
+        self.module = self.engine.module
+        self.named = trainable_parameters(self.module)
+
+    def __call__(self, **inputs):
+        return self.engine(**inputs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> float:
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    @contextlib.contextmanager
+    def full_parameters(self) -> Iterator[list[tuple[str, nn.Parameter]]]:
+        """The trainable parameters with full values on every rank (a collective under ZeRO-3)."""
+        if self.stage < 3:
+            yield self.named
+            return
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([p for _, p in self.named], modifier_rank=None):
+            yield self.named
+
+    def save(self, directory: Path) -> None:
+        """Collective: every rank writes its ZeRO partitions."""
+        self.engine.save_checkpoint(str(directory), tag=_TAG)
+
+    def load(self, directory: Path) -> None:
+        if not (directory / _TAG).is_dir():
+            raise ValueError(f"checkpoint {directory} holds no DeepSpeed state ({directory / _TAG} missing); "
+                             "was it written by a plain-torch run?")
+        try:
+            path, _ = self.engine.load_checkpoint(str(directory), tag=_TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+        except Exception as exc:  # DeepSpeed raises many types for damaged or mismatched files
+            raise ValueError(f"DeepSpeed checkpoint {directory} is corrupt or does not fit this run: {type(exc).__name__}: {exc}") from None
+        if path is None:
+            raise ValueError(f"DeepSpeed could not load a checkpoint from {directory}")
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def close(self) -> None:
+        """Barrier, then destroy the process group."""
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
