@@ -48,3 +48,35 @@ def test_plot_is_written(tmp_path):
     corr = score_loss_correlations([1, 2, 3], np.array([[1.0, 0.0, -1.0]]), [0.3, 0.5, 0.9])
     path = plot_sweep(tmp_path / "sweep.png", rows, corr)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _sweep_argv(model, corpus, out, *extra):
+    return ["sweep", "--model", str(model), "--corpus", str(corpus), "--out", str(out), "--budget-steps", "2",
+            "--score-repeats", "3", "--score-sample", "40", "--max-tokens", "1024", "--seq-len", "32",
+            "--batch-size", "2", "--val-blocks", "2", *extra]
+
+
+def test_sweep_cli_end_to_end_and_resume(tiny_checkpoints, tmp_path, capsys):
+    from dihal_fast.cli import main
+    from dihal_fast.common import read_json
+
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("\n\n".join(f"Story {i}: a fox and a dog went to the river {i % 7} and read books." for i in range(60)))
+    out = tmp_path / "sweep"
+    assert main(_sweep_argv(tiny_checkpoints["llama"], corpus, out)) == 0
+    report = read_json(out / "sweep.json")
+    assert [row["layer"] for row in report["layers"]] == [1, 2, 3]
+    locate = read_json(out / "locate" / "locate.json")
+    for row in report["layers"]:
+        assert row["bridge_loss"] == read_json(out / f"layer_{row['layer']:02d}" / "result.json")["bridge_loss"]
+        assert row["score"] == next(r["score"]["mean"] for r in locate["layers"] if r["layer"] == row["layer"])
+    want = score_loss_correlations([1, 2, 3], np.array(locate["per_repeat"]["score"]),
+                                   [row["bridge_loss"] for row in report["layers"]])
+    for name in ("spearman", "kendall", "pearson"):
+        assert report[name] == want[name] and set(report[name]) >= {"mean", "std"}
+    assert report["rank_gap"] == want["rank_gap"] and (out / "sweep.png").is_file()
+    stamp = (out / "layer_02" / "result.json").stat().st_mtime_ns
+    assert main(_sweep_argv(tiny_checkpoints["llama"], corpus, out)) == 0  # reuses every finished stage
+    assert (out / "layer_02" / "result.json").stat().st_mtime_ns == stamp
+    assert main(_sweep_argv(tiny_checkpoints["llama"], corpus, tmp_path / "bad", "--layers", "1", "9")) == 2
+    assert "out of range" in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""Running the other stages (locate, replace) through their public command-line interface, reusing
-whatever a run directory already holds so that ``dihal sweep`` and ``dihal demo`` resume."""
+"""Running the other stages (``dihal locate`` through its command line, bridge training through
+``dihal_fast.train.train_bridge``), reusing whatever a run directory already holds so that
+``dihal sweep`` and ``dihal demo`` resume."""
 from __future__ import annotations
 
 import logging
@@ -37,24 +38,14 @@ def ensure_locate(out: Path, model: str | Path | None, corpus: list[str], option
     return read_json(report, "locate report")
 
 
-def ensure_replace(out: Path, model: str | Path | None, layer: int, corpus: list[str], steps: int,
-                   options: list) -> Path:
-    """The hybrid directory of ``dihal replace`` at ``layer`` in ``out``, trained unless already finished
-    (an interrupted training resumes from its checkpoint)."""
-    from dihal_fast.evaluate.hybrid_adapter import find_hybrid_dir
+def ensure_replace(out: Path, model: str | Path | None, layer: int, corpus: list[str], config) -> dict:
+    """``train_bridge``'s summary (``bridge_loss``, ``hybrid_dir``, ...) for ``layer`` in ``out``: read from
+    ``out/result.json`` when the run finished, else trained (resuming from its latest checkpoint)."""
+    from dihal_fast.train.loop import train_bridge
 
-    found = find_hybrid_dir(out)
-    if found is not None:
-        logger.info("reusing the hybrid in %s", found)
-        return found
-    argv = ["replace", "--layer", layer, "--corpus", *corpus, "--out", out, "--steps", steps, *options]
-    if model is not None:
-        argv += ["--model", model]
-    if out.is_dir() and any(out.iterdir()):
-        argv.append("--resume")
-    logger.info("replace: dihal %s", " ".join(map(str, argv)))
-    run_stage(argv)
-    found = find_hybrid_dir(out)
-    if found is None:
-        raise RuntimeError(f"`dihal replace` finished but {out} holds no hybrid (hybrid_config.json)")
-    return found
+    result = out / "result.json"
+    if result.is_file():
+        logger.info("reusing the finished bridge training in %s", out)
+        return read_json(result, "bridge training summary")
+    logger.info("replace: training a bridge for layer %d in %s (%d steps)", layer, out, config.steps)
+    return train_bridge(model, layer, corpus[0] if len(corpus) == 1 else corpus, out, config, resume=True)

@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from dihal_fast.common import atomic_write_json, read_json
@@ -15,12 +14,6 @@ from dihal_fast.evaluate.correlation import plot_sweep, score_loss_correlations
 from dihal_fast.evaluate.stages import ensure_locate, ensure_replace
 
 logger = logging.getLogger(__name__)
-
-BRIDGE_LOSS_PROTOCOL = (
-    "variance-normalised reconstruction error on held-out blocks (the corpus tail): sum over tokens of "
-    "||h_hat_l - h_l||^2 / sum over tokens of ||h_l - mean(h_l)||^2 (= 1 - R^2), h_hat_l sampled by the bridge "
-    "with its default sampler and nfe and a fixed noise seed, the first position of each block excluded (as in locate)"
-)
 
 
 @dataclass
@@ -32,34 +25,22 @@ class SweepSettings:
     score_sample: int = 500
     max_tokens: int | None = 40960
     seq_len: int = 128
-    eval_blocks: int = 16
+    batch_size: int = 8
+    val_blocks: int = 16
     seed: int = 0
 
+    def train_config(self):
+        """The bridge training configuration every layer gets (the same budget for all)."""
+        from dihal_fast.train.config import TrainConfig
 
-@torch.no_grad()
-def validation_bridge_loss(hybrid, backbone, blocks: torch.Tensor, seed: int = 0, batch_size: int = 8) -> float:
-    """:data:`BRIDGE_LOSS_PROTOCOL` of a loaded ``HybridLM`` against its HF ``backbone`` on ``blocks[N, T]``."""
-    layer = hybrid.config.layer
-    errors, truths = [], []
-    for start in range(0, blocks.shape[0], batch_size):
-        ids = blocks[start : start + batch_size]
-        mask = torch.ones_like(ids)
-        truth = backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[layer][:, 1:]
-        predicted = hybrid(ids, attention_mask=mask, seed=seed).hidden_state[:, 1:]
-        errors.append((predicted.double() - truth.double()).pow(2).sum(-1).flatten())
-        truths.append(truth.double().reshape(-1, truth.shape[-1]))
-    h = torch.cat(truths)
-    total = (h - h.mean(dim=0)).pow(2).sum()
-    if total <= 0:
-        raise ValueError(f"layer {layer} has zero variance on the held-out blocks; the bridge loss is undefined")
-    return float(torch.cat(errors).sum() / total)
+        return TrainConfig(steps=self.budget_steps, seq_len=self.seq_len, batch_size=self.batch_size,
+                           val_blocks=self.val_blocks, seed=self.seed)
 
 
 def run_sweep(model: str | None, corpus: list[str], out: str | Path, settings: SweepSettings,
               layers: list[int] | None = None) -> dict:
-    """Locate (repeated scores), train a bridge per layer, measure each one's bridge loss, correlate."""
-    from dihal_fast.evaluate.harness import EvalSettings, heldout_blocks
-    from dihal_fast.evaluate.models import load_lm
+    """Locate (repeated scores), train a bridge per layer with one budget, correlate score and bridge loss."""
+    from dihal_fast.train.validation import BRIDGE_LOSS_PROTOCOL
 
     out = Path(out)
     options = ["--repeats", settings.score_repeats, "--sample-size", settings.score_sample,
@@ -72,15 +53,10 @@ def run_sweep(model: str | None, corpus: list[str], out: str | Path, settings: S
     candidates = list(locate["candidate_layers"])
     score_runs = np.asarray(locate["per_repeat"]["score"], dtype=np.float64)
     score_rows = {row["layer"]: row["score"] for row in locate["layers"]}
-    backbone = load_lm(model)
-    blocks = heldout_blocks(backbone.tokenizer, corpus,
-                            EvalSettings(seq_len=settings.seq_len, eval_blocks=settings.eval_blocks))
     rows = []
     for layer in tqdm(candidates, desc="sweep (bridge per layer)"):
-        hybrid_dir = ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus, settings.budget_steps,
-                                    ["--seq-len", settings.seq_len, "--seed", settings.seed])
-        hybrid = load_lm(hybrid_dir)
-        loss = validation_bridge_loss(hybrid.model, backbone.model, blocks, settings.seed)
+        result = ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus, settings.train_config())
+        loss, hybrid_dir = float(result["bridge_loss"]), result["hybrid_dir"]
         logger.info("layer %d: score %.3f, validation bridge loss %.4f", layer, score_rows[layer]["mean"], loss)
         rows.append({"layer": layer, "score": score_rows[layer]["mean"], "score_std": score_rows[layer]["std"],
                      "bridge_loss": loss, "hybrid_dir": str(hybrid_dir)})
@@ -91,7 +67,7 @@ def run_sweep(model: str | None, corpus: list[str], out: str | Path, settings: S
         "selected_layer": locate["selected_layer"], "predicted_layer": correlations["predicted_layer"],
         "observed_best_layer": correlations["observed_best_layer"],
         "selected_in_best_third": correlations["predicted_loss_rank_fraction"] <= 1 / 3,
-        "protocol": {"correlation": correlations["protocol"], "bridge_loss": BRIDGE_LOSS_PROTOCOL,
+        "protocol": {"correlation": correlations["protocol"], "bridge_loss": "validation (corpus tail) bridge loss of dihal_fast.train: " + BRIDGE_LOSS_PROTOCOL,
                      "scores": f"locate with {settings.score_repeats} repeats of {settings.score_sample} tokens",
                      "budget": f"{settings.budget_steps} bridge training steps per layer (same for every layer)"},
     }
