@@ -35,7 +35,12 @@ def metrics_table(evaluation: Mapping) -> str:
     """Metric rows, one column per evaluated model (backbone, hybrid, controls)."""
     columns = {"backbone": evaluation["backbone"], "hybrid": evaluation["hybrid"], **evaluation.get("controls", {})}
     header = ["metric", *columns]
-    return table(header, [[m, *(col.get(m) for col in columns.values())] for m in METRICS])
+    out = table(header, [[m, *(col.get(m) for col in columns.values())] for m in METRICS])
+    notes = [f"- {name}, {metric}: {why}" for name, col in columns.items()
+             for metric, why in (col.get("notes") or {}).items()]
+    if any(col.get("likelihood_note") for col in columns.values()):
+        notes += [f"- {name}, nll/ppl/kl: {col['likelihood_note']}" for name, col in columns.items() if col.get("likelihood_note")]
+    return out + ("\n\nn/a explained:\n\n" + "\n".join(notes) if notes else "")
 
 
 def locate_table(locate: Mapping) -> str:
@@ -65,7 +70,7 @@ def samples_block(samples: Mapping[str, Sequence[str]], per_model: int = 3, widt
     for name, texts in samples.items():
         out.append(f"**{name}**\n")
         for text in texts[:per_model]:
-            clean = " ".join(text.split())[:width]
+            clean = " ".join(text.split())[:width] or "_(empty after decoding: only special tokens)_"
             out.append(f"> {clean}\n")
     return "\n".join(out)
 
