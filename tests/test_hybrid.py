@@ -1,0 +1,181 @@
+"""HybridLM on tiny Llama / Qwen3 / GPT-2 / Mistral checkpoints: the oracle path reproduces the backbone,
+causality, incremental generation against full recompute, determinism, save/load, bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dihal_fast.common.models import load_causal_lm
+from dihal_fast.hybrid import SUPPORTED_FAMILIES, HybridLM, backbone_targets
+from dihal_fast.hybrid.generation import nucleus_mask
+from dihal_fast.hybrid.slicing import check_family, check_layer
+
+FAMILIES = ("llama", "qwen3", "gpt2", "mistral")
+
+
+@pytest.fixture(scope="module")
+def backbones(tiny_checkpoints):
+    return {family: (*load_causal_lm(tiny_checkpoints[family]), tiny_checkpoints[family]) for family in FAMILIES}
+
+
+def _hybrid(backbones, family: str, layer: int = 2, **bridge) -> HybridLM:
+    model, tokenizer, path = backbones[family]
+    torch.manual_seed(0)
+    hybrid = HybridLM.from_backbone(model, layer, {"width": 32, "heads": 2, **bridge}, tokenizer, path).eval()
+    torch.nn.init.normal_(hybrid.bridge.out[1].weight, std=0.3)  # a fresh bridge outputs the mean: make it depend on x
+    return hybrid
+
+
+def _ids(model, batch: int = 2, length: int = 12, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, model.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("layer", [1, 3])
+def test_oracle_hidden_state_reproduces_backbone_logits_exactly(backbones, family, layer):
+    model = backbones[family][0]
+    hybrid = _hybrid(backbones, family, layer)
+    ids = _ids(model)
+    hidden, logits = backbone_targets(model, ids, layer)
+    with torch.no_grad():
+        out = hybrid(ids, hidden_state_oracle=hidden)
+        hidden_states = model(ids, output_hidden_states=True).hidden_states
+    assert torch.equal(out.logits, logits)
+    assert torch.equal(hidden, hidden_states[layer])
+    assert torch.equal(hybrid.condition(ids, torch.arange(12).expand(2, 12)), hidden_states[0])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_changing_token_j_never_changes_logits_before_j(backbones, family):
+    model = backbones[family][0]
+    hybrid = _hybrid(backbones, family)
+    ids = _ids(model, length=10)
+    with torch.no_grad():
+        reference = hybrid(ids, seed=3).logits
+        for j in (0, 4, 9):
+            changed = ids.clone()
+            changed[:, j] = (changed[:, j] + 7) % model.config.vocab_size
+            logits = hybrid(changed, seed=3).logits
+            assert torch.equal(logits[:, :j], reference[:, :j])
+            assert not torch.allclose(logits[:, j], reference[:, j])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("sampler,nfe", [("ddpm", 3), ("heun", 3)])
+def test_incremental_generation_equals_full_recompute(backbones, family, sampler, nfe):
+    model = backbones[family][0]
+    hybrid = _hybrid(backbones, family)
+    prompt = _ids(model, length=5)
+    generated = hybrid.generate(prompt, 7, seed=11, nfe=nfe, sampler=sampler, return_logits=True)
+    assert generated.sequences.shape == (2, 12) and torch.equal(generated.sequences[:, :5], prompt)
+    with torch.no_grad():
+        full = hybrid(generated.sequences[:, :-1], seed=11, nfe=nfe, sampler=sampler).logits[:, 4:]
+    torch.testing.assert_close(generated.logits, full, atol=2e-5, rtol=1e-5)
+    again = hybrid.generate(prompt, 7, seed=11, nfe=nfe, sampler=sampler)
+    assert torch.equal(again.sequences, generated.sequences)
+
+
+def test_left_padding_matches_the_unpadded_row(backbones):
+    model = backbones["llama"][0]
+    hybrid = _hybrid(backbones, "llama")
+    ids = _ids(model, batch=1, length=6)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 6, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        alone = hybrid(ids, seed=5).logits
+        with_padding = hybrid(padded, attention_mask=mask, seed=5).logits[:, 3:]
+    torch.testing.assert_close(with_padding, alone, atol=2e-5, rtol=1e-5)
+    generated = hybrid.generate(padded, 3, seed=2, attention_mask=mask, temperature=0)
+    assert torch.equal(generated.sequences[:, 3:], hybrid.generate(ids, 3, seed=2, temperature=0).sequences)
+
+
+def test_forward_is_deterministic_under_manual_seed(backbones):
+    model = backbones["qwen3"][0]
+    hybrid = _hybrid(backbones, "qwen3", sampler="ddpm", nfe=3)
+    ids = _ids(model)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        first = hybrid(ids).logits
+        torch.manual_seed(1)
+        second = hybrid(ids).logits
+        torch.manual_seed(2)
+        third = hybrid(ids).logits
+    assert torch.equal(first, second)
+    assert not torch.equal(first, third)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_load_round_trip_gives_identical_logits(backbones, family, tmp_path):
+    model = backbones[family][0]
+    hybrid = _hybrid(backbones, family)
+    hybrid.bridge.set_target_statistics(torch.randn(model.config.hidden_size), 1.7)
+    hybrid.save_pretrained(tmp_path / "hybrid")
+    loaded = HybridLM.from_pretrained(tmp_path / "hybrid")
+    ids = _ids(model)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids, seed=4).logits, hybrid(ids, seed=4).logits)
+    assert loaded.config == hybrid.config
+    assert loaded.tokenizer.get_vocab() == backbones[family][1].get_vocab()
+    assert loaded.backbone_config == json.loads(model.config.to_json_string())
+    assert torch.equal(loaded.generate(ids[:, :3], 4, seed=1).sequences, hybrid.generate(ids[:, :3], 4, seed=1).sequences)
+
+
+def test_frozen_by_default_and_optionally_unfrozen(backbones):
+    hybrid = _hybrid(backbones, "llama")
+    assert all(p.requires_grad for p in hybrid.bridge.parameters())
+    assert not any(p.requires_grad for p in hybrid.upper.parameters())
+    hybrid.set_upper_trainable(True)
+    trainable = {name for name, p in hybrid.upper.named_parameters() if p.requires_grad}
+    assert any(".layers." in name for name in trainable) and "model.norm.weight" in trainable
+    assert not any("embed" in name or "lm_head" in name for name in trainable)
+    hybrid.train()
+    assert hybrid.bridge.training and not hybrid.upper.training
+
+
+def test_bad_inputs_raise_clear_errors(backbones, tmp_path):
+    from transformers import BertConfig
+
+    with pytest.raises(ValueError, match="supported families: llama, mistral, qwen3, gpt2"):
+        check_family(BertConfig())
+    config = backbones["llama"][0].config
+    for layer in (0, config.num_hidden_layers, -1):
+        with pytest.raises(ValueError, match=r"layer must be an integer in 1\.\.3"):
+            check_layer(config, layer)
+    with pytest.raises(FileNotFoundError):
+        HybridLM.from_pretrained(tmp_path / "missing")
+    hybrid = _hybrid(backbones, "gpt2")
+    hybrid.save_pretrained(tmp_path / "h")
+    (tmp_path / "h" / "bridge.safetensors").write_bytes(b"\x00" * 50)
+    with pytest.raises(ValueError, match="corrupt"):
+        HybridLM.from_pretrained(tmp_path / "h")
+    (tmp_path / "h" / "hybrid_config.json").write_text("{\"format\": \"other\"}")
+    with pytest.raises(ValueError, match="not a dihal_fast.hybrid config"):
+        HybridLM.from_pretrained(tmp_path / "h")
+    ids = _ids(backbones["gpt2"][0], length=4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        hybrid.generate(ids, 0)
+    with pytest.raises(ValueError, match="exceeds the context"):
+        hybrid.generate(ids, 1000)
+    with pytest.raises(ValueError, match="attention_mask must have shape"):
+        hybrid(ids, attention_mask=torch.ones(2, 3, dtype=torch.long))
+    assert set(SUPPORTED_FAMILIES) == set(FAMILIES)
+
+
+@given(seed=st.integers(0, 10**6), top_p=st.floats(0.05, 0.99), temperature=st.floats(0.3, 2.0))
+def test_nucleus_keeps_the_smallest_set_reaching_top_p(seed, top_p, temperature):
+    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 3
+    kept = torch.isfinite(nucleus_mask(logits, temperature, top_p))
+    probs = torch.softmax(logits / temperature, dim=-1)
+    for row in range(3):
+        ordered = probs[row].sort(descending=True).values
+        needed = int((ordered.cumsum(0) < top_p).sum()) + 1
+        assert int(kept[row].sum()) == min(needed, 20)
+        if not kept[row].all():
+            assert probs[row][kept[row]].min() >= probs[row][~kept[row]].max()
+    assert torch.isfinite(nucleus_mask(logits, temperature, 1.0)).all()
+    with pytest.raises(ValueError, match="top_p"):
+        nucleus_mask(logits, temperature, 0.0)
