@@ -39,7 +39,7 @@ int64_t covariance_update(CArray<T> X, int64_t count, CArray<double> mean, CArra
 }
 
 template <typename T>
-py::tuple knn(CArray<T> X, int64_t k) {
+py::tuple knn(CArray<T> X, int64_t k, bool symmetric) {
   require_matrix(X, "X");
   const int64_t n = X.shape(0), D = X.shape(1);
   if (k < 1 || k >= n) throw std::invalid_argument("k must satisfy 1 <= k < n");
@@ -50,7 +50,7 @@ py::tuple knn(CArray<T> X, int64_t k) {
   double* pd = d2.mutable_data();
   {
     py::gil_scoped_release release;
-    dihal::knn<T>(x, n, D, k, pi, pd);
+    dihal::knn<T>(x, n, D, k, pi, pd, symmetric);
   }
   return py::make_tuple(idx, d2);
 }
@@ -143,8 +143,8 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "dihal_fast CPU kernels (OpenMP + OpenBLAS)";
   m.def("covariance_update", &covariance_update<float>, py::arg("X"), py::arg("count"), py::arg("mean"), py::arg("comoment"));
   m.def("covariance_update", &covariance_update<double>, py::arg("X"), py::arg("count"), py::arg("mean"), py::arg("comoment"));
-  m.def("knn", &knn<float>, py::arg("X"), py::arg("k"));
-  m.def("knn", &knn<double>, py::arg("X"), py::arg("k"));
+  m.def("knn", &knn<float>, py::arg("X"), py::arg("k"), py::arg("symmetric") = true);
+  m.def("knn", &knn<double>, py::arg("X"), py::arg("k"), py::arg("symmetric") = true);
   m.def("local_top_eigenvalues", &local_top_eigenvalues<float>, py::arg("X"), py::arg("indices"));
   m.def("local_top_eigenvalues", &local_top_eigenvalues<double>, py::arg("X"), py::arg("indices"));
   m.def("pair_quotients", &pair_quotients<float>, py::arg("X"), py::arg("mean"), py::arg("cov"), py::arg("lam"),

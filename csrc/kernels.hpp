@@ -15,8 +15,10 @@ void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double*
 
 // Exact k nearest rows of X (excluding the row itself, ties to the lower index).
 // Writes indices (n x k) and squared Euclidean distances computed in float64 (n x k).
+// symmetric: compute only the upper triangle of block pairs (half the GEMM work) when the
+// per-thread candidate lists fit in 512 MiB; otherwise rows are processed independently.
 template <typename T>
-void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* indices, double* sqdist);
+void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* indices, double* sqdist, bool symmetric = true);
 
 // For each row i, the top eigenvalue of the covariance (normalised by k + 1) of row i together
 // with its k neighbours idx[i, :], via the (k+1) x (k+1) Gram matrix of the centred points.

@@ -63,10 +63,133 @@ void sort_pairs(std::vector<std::pair<double, int64_t>>& v, int64_t k) {
   std::sort(v.begin(), v.end(), less);
 }
 
+// Where the approximate pass writes its per-row candidate lists.
+template <typename T>
+struct CandidateSets {
+  T* dist;
+  int64_t* idx;
+  T* thr;
+  int64_t* count;
+  int64_t cap;
+};
+
+// Candidate lists row by row: each thread owns a block of query rows (no sharing).
+template <typename T>
+void rowwise_candidates(const T* Xc, const T* norms, int64_t n, int64_t D, const CandidateSets<T>& out) {
+  const int64_t cap = out.cap;
+  {
+    blas::SingleThreadedBlas single;
+    const int64_t n_qblocks = (n + kQueryBlock - 1) / kQueryBlock;
+#pragma omp parallel
+    {
+      std::vector<T> tile(size_t(kQueryBlock) * size_t(kRefBlock));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t qb = 0; qb < n_qblocks; ++qb) {
+        const int64_t q0 = qb * kQueryBlock, nq = std::min(kQueryBlock, n - q0);
+        std::vector<Candidates<T>> lists(nq);
+        for (int64_t q = 0; q < nq; ++q)
+          lists[q] = Candidates<T>{out.dist + (q0 + q) * cap, out.idx + (q0 + q) * cap, 0, cap};
+        for (int64_t r0 = 0; r0 < n; r0 += kRefBlock) {
+          const int64_t nr = std::min(kRefBlock, n - r0);
+          blas::gemm_abt(int(nq), int(nr), int(D), Xc + q0 * D, Xc + r0 * D, tile.data(), int(nr));
+          for (int64_t q = 0; q < nq; ++q) {
+            Candidates<T>& list = lists[q];
+            const T* g = tile.data() + q * nr;
+            const T nqn = norms[q0 + q];
+            const int64_t self = q0 + q - r0;
+            T thr = list.threshold();
+            for (int64_t j = 0; j < nr; ++j) {
+              const T d = nqn + norms[r0 + j] - T(2) * g[j];
+              if (d < thr && j != self) {
+                list.insert(d, r0 + j);
+                thr = list.threshold();
+              }
+            }
+          }
+        }
+        for (int64_t q = 0; q < nq; ++q) {
+          out.thr[q0 + q] = lists[q].threshold();
+          out.count[q0 + q] = lists[q].size;
+        }
+      }
+    }
+  }
+
+}
+
+// Candidate lists from the upper triangle of block pairs only (half the GEMM work): each tile
+// updates the lists of its rows and of its columns. Threads keep private lists, merged at the end.
+template <typename T>
+void symmetric_candidates(const T* Xc, const T* norms, int64_t n, int64_t D, const CandidateSets<T>& out) {
+  constexpr int64_t B = 512;
+  const int64_t cap = out.cap, nb = (n + B - 1) / B;
+  std::vector<std::pair<int64_t, int64_t>> tiles;
+  for (int64_t I = 0; I < nb; ++I)
+    for (int64_t J = I; J < nb; ++J) tiles.emplace_back(I, J);
+  const int nthreads = omp_get_max_threads();
+  std::vector<T> dist(size_t(nthreads) * size_t(n) * size_t(cap));
+  std::vector<int64_t> idx(size_t(nthreads) * size_t(n) * size_t(cap));
+  std::vector<int64_t> size(size_t(nthreads) * size_t(n), 0);
+  std::vector<T> thr(size_t(nthreads) * size_t(n), std::numeric_limits<T>::infinity());
+  {
+    blas::SingleThreadedBlas single;
+#pragma omp parallel
+    {
+      const int t = omp_get_thread_num();
+      std::vector<T> tile(size_t(B) * size_t(B));
+      const auto list = [&](int64_t row) {
+        const size_t base = (size_t(t) * size_t(n) + size_t(row));
+        return Candidates<T>{dist.data() + base * cap, idx.data() + base * cap, size[base], cap};
+      };
+      T* my_thr = thr.data() + size_t(t) * size_t(n);
+      int64_t* my_size = size.data() + size_t(t) * size_t(n);
+      const auto offer = [&](int64_t row, T d, int64_t col) {
+        Candidates<T> l = list(row);
+        l.insert(d, col);
+        my_size[row] = l.size;
+        my_thr[row] = l.threshold();
+      };
+#pragma omp for schedule(dynamic, 1)
+      for (size_t p = 0; p < tiles.size(); ++p) {
+        const int64_t i0 = tiles[p].first * B, j0 = tiles[p].second * B;
+        const int64_t ni = std::min(B, n - i0), nj = std::min(B, n - j0);
+        const bool diagonal = i0 == j0;
+        blas::gemm_abt(int(ni), int(nj), int(D), Xc + i0 * D, Xc + j0 * D, tile.data(), int(nj));
+        for (int64_t a = 0; a < ni; ++a) {
+          const int64_t row = i0 + a;
+          const T* g = tile.data() + a * nj;
+          const T na = norms[row];
+          for (int64_t b = 0; b < nj; ++b) {
+            const int64_t col = j0 + b;
+            if (diagonal && col == row) continue;
+            const T d = na + norms[col] - T(2) * g[b];
+            if (d < my_thr[row]) offer(row, d, col);
+            if (!diagonal && d < my_thr[col]) offer(col, d, row);
+          }
+        }
+      }
+    }
+  }
+  // Merge the threads' lists row by row.
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < n; ++row) {
+    Candidates<T> merged{out.dist + row * cap, out.idx + row * cap, 0, cap};
+    for (int t = 0; t < nthreads; ++t) {
+      const size_t base = size_t(t) * size_t(n) + size_t(row);
+      for (int64_t c = 0; c < size[base]; ++c) {
+        const T d = dist[base * cap + c];
+        if (d < merged.threshold()) merged.insert(d, idx[base * cap + c]);
+      }
+    }
+    out.thr[row] = merged.threshold();
+    out.count[row] = merged.size;
+  }
+}
+
 }  // namespace
 
 template <typename T>
-void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* out_d2) {
+void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* out_d2, bool symmetric) {
   const int64_t cap = std::min(n - 1, k + std::max<int64_t>(16, k / 2));
 
   // Centre in float64 and scale by a power of two so that every value is at most 1 in magnitude
@@ -105,43 +228,12 @@ void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* 
   std::vector<T> cand_thr(n);
   std::vector<int64_t> cand_count(n);
 
-  {
-    blas::SingleThreadedBlas single;
-    const int64_t n_qblocks = (n + kQueryBlock - 1) / kQueryBlock;
-#pragma omp parallel
-    {
-      std::vector<T> tile(size_t(kQueryBlock) * size_t(kRefBlock));
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t qb = 0; qb < n_qblocks; ++qb) {
-        const int64_t q0 = qb * kQueryBlock, nq = std::min(kQueryBlock, n - q0);
-        std::vector<Candidates<T>> lists(nq);
-        for (int64_t q = 0; q < nq; ++q)
-          lists[q] = Candidates<T>{cand_dist.data() + (q0 + q) * cap, cand_idx.data() + (q0 + q) * cap, 0, cap};
-        for (int64_t r0 = 0; r0 < n; r0 += kRefBlock) {
-          const int64_t nr = std::min(kRefBlock, n - r0);
-          blas::gemm_abt(int(nq), int(nr), int(D), Xc.data() + q0 * D, Xc.data() + r0 * D, tile.data(), int(nr));
-          for (int64_t q = 0; q < nq; ++q) {
-            Candidates<T>& list = lists[q];
-            const T* g = tile.data() + q * nr;
-            const T nqn = norms[q0 + q];
-            const int64_t self = q0 + q - r0;
-            T thr = list.threshold();
-            for (int64_t j = 0; j < nr; ++j) {
-              const T d = nqn + norms[r0 + j] - T(2) * g[j];
-              if (d < thr && j != self) {
-                list.insert(d, r0 + j);
-                thr = list.threshold();
-              }
-            }
-          }
-        }
-        for (int64_t q = 0; q < nq; ++q) {
-          cand_thr[q0 + q] = lists[q].threshold();
-          cand_count[q0 + q] = lists[q].size;
-        }
-      }
-    }
-  }
+  const size_t private_bytes = size_t(omp_get_max_threads()) * size_t(n) * size_t(cap) * (sizeof(T) + 8);
+  CandidateSets<T> sets{cand_dist.data(), cand_idx.data(), cand_thr.data(), cand_count.data(), cap};
+  if (symmetric && private_bytes <= (size_t(512) << 20))
+    symmetric_candidates(Xc.data(), norms.data(), n, D, sets);
+  else
+    rowwise_candidates(Xc.data(), norms.data(), n, D, sets);
 
   // Exact re-rank in float64, certified against the rounding bound; otherwise exact brute force.
 #pragma omp parallel
@@ -173,7 +265,7 @@ void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* 
   }
 }
 
-template void knn<float>(const float*, int64_t, int64_t, int64_t, int64_t*, double*);
-template void knn<double>(const double*, int64_t, int64_t, int64_t, int64_t*, double*);
+template void knn<float>(const float*, int64_t, int64_t, int64_t, int64_t*, double*, bool);
+template void knn<double>(const double*, int64_t, int64_t, int64_t, int64_t*, double*, bool);
 
 }  // namespace dihal
