@@ -1,0 +1,301 @@
+"""CUDA backend: the geometry operations of :mod:`dihal_fast.geometry.backends` on the GPU.
+
+Matrices are torch CUDA tensors (host arrays are uploaded once); they stay on the device, every
+kernel runs on the caller's current stream, and temporaries come from torch's caching allocator.
+The kernels (``dihal_fast._cuda``, sources in ``csrc/cuda``) link only the static CUDA runtime;
+cuBLAS is opened on first use from a CUDA build of torch, the ``nvidia-cublas`` wheels or the CUDA
+toolkit, and cuVS (``backend="cuvs"``) from the ``libcuvs`` wheels. Whatever is missing raises
+:class:`BackendUnavailable` naming it and what to install.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from dihal_fast import _native
+from dihal_fast._native import BackendUnavailable
+
+_CHUNK_BYTES = 256 << 20  # float64 scratch per chunk of exact distance rows / neighbourhoods
+_DENSE_EIGEN_MAX = 256  # covariances up to this size use a dense eigensolver
+_LANCZOS_CHECK_EVERY = 8
+
+
+def create(name: str) -> "CudaBackend":
+    """The ``cuda`` (own kNN kernel) or ``cuvs`` (cuVS brute-force candidates) backend."""
+    module = _native.cuda_module()  # BackendUnavailable: not compiled, or no usable device
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BackendUnavailable(
+            f"backend={name!r} needs a CUDA build of torch; torch {torch.__version__} cannot use the GPU "
+            "(install torch from the CUDA wheel index matching your driver)"
+        )
+    major = int(module.build_info()["cuda_runtime_version"]) // 1000
+    majors = (major, 12 if major != 12 else 13)
+    try:
+        module.load_cublas(_library_candidates("libcublas", majors, ("cu13/lib", "cublas/lib", "cu12/lib")))
+    except RuntimeError as exc:
+        raise BackendUnavailable(
+            f"backend={name!r} needs cuBLAS and it could not be loaded ({exc}). Install it with "
+            "`pip install nvidia-cublas` (CUDA 13) or `pip install nvidia-cublas-cu12` (CUDA 12); "
+            "a CUDA build of torch ships it too"
+        ) from None
+    if name == "cuvs":
+        _load_cuvs(module)
+    return CudaBackend(module, use_cuvs=name == "cuvs")
+
+
+def _site_dirs() -> list[str]:
+    return [p for p in dict.fromkeys(sys.path) if p and os.path.isdir(p)]
+
+
+def _library_candidates(stem: str, majors: tuple[int, ...], wheel_dirs: tuple[str, ...]) -> list[str]:
+    """Sonames first (already loaded by torch, or on the loader path), then nvidia wheels, then the toolkit."""
+    names = [f"{stem}.so.{m}" for m in majors]
+    roots = [os.path.join(site, "nvidia", sub) for site in _site_dirs() for sub in wheel_dirs]
+    roots += [os.path.join(home, "lib64") for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda") if home]
+    return names + [os.path.join(r, name) for r in roots for name in names if os.path.exists(os.path.join(r, name))]
+
+
+def _load_cuvs(module: ModuleType) -> None:
+    if not module.build_info()["cuvs_compiled"]:
+        raise BackendUnavailable(
+            "backend='cuvs': this build has no cuVS (its headers were not found at build time). "
+            "pip install libcuvs-cu13 (or libcuvs-cu12) and rebuild with DIHAL_CUVS=ON"
+        )
+    candidates = ["libcuvs_c.so"]
+    spec = importlib.util.find_spec("libcuvs")
+    if spec is not None and spec.submodule_search_locations:
+        import libcuvs  # loads libcuvs.so and its RAPIDS dependencies from their wheels
+
+        libcuvs.load_library()
+        candidates.append(os.path.join(list(spec.submodule_search_locations)[0], "lib64", "libcuvs_c.so"))
+    try:
+        module.load_cuvs(candidates)
+    except RuntimeError as exc:
+        raise BackendUnavailable(
+            f"backend='cuvs' needs libcuvs_c.so and it could not be loaded ({exc}). "
+            "Install it with `pip install libcuvs-cu13` (or libcuvs-cu12)"
+        ) from None
+
+
+class CudaBackend:
+    """Kernels of ``dihal_fast._cuda`` on CUDA tensors; results that the proxies reduce on the host
+    (kNN, local eigenvalues, pair quotients) come back as NumPy arrays, the covariance stays on the GPU."""
+
+    def __init__(self, module: ModuleType, use_cuvs: bool) -> None:
+        import torch
+
+        self._torch = torch
+        self._m = module
+        self.use_cuvs = use_cuvs
+        self.name = "cuvs" if use_cuvs else "cuda"
+        self._codes = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
+
+    # ------------------------------------------------------------------ helpers
+    def _matrix(self, X: Any):
+        """A contiguous CUDA tensor of a supported dtype (NumPy arrays and CPU tensors are uploaded)."""
+        torch = self._torch
+        if isinstance(X, np.ndarray):
+            X = torch.from_numpy(np.ascontiguousarray(X))
+        if X.device.type != "cuda":
+            X = X.to(torch.device("cuda", torch.cuda.current_device()))
+        if X.dtype not in self._codes:
+            raise TypeError(f"X must be float16, bfloat16, float32 or float64, got {X.dtype}")
+        return X.detach().contiguous()
+
+    def _on(self, X, values: Any, dtype) -> Any:
+        """``values`` (NumPy or tensor) as a contiguous tensor of ``dtype`` on X's device."""
+        return self._torch.as_tensor(values, dtype=dtype, device=X.device).contiguous()
+
+    def _launch(self, X) -> tuple[int, int]:
+        """(device index, current stream handle) for kernels on X's device."""
+        return X.device.index, self._torch.cuda.current_stream(X.device).cuda_stream
+
+    def _workspace(self, X, nbytes: int):
+        return self._torch.empty(max(int(nbytes), 1), dtype=self._torch.uint8, device=X.device)
+
+    def _indices(self, X, indices: Any, what: str):
+        """Row indices (NumPy or tensor) as a contiguous int64 tensor on X's device, checked against n."""
+        torch = self._torch
+        n = X.shape[0]
+        t = indices.to(X.device, torch.int64) if isinstance(indices, torch.Tensor) else self._on(X, indices, torch.int64)
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= n):
+            raise ValueError(f"{what} must lie in [0, {n}), got values in [{int(t.min())}, {int(t.max())}]")
+        return t.contiguous()
+
+    # ------------------------------------------------------------------ covariance
+    def _covariance_update(self, X, count: int, mean, comoment, exact: bool) -> int:
+        n, D = X.shape
+        ws = self._workspace(X, self._m.covariance_workspace(n, D, self._codes[X.dtype], exact))
+        return int(
+            self._m.covariance_update(
+                X.data_ptr(), self._codes[X.dtype], n, D, int(count), mean.data_ptr(), comoment.data_ptr(), exact,
+                ws.data_ptr(), ws.numel(), *self._launch(X),
+            )
+        )
+
+    def covariance(self, X: Any):
+        """(mean, covariance) as float64 CUDA tensors; float64 products, exact to float64 rounding."""
+        torch = self._torch
+        X = self._matrix(X)
+        n, D = X.shape
+        mean = torch.zeros(D, dtype=torch.float64, device=X.device)
+        M = torch.zeros((D, D), dtype=torch.float64, device=X.device)
+        self._covariance_update(X, 0, mean, M, exact=True)
+        return mean, (torch.triu(M) + torch.triu(M, 1).T) / n
+
+    def covariance_update(self, X: Any, count: int, mean: Any, comoment: Any) -> int:
+        """Streaming update in place: blocks in the input precision with float32 accumulation.
+
+        ``mean`` / ``comoment`` may be float64 CUDA tensors (kept on the GPU, the fast path) or NumPy
+        arrays, which are copied to the device and back around the update (O(D^2) per call).
+        """
+        torch = self._torch
+        X = self._matrix(X)
+        D = X.shape[1]
+        if isinstance(comoment, torch.Tensor) and comoment.is_cuda:
+            for name, t, shape in (("mean", mean, (D,)), ("comoment", comoment, (D, D))):
+                if t.dtype != torch.float64 or tuple(t.shape) != shape or not t.is_contiguous() or t.device != X.device:
+                    raise ValueError(f"{name} must be a contiguous float64 tensor of shape {shape} on {X.device}")
+            return self._covariance_update(X, count, mean, comoment, exact=False)
+        mean_d, comoment_d = self._on(X, mean, torch.float64), self._on(X, comoment, torch.float64)
+        count = self._covariance_update(X, count, mean_d, comoment_d, exact=False)
+        mean[...] = mean_d.cpu().numpy()
+        comoment[...] = comoment_d.cpu().numpy()
+        return count
+
+    def trace(self, cov) -> float:
+        return float(self._torch.trace(cov))
+
+    def top_eigenvalue(self, cov) -> float:
+        """Largest eigenvalue of a PSD CUDA matrix: Lanczos with full reorthogonalisation on the GPU,
+        stopped by the residual test of the CPU kernel (a dense solver for small matrices)."""
+        torch = self._torch
+        D = cov.shape[0]
+        if D <= _DENSE_EIGEN_MAX:
+            return float(torch.linalg.eigvalsh(cov)[-1])
+        steps = min(D, 300)
+        V = torch.empty((steps + 1, D), dtype=torch.float64, device=cov.device)
+        start = torch.rand(D, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 0.5
+        V[0] = (start / start.norm()).to(cov.device)
+        alpha = torch.empty(steps, dtype=torch.float64, device=cov.device)
+        beta = torch.empty_like(alpha)
+        theta = 0.0
+        for j in range(steps):
+            w = cov @ V[j]
+            alpha[j] = w @ V[j]
+            for _ in range(2):  # full reorthogonalisation, twice is enough
+                w -= V[: j + 1].T @ (V[: j + 1] @ w)
+            # Invariant subspace (breakdown, the CPU kernel's test b <= 1e-14 theta with max alpha <= theta):
+            # continue with zero vectors, which leave the Ritz values of the leading block unchanged.
+            b = w.norm()
+            alive = b > 1e-14 * alpha[: j + 1].abs().max()
+            beta[j] = torch.where(alive, b, torch.zeros_like(b))
+            V[j + 1] = torch.where(alive, w / b.clamp(min=torch.finfo(torch.float64).tiny), torch.zeros_like(w))
+            if (j + 1) % _LANCZOS_CHECK_EVERY == 0 or j + 1 == steps:
+                theta, converged = _ritz(alpha[: j + 1].cpu().numpy(), beta[: j + 1].cpu().numpy(), 1e-12)
+                if converged:
+                    break
+        return theta
+
+    # ------------------------------------------------------------------ kNN
+    def knn(self, X: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        idx, d2 = self.knn_device(X, k)
+        return idx.cpu().numpy(), d2.cpu().numpy()
+
+    def knn_device(self, X: Any, k: int):
+        """Exact kNN as CUDA tensors: (indices int64 n x k, float64 squared distances n x k)."""
+        torch, m = self._torch, self._m
+        X = self._matrix(X)
+        n, D = X.shape
+        code = self._codes[X.dtype]
+        idx = torch.empty((n, k), dtype=torch.int64, device=X.device)
+        d2 = torch.empty((n, k), dtype=torch.float64, device=X.device)
+        if m.knn_capacity(n, k) <= m.MAX_KNN_CANDIDATES:
+            flags = torch.empty(n, dtype=torch.int32, device=X.device)
+            ws = self._workspace(X, m.knn_workspace(n, D, k, code, self.use_cuvs))
+            m.knn_candidates(
+                X.data_ptr(), code, n, D, k, idx.data_ptr(), d2.data_ptr(), flags.data_ptr(), self.use_cuvs,
+                ws.data_ptr(), ws.numel(), *self._launch(X),
+            )
+            rows = torch.nonzero(flags).flatten()  # rows whose candidates could not certify the answer
+        else:
+            rows = torch.arange(n, device=X.device)
+        if rows.numel():
+            self._exact_rows(X, k, rows, idx, d2)
+        return idx, d2
+
+    def _exact_rows(self, X, k: int, rows, idx, d2) -> None:
+        """Rows' neighbours from exact float64 distances to all rows (stable sort: ties to the lower index)."""
+        torch = self._torch
+        n, D = X.shape
+        for chunk in rows.split(max(1, _CHUNK_BYTES // (8 * n))):
+            out = torch.empty((chunk.numel(), n), dtype=torch.float64, device=X.device)
+            self._m.exact_sqdist_rows(
+                X.data_ptr(), self._codes[X.dtype], n, D, chunk.data_ptr(), chunk.numel(), out.data_ptr(),
+                *self._launch(X),
+            )
+            out[torch.arange(chunk.numel(), device=X.device), chunk] = float("inf")
+            values, order = torch.sort(out, dim=1, stable=True)
+            idx[chunk] = order[:, :k]
+            d2[chunk] = values[:, :k]
+
+    # ------------------------------------------------------------------ local curvature
+    def local_top_eigenvalues(self, X: Any, idx: Any) -> np.ndarray:
+        torch = self._torch
+        X = self._matrix(X)
+        n, D = X.shape
+        idx_d = self._indices(X, idx, "neighbour indices")
+        if idx_d.ndim != 2 or idx_d.shape[0] != n:
+            raise ValueError(f"indices must have shape (n, k) with n = {n}, got {tuple(idx_d.shape)}")
+        k = idx_d.shape[1]
+        out = torch.empty(n, dtype=torch.float64, device=X.device)
+        if k + 1 <= self._m.MAX_LOCAL_POINTS:
+            self._m.local_top_eigenvalues(
+                X.data_ptr(), self._codes[X.dtype], n, D, idx_d.data_ptr(), k, out.data_ptr(), *self._launch(X)
+            )
+        else:  # large neighbourhoods: batched float64 Gram matrices and a batched eigensolver
+            points = torch.cat([torch.arange(n, device=X.device)[:, None], idx_d], dim=1)
+            step = max(1, _CHUNK_BYTES // (8 * (k + 1) * D))
+            for s in range(0, n, step):
+                N = X[points[s : s + step]].double()
+                N = N - N.mean(dim=1, keepdim=True)
+                out[s : s + step] = torch.linalg.eigvalsh(N @ N.transpose(1, 2))[:, -1] / (k + 1)
+        return out.cpu().numpy()
+
+    # ------------------------------------------------------------------ monotonicity
+    def pair_quotients(self, X: Any, mean: Any, cov: Any, lam: float, pi: Any, pj: Any) -> np.ndarray:
+        """Pair Rayleigh quotients; the mean is not needed (differences cancel it)."""
+        torch = self._torch
+        X = self._matrix(X)
+        n, D = X.shape
+        a, b = self._indices(X, pi, "pair indices"), self._indices(X, pj, "pair indices")
+        if a.ndim != 1 or a.shape != b.shape or a.numel() == 0:
+            raise ValueError("pair index arrays must be non-empty, 1-D and of equal length")
+        cov_d = self._on(X, cov, torch.float64)
+        L, info = torch.linalg.cholesky_ex(cov_d + lam * torch.eye(D, dtype=torch.float64, device=X.device))
+        if int(info) != 0:
+            raise ValueError(f"regularised covariance is not positive definite (cuSOLVER potrf info={int(info)})")
+        P = a.numel()
+        out = torch.empty(P, dtype=torch.float64, device=X.device)
+        ws = self._workspace(X, self._m.pair_workspace(D, P))
+        self._m.pair_quotients(
+            X.data_ptr(), self._codes[X.dtype], n, D, L.contiguous().data_ptr(), a.data_ptr(), b.data_ptr(), P,
+            out.data_ptr(), ws.data_ptr(), ws.numel(), *self._launch(X),
+        )
+        return out.cpu().numpy()
+
+
+def _ritz(alpha: np.ndarray, beta: np.ndarray, rel_tol: float) -> tuple[float, bool]:
+    """Top Ritz value of the Lanczos tridiagonal and whether it has converged (residual |b_m s_m|)."""
+    T = np.diag(alpha) + np.diag(beta[:-1], 1) + np.diag(beta[:-1], -1)
+    values, vectors = np.linalg.eigh(T)
+    theta = float(values[-1])
+    residual = abs(beta[-1] * vectors[-1, -1])
+    return theta, bool(beta[-1] <= 1e-14 * max(abs(theta), 1e-300) or residual <= rel_tol * abs(theta))
