@@ -66,7 +66,6 @@ def _collect_local(config: CollectConfig, run_dir: Path, resume: bool, max_batch
     device = local_device(config.device)
     model, tokenizer = load_causal_lm(config.model, config.dtype, device)
     n_layers, hidden = _check_model(model, config)
-    vocab = model.get_input_embeddings().num_embeddings
     store = CheckpointStore(run_dir, rank, world)
     store.start(config, resume)
     stats = LayerStatistics(range(n_layers + 1), hidden, config.reservoir_size, DTYPES[config.dtype], config.seed)
@@ -78,39 +77,46 @@ def _collect_local(config: CollectConfig, run_dir: Path, resume: bool, max_batch
     state = {"blocks_done": 0, "batches_done": 0, "exhausted": False}
     if resume:
         state = store.load(stats) or state
-    positions = torch.arange(config.seq_len, device=device)
     total = config.total_blocks
     expected = None if total is None else -(-len(range(rank, total, world)) // config.batch_size)
-    bar = tqdm(total=expected, initial=state["batches_done"], unit="batch", desc="collect", disable=not progress or rank != 0)
-    batches_now, start = 0, time.perf_counter()
-    blocks = _rank_blocks(tokenizer, config, rank, world, state["blocks_done"]) if not state["exhausted"] else iter(())
-    while not state["exhausted"]:
-        if max_batches is not None and batches_now >= max_batches:
-            break
+    start = time.perf_counter()
+    with tqdm(total=expected, initial=state["batches_done"], unit="batch", desc="collect",
+              disable=not progress or rank != 0) as bar:
+        if not state["exhausted"]:
+            blocks = _rank_blocks(tokenizer, config, rank, world, state["blocks_done"])
+            _run_batches(model, blocks, stats, store, state, config, max_batches, bar)
+    store.save(stats, state)
+    return stats, state, n_layers, hidden, time.perf_counter() - start
+
+
+def _run_batches(model, blocks, stats: LayerStatistics, store: CheckpointStore, state: dict, config: CollectConfig,
+                 max_batches: int | None, bar) -> None:
+    """Forward batches of blocks into ``stats`` until the blocks run out or ``max_batches``; updates ``state``."""
+    rank, world = rank_info()
+    device = model.device
+    vocab = model.get_input_embeddings().num_embeddings
+    offsets = torch.arange(config.seq_len, device=device)
+    for _ in itertools.count() if max_batches is None else range(max_batches):
         batch = list(itertools.islice(blocks, config.batch_size))
         if not batch:
             state["exhausted"] = True
-            break
+            return
         input_ids = torch.stack(batch).to(device)
         if int(input_ids.max()) >= vocab:
             raise ValueError(f"the tokenizer produced id {int(input_ids.max())} but the model has only {vocab} embeddings")
         local = torch.arange(state["blocks_done"], state["blocks_done"] + len(batch), device=device)
-        global_positions = (local * world + rank)[:, None] * config.seq_len + positions
+        positions = (local * world + rank)[:, None] * config.seq_len + offsets
         attention = torch.ones_like(input_ids)
         with nvtx_range("collect"):
             hidden_states = model_hidden_states(model.base_model, input_ids, attention)
-            stats.update(hidden_states, token_mask(attention, config.keep_first), global_positions, input_ids)
+            stats.update(hidden_states, token_mask(attention, config.keep_first), positions, input_ids)
         del hidden_states
         state["blocks_done"] += len(batch)
         state["batches_done"] += 1
-        batches_now += 1
         bar.update(1)
         bar.set_postfix(tokens=stats.count)
         if state["batches_done"] % config.checkpoint_every == 0:
             store.save(stats, state)
-    bar.close()
-    store.save(stats, state)
-    return stats, state, n_layers, hidden, time.perf_counter() - start
 
 
 def collect(

@@ -87,7 +87,7 @@ class LayerStatistics:
         state: dict[str, torch.Tensor] = {}
         for layer, cov in self.covariances.items():
             for name, value in cov.state_dict().items():
-                state[f"cov.{layer}.{name}"] = torch.from_numpy(np.ascontiguousarray(value))
+                state[f"cov.{layer}.{name}"] = torch.from_numpy(np.array(value))  # keeps 0-d counts 0-d
         for name, value in self.reservoir.state_dict().items():
             state[f"reservoir.{name}"] = value
         return state

@@ -77,6 +77,13 @@ def _check_sample(vectors: Mapping[int, torch.Tensor], layers: Sequence[int], sa
     return available
 
 
+def subsample(available: int, sample_size: int, seed: int, repeat: int) -> tuple[np.ndarray, int]:
+    """Repeat ``repeat``'s rows (sorted, without replacement) and its ``m_mono`` pair seed."""
+    rng = np.random.default_rng([seed, repeat])
+    rows = np.sort(rng.choice(available, size=sample_size, replace=False))
+    return rows, int(rng.integers(2**31))
+
+
 def estimate_geometry(
     vectors: Mapping[int, torch.Tensor | np.ndarray],
     layers: Sequence[int],
@@ -93,22 +100,19 @@ def estimate_geometry(
     """Proxies of each layer on ``repeats`` seeded subsamples of ``sample_size`` tokens, and the score.
 
     ``vectors[layer]`` is ``m x D`` (the same ``m`` tokens in the same order at every layer). Repeat
-    ``r`` draws ``sample_size`` rows without replacement with ``numpy.random.default_rng([seed, r])``
-    (the same rows at every layer, so layers are compared on the same tokens) and a pair seed for
-    ``m_mono``; the score of repeat ``r`` is :func:`selection_scores` of that repeat's proxies.
+    ``r`` uses the rows and ``m_mono`` pair seed of :func:`subsample` (the same rows at every layer,
+    so layers are compared on the same tokens); the score of repeat ``r`` is :func:`selection_scores` of that repeat's proxies.
     """
     layers = sorted(int(l) for l in layers)
     available = _check_sample(vectors, layers, sample_size, repeats)
     values = {name: np.empty((repeats, len(layers))) for name in (*PROXY_NAMES, "score")}
     bar = tqdm(total=repeats * len(layers), desc="proxies", unit="layer", disable=not progress)
     for r in range(repeats):
-        rng = np.random.default_rng([seed, r])
-        rows = np.sort(rng.choice(available, size=sample_size, replace=False))
-        pair_seed = int(rng.integers(2**31))
+        rows, pair_seed = subsample(available, sample_size, seed, r)
         proxies = {}
         for layer in layers:
-            subsample = vectors[layer][torch.from_numpy(rows) if torch.is_tensor(vectors[layer]) else rows]
-            proxies[layer] = geometry_proxies(subsample, k=k, ridge=ridge, n_pairs=n_pairs, seed=pair_seed, backend=backend)
+            X = vectors[layer][torch.from_numpy(rows) if torch.is_tensor(vectors[layer]) else rows]
+            proxies[layer] = geometry_proxies(X, k=k, ridge=ridge, n_pairs=n_pairs, seed=pair_seed, backend=backend)
             bar.update(1)
         scores, _ = selection_scores(proxies)
         for i, layer in enumerate(layers):
