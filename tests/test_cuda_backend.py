@@ -84,6 +84,29 @@ def test_library_candidates_try_sonames_first():
     assert candidates[:2] == ["libcublas.so.13", "libcublas.so.12"]
 
 
+@pytest.mark.parametrize("variant", ["cpu", "cu12", "cu13"])
+def test_wheel_variants_rewrite_pyproject(variant):
+    import importlib.util
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("wheel_variant", root / "csrc" / "cuda" / "wheel_variant.py")
+    wheel_variant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wheel_variant)
+    original = (root / "pyproject.toml").read_text()
+    text = wheel_variant.apply(original, variant)
+    assert wheel_variant.apply(text, variant) == text  # idempotent: cibuildwheel runs it once per Python
+    project = tomllib.loads(text)["project"]
+    base = tomllib.loads(original)["project"]
+    if variant == "cpu":
+        assert project == base
+    else:
+        assert project["name"] == f"dihal_fast_{variant}"
+        assert project["dependencies"][: len(base["dependencies"])] == base["dependencies"]
+        assert any(dep.startswith("nvidia-cublas") for dep in project["dependencies"])
+
+
 # ---------------------------------------------------------------- kernel logic on the host (any machine)
 def _check_against_reference(X: np.ndarray, idx, d2, flags, k: int) -> None:
     ref_idx, ref_d2 = reference.knn(X, k)

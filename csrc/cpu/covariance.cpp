@@ -9,6 +9,7 @@
 
 #include "blas.hpp"
 #include "kernels.hpp"
+#include "nvtx.hpp"
 
 namespace dihal {
 namespace {
@@ -45,6 +46,7 @@ void shift_rows(const T* X, int64_t rows, int64_t D, const double* shift, T* Y, 
 
 template <typename T>
 void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* M) {
+  DIHAL_NVTX_RANGE("dihal/covariance");
   if (n <= 0) return;
   const int64_t block = block_rows(D, sizeof(T));
   std::vector<T> shifted(size_t(std::min(block, n)) * size_t(D));

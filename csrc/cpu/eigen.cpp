@@ -9,6 +9,7 @@
 
 #include "blas.hpp"
 #include "kernels.hpp"
+#include "nvtx.hpp"
 
 namespace dihal {
 
@@ -126,6 +127,7 @@ double top_eigenvalue_small(double* A, int m) {
 }
 
 double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* iterations) {
+  DIHAL_NVTX_RANGE("dihal/top_eigen");
   if (D == 1) {
     if (iterations) *iterations = 0;
     return S[0];

@@ -12,6 +12,7 @@
 
 #include "blas.hpp"
 #include "kernels.hpp"
+#include "nvtx.hpp"
 
 namespace dihal {
 namespace {
@@ -190,6 +191,7 @@ void symmetric_candidates(const T* Xc, const T* norms, int64_t n, int64_t D, con
 
 template <typename T>
 void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* out_d2, bool symmetric) {
+  DIHAL_NVTX_RANGE("dihal/knn");
   const int64_t cap = std::min(n - 1, k + std::max<int64_t>(16, k / 2));
 
   // Centre in float64 and scale by a power of two so that every value is at most 1 in magnitude

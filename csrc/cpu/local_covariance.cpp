@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels.hpp"
+#include "nvtx.hpp"
 
 namespace dihal {
 using std::size_t;
@@ -46,6 +47,7 @@ void gram_upper(const double* C, int m, int64_t D, double* G) {
 
 template <typename T>
 void local_top_eigenvalues(const T* X, int64_t n, int64_t D, const int64_t* idx, int64_t k, double* out) {
+  DIHAL_NVTX_RANGE("dihal/local_eigen");
   const int m = int(k + 1);
 #pragma omp parallel
   {

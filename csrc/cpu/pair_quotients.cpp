@@ -10,12 +10,14 @@
 
 #include "blas.hpp"
 #include "kernels.hpp"
+#include "nvtx.hpp"
 
 namespace dihal {
 
 template <typename T>
 void pair_quotients(const T* X, int64_t n, int64_t D, const double* mean, const double* S, double lam,
                     const int64_t* pi, const int64_t* pj, int64_t n_pairs, double* out) {
+  DIHAL_NVTX_RANGE("dihal/pairs");
   std::vector<double> L(size_t(D) * size_t(D));
   for (int64_t a = 0; a < D; ++a)
     for (int64_t b = 0; b < D; ++b) L[size_t(a * D + b)] = S[a * D + b] + (a == b ? lam : 0.0);

@@ -42,8 +42,10 @@ Plan make_plan(int64_t n, int64_t k, int64_t list_entry_bytes) {
   p.query_block = std::min(n, kQueryBlock);
   p.ref_block = std::min(n, kRefBlock);
   const int64_t per_split = p.query_block * p.cap * list_entry_bytes;
-  p.splits = std::min({ceil_div(kTargetThreads, p.query_block), kMaxSplits, p.ref_block,
-                       std::max<int64_t>(1, kListBytes / per_split)});
+  // Enough (query, split) threads to fill the GPU, but at least 4 cap columns per split and tile:
+  // filling a list costs O(cap^2), so short splits would spend their time filling lists.
+  p.splits = std::min({ceil_div(kTargetThreads, p.query_block), kMaxSplits, p.ref_block / (4 * p.cap),
+                       kListBytes / per_split});
   p.splits = std::max<int64_t>(1, p.splits);
   return p;
 }
@@ -182,6 +184,7 @@ __global__ void rerank_kernel(const T* X, int64_t n, int64_t D, int64_t k, int64
   int32_t* cand = reinterpret_cast<int32_t*>(exact + cap);
   const int64_t q = blockIdx.x, i = q0 + q;
   for (int64_t e = threadIdx.x; e < cap; e += blockDim.x) cand[e] = merged_i[q * cap + e];
+  if (threadIdx.x == 0) flags[i] = 1;  // until the rank k - 1 thread certifies the row
   __syncthreads();
   const int warps = blockDim.x >> 5;
   for (int64_t e = threadIdx.x >> 5; e < cap; e += warps) {

@@ -111,11 +111,13 @@ DIHAL_HD void merge_lists(const DT* dist, const int32_t* idx, int parts, int cap
   }
 }
 
-// Position of candidate e when the candidates are sorted by (exact distance, index); indices are
-// distinct, so the positions are a permutation of 0..cap-1.
+// Position of candidate e when the candidates are sorted by (exact distance, index, slot): a
+// permutation of 0..cap-1 (valid candidates have distinct indices; the slot only orders empty ones).
 DIHAL_HD int rank_of(const double* exact, const int32_t* cand, int cap, int e) {
   int r = 0;
-  for (int f = 0; f < cap; ++f) r += (exact[f] < exact[e]) || (exact[f] == exact[e] && cand[f] < cand[e]);
+  for (int f = 0; f < cap; ++f)
+    r += exact[f] < exact[e] ||
+         (exact[f] == exact[e] && (cand[f] < cand[e] || (cand[f] == cand[e] && f < e)));
   return r;
 }
 
