@@ -51,6 +51,9 @@ class ObjectiveConfig:
     mask_aux_rate: float = 0.15
     scaffold_drop: float = 0.2  # share of scaffolds replaced by random tokens (classifier-free guidance)
     timesteps: int = 1000  # T; one t ~ U{1..T} per example
+    # Stop the regression term's gradient into the encoder. Without it, small CPU runs collapse the
+    # latents to a constant (regression -> 0, reconstruction stuck at copying the givens).
+    detach_latents: bool = True
 
 
 @dataclass

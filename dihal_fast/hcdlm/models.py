@@ -12,7 +12,9 @@ from dihal_fast.hcdlm.config import ModelConfig
 from dihal_fast.hcdlm.layers import Block, ContextEmbedding, TimeEmbedding, count_parameters, run_blocks
 from dihal_fast.tasks.base import TaskSpec
 
-LOGVAR_RANGE = (-10.0, 2.0)
+LOGVAR_RANGE = (-10.0, 0.0)  # sigma <= 1: the noise never swamps the unit-scale mean
+LOGVAR_INIT = -4.0
+READOUT_RANK = 16  # per-position features between the slots and the flattened latents  # start nearly deterministic so reconstruction can shape the latents first
 
 
 class TokenSlots(nn.Module):
@@ -34,26 +36,31 @@ class TokenSlots(nn.Module):
 
 
 class Encoder(nn.Module):
-    """q_psi(x_0 | k_0): a diagonal Gaussian over ``M`` latents read out by ``M`` learned query tokens.
+    """q_psi(x_0 | k_0): a diagonal Gaussian over ``M`` latents.
 
-    The mean is layer-normalised per latent (no affine), so latents have the same scale as the N(0, I)
-    noise of the flow and cannot escape the entropy regulariser by growing.
+    Read-out: every slot state is projected to ``k = READOUT_RANK`` features and the flattened
+    ``[L * k]`` vector is mapped to the ``M`` latents, so each position writes to its own directions.
+    (Pooling with learned queries starts out as a uniform average, which is the same for every Sudoku
+    solution - each digit appears ``n`` times - and the reconstruction then stalls for hundreds of
+    steps.) The mean is layer-normalised per latent (no affine), the scale of the flow's N(0, I) noise.
     """
 
     def __init__(self, spec: TaskSpec, cfg: ModelConfig) -> None:
         super().__init__()
+        self.latents, self.latent_dim = cfg.latents, cfg.latent_dim
         self.slots = TokenSlots(spec, cfg.hidden)
-        self.queries = nn.Parameter(torch.randn(cfg.latents, cfg.hidden) * 0.02)
         self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.heads, cfg.dropout) for _ in range(cfg.encoder_blocks))
-        self.out = nn.Sequential(nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, 2 * cfg.latent_dim))
+        self.squeeze = nn.Sequential(nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, READOUT_RANK))
+        self.out = nn.Linear(spec.target_len * READOUT_RANK, 2 * cfg.latents * cfg.latent_dim)
         self.mean_norm = nn.LayerNorm(cfg.latent_dim, elementwise_affine=False)
+        nn.init.constant_(self.out.bias.view(cfg.latents, 2, cfg.latent_dim)[:, 1], LOGVAR_INIT)
 
     def forward(self, tokens: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mean[B, M, d], logvar[B, M, d])``."""
-        batch, m = tokens.shape[0], self.queries.shape[0]
+        batch = tokens.shape[0]
         prefix, slots = self.slots(tokens, context, batch)
-        h = run_blocks(self.blocks, [self.queries.expand(batch, -1, -1), slots, prefix])
-        mean, logvar = self.out(h[:, :m]).chunk(2, dim=-1)
+        h = run_blocks(self.blocks, [slots, prefix])[:, : slots.shape[1]]
+        mean, logvar = self.out(self.squeeze(h).flatten(1)).view(batch, self.latents, 2, self.latent_dim).unbind(2)
         return self.mean_norm(mean), logvar.clamp(*LOGVAR_RANGE)
 
 
@@ -83,10 +90,19 @@ class Denoiser(nn.Module):
 
 
 class Predictor(nn.Module):
-    """p_theta(k_0 | x_0): ``L`` position queries attend to the latents (and the context) -> logits."""
+    """p_theta(k_0 | x_0): ``L`` position queries attend to the latents (and the context) -> logits.
+
+    The flattened latents are also mapped to ``k = READOUT_RANK`` features per position and added to
+    each slot (mirror of the encoder's read-out): a direct, position-specific path from ``x_0`` to every
+    slot. Through attention alone one latent among ``L`` slots is ignored for hundreds of steps and the
+    reconstruction stalls at copying the context.
+    """
 
     def __init__(self, spec: TaskSpec, cfg: ModelConfig) -> None:
         super().__init__()
+        self.target_len = spec.target_len
+        self.expand = nn.Linear(cfg.latents * cfg.latent_dim, spec.target_len * READOUT_RANK)
+        self.lift = nn.Linear(READOUT_RANK, cfg.hidden)
         self.latent_in = nn.Linear(cfg.latent_dim, cfg.hidden)
         self.latent_position = nn.Parameter(torch.randn(cfg.latents, cfg.hidden) * 0.02)
         self.slots = TokenSlots(spec, cfg.hidden, with_tokens=False)
@@ -97,6 +113,7 @@ class Predictor(nn.Module):
         """``logits[B, L, V]``."""
         batch, m = x_0.shape[0], x_0.shape[1]
         prefix, slots = self.slots(None, context, batch)
+        slots = slots + self.lift(self.expand(x_0.flatten(1)).view(batch, self.target_len, READOUT_RANK))
         h = run_blocks(self.blocks, [self.latent_in(x_0) + self.latent_position, slots, prefix])
         return self.head(h[:, m : m + slots.shape[1]])
 

@@ -42,6 +42,7 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
     example, ``s = t / T``; the scaffold ``k_t ~ q(k_t | k0)`` is replaced by random tokens for a share
     ``scaffold_drop`` of examples (the unconditional branch of classifier-free guidance). The auxiliary
     term encodes ``k0`` with ``mask_aux_rate`` of its tokens set to [MASK] and asks for all of ``k0`` back.
+    With ``detach_latents`` the regression term trains the denoiser only (no gradient into the encoder).
     """
     batch, device = target.shape[0], target.device
     mean, logvar = model.encoder(target, context)
@@ -52,13 +53,14 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
     t = torch.randint(1, cfg.timesteps + 1, (batch,), generator=generator, device=device)
     s = t.float() / cfg.timesteps
     eps = torch.randn(x_0.shape, generator=generator, device=device)
-    x_t = FlowSchedule.noise(x_0, s, eps)
+    clean = x_0.detach() if cfg.detach_latents else x_0
+    x_t = FlowSchedule.noise(clean, s, eps)
     scaffold = None
     if model.scaffold:
         scaffold = kernel.corrupt(target, s, generator)
         drop = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.scaffold_drop
         scaffold = torch.where(drop[:, None], kernel.random_tokens(tuple(target.shape), generator, device), scaffold)
-    cont = (model.denoiser(x_t, scaffold, s, context) - x_0).pow(2).mean()
+    cont = (model.denoiser(x_t, scaffold, s, context) - clean).pow(2).mean()
 
     loss = cfg.lambda_recon * recon + cfg.lambda_ent * neg_entropy + cfg.lambda_cont * cont
     parts = {"recon": recon.item(), "neg_entropy": neg_entropy.item(), "cont": cont.item()}
