@@ -95,23 +95,38 @@ def _reject_gpu_only(ds: dict, zero: dict, name: str) -> None:
                              "this machine has no GPU, so remove the offload section")
 
 
-def start_distributed(cuda: bool) -> tuple[int, int]:
-    """Initialise the process group (nccl on GPUs, gloo on CPU); single-process defaults when not launched."""
+@contextlib.contextmanager
+def distributed_session(cuda: bool) -> Iterator[tuple[int, int]]:
+    """Process group for DeepSpeed (nccl on GPUs, gloo on CPU), yielding ``(rank, world_size)``.
+
+    Outside a launcher the ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` defaults of
+    a single process are set (and removed again at exit). Always ends with a barrier and
+    ``destroy_process_group``, also when training fails.
+    """
     import deepspeed
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # never JIT-compile a DeepSpeed op
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    if cuda:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
-    return dist.get_rank(), dist.get_world_size()
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": None}
+    added = [key for key in defaults if key not in os.environ]
+    for key in added:
+        os.environ[key] = defaults[key] or str(_free_port())
+    try:
+        if cuda:
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+        try:
+            yield dist.get_rank(), dist.get_world_size()
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 class DeepSpeedEngine:
-    """ZeRO training; requires :func:`start_distributed` first."""
+    """ZeRO training inside :func:`distributed_session`."""
 
     kind = "deepspeed"
 
@@ -173,9 +188,3 @@ class DeepSpeedEngine:
 
     def barrier(self) -> None:
         dist.barrier()
-
-    def close(self) -> None:
-        """Barrier, then destroy the process group."""
-        if dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()

@@ -4,7 +4,7 @@ An engine owns the objective module, the optimizer (torch AdamW over the trainab
 the LR schedule (linear warm-up, cosine decay to a tenth). ``engine(**inputs)`` runs the objective,
 ``backward(loss)`` and ``step()`` update (with gradient clipping), ``save(dir)`` / ``load(dir)`` hold the
 engine's part of a checkpoint, ``full_parameters()`` yields the trainable parameters with their full
-values (ZeRO-3 gathers them), ``close()`` ends the process group if the engine started one.
+values (ZeRO-3 gathers them), ``barrier()`` waits for the other processes.
 """
 from __future__ import annotations
 
@@ -106,6 +106,3 @@ class TorchEngine:
 
     def barrier(self) -> None:
         """Nothing to wait for in one process."""
-
-    def close(self) -> None:
-        """Nothing to release."""

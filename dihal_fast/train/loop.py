@@ -11,6 +11,7 @@ Run directory::
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -109,13 +110,13 @@ def train_bridge(model_dir: str | os.PathLike | None, layer: int, corpus: str | 
     out_dir = Path(out_dir)
     model_dir, ds_config, checkpoint, start = _preflight(model_dir, layer, corpus, out_dir, config, deepspeed_config, resume)
     cuda = torch.cuda.is_available()
-    rank, world = 0, 1
-    if ds_config is not None:
-        from dihal_fast.train.deepspeed_engine import start_distributed
+    if ds_config is None:
+        session = contextlib.nullcontext((0, 1))
+    else:
+        from dihal_fast.train.deepspeed_engine import distributed_session
 
-        rank, world = start_distributed(cuda)
-    engine = None
-    try:
+        session = distributed_session(cuda)
+    with session as (rank, _):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if ds_config is not None and cuda else config.device
         backbone, tokenizer = load_causal_lm(model_dir, config.dtype, device)
         backbone.requires_grad_(False)
@@ -127,8 +128,7 @@ def train_bridge(model_dir: str | os.PathLike | None, layer: int, corpus: str | 
             atomic_write_json(out_dir / "bridge_config.json", bridge_config.to_dict())
         seed_everything(config.seed)
         export = functools.partial(export_hybrid, backbone, tokenizer, layer, bridge_config, model_dir, config.train_upper)
-        hybrid = export({}).train()
-        objective = BridgeObjective(hybrid, config)
+        objective = BridgeObjective(export({}).train(), config)
         if ds_config is not None:
             from dihal_fast.train.deepspeed_engine import DeepSpeedEngine
 
@@ -143,17 +143,7 @@ def train_bridge(model_dir: str | os.PathLike | None, layer: int, corpus: str | 
             if rank == 0:
                 log.truncate_after(start)
             logger.info("resumed from %s at step %d", checkpoint, start)
-        result = _loop(engine, ema, backbone, blocks, config, out_dir, start, log, export, callback)
-        engine.barrier()
-        return result
-    finally:
-        if engine is not None:
-            engine.close()
-        elif ds_config is not None:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        return _loop(engine, ema, backbone, blocks, config, out_dir, start, log, export, callback)
 
 
 def _bridge_config(checkpoint: Path | None, backbone, blocks: Blocks, layer: int, config: TrainConfig) -> BridgeConfig:

@@ -1,0 +1,259 @@
+"""Bridge training: loss terms, configs, DeepSpeed config checks, learning, kill-and-resume, ZeRO against
+plain torch (one process and two processes with torchrun), bad input, and the ``dihal replace`` CLI."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dihal_fast.hybrid import HybridLM
+from dihal_fast.train import TrainConfig, train_bridge
+from dihal_fast.train.config import add_config_arguments, config_from_args
+from dihal_fast.train.deepspeed_engine import check_deepspeed_config
+from dihal_fast.train.objective import kd_loss, lm_loss
+
+WORDS = ("the cat dog bird sat ran on under a mat tree house red blue small big and then it was happy sad day night "
+         "girl boy saw with to").split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A few hundred short synthetic sentences (a corpus that needs no shared data)."""
+    generator = torch.Generator().manual_seed(0)
+    lines = []
+    for _ in range(400):
+        picks = torch.randint(0, len(WORDS), (8,), generator=generator).tolist()
+        lines.append(" ".join(WORDS[i] for i in picks).capitalize() + ".")
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n\n".join(lines) + "\n")
+    return path
+
+
+def _config(**overrides) -> TrainConfig:
+    options = dict(seq_len=16, batch_size=4, val_blocks=4, stats_blocks=8, steps=4, save_every=2, log_every=1, lr=3e-3,
+                   warmup_steps=2, bridge={"width": 32, "heads": 2, "context_layers": 1, "time_dim": 16})
+    return TrainConfig(**{**options, **overrides})
+
+
+def test_distillation_and_lm_losses_match_their_formulas():
+    generator = torch.Generator().manual_seed(0)
+    teacher, student = torch.randn(2, 5, 11, generator=generator), torch.randn(2, 5, 11, generator=generator)
+    assert float(kd_loss(teacher, teacher, 2.0)) == pytest.approx(0.0, abs=1e-6)
+    for temperature in (1.0, 2.5):
+        p = torch.softmax(teacher.double() / temperature, -1)
+        q = torch.softmax(student.double() / temperature, -1)
+        expected = temperature**2 * (p * (p.log() - q.log())).sum(-1).mean()
+        assert float(kd_loss(teacher, student, temperature)) == pytest.approx(float(expected), rel=1e-5)
+    ids = torch.randint(0, 11, (2, 5), generator=generator)
+    picked = torch.log_softmax(student[:, :-1].double(), -1).gather(-1, ids[:, 1:, None])
+    assert float(lm_loss(student, ids)) == pytest.approx(float(-picked.mean()), rel=1e-5)
+
+
+def test_config_options_round_trip_through_the_command_line():
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    assert config_from_args(parser.parse_args([])) == TrainConfig()
+    config = config_from_args(parser.parse_args(["--steps", "7", "--w-kd", "0", "--train-upper", "--bridge-nfe", "3",
+                                                 "--bridge-schedule", "flow", "--bridge-prediction", "velocity"]))
+    assert (config.steps, config.w_kd, config.train_upper) == (7, 0.0, True)
+    assert config.bridge == {"nfe": 3, "schedule": "flow", "prediction": "velocity"}
+    assert TrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert all(action.help for action in parser._actions if action.dest != "help")
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"steps": 0}, "steps must be >= 1"),
+    ({"w_diff": 0, "w_rec": 0, "w_lm": 0, "w_kd": 0}, "nothing to train"),
+    ({"bridge": {"depth": 2}}, "unknown bridge options"),
+    ({"bridge": {"schedule": "flow", "prediction": "eps"}}, "alpha"),
+    ({"ema_decay": 1.0}, "ema_decay"),
+])
+def test_train_config_rejects_bad_values(bad, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**bad)
+
+
+@pytest.mark.parametrize("ds,match", [
+    ({"fp16": {"enabled": True}}, "fp16"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "NVMe"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, "no GPU"),
+    ({"optimizer": {"type": "FusedAdam"}}, "optimizer"),
+    ({"scheduler": {"type": "WarmupLR"}}, "scheduler"),
+    ({"train_micro_batch_size_per_gpu": 3}, "contradicts"),
+    ({"zero_optimization": {"stage": 4}}, "stage must be"),
+])
+def test_gpu_only_or_conflicting_deepspeed_configs_are_rejected_on_cpu(ds, match):
+    with pytest.raises(ValueError, match=match):
+        check_deepspeed_config(ds, _config(), cuda=False)
+
+
+def test_deepspeed_config_gets_batch_and_clipping_filled_in():
+    filled = check_deepspeed_config({"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}, "gradient_clipping": "auto"},
+                                    _config(grad_clip=0.5), cuda=False)
+    assert filled["train_micro_batch_size_per_gpu"] == 4 and filled["gradient_clipping"] == 0.5
+    assert filled["gradient_accumulation_steps"] == 1 and filled["bf16"] == {"enabled": True}
+
+
+def test_training_lowers_the_validation_bridge_loss_and_exports_a_working_hybrid(tiny_checkpoints, corpus, tmp_path):
+    result = train_bridge(tiny_checkpoints["llama"], 1, corpus, tmp_path / "run", _config(steps=40, eval_every=20, save_every=20))
+    history = json.loads((tmp_path / "run" / "validation.json").read_text())["history"]
+    assert [h["step"] for h in history] == [20, 40]
+    # A fresh bridge predicts the mean (bridge loss ~1); training must explain a real share of the variance.
+    assert result["bridge_loss"] < 0.8
+    assert result["bridge_loss"] == history[-1]["bridge_loss"]
+    assert {"hybrid_ppl", "backbone_ppl", "kl", "protocol"} <= set(result["validation"])
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 41))
+    assert records[-1]["rec"] < records[0]["rec"]
+    assert (tmp_path / "run" / "loss_curve.png").stat().st_size > 1000
+    hybrid = HybridLM.from_pretrained(result["hybrid_dir"])
+    assert hybrid.bridge.config.target_std > 0 and hybrid.config.layer == 1
+    prompt = hybrid.tokenizer("The cat", return_tensors="pt")["input_ids"]
+    text = hybrid.tokenizer.decode(hybrid.generate(prompt, 8, seed=0).sequences[0])
+    assert text.startswith("The cat") and len(text) > len("The cat")
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_kill_and_resume_equals_an_uninterrupted_run(tiny_checkpoints, corpus, tmp_path):
+    config = _config(steps=6, save_every=3)
+    model = tiny_checkpoints["qwen3"]
+    train_bridge(model, 2, corpus, tmp_path / "straight", config)
+
+    def crash(info):
+        if info.step == 5:  # after the step-3 checkpoint: steps 4 and 5 are lost, as in a kill
+            raise _Crash
+
+    with pytest.raises(_Crash):
+        train_bridge(model, 2, corpus, tmp_path / "resumed", config, callback=crash)
+    with pytest.raises(ValueError, match="--resume"):
+        train_bridge(model, 2, corpus, tmp_path / "resumed", config)
+    train_bridge(model, 2, corpus, tmp_path / "resumed", config, resume=True)
+    final = "checkpoints/step_00000006"
+    for name in ("engine/trainable.safetensors", "ema.safetensors"):
+        straight, resumed = load_file(tmp_path / "straight" / final / name), load_file(tmp_path / "resumed" / final / name)
+        assert straight.keys() == resumed.keys()
+        assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    reports = [json.loads((tmp_path / run / "result.json").read_text())["bridge_loss"] for run in ("straight", "resumed")]
+    assert reports[0] == reports[1]
+
+
+def test_bad_input_fails_before_any_training(tiny_checkpoints, corpus, tmp_path):
+    from transformers import BertConfig
+
+    model = tiny_checkpoints["llama"]
+    for layer in (0, 4):
+        with pytest.raises(ValueError, match=r"layer must be an integer in 1\.\.3"):
+            train_bridge(model, layer, corpus, tmp_path / "a", _config())
+    BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path / "bert")
+    with pytest.raises(ValueError, match="supported families: llama, mistral, qwen3, gpt2"):
+        train_bridge(tmp_path / "bert", 1, corpus, tmp_path / "a", _config())
+    (tmp_path / "fp16.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}))
+    with pytest.raises(ValueError, match="fp16"):
+        train_bridge(model, 1, corpus, tmp_path / "a", _config(), deepspeed_config=tmp_path / "fp16.json")
+    with pytest.raises(FileNotFoundError):
+        train_bridge(model, 1, tmp_path / "no-corpus.txt", tmp_path / "a", _config())
+    assert not (tmp_path / "a").exists()
+    train_bridge(model, 1, corpus, tmp_path / "b", _config(steps=2))
+    with pytest.raises(ValueError, match="different settings for \\['lr'\\]"):
+        train_bridge(model, 1, corpus, tmp_path / "b", _config(steps=4, lr=1e-2), resume=True)
+    optimizer = tmp_path / "b" / "checkpoints" / "step_00000002" / "engine" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    with pytest.raises(ValueError, match="corrupt"):
+        train_bridge(model, 1, corpus, tmp_path / "b", _config(steps=4), resume=True)
+    (tmp_path / "b" / "checkpoints" / "step_00000002" / "state.json").write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        train_bridge(model, 1, corpus, tmp_path / "b", _config(steps=4), resume=True)
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["latest", "step_00000002"]
+
+
+def _trainable_after_each_step(store: list):
+    def callback(info):
+        with info.engine.full_parameters() as named:
+            store.append({name: p.detach().float().clone() for name, p in named})
+
+    return callback
+
+
+def test_one_deepspeed_zero2_step_equals_one_plain_torch_step(tiny_checkpoints, corpus, tmp_path):
+    config = _config(steps=1)
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    plain, zero = [], []
+    train_bridge(tiny_checkpoints["gpt2"], 2, corpus, tmp_path / "plain", config, callback=_trainable_after_each_step(plain))
+    env_before = dict(os.environ)
+    train_bridge(tiny_checkpoints["gpt2"], 2, corpus, tmp_path / "zero", config, deepspeed_config=tmp_path / "ds.json",
+                 callback=_trainable_after_each_step(zero))
+    assert dict(os.environ) == env_before  # the single-process defaults are removed again
+    assert plain[0].keys() == zero[0].keys() and len(plain[0]) > 10
+    for name in plain[0]:
+        torch.testing.assert_close(zero[0][name], plain[0][name], rtol=1e-6, atol=1e-7)
+    initial = json.loads((tmp_path / "plain" / "result.json").read_text())
+    assert initial["engine"] == "torch" and json.loads((tmp_path / "zero" / "result.json").read_text())["engine"] == "deepspeed"
+
+
+WORKER = """
+import sys, torch
+from dihal_fast.train import TrainConfig, train_bridge
+model, corpus, out, ds = sys.argv[1:5]
+config = TrainConfig(seq_len=16, batch_size=2, val_blocks=2, stats_blocks=4, steps=3, save_every=2, log_every=1,
+                     bridge={"width": 32, "heads": 2, "context_layers": 1, "time_dim": 16})
+def dump(info):
+    if info.step == config.steps:
+        with info.engine.full_parameters() as named:
+            torch.save({n: p.detach().float().clone() for n, p in named}, f"{out}/params_rank{info.engine.rank}.pt")
+train_bridge(model, 1, corpus, out, config, deepspeed_config=ds, callback=dump)
+"""
+
+
+@pytest.mark.distributed
+def test_two_process_zero3_run_ends_with_identical_parameters_on_both_ranks(tiny_checkpoints, corpus, tmp_path):
+    (tmp_path / "worker.py").write_text(textwrap.dedent(WORKER))
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    out = tmp_path / "run"
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(port), str(tmp_path / "worker.py"),
+                           str(tiny_checkpoints["mistral"]), str(corpus), str(out), str(tmp_path / "ds.json")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [torch.load(out / f"params_rank{r}.pt") for r in (0, 1)]
+    assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) > 10
+    assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0])
+    result = json.loads((out / "result.json").read_text())
+    assert result["world_size"] == 2 and result["engine"] == "deepspeed"
+    assert (out / "checkpoints" / "step_00000003" / "engine" / "engine").is_dir()
+    HybridLM.from_pretrained(result["hybrid_dir"])
+
+
+def test_replace_cli_trains_from_a_locate_report_and_reports_bad_input(tiny_checkpoints, corpus, tmp_path, capsys):
+    from dihal_fast.cli import main
+
+    locate = tmp_path / "locate"
+    locate.mkdir()
+    (locate / "locate.json").write_text(json.dumps({"selected_layer": 2, "model": str(tiny_checkpoints["llama"])}))
+    options = ["--corpus", str(corpus), "--steps", "2", "--seq-len", "16", "--batch-size", "2", "--val-blocks", "2",
+               "--stats-blocks", "4", "--bridge-width", "32", "--bridge-heads", "2"]
+    assert main(["replace", "--from-locate", str(locate), "--out", str(tmp_path / "run"), *options]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert summary["layer"] == 2 and summary["bridge_loss"] > 0
+    hybrid = HybridLM.from_pretrained(tmp_path / "run" / "hybrid")
+    assert hybrid.config.layer == 2 and hybrid.config.backbone_dir == str(tiny_checkpoints["llama"].resolve())
+    assert main(["train", "--model", str(tiny_checkpoints["llama"]), "--layer", "9", "--out", str(tmp_path / "bad"), *options]) == 2
+    assert "layer must be an integer in 1..3" in capsys.readouterr().err
