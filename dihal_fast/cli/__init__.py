@@ -14,7 +14,7 @@ import sys
 from dihal_fast._version import __version__
 
 # Sub-command modules, in the order they appear in --help.
-COMMANDS = ["info", "backbone", "generate", "locate", "hcdlm", "evaluate", "sweep", "demo"]
+COMMANDS = ["info", "backbone", "generate", "locate", "replace", "hcdlm", "evaluate", "sweep", "demo"]
 
 
 class UserError(Exception):
