@@ -59,6 +59,7 @@ def main() -> None:
         evaluator_path=args.model, controls=None if args.no_controls else sweep_controls(out / "sweep"),
         diffusion_lm_steps=None if args.no_controls else args.budget_steps,
     )
+    speed_rows = _speed_by_nfe(selected["hybrid_dir"], args.model, args.n_samples, args.max_new_tokens)
     total_s = time.perf_counter() - start
 
     losses = sorted(r["bridge_loss"] for r in sweep["layers"])
@@ -93,8 +94,34 @@ def main() -> None:
         f"{sweep['observed_best_layer']}).",
         table(["metric", *columns], metric_rows),
         table(["target", "measured", "status"], targets),
+        "Generation speed against the number of bridge denoising steps (same batch of "
+        f"{args.n_samples} x {args.max_new_tokens} tokens, median of 3):\n\n"
+        + table(["model", "nfe", "tokens/s", "/ backbone"], speed_rows),
     ])
     report("DiHAL pipeline targets: layer sweep and evaluation (bench_pipeline.py)", body)
+
+
+def _speed_by_nfe(hybrid_dir: str, model: str | None, n_samples: int, new_tokens: int) -> list[list]:
+    """Tokens/s of the backbone and of the hybrid at several nfe (median of 3 timed calls each)."""
+    import statistics
+
+    import torch
+
+    from dihal_fast.evaluate.metrics import tokens_per_second
+    from dihal_fast.evaluate.models import load_lm
+
+    def speed(lm, nfe):
+        prompt = torch.tensor([lm.prompt_ids("")]).expand(n_samples, -1)
+        runs = [lm.sample(prompt, new_tokens, nfe=nfe, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+        return statistics.median(tokens_per_second(g.tokens.numel(), g.seconds) for g in runs)
+
+    backbone = speed(load_lm(model), None)
+    hybrid = load_lm(hybrid_dir)
+    rows = [["backbone", "-", backbone, 1.0]]
+    for nfe in (1, 2, 4, 8):
+        rate = speed(hybrid, nfe)
+        rows.append(["hybrid", nfe, rate, rate / backbone])
+    return rows
 
 
 if __name__ == "__main__":

@@ -8,12 +8,14 @@ logger = logging.getLogger(__name__)
 
 
 def add_eval_options(parser: argparse.ArgumentParser) -> None:
-    """Options of :class:`~dihal_fast.evaluate.harness.EvalSettings` (shared with ``dihal demo``)."""
+    """The evaluator and the options of :class:`~dihal_fast.evaluate.harness.EvalSettings`."""
     from dihal_fast.evaluate.harness import EvalSettings
 
     d = EvalSettings()
     parser.add_argument("--evaluator", default=None,
                         help="causal LM scoring the samples (Gen PPL); default: the shipped backbone")
+    parser.add_argument("--evaluator-dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"],
+                        help="dtype of the evaluator LM (recorded in the report)")
     parser.add_argument("--retokenise", action="store_true",
                         help="allow an evaluator whose tokenizer differs from the hybrid's (samples are decoded and retokenised)")
     parser.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per held-out block")
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     seed_everything(args.seed)
     controls = sweep_controls(args.sweep) if args.sweep else None
     report = evaluate_hybrid(args.hybrid, corpus_or_default(args.corpus), args.out, settings_from(args),
-                             args.evaluator, args.retokenise, controls, args.diffusion_lm_steps)
+                             args.evaluator, args.retokenise, controls, args.diffusion_lm_steps, args.evaluator_dtype)
     columns = {"backbone": report["backbone"], "hybrid": report["hybrid"], **report["controls"]}
     print("metric".ljust(16) + "".join(name.rjust(14) for name in columns))
     for metric in METRICS:

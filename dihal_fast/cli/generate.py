@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     from dihal_fast.common import atomic_write_json
     from dihal_fast.evaluate.models import load_lm
+    from dihal_fast.evaluate.sampling import PROTOCOL
 
     torch.manual_seed(args.seed)
     prompts = args.prompt or [""]
@@ -69,5 +70,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"--- {result['tokens_per_s']:.1f} tokens/s ({lm.kind})")
     if args.out:
         atomic_write_json(args.out, {"model": str(lm.path), "kind": lm.kind, "seed": args.seed, "nfe": args.nfe,
-                                     "temperature": args.temperature, "top_k": args.top_k, **result})
+                                     "temperature": args.temperature, "top_k": args.top_k,
+                                     "protocol": f"no early stop at EOS; prompt = start-of-document token + prompt "
+                                     f"tokens; tokens/s = generated tokens / wall time of the sampling calls; {PROTOCOL}",
+                                     **result})
     return 0

@@ -23,11 +23,11 @@ PROMPTS = ("It was a bright cold day in April, and", "The President said that", 
 class DemoSettings:
     """Sizes of the demo, chosen to finish in about 15 minutes on 2 CPU cores with the shipped backbone."""
 
-    locate_max_tokens: int = 32768
+    locate_max_tokens: int = 16384
     locate_repeats: int = 5
     locate_sample: int = 1000
     seq_len: int = 128
-    train_steps: int = 300
+    train_steps: int = 200
     batch_size: int = 8
     val_blocks: int = 32
     diffusion_lm: bool = True

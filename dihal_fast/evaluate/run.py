@@ -54,18 +54,20 @@ def evaluate_hybrid(
     retokenise: bool = False,
     controls: dict[str, str | Path] | None = None,
     diffusion_lm_steps: int | None = None,
+    evaluator_dtype: str = "float32",
 ) -> dict:
     """Evaluate a hybrid and its backbone (and optional controls) and write ``out_dir/evaluate.json``.
 
     ``controls`` maps a name (``oracle``, ``worst``, ...) to another hybrid directory evaluated in the same
-    harness; ``diffusion_lm_steps`` trains the Diffusion-LM-like control for that many steps.
+    harness; ``diffusion_lm_steps`` trains the Diffusion-LM-like control for that many steps;
+    ``evaluator_dtype`` is the evaluator LM's dtype (recorded in the report).
     """
     out_dir = Path(out_dir)
     hybrid = load_lm(hybrid_path, nfe=settings.nfe)
     if hybrid.kind != "hybrid":
         raise ValueError(f"--hybrid {hybrid_path} is not a hybrid directory (it is a plain {hybrid.kind} checkpoint)")
     backbone = load_lm(hybrid.backbone_dir)
-    evaluator = load_lm(evaluator_path)
+    evaluator = load_lm(evaluator_path, dtype=evaluator_dtype)
     check_compatible(hybrid, evaluator, retokenise)
     if not same_tokenizer(hybrid.tokenizer, backbone.tokenizer):
         raise ValueError(f"the hybrid at {hybrid.path} does not share its backbone's ({backbone.path}) tokenizer")
