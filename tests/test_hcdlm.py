@@ -1,0 +1,199 @@
+"""HC-DLM pieces on tiny models: shapes, kernels' marginals, the Euler update, guidance, samplers, losses."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dihal_fast.hcdlm.config import ModelConfig, ObjectiveConfig, RunConfig, SampleConfig
+from dihal_fast.hcdlm.kernels import AbsorbingKernel, FlowSchedule, UniformKernel, make_kernel, noisy_token_probs
+from dihal_fast.hcdlm.layers import count_parameters
+from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet, build_model
+from dihal_fast.hcdlm.sampler import generate, guided_x0, sample_hcdlm, sample_mdm
+from dihal_fast.hcdlm.trainer import compute_loss
+from dihal_fast.tasks.countdown_task import CountdownTask
+from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
+
+KINDS = ("hcdlm", "latent", "mdm", "ar")
+TINY = dict(hidden=32, heads=2, encoder_blocks=1, denoiser_blocks=1, predictor_blocks=1, latent_dim=8)
+
+
+@pytest.fixture(scope="module")
+def sudoku4():
+    task = SudokuTask(2, 2)
+    task.pool = generate_pool(task.geo, 40, "singles", seed=0)
+    return task
+
+
+def _batch(task, n=6, seed=0):
+    return task.train_batch(random.Random(seed), n)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("which", ["sudoku", "countdown"])
+def test_shapes_and_sampling(kind, which, sudoku4):
+    torch.manual_seed(0)
+    task = sudoku4 if which == "sudoku" else CountdownTask((3,), target_len=14)
+    model = build_model(task.spec, ModelConfig(kind=kind, latents=2, **TINY)).eval()
+    context, target = _batch(task)
+    loss, parts = compute_loss(model, make_kernel("uniform", task.spec.target_vocab), context, target, RunConfig(), torch.Generator().manual_seed(0))
+    assert loss.dim() == 0 and torch.isfinite(loss) and parts["loss"] == pytest.approx(loss.item())
+    out = generate(model, make_kernel("absorbing", task.spec.target_vocab), context, SampleConfig(steps=3), torch.Generator().manual_seed(1))
+    assert out.shape == target.shape and out.dtype == torch.long
+    assert int(out.min()) >= 0 and int(out.max()) < task.spec.target_vocab
+
+
+def test_hcdlm_module_shapes(sudoku4):
+    cfg = ModelConfig(latents=3, **TINY)
+    model = HCDLM(sudoku4.spec, cfg)
+    context, target = _batch(sudoku4, 5)
+    mean, logvar = model.encoder(target, context)
+    assert mean.shape == logvar.shape == (5, 3, 8)
+    assert torch.allclose(mean.mean(-1), torch.zeros(5, 3), atol=1e-5)  # layer-normalised means
+    assert float(logvar.detach().max()) <= 0.0
+    x_hat = model.denoiser(torch.randn(5, 3, 8), target, torch.rand(5), context)
+    assert x_hat.shape == (5, 3, 8)
+    assert model.predictor(mean, context).shape == (5, 16, 4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loss_decreases(kind, sudoku4):
+    torch.manual_seed(0)
+    model = build_model(sudoku4.spec, ModelConfig(kind=kind, **TINY))
+    kernel = make_kernel("uniform", sudoku4.spec.target_vocab)
+    context, target = _batch(sudoku4, 16)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(30):
+        loss, _ = compute_loss(model, kernel, context, target, RunConfig(), torch.Generator().manual_seed(step % 3))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert sum(losses[-5:]) / 5 < 0.85 * sum(losses[:5]) / 5
+
+
+def test_baselines_match_the_parameter_budget(sudoku4):
+    cfg = ModelConfig(hidden=64, heads=4)
+    budget = count_parameters(build_model(sudoku4.spec, cfg))
+    for kind in ("latent", "mdm", "ar"):
+        assert abs(count_parameters(build_model(sudoku4.spec, ModelConfig(kind=kind, hidden=64, heads=4))) - budget) < 0.15 * budget
+
+
+@pytest.mark.parametrize("kernel_cls", [UniformKernel, AbsorbingKernel])
+def test_kernel_marginals_match_transition(kernel_cls):
+    """Empirical frequencies of q(k_s | k_0) agree with the transition matrix (float64 draws)."""
+    vocab, s, n = 5, 0.3, 200_000
+    kernel = kernel_cls(vocab)
+    tokens = torch.full((1, n), 2, dtype=torch.long)
+    noisy = kernel.corrupt(tokens, s, torch.Generator().manual_seed(0))
+    q = kernel.transition(s)
+    assert torch.allclose(q.sum(1), torch.ones(q.shape[0], dtype=torch.float64))
+    freq = torch.bincount(noisy.flatten(), minlength=q.shape[1]).double() / n
+    assert torch.allclose(freq, q[2], atol=4e-3)
+    clean = torch.softmax(torch.randn(7, vocab, dtype=torch.float64), -1)
+    noisy_probs = noisy_token_probs(clean, kernel, s)
+    assert torch.allclose(noisy_probs.sum(-1), torch.ones(7, dtype=torch.float64))
+    assert torch.allclose(noisy_probs[:, :vocab], (1 - s) * clean + (s / vocab if kernel_cls is UniformKernel else 0.0))
+
+
+def test_kernel_endpoints():
+    uniform, absorbing = UniformKernel(6), AbsorbingKernel(6)
+    tokens = torch.randint(6, (4, 30))
+    for kernel in (uniform, absorbing):
+        assert torch.equal(kernel.corrupt(tokens, 0.0), tokens)
+    assert bool((absorbing.corrupt(tokens, 1.0) == 6).all()) and bool((absorbing.prior((2, 3)) == 6).all())
+    with pytest.raises(ValueError):
+        make_kernel("gaussian", 6)
+
+
+def test_confidence_remasking_masks_least_confident():
+    kernel = AbsorbingKernel(4)
+    tokens = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 0, 1]])
+    confidence = torch.tensor([[0.9, 0.1, 0.8, 0.2, 0.7, 0.3, 0.6, 0.4, 0.5, 0.95]])
+    out = kernel.renoise(tokens, 0.4, confidence, mode="confidence")
+    assert (out == 4).nonzero()[:, 1].tolist() == [1, 3, 5, 7]  # round(0.4 * 10) lowest confidences
+    assert torch.equal(out[out != 4], tokens[out != 4])
+
+
+def test_flow_noise_and_euler_step():
+    x0, eps = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
+    s = torch.tensor([0.0, 0.5, 1.0])
+    xs = FlowSchedule.noise(x0, s, eps)
+    assert torch.allclose(xs[0], x0[0]) and torch.allclose(xs[2], eps[2]) and torch.allclose(xs[1], (x0[1] + eps[1]) / 2)
+    # With the exact x0, one Euler step from level t lands on the flow at level t - 1.
+    steps, t = 10, 7
+    x_t = FlowSchedule.noise(x0, torch.full((3,), t / steps), eps)
+    assert torch.allclose(FlowSchedule.euler_step(x_t, x0, t), FlowSchedule.noise(x0, torch.full((3,), (t - 1) / steps), eps), atol=1e-6)
+    with pytest.raises(ValueError):
+        FlowSchedule.euler_step(x_t, x0, 0)
+
+
+def test_sampler_follows_algorithm_2(sudoku4):
+    """Recorded steps obey x_{t-1} = x_t - (x_t - x_hat_0)/t, levels go N..1, scaffolds are re-noised."""
+    torch.manual_seed(0)
+    model = HCDLM(sudoku4.spec, ModelConfig(kernel="absorbing", **TINY)).eval()
+    context, _ = _batch(sudoku4, 3)
+    trace = []
+    sample_hcdlm(model, AbsorbingKernel(4), context, SampleConfig(steps=5), torch.Generator().manual_seed(0),
+                 on_step=lambda t, x, x_hat, k: trace.append((t, x.clone(), x_hat.clone(), k.clone())))
+    assert [t for t, *_ in trace] == [5, 4, 3, 2, 1]
+    for (t, x, x_hat, _), (_, x_next, _, _) in zip(trace, trace[1:]):
+        assert torch.allclose(x_next, x - (x - x_hat) / t, atol=1e-6)
+    assert bool((trace[0][3] == 4).all())  # k_T = all [MASK]
+    masked_per_step = [int((k == 4).sum(1)[0]) for *_, k in trace]
+    assert masked_per_step == [16, round(16 * 4 / 5), round(16 * 3 / 5), round(16 * 2 / 5), round(16 * 1 / 5)]
+
+
+def test_classifier_free_guidance_combination(sudoku4):
+    torch.manual_seed(0)
+    model = HCDLM(sudoku4.spec, ModelConfig(**TINY)).eval()
+    kernel = UniformKernel(4)
+    context, target = _batch(sudoku4, 4)
+    x_t, s = torch.randn(4, 1, 8), torch.full((4,), 0.5)
+    with torch.no_grad():
+        x_cond = model.denoiser(x_t, target, s, context)
+        random_scaffold = kernel.random_tokens((4, 16), torch.Generator().manual_seed(3))
+        x_uncond = model.denoiser(x_t, random_scaffold, s, context)
+        guided = guided_x0(model, kernel, x_t, target, s, context, 2.75, torch.Generator().manual_seed(3))
+        assert torch.allclose(guided, x_uncond + 2.75 * (x_cond - x_uncond), atol=1e-6)
+        assert torch.equal(guided_x0(model, kernel, x_t, target, s, context, 0.0, None), x_cond)
+
+
+@pytest.mark.parametrize("order", ["prob", "margin"])
+def test_mdm_unmasks_on_schedule(order, sudoku4):
+    torch.manual_seed(0)
+    model = MDMNet(sudoku4.spec, ModelConfig(**TINY), blocks=1).eval()
+    context, _ = _batch(sudoku4, 3)
+    out = sample_mdm(model, context, SampleConfig(steps=4, order=order))
+    assert not bool((out == model.mask_id).any())
+    calls = []
+    original = model.forward
+    model.forward = lambda tokens, ctx: (calls.append(int((tokens == model.mask_id).sum(1)[0])), original(tokens, ctx))[1]
+    sample_mdm(model, context, SampleConfig(steps=4, order=order))
+    assert calls == [16, 12, 8, 4]
+
+
+def test_objective_parts_and_detach(sudoku4):
+    model = HCDLM(sudoku4.spec, ModelConfig(**TINY))
+    context, target = _batch(sudoku4, 4)
+    from dihal_fast.hcdlm.objective import hcdlm_loss
+
+    loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, ObjectiveConfig(lambda_recon=0, lambda_ent=0, mask_aux_weight=0), torch.Generator().manual_seed(0))
+    loss.backward()
+    assert set(parts) == {"recon", "neg_entropy", "cont", "loss"}
+    assert all(p.grad is None or float(p.grad.abs().sum()) == 0 for p in model.encoder.parameters())  # regression is detached
+    assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in model.denoiser.parameters())
+
+
+def test_ar_model_is_causal(sudoku4):
+    torch.manual_seed(0)
+    model = ARNet(sudoku4.spec, ModelConfig(**TINY), blocks=1).eval()
+    context, target = _batch(sudoku4, 2)
+    prefix = torch.cat([torch.full((2, 1), model.bos_id), target[:, :-1]], dim=1)
+    changed = prefix.clone()
+    changed[:, 9:] = (changed[:, 9:] + 1) % 4
+    with torch.no_grad():
+        assert torch.allclose(model(context, prefix)[:, :9], model(context, changed)[:, :9], atol=1e-5)
