@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -28,16 +29,27 @@ from _common import report, table  # noqa: E402
 
 
 def _model_dir(work: Path) -> tuple[str, str]:
+    """The shipped backbone, or a random Llama of its architecture (dihal_fast/backbone/config.py defaults)."""
     from dihal_fast.backbone import DEFAULT_MODEL_DIR
 
     if (DEFAULT_MODEL_DIR / "config.json").is_file():
         return str(DEFAULT_MODEL_DIR), "shipped backbone"
-    from dihal_fast.testing import make_tiny_checkpoint
-
-    path = work / "llama-8x256"
+    path = work / "llama-8x256-v4096"
     if not (path / "config.json").is_file():
-        make_tiny_checkpoint(path, "llama", n_layers=8, hidden=256, heads=8, max_positions=512)
-    return str(path), "random Llama, 8 layers, D 256 (no shipped backbone yet)"
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        from dihal_fast.testing import make_tiny_tokenizer
+
+        tokenizer = make_tiny_tokenizer()
+        config = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=8,
+                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id)
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return str(path), "random Llama of the shipped backbone's architecture (8 layers, D 256, FFN 688, vocab 4096)"
 
 
 def _corpus() -> str:
@@ -125,7 +137,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=20_000, help="N for the memory test (the second run uses 10 N)")
     parser.add_argument("--reservoir", type=int, default=3000, help="reservoir size (tokens per layer)")
-    parser.add_argument("--seq-len", type=int, default=128, help="tokens per block")
+    parser.add_argument("--seq-len", type=int, default=256, help="tokens per block")
+    parser.add_argument("--threads", type=int, default=None, help="torch and OpenMP threads (default: the libraries' own)")
     parser.add_argument("--batch-size", type=int, default=8, help="blocks per forward")
     parser.add_argument("--batches", type=int, default=6, help="batches per throughput round")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved throughput rounds (median reported)")
@@ -133,6 +146,8 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="internal: model directory for --child-memory")
     parser.add_argument("--corpus", default=None, help="internal: corpus for --child-memory")
     args = parser.parse_args()
+    if args.threads:  # before torch and the compiled core start their thread pools; children inherit it
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     if args.child_memory:
         child_memory(args)
         return

@@ -82,7 +82,8 @@ def test_reservoir_keeps_smallest_keys_whatever_the_batches(n_tokens, capacity, 
     assert np.array_equal(out.token_ids[: out.size], out.positions[: out.size] + 1)
     assert torch.equal(out.layer_vectors(0), vectors[rows])
     assert torch.equal(out.layer_vectors(2), 2 * vectors[rows])
-    assert np.all(np.diff(out.keys[: out.size].astype(np.float64)) > 0)  # key order
+    keys = out.keys[: out.size]
+    assert np.all(keys[1:] > keys[:-1])  # key order
 
 
 @given(n_tokens=st.integers(2, 200), capacity=st.integers(1, 60), share=st.lists(st.booleans(), min_size=200, max_size=200))
@@ -137,8 +138,9 @@ def test_token_mask_excludes_padding_and_first_real_token():
 
 
 def test_statistics_merge_of_rank_shares_equals_one_stream():
+    # float64 hidden states: the kernel then works in float64 throughout, so merge == one stream to 1e-12
     rng = torch.Generator().manual_seed(0)
-    blocks = [torch.randn(3, 6, 8, generator=rng) for _ in range(7)]  # per block: layers x seq x D
+    blocks = [torch.randn(3, 6, 8, generator=rng, dtype=torch.float64) for _ in range(7)]  # layers x seq x D
 
     def feed(stats, block_ids):
         for b in block_ids:
@@ -146,7 +148,7 @@ def test_statistics_merge_of_rank_shares_equals_one_stream():
             positions = (b * 6 + torch.arange(6))[None]
             stats.update(hidden, token_mask(torch.ones(1, 6), False), positions, positions)
 
-    whole, rank0, rank1 = (LayerStatistics(range(3), 8, reservoir_size=12, seed=1) for _ in range(3))
+    whole, rank0, rank1 = (LayerStatistics(range(3), 8, reservoir_size=12, dtype=torch.float64, seed=1) for _ in range(3))
     feed(whole, range(7))
     feed(rank0, range(0, 7, 2))
     feed(rank1, range(1, 7, 2))
@@ -154,8 +156,8 @@ def test_statistics_merge_of_rank_shares_equals_one_stream():
     assert merged.count == whole.count == 7 * 5
     for layer in range(3):
         np.testing.assert_allclose(merged.covariances[layer].covariance, whole.covariances[layer].covariance, rtol=1e-12, atol=1e-12)
-        rows = torch.cat([blocks[b][layer][1:] for b in range(7)]).double().numpy()
-        np.testing.assert_allclose(whole.covariances[layer].covariance, np.cov(rows.T, bias=True), rtol=1e-5, atol=1e-6)
+        rows = torch.cat([blocks[b][layer][1:] for b in range(7)]).numpy()
+        np.testing.assert_allclose(whole.covariances[layer].covariance, np.cov(rows.T, bias=True), rtol=1e-12, atol=1e-12)
     a, b = merged.reservoir.sorted(), whole.reservoir.sorted()
     assert np.array_equal(a.positions[:12], b.positions[:12])
     assert torch.equal(a.layer_vectors(2), b.layer_vectors(2))
@@ -266,6 +268,12 @@ def test_corpus_too_small_or_empty(tiny_checkpoints, corpus, tmp_path):
 def test_seq_len_beyond_the_model_is_a_clear_error(tiny_checkpoints, corpus, tmp_path):
     with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
         collect(_config(tiny_checkpoints["gpt2"], corpus, seq_len=200, max_tokens=400), tmp_path / "r", progress=False)
+
+
+def test_keep_first_keeps_every_position(tiny_checkpoints, corpus, tmp_path):
+    result = collect(_config(tiny_checkpoints["llama"], corpus, keep_first=True, max_tokens=SEQ_LEN * 6), tmp_path / "r", progress=False)
+    assert result.n_tokens == 6 * SEQ_LEN
+    assert np.any(result.statistics.reservoir.positions[: result.statistics.reservoir.size] % SEQ_LEN == 0)
 
 
 def test_bfloat16_collection_keeps_the_dtype_in_the_reservoir(tiny_checkpoints, corpus, tmp_path):

@@ -80,6 +80,12 @@ def test_stopped_run_leaves_no_report_and_resume_matches_uninterrupted(tiny_chec
     whole = json.loads((tmp_path / "whole" / "locate.json").read_text())
     resumed = json.loads((parts / "locate.json").read_text())
     assert _comparable(resumed) == _comparable(whole)
+    # a finished collection is reused: new selection settings need no second pass over the corpus
+    code, _, _ = _locate(capsys, "--model", model, "--corpus", corpus, "--out", parts, "--resume", *SMALL, "--repeats", "3")
+    assert code == 0
+    again = json.loads((parts / "locate.json").read_text())
+    assert len(again["per_repeat"]["score"]) == 3 and again["n_tokens"] == whole["n_tokens"]
+    assert again["per_repeat"]["score"][:2] == whole["per_repeat"]["score"]
 
 
 def _no_pad_checkpoint(source: Path, dest: Path) -> Path:

@@ -97,6 +97,18 @@ def _candidate_layers(model_dir: Path, layers: list[int] | None) -> tuple[list[i
     return sorted(set(layers)), n_layers
 
 
+def _saved_reservoir_size(out: Path, resume: bool) -> int | None:
+    """On ``--resume`` without ``--reservoir-size``: the size the run was started with (so that a
+    changed ``--repeats``/``--sample-size`` only changes the selection, not the collection)."""
+    from dihal_fast.common import read_json
+
+    path = out / "collect" / "config.json"
+    if not (resume and path.is_file()):
+        return None
+    saved = read_json(path, "collection config")
+    return saved.get("reservoir_size") if isinstance(saved, dict) else None
+
+
 def _check_sizes(args: argparse.Namespace, reservoir_size: int) -> None:
     for name in ("repeats", "sample_size", "k", "n_pairs", "seq_len", "batch_size", "checkpoint_every"):
         if getattr(args, name) < 1:
@@ -146,7 +158,7 @@ def locate(args: argparse.Namespace, device: str, rank: int, world: int) -> int:
     out = Path(args.out)
     model_dir = resolve_model_dir(args.model)
     candidates, n_layers = _candidate_layers(model_dir, args.layers)
-    reservoir_size = args.reservoir_size or args.repeats * args.sample_size
+    reservoir_size = args.reservoir_size or _saved_reservoir_size(out, args.resume) or args.repeats * args.sample_size
     _check_sizes(args, reservoir_size)
     config = CollectConfig(
         model=str(model_dir.resolve()), corpus=_corpus(args.corpus), seq_len=args.seq_len, batch_size=args.batch_size,

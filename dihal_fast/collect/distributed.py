@@ -8,6 +8,7 @@ pairwise covariance update and the bottom-k reservoir merge.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -86,26 +87,30 @@ def agree_on_errors(error: BaseException | None) -> None:
 
 
 def _send_state(state: dict[str, torch.Tensor], dst: int) -> None:
+    """Send a dict of tensors: a JSON header (names, dtypes, shapes) as bytes, then each tensor's data."""
     device = _comm_device()
-    for name in sorted(state):
-        flat = state[name].reshape(-1)
-        dist.send(torch.tensor([flat.numel()], dtype=torch.int64, device=device), dst)
-        if flat.numel():
-            dist.send(flat.contiguous().to(device), dst)
+    names = sorted(state)
+    header = json.dumps([[n, str(state[n].dtype).replace("torch.", ""), list(state[n].shape)] for n in names]).encode()
+    dist.send(torch.tensor([len(header)], dtype=torch.int64, device=device), dst)
+    dist.send(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device), dst)
+    for name in names:
+        if state[name].numel():
+            dist.send(state[name].contiguous().to(device), dst)
 
 
-def _recv_state(template: dict[str, torch.Tensor], src: int) -> dict[str, torch.Tensor]:
-    device, state = _comm_device(), {}
-    for name in sorted(template):
-        like = template[name]
-        numel = torch.zeros(1, dtype=torch.int64, device=device)
-        dist.recv(numel, src)
-        flat = torch.empty(int(numel.item()), dtype=like.dtype, device=device)
-        if flat.numel():
-            dist.recv(flat, src)
-        trailing = tuple(like.shape[1:])
-        shape = () if like.dim() == 0 else (-1, *trailing)
-        state[name] = flat.cpu().reshape(shape)
+def _recv_state(src: int) -> dict[str, torch.Tensor]:
+    """Receive what :func:`_send_state` sent, on the host."""
+    device = _comm_device()
+    length = torch.zeros(1, dtype=torch.int64, device=device)
+    dist.recv(length, src)
+    header = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+    dist.recv(header, src)
+    state = {}
+    for name, dtype, shape in json.loads(header.cpu().numpy().tobytes()):
+        tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+        if tensor.numel():
+            dist.recv(tensor, src)
+        state[name] = tensor.cpu()
     return state
 
 
@@ -118,7 +123,6 @@ def merge_to_rank0(stats: LayerStatistics, make_empty: Callable[[], LayerStatist
             _send_state(stats.state_dict(), rank - step)
             return None
         if rank + step < world:
-            received = _recv_state(stats.state_dict(), rank + step)
-            stats.merge(make_empty().load_state_dict(received))
+            stats.merge(make_empty().load_state_dict(_recv_state(rank + step)))
         step *= 2
     return stats

@@ -107,8 +107,12 @@ class TokenReservoir:
         return self
 
     def sorted(self) -> "TokenReservoir":
-        """A copy holding the same tokens in key order (the canonical order for estimates and files)."""
-        order = np.argsort(self.keys[: self.size], kind="stable")
+        """The same tokens in key order (the canonical order for estimates and files): a copy, or
+        ``self`` when the slots are already in key order."""
+        keys = self.keys[: self.size]
+        if np.all(keys[1:] > keys[:-1]):  # (not np.diff: uint64 differences wrap around)
+            return self
+        order = np.argsort(keys, kind="stable")
         out = TokenReservoir(max(self.size, 1), self.layers, self.dim, self.dtype)
         out.size = self.size
         out.keys[: self.size] = self.keys[order]

@@ -57,7 +57,7 @@ class LayerStatistics:
         flat = mask.reshape(-1).nonzero().squeeze(1)
         if flat.numel() == 0:
             return 0
-        keys = token_keys(positions.reshape(-1)[flat].cpu().numpy(), self.seed)
+        token_positions = positions.reshape(-1)[flat].cpu().numpy()
         rows: dict[int, torch.Tensor] = {}
         for layer in self.layers:
             h = hidden_states[layer]
@@ -66,10 +66,7 @@ class LayerStatistics:
             self.covariances[layer].update(host)
         with nvtx_range("reservoir"):
             self.reservoir.offer(
-                keys,
-                positions.reshape(-1)[flat].cpu().numpy(),
-                input_ids.reshape(-1)[flat].cpu().numpy(),
-                rows,
+                token_keys(token_positions, self.seed), token_positions, input_ids.reshape(-1)[flat].cpu().numpy(), rows
             )
         return int(flat.numel())
 
