@@ -160,7 +160,7 @@ def run_eval(args: argparse.Namespace) -> int:
         reference = text_windows(run.task, args.data, args.samples)
         report = evaluate_text(run, args.samples, cfg, _backbone_dir(args.evaluator), reference, args.seed)
         print(f"{run.config.model.kind} text: gen_ppl {report['gen_ppl']:.2f}, entropy {report['entropy']:.3f} "
-              f"(data: {report['data']['gen_ppl']:.2f}, {report['data']['entropy']:.3f})")
+              f"(data: {report['data_reference']['gen_ppl']:.2f}, {report['data_reference']['entropy']:.3f})")
     else:
         examples = examples_from_file(run.task, args.data, args.limit)
         logger.info("evaluating %s (step %d) on %d examples from %s", run.config.model.kind, run.step, len(examples), args.data)

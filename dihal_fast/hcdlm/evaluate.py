@@ -125,7 +125,7 @@ def evaluate_text(run: LoadedRun, n_samples: int, cfg: SampleConfig, evaluator_d
     contexts = torch.zeros(n_samples, 0, dtype=torch.long)
     targets, seconds = sample_targets(run, contexts, cfg, seed)
     texts = [run.task.render(t) for t in targets]
-    evaluator = AutoModelForCausalLM.from_pretrained(evaluator_dir, torch_dtype=torch.float32).eval()
+    evaluator = AutoModelForCausalLM.from_pretrained(evaluator_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(evaluator_dir)
 
     def score(samples: list[str]) -> dict:
@@ -137,5 +137,5 @@ def evaluate_text(run: LoadedRun, n_samples: int, cfg: SampleConfig, evaluator_d
            "seconds_per_batch": seconds, "evaluator": str(evaluator_dir), "examples": texts[:3]}
     if reference:
         data = score(reference)
-        out["data"] = {"gen_ppl": data["gen_ppl"], "entropy": data["entropy"], "n": len(reference)}
+        out["data_reference"] = {"gen_ppl": data["gen_ppl"], "entropy": data["entropy"], "n": len(reference)}
     return out

@@ -36,6 +36,11 @@ def compute_loss(model, kernel, context, target, config: RunConfig, generator: t
     raise TypeError(f"no objective for {type(model).__name__}")
 
 
+def warmup_lr(lr: float, warmup_steps: int, step: int) -> float:
+    """Linear warm-up over ``warmup_steps``, then constant."""
+    return lr * min(1.0, (step + 1) / max(1, warmup_steps))
+
+
 @torch.no_grad()
 def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float, step: int) -> None:
     """EMA with warm-up: the effective decay is ``min(decay, (1 + step) / (10 + step))``."""
@@ -68,7 +73,6 @@ def train(run_dir: str | Path, config: RunConfig) -> dict:
     ema = copy.deepcopy(model).requires_grad_(False)
     kernel = make_kernel(config.model.kernel, task.spec.target_vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / max(1, tc.warmup_steps)))
     task_rng, generator = random.Random(tc.seed), torch.Generator().manual_seed(tc.seed)
     step, elapsed = 0, 0.0
     folder = latest_checkpoint(run_dir)
@@ -81,8 +85,6 @@ def train(run_dir: str | Path, config: RunConfig) -> dict:
         generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         step, elapsed = state["step"], state["elapsed_s"]
-        schedule.last_epoch = step - 1
-        schedule.step()
         logger.info("resuming %s from step %d", run_dir, step)
     config.save(run_dir / "config.json")
     n_params = count_parameters(model)
@@ -98,18 +100,19 @@ def train(run_dir: str | Path, config: RunConfig) -> dict:
                 loss, parts = compute_loss(model, kernel, context, target, config, generator)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"non-finite loss {float(loss)} at step {step}: {parts}")
+                for group in optimizer.param_groups:
+                    group["lr"] = warmup_lr(tc.lr, tc.warmup_steps, step)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if tc.grad_clip:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
                 optimizer.step()
-                schedule.step()
                 update_ema(ema, model, tc.ema, step)
             step += 1
             bar.update()
             bar.set_postfix(loss=f"{parts['loss']:.4f}")
             if step % tc.log_every == 0 or step == tc.steps:
-                record = {"step": step, "elapsed_s": round(time.perf_counter() - started, 2), "lr": schedule.get_last_lr()[0], **parts}
+                record = {"step": step, "elapsed_s": round(time.perf_counter() - started, 2), "lr": optimizer.param_groups[0]["lr"], **parts}
                 log.write(json.dumps(record) + "\n")
                 log.flush()
             if step % tc.checkpoint_every == 0:

@@ -1,0 +1,106 @@
+"""Training loop (checkpoint, resume, EMA, log) and the ``dihal hcdlm`` CLI, with a handful of steps."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dihal_fast.cli import main
+from dihal_fast.hcdlm.checkpoint import latest_checkpoint
+from dihal_fast.hcdlm.config import ModelConfig, RunConfig, TrainConfig
+from dihal_fast.hcdlm.trainer import train
+from dihal_fast.tasks.registry import TaskConfig
+
+TINY = ["--hidden", "32", "--heads", "2", "--encoder-blocks", "1", "--denoiser-blocks", "1", "--predictor-blocks", "1",
+        "--latent-dim", "8", "--batch-size", "8", "--threads", "1"]
+
+
+def _config(steps: int, kind: str = "hcdlm") -> RunConfig:
+    return RunConfig(task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=30),
+                     model=ModelConfig(kind=kind, hidden=32, heads=2, encoder_blocks=1, denoiser_blocks=1, predictor_blocks=1, latent_dim=8),
+                     train=TrainConfig(steps=steps, batch_size=8, log_every=1, checkpoint_every=3, warmup_steps=2))
+
+
+@pytest.mark.parametrize("kind", ["hcdlm", "mdm"])
+def test_resume_gives_the_same_weights(tmp_path, kind):
+    train(tmp_path / "straight", _config(6, kind))
+    train(tmp_path / "resumed", _config(3, kind))
+    train(tmp_path / "resumed", _config(6, kind))
+    for name in ("model.safetensors", "ema.safetensors"):
+        a = load_file(latest_checkpoint(tmp_path / "straight") / name)
+        b = load_file(latest_checkpoint(tmp_path / "resumed") / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    log = [json.loads(line) for line in (tmp_path / "resumed" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    folder = latest_checkpoint(tmp_path / "resumed")
+    assert RunConfig.load(folder / "config.json") == _config(6, kind)
+
+
+def test_resume_with_another_model_is_refused(tmp_path):
+    train(tmp_path, _config(2))
+    with pytest.raises(ValueError, match="different model"):
+        train(tmp_path, _config(2, "ar"))
+
+
+def test_cli_countdown_train_eval_solve(tmp_path, shared_data, capsys):
+    run = tmp_path / "cd"
+    assert main(["hcdlm", "train", "--task", "countdown", "--model", "hcdlm", "--out", str(run), "--steps", "3", "--countdown-numbers", "3,4", *TINY]) == 0
+    out = tmp_path / "eval.json"
+    assert main(["hcdlm", "eval", str(run), "--data", str(shared_data / "countdown.jsonl"), "--out", str(out),
+                 "--limit", "6", "--steps", "2", "--steps-sweep", "1,2", "--cfg-weight", "2.75"]) == 0
+    report = json.loads(out.read_text())
+    assert report["n"] == 6 and 0.0 <= report["accuracy"] <= 1.0 and "loose" in report and report["groups"]["cd4"]["n"] == 6
+    assert [r["steps"] for r in report["accuracy_vs_steps"]] == [1, 2]
+    assert (tmp_path / "eval.steps.png").stat().st_size > 0
+    capsys.readouterr()
+    assert main(["hcdlm", "solve", str(run), "58,11,80,83,81", "--steps", "2"]) == 0
+    assert "check:" in capsys.readouterr().out
+    assert main(["hcdlm", "solve", str(run), "1,1,1,100"]) == 0
+    assert capsys.readouterr().out.strip() == "no solution"
+    assert main(["hcdlm", "solve", str(run), "1,x,3"]) == 2
+    assert main(["hcdlm", "eval", str(run), "--data", str(shared_data / "sudoku_kaggle3m_curated5000.csv"), "--out", str(out)]) == 2
+
+
+@pytest.mark.parametrize("model", ["latent", "ar", "mdm"])
+def test_cli_sudoku_models_and_bad_puzzles(tmp_path, model, capsys):
+    run = tmp_path / model
+    assert main(["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--model", model,
+                 "--kernel", "absorbing", "--out", str(run), "--steps", "2", *TINY]) == 0
+    capsys.readouterr()
+    assert main(["hcdlm", "solve", str(run), "1.3..2.1..2.....", "--steps", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("check:") and len(lines) == 6  # 4 rows + separator + check
+    assert main(["hcdlm", "solve", str(run), "11.............."]) == 0  # two 1s in a row
+    assert capsys.readouterr().out.strip() == "no solution"
+    assert main(["hcdlm", "solve", str(run), "1.3..2.1..2...."]) == 2  # 15 cells
+    assert main(["hcdlm", "solve", str(run), "1.3..2.1..2....9"]) == 2  # 9 is not a 4x4 digit
+    assert main(["hcdlm", "eval", str(tmp_path / "missing"), "--data", str(run / "config.json"), "--out", str(tmp_path / "x.json")]) == 2
+
+
+def test_cli_sudoku_eval_on_real_csv(tmp_path, shared_data):
+    run = tmp_path / "s9"
+    assert main(["hcdlm", "train", "--task", "sudoku", "--sudoku-pool", "3", "--out", str(run), "--steps", "1", *TINY]) == 0
+    out = tmp_path / "eval.json"
+    assert main(["hcdlm", "eval", str(run), "--data", str(shared_data / "sudoku_kaggle3m_curated5000.csv"), "--out", str(out),
+                 "--limit", "4", "--steps", "2", "--steps-sweep", ""]) == 0
+    report = json.loads(out.read_text())
+    assert report["n"] == 4 and report["groups"]["Beginner"]["n"] == 4 and "accuracy_vs_steps" not in report
+
+
+def test_cli_text_with_tiny_backbone(tmp_path, tiny_checkpoints, shared_data):
+    """Text mode end to end with a tiny random checkpoint standing in for the shipped backbone."""
+    backbone = tiny_checkpoints["llama"]
+    text = shared_data / "text" / "tinystories.valid.txt"
+    run = tmp_path / "text"
+    for model in ("hcdlm", "mdm"):
+        assert main(["hcdlm", "train", "--task", "text", "--model", model, "--out", str(run / model), "--steps", "2",
+                     "--text-files", str(text), "--text-max-chars", "20000", "--text-len", "16", "--latents", "4",
+                     "--backbone", str(backbone), *TINY]) == 0
+        out = tmp_path / f"{model}.json"
+        assert main(["hcdlm", "eval", str(run / model), "--data", str(text), "--out", str(out), "--samples", "4",
+                     "--steps", "2", "--evaluator", str(backbone)]) == 0
+        report = json.loads(out.read_text())
+        assert report["gen_ppl"] > 1 and report["entropy"] >= 0 and report["temperature"] == 1.0
+        assert report["data_reference"]["n"] == 4 and report["data_reference"]["gen_ppl"] > 1
