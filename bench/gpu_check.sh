@@ -11,7 +11,9 @@
 #   bash bench/gpu_check.sh --fetch-wheels  # on a networked machine: wheels the GPU image lacks -> .whl/
 #
 # A GPU machine without network gets missing Python packages from .whl/ (carried along; see
-# --fetch-wheels), installed into /tmp/site and put on PYTHONPATH.
+# --fetch-wheels), installed into /tmp/site and put on PYTHONPATH. With this workplace's device
+# tool: `bash bench/gpu_check.sh --fetch-wheels` here, then run `bash bench/gpu_check.sh` there
+# with carry [".whl"] and a timeout of about 540 s; copy $OUT/RESULTS.md's new sections back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

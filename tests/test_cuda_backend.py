@@ -59,16 +59,22 @@ def test_asking_for_an_unavailable_gpu_backend_raises(backend):
         get_backend(backend)
 
 
-def test_missing_cublas_names_the_wheels(monkeypatch):
+@pytest.mark.parametrize("capability", [(9, 0), (7, 5)])
+def test_unusable_gpu_setups_say_what_is_missing(monkeypatch, capability):
+    # A GPU that torch sees, but no cuBLAS anywhere (9.0) or an architecture we do not build for (7.5).
     module = _cuda_module()
     if module.build_info()["cublas_loaded"]:
         pytest.skip("cuBLAS is already loaded in this process")
     monkeypatch.setattr(_native, "cuda_module", lambda: module)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: capability)
     monkeypatch.setattr(backend_cuda, "_library_candidates", lambda *a: ["/nonexistent/libcublas.so.13"])
-    with pytest.raises(df.BackendUnavailable, match="nvidia-cublas") as err:
+    with pytest.raises(df.BackendUnavailable) as err:
         backend_cuda.create("cuda")
-    assert "/nonexistent/libcublas.so.13" in str(err.value)
+    if capability >= (8, 0):
+        assert "nvidia-cublas" in str(err.value) and "/nonexistent/libcublas.so.13" in str(err.value)
+    else:
+        assert "sm_75" in str(err.value)
 
 
 def test_cuvs_backend_without_cuvs_says_what_to_install():

@@ -11,15 +11,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "dtype.hpp"
+
 namespace dihal::cuda {
-
-// Element types of input matrices; the codes are shared with dihal_fast/geometry/backend_cuda.py.
-enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat64 = 3 };
-
-inline DType dtype_from_code(int code) {
-  if (code < 0 || code > 3) throw std::invalid_argument("unknown dtype code " + std::to_string(code));
-  return static_cast<DType>(code);
-}
 
 // Calls fn(T{}) with T the C++ type of dtype.
 template <typename Fn>
@@ -100,8 +94,6 @@ class Workspace {
   size_t capacity_;
   size_t used_ = 0;
 };
-
-inline cudaStream_t as_stream(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
 
 constexpr unsigned kFullMask = 0xffffffffu;
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <type_traits>
 
+#include "common.cuh"
 #include "cublas.hpp"
 #include "nvtx.hpp"
 #include "ops.hpp"

@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "common.cuh"
 #include "cublas.hpp"
 #include "knn_logic.hpp"
 #include "nvtx.hpp"
@@ -103,14 +104,19 @@ __device__ double warp_sqdist(const T* a, const T* b, int64_t D) {
   return warp_sum(s);
 }
 
+// Rows handled by the warps of the grid in turn (row is uniform across a warp).
+#define DIHAL_FOR_EACH_WARP_ROW(row, n)                                                   \
+  for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; row < (n); \
+       row += int64_t(gridDim.x) * (blockDim.x >> 5))
+
 template <typename T>
 __global__ void row_max_abs_kernel(const T* X, int64_t n, int64_t D, const double* mean, double* row_max) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (row >= n) return;  // uniform across the warp
-  double m = 0.0;
-  for (int64_t c = threadIdx.x & 31; c < D; c += 32) m = fmax(m, fabs(to_double(X[row * D + c]) - mean[c]));
-  for (int offset = 16; offset > 0; offset >>= 1) m = fmax(m, __shfl_down_sync(kFullMask, m, offset));
-  if ((threadIdx.x & 31) == 0) row_max[row] = m;
+  DIHAL_FOR_EACH_WARP_ROW(row, n) {
+    double m = 0.0;
+    for (int64_t c = threadIdx.x & 31; c < D; c += 32) m = fmax(m, fabs(to_double(X[row * D + c]) - mean[c]));
+    for (int offset = 16; offset > 0; offset >>= 1) m = fmax(m, __shfl_down_sync(kFullMask, m, offset));
+    if ((threadIdx.x & 31) == 0) row_max[row] = m;
+  }
 }
 
 // scale = 2^-(e+1) for the largest |x - mean| = f 2^e (f in [1, 2)), so every scaled value is < 1.
@@ -130,17 +136,17 @@ __global__ void centre_scale_kernel(const T* X, int64_t n, int64_t D, const doub
 
 template <typename W>
 __global__ void row_norms_kernel(const W* centred, int64_t n, int64_t D, W* norms, double* norms64) {
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (row >= n) return;
-  double s = 0.0;
-  for (int64_t c = threadIdx.x & 31; c < D; c += 32) {
-    const double v = double(centred[row * D + c]);
-    s += v * v;
-  }
-  s = warp_sum(s);
-  if ((threadIdx.x & 31) == 0) {
-    norms[row] = W(s);
-    norms64[row] = s;
+  DIHAL_FOR_EACH_WARP_ROW(row, n) {
+    double s = 0.0;
+    for (int64_t c = threadIdx.x & 31; c < D; c += 32) {
+      const double v = double(centred[row * D + c]);
+      s += v * v;
+    }
+    s = warp_sum(s);
+    if ((threadIdx.x & 31) == 0) {
+      norms[row] = W(s);
+      norms64[row] = s;
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common.cuh"
 #include "jacobi.hpp"
 #include "nvtx.hpp"
 #include "ops.hpp"

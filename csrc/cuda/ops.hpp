@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common.cuh"
+#include "dtype.hpp"
 
 namespace dihal::cuda {
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common.cuh"
 #include "cublas.hpp"
 #include "nvtx.hpp"
 #include "ops.hpp"

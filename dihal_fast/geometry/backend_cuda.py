@@ -35,6 +35,12 @@ def create(name: str) -> "CudaBackend":
             f"backend={name!r} needs a CUDA build of torch; torch {torch.__version__} cannot use the GPU "
             "(install torch from the CUDA wheel index matching your driver)"
         )
+    capability = torch.cuda.get_device_capability()
+    if capability < (8, 0):
+        raise BackendUnavailable(
+            f"backend={name!r}: the kernels are built for sm_80 and newer (architectures "
+            f"{module.build_info()['cuda_architectures']}); this GPU is sm_{capability[0]}{capability[1]}"
+        )
     major = int(module.build_info()["cuda_runtime_version"]) // 1000
     majors = (major, 12 if major != 12 else 13)
     try:

@@ -31,6 +31,8 @@ T* ptr(uintptr_t address) {
   return reinterpret_cast<T*>(address);
 }
 
+cudaStream_t as_stream(uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+
 std::string version_string(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
 
 // (number of usable devices, reason when there is none).
@@ -77,7 +79,7 @@ int64_t covariance_update(uintptr_t X, int dtype, int64_t n, int64_t D, int64_t 
                           uintptr_t comoment, bool exact, uintptr_t ws, size_t ws_bytes, int device, uintptr_t stream) {
   return dihal::cuda::covariance_update(ptr<const void>(X), dihal::cuda::dtype_from_code(dtype), n, D, count,
                                         ptr<double>(mean), ptr<double>(comoment), exact, ptr<void>(ws), ws_bytes,
-                                        device, dihal::cuda::as_stream(stream));
+                                        device, as_stream(stream));
 }
 
 size_t knn_workspace(int64_t n, int64_t D, int64_t k, int dtype, bool use_cuvs) {
@@ -88,28 +90,28 @@ void knn_candidates(uintptr_t X, int dtype, int64_t n, int64_t D, int64_t k, uin
                     uintptr_t flags, bool use_cuvs, uintptr_t ws, size_t ws_bytes, int device, uintptr_t stream) {
   dihal::cuda::knn_candidates(ptr<const void>(X), dihal::cuda::dtype_from_code(dtype), n, D, k, ptr<int64_t>(idx),
                               ptr<double>(d2), ptr<int32_t>(flags), use_cuvs, ptr<void>(ws), ws_bytes, device,
-                              dihal::cuda::as_stream(stream));
+                              as_stream(stream));
 }
 
 void exact_sqdist_rows(uintptr_t X, int dtype, int64_t n, int64_t D, uintptr_t rows, int64_t n_rows, uintptr_t out,
                        int device, uintptr_t stream) {
   dihal::cuda::exact_sqdist_rows(ptr<const void>(X), dihal::cuda::dtype_from_code(dtype), n, D,
                                  ptr<const int64_t>(rows), n_rows, ptr<double>(out), device,
-                                 dihal::cuda::as_stream(stream));
+                                 as_stream(stream));
 }
 
 void local_top_eigenvalues(uintptr_t X, int dtype, int64_t n, int64_t D, uintptr_t idx, int64_t k, uintptr_t out,
                            int device, uintptr_t stream) {
   dihal::cuda::local_top_eigenvalues(ptr<const void>(X), dihal::cuda::dtype_from_code(dtype), n, D,
                                      ptr<const int64_t>(idx), k, ptr<double>(out), device,
-                                     dihal::cuda::as_stream(stream));
+                                     as_stream(stream));
 }
 
 void pair_quotients(uintptr_t X, int dtype, int64_t n, int64_t D, uintptr_t chol_lower, uintptr_t pi, uintptr_t pj,
                     int64_t n_pairs, uintptr_t out, uintptr_t ws, size_t ws_bytes, int device, uintptr_t stream) {
   dihal::cuda::pair_quotients(ptr<const void>(X), dihal::cuda::dtype_from_code(dtype), n, D,
                               ptr<const double>(chol_lower), ptr<const int64_t>(pi), ptr<const int64_t>(pj), n_pairs,
-                              ptr<double>(out), ptr<void>(ws), ws_bytes, device, dihal::cuda::as_stream(stream));
+                              ptr<double>(out), ptr<void>(ws), ws_bytes, device, as_stream(stream));
 }
 
 // Host emulation of the kNN kernels (tests without a GPU): X is a C-contiguous float32/float64
