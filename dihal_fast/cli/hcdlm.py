@@ -27,7 +27,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", choices=MODEL_KINDS, default=m.kind, help="hcdlm, mdm (masked diffusion), latent (Latent DM: no token scaffold) or ar")
     p.add_argument("--out", type=Path, required=True, help="run directory (checkpoints, config.json, train_log.jsonl)")
     p.add_argument("--steps", type=int, default=t.steps, help="optimizer steps in total")
-    p.add_argument("--max-minutes", type=float, default=t.max_minutes, help="stop after this much training wall-clock time (0 = no limit)")
+    p.add_argument("--max-minutes", type=float, default=t.max_minutes, help="stop after this much training time (0 = no limit)")
+    p.add_argument("--budget-clock", choices=["wall", "cpu"], default=t.budget_clock, help="what --max-minutes measures: wall-clock or process CPU time")
     p.add_argument("--batch-size", type=int, default=t.batch_size, help="examples per step")
     p.add_argument("--lr", type=float, default=t.lr, help="AdamW learning rate")
     p.add_argument("--ema", type=float, default=t.ema, help="EMA decay of the evaluation weights")
@@ -133,7 +134,7 @@ def run_train(args: argparse.Namespace) -> int:
                           args.latents, args.latent_dim, args.kernel, args.dropout, args.baseline_blocks),
         objective=ObjectiveConfig(args.lambda_recon, args.lambda_ent, args.lambda_cont, scaffold_drop=args.scaffold_drop),
         train=TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, ema=args.ema, seed=args.seed,
-                          max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every, threads=args.threads),
+                          max_minutes=args.max_minutes, budget_clock=args.budget_clock, checkpoint_every=args.checkpoint_every, threads=args.threads),
     )
     summary = train(args.out, config)
     print(f"trained {args.model} on {args.task}: step {summary['step']}, loss {summary.get('loss', float('nan')):.4f}, "

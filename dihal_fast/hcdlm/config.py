@@ -66,10 +66,16 @@ class TrainConfig:
     grad_clip: float = 1.0
     ema: float = 0.999
     seed: int = 0
-    max_minutes: float = 0.0  # wall-clock budget; 0 = run all steps
+    max_minutes: float = 0.0  # training-time budget; 0 = run all steps
+    budget_clock: str = "wall"  # "wall" or "cpu" (process CPU time: fair on a shared, oversubscribed machine)
     log_every: int = 25
     checkpoint_every: int = 250
     threads: int = 0  # torch threads; 0 = leave torch's default
+
+
+    def __post_init__(self) -> None:
+        if self.budget_clock not in ("wall", "cpu"):
+            raise ValueError(f"budget_clock must be 'wall' or 'cpu', got {self.budget_clock!r}")
 
 
 @dataclass

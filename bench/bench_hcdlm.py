@@ -1,0 +1,164 @@
+"""HC-DLM against MDM, Latent DM and AR at equal training time and parameter budget, on CPU.
+
+Question: at the same training time, which model solves more held-out Sudoku (easy = singles-only, the
+training grade; hard = needs strategies absent from training) and Countdown (CD3 / CD4 from the real
+file) problems; how does accuracy change with the number of sampling steps (paper Fig. 3b); and what does
+a sampling batch cost against MDM at equal steps?
+
+Sudoku is 6x6 (2x3 boxes) here: the smallest size with a hard split, and one that a ~0.5M-parameter model
+can start to learn in minutes of CPU. Training time is process CPU time by default (``--clock cpu``): the
+machine is shared and oversubscribed, so wall-clock budgets would hand models different amounts of compute.
+Rerunning the same command resumes finished/unfinished runs instead of retraining.
+
+    python bench/bench_hcdlm.py --tasks sudoku --minutes 5
+    python bench/bench_hcdlm.py --tasks countdown --minutes 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import report, table  # noqa: E402
+
+from dihal_fast.common import atomic_write_json  # noqa: E402
+from dihal_fast.hcdlm.config import ModelConfig, RunConfig, SampleConfig, TrainConfig  # noqa: E402
+from dihal_fast.hcdlm.eval_data import examples_from_file, generated_sudoku  # noqa: E402
+from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, load_run, plot_accuracy_vs_steps  # noqa: E402
+from dihal_fast.hcdlm.sampler import generate  # noqa: E402
+from dihal_fast.hcdlm.trainer import train  # noqa: E402
+from dihal_fast.tasks.registry import TaskConfig  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+LABELS = {"hcdlm": "HC-DLM", "mdm": "MDM", "latent": "Latent DM", "ar": "AR"}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--tasks", default="sudoku,countdown", help="comma-separated: sudoku, countdown")
+    p.add_argument("--models", default="hcdlm,mdm,latent,ar", help="comma-separated models")
+    p.add_argument("--minutes", type=float, default=5.0, help="training time per model")
+    p.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="what --minutes measures")
+    p.add_argument("--hidden", type=int, default=64, help="width of every network (baselines get matched depth)")
+    p.add_argument("--batch-size", type=int, default=64, help="training batch")
+    p.add_argument("--sudoku-box", default="2x3", help="Sudoku box shape")
+    p.add_argument("--sudoku-pool", type=int, default=3000, help="generated training puzzles (singles grade)")
+    p.add_argument("--eval-n", type=int, default=200, help="problems per evaluation split")
+    p.add_argument("--steps-list", default="5,10,25,50", help="sampling steps for the accuracy-vs-steps curve")
+    p.add_argument("--cfg-weight", type=float, default=2.75, help="extra HC-DLM evaluation with this guidance weight")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--out", type=Path, default=Path("runs/bench_hcdlm"), help="run directories and results.json")
+    p.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    return p.parse_args()
+
+
+def run_config(task: str, model: str, args: argparse.Namespace) -> RunConfig:
+    task_cfg = TaskConfig("sudoku", sudoku_box=args.sudoku_box, sudoku_pool=args.sudoku_pool) if task == "sudoku" else TaskConfig("countdown", countdown_numbers=[3, 4])
+    return RunConfig(task=task_cfg, model=ModelConfig(kind=model, hidden=args.hidden, heads=4),
+                     train=TrainConfig(steps=10**7, batch_size=args.batch_size, max_minutes=args.minutes,
+                                       budget_clock=args.clock, threads=args.threads, checkpoint_every=200, log_every=50))
+
+
+def eval_examples(task: str, run, args: argparse.Namespace) -> list:
+    if task == "sudoku":
+        return generated_sudoku(run.task, "easy", args.eval_n, seed=123) + generated_sudoku(run.task, "hard", args.eval_n, seed=123)
+    examples = examples_from_file(run.task, SHARED / "countdown.jsonl")
+    cd3 = [e for e in examples if e.group == "cd3"][: args.eval_n]
+    cd4 = [e for e in examples if e.group == "cd4"][: args.eval_n]
+    return cd3 + cd4
+
+
+def timed_batch(run, examples, steps: int, batch: int = 64) -> float:
+    """Median wall seconds of one sampling batch at ``steps`` (after a warm-up call)."""
+    contexts = torch.tensor([e.context for e in examples[:batch]])
+    cfg = SampleConfig(steps=steps)
+    generate(run.model, run.kernel, contexts[:2], cfg)
+    times = []
+    for _ in range(3):
+        began = time.perf_counter()
+        generate(run.model, run.kernel, contexts, cfg)
+        times.append(time.perf_counter() - began)
+    return sorted(times)[1]
+
+
+def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
+    steps_list = [int(s) for s in args.steps_list.split(",")]
+    main_steps = max(steps_list)
+    results = {}
+    for model in models:
+        run_dir = args.out / task / model
+        summary = train(run_dir, run_config(task, model, args))
+        run = load_run(run_dir)
+        examples = eval_examples(task, run, args)
+        base = SampleConfig(steps=main_steps, batch_size=200)
+        curve = accuracy_vs_steps(run, examples, steps_list, base)
+        entry = {"train": summary, "curve": curve, "groups": curve[-1]["groups"], "accuracy": curve[-1]["accuracy"]}
+        if model == "mdm":
+            entry["groups_prob_order"] = evaluate_examples(run, examples, replace(base, order="prob"), show=0)["groups"]
+        if model == "hcdlm" and args.cfg_weight:
+            entry["groups_cfg"] = evaluate_examples(run, examples, replace(base, cfg_weight=args.cfg_weight), show=0)["groups"]
+        if model in ("hcdlm", "mdm"):
+            entry["batch_seconds"] = {s: timed_batch(run, examples, s) for s in steps_list}
+        results[model] = entry
+        logging.info("%s/%s: %s", task, model, {g: round(v["accuracy"], 4) for g, v in entry["groups"].items()})
+    plot = plot_accuracy_vs_steps({LABELS[m]: r["curve"] for m, r in results.items()}, args.out / f"{task}_accuracy_vs_steps.png",
+                                  f"{task}: accuracy vs sampling steps")
+    atomic_write_json(args.out / f"{task}_results.json", results)
+    return {"results": results, "plot": str(plot), "steps_list": steps_list}
+
+
+def render(task: str, out: dict, args: argparse.Namespace) -> str:
+    results, steps_list = out["results"], out["steps_list"]
+    groups = ["easy", "hard"] if task == "sudoku" else ["cd3", "cd4"]
+    header = ["model", "params", "train steps", f"train {args.clock} s"] + [f"{g} acc %" for g in groups]
+    if task == "countdown":
+        header += [f"{g} loose %" for g in groups]
+    rows = []
+    for model, r in results.items():
+        row = [LABELS[model], r["train"]["parameters"], r["train"]["step"], round(r["train"]["elapsed_s"])]
+        row += [round(100 * r["groups"][g]["accuracy"], 1) for g in groups]
+        if task == "countdown":
+            row += [round(100 * r["groups"][g]["loose"], 1) for g in groups]
+        rows.append(row)
+        for key, label in (("groups_prob_order", "MDM top-prob order"), ("groups_cfg", f"HC-DLM, CFG w={args.cfg_weight}")):
+            if key in r:
+                extra = [label, "", "", ""] + [round(100 * r[key][g]["accuracy"], 1) for g in groups]
+                rows.append(extra + ([round(100 * r[key][g]["loose"], 1) for g in groups] if task == "countdown" else []))
+    text = table(header, rows)
+    curve_rows = [[LABELS[m]] + [f"{100 * c['accuracy']:.1f}" for c in r["curve"]] for m, r in results.items()]
+    text += "\n\nAccuracy (%, all groups) vs sampling steps (AR decodes left to right; its row repeats):\n\n"
+    text += table(["model"] + [str(s) for s in steps_list], curve_rows)
+    if "hcdlm" in results and "mdm" in results:
+        t_h, t_m = results["hcdlm"]["batch_seconds"], results["mdm"]["batch_seconds"]
+        text += "\n\nSampling wall time per batch of 64 (median of 3, s):\n\n"
+        text += table(["steps", "HC-DLM s", "MDM s", "HC-DLM / MDM"], [[s, round(t_h[s], 3), round(t_m[s], 3), round(t_h[s] / t_m[s], 2)] for s in steps_list])
+    text += f"\n\nMain accuracies at {max(steps_list)} steps, argmax tokens, EMA weights, MDM top-margin order, HC-DLM uniform kernel " \
+            f"M=1 without guidance unless noted; plot: `{out['plot']}`."
+    return text
+
+
+def main() -> int:
+    args = parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    torch.set_num_threads(args.threads)
+    models = [m for m in args.models.split(",") if m]
+    for task in [t for t in args.tasks.split(",") if t]:
+        out = bench_task(task, models, args)
+        body = render(task, out, args)
+        title = f"HC-DLM vs MDM / Latent DM / AR: {task} ({args.minutes:g} {args.clock}-minutes of training per model, hidden {args.hidden})"
+        if args.no_append:
+            print(body)
+        else:
+            report(title, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
