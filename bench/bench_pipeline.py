@@ -33,11 +33,14 @@ def main() -> None:
     parser.add_argument("--val-blocks", type=int, default=16, help="held-out corpus-tail blocks (bridge loss, evaluation)")
     parser.add_argument("--n-samples", type=int, default=16, help="samples per model")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per sample")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("--no-controls", action="store_true", help="evaluate only the selected layer and the backbone")
     args = parser.parse_args()
 
     import torch
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from dihal_fast.cli.evaluate import corpus_or_default
     from dihal_fast.evaluate.harness import EvalSettings
     from dihal_fast.evaluate.run import evaluate_hybrid
