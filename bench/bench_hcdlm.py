@@ -28,10 +28,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import report, table  # noqa: E402
 
+from dihal_fast.backbone import default_model_dir  # noqa: E402
 from dihal_fast.common import atomic_write_json  # noqa: E402
 from dihal_fast.hcdlm.config import ModelConfig, RunConfig, SampleConfig, TrainConfig  # noqa: E402
-from dihal_fast.hcdlm.eval_data import examples_from_file, generated_sudoku  # noqa: E402
-from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, load_run, plot_accuracy_vs_steps  # noqa: E402
+from dihal_fast.hcdlm.eval_data import examples_from_file, generated_sudoku, text_windows  # noqa: E402
+from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run, plot_accuracy_vs_steps  # noqa: E402
 from dihal_fast.hcdlm.sampler import generate  # noqa: E402
 from dihal_fast.hcdlm.trainer import train  # noqa: E402
 from dihal_fast.tasks.registry import TaskConfig  # noqa: E402
@@ -42,7 +43,7 @@ LABELS = {"hcdlm": "HC-DLM", "mdm": "MDM", "latent": "Latent DM", "ar": "AR"}
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--tasks", default="sudoku,countdown", help="comma-separated: sudoku, countdown")
+    p.add_argument("--tasks", default="sudoku,countdown", help="comma-separated: sudoku, countdown, text")
     p.add_argument("--models", default="hcdlm,mdm,latent,ar", help="comma-separated models")
     p.add_argument("--minutes", type=float, default=5.0, help="training time per model")
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="what --minutes measures")
@@ -53,6 +54,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--eval-n", type=int, default=200, help="problems per evaluation split")
     p.add_argument("--steps-list", default="5,10,25,50", help="sampling steps for the accuracy-vs-steps curve")
     p.add_argument("--cfg-weight", type=float, default=2.75, help="extra HC-DLM evaluation with this guidance weight")
+    p.add_argument("--text-len", type=int, default=64, help="text: tokens per sample")
+    p.add_argument("--text-latents", type=int, default=4, help="text: HC-DLM latent vectors M")
+    p.add_argument("--text-samples", type=int, default=64, help="text: samples scored for Gen PPL")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--out", type=Path, default=Path("runs/bench_hcdlm"), help="run directories and results.json")
     p.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
@@ -60,8 +64,16 @@ def parse_args() -> argparse.Namespace:
 
 
 def run_config(task: str, model: str, args: argparse.Namespace) -> RunConfig:
-    task_cfg = TaskConfig("sudoku", sudoku_box=args.sudoku_box, sudoku_pool=args.sudoku_pool) if task == "sudoku" else TaskConfig("countdown", countdown_numbers=[3, 4])
-    return RunConfig(task=task_cfg, model=ModelConfig(kind=model, hidden=args.hidden, heads=4),
+    latents = 1
+    if task == "sudoku":
+        task_cfg = TaskConfig("sudoku", sudoku_box=args.sudoku_box, sudoku_pool=args.sudoku_pool)
+    elif task == "countdown":
+        task_cfg = TaskConfig("countdown", countdown_numbers=[3, 4])
+    else:
+        task_cfg = TaskConfig("text", text_files=[str(SHARED / "text" / "tinystories.train.txt")], text_len=args.text_len,
+                              text_max_chars=400_000, tokenizer_dir=str(default_model_dir()))
+        latents = args.text_latents
+    return RunConfig(task=task_cfg, model=ModelConfig(kind=model, hidden=args.hidden, heads=4, latents=latents),
                      train=TrainConfig(steps=10**7, batch_size=args.batch_size, max_minutes=args.minutes,
                                        budget_clock=args.clock, threads=args.threads, checkpoint_every=200, log_every=50))
 
@@ -86,6 +98,34 @@ def timed_batch(run, examples, steps: int, batch: int = 64) -> float:
         generate(run.model, run.kernel, contexts, cfg)
         times.append(time.perf_counter() - began)
     return sorted(times)[1]
+
+
+def bench_text(models: list[str], args: argparse.Namespace) -> dict:
+    """Gen PPL (shipped backbone as evaluator) and entropy of samples from each model, and of real text."""
+    steps = max(int(s) for s in args.steps_list.split(","))
+    results, reference = {}, None
+    for model in models:
+        run_dir = args.out / "text" / model
+        summary = train(run_dir, run_config("text", model, args))
+        run = load_run(run_dir)
+        if reference is None:
+            reference = text_windows(run.task, SHARED / "text" / "tinystories.valid.txt", args.text_samples)
+        report_ = evaluate_text(run, args.text_samples, SampleConfig(steps=steps, temperature=1.0, batch_size=64),
+                                default_model_dir(), reference)
+        results[model] = {"train": summary, **{k: v for k, v in report_.items() if k != "examples"}, "examples": report_["examples"][:2]}
+    atomic_write_json(args.out / "text_results.json", results)
+    return {"results": results, "steps": steps}
+
+
+def render_text(out: dict, args: argparse.Namespace) -> str:
+    rows = [[LABELS[m], r["train"]["parameters"], r["train"]["step"], round(r["train"]["elapsed_s"]), round(r["gen_ppl"], 1), round(r["entropy"], 3)]
+            for m, r in out["results"].items()]
+    data = next(iter(out["results"].values()))["data_reference"]
+    rows.append(["data (tinystories.valid windows)", "", "", "", round(data["gen_ppl"], 1), round(data["entropy"], 3)])
+    return (table(["model", "params", "train steps", f"train {args.clock} s", "Gen PPL", "entropy"], rows)
+            + f"\n\n{args.text_samples} samples of {args.text_len} tokens, {out['steps']} steps (AR: left to right), float64 sampling at "
+            "temperature 1; Gen PPL under the shipped backbone (float32, token-pooled, its BOS prepended), entropy = mean "
+            "per-sample unigram entropy (nats) of the evaluator's tokens. Trained on the first 400k characters of tinystories.train.")
 
 
 def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
@@ -150,8 +190,12 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     models = [m for m in args.models.split(",") if m]
     for task in [t for t in args.tasks.split(",") if t]:
-        out = bench_task(task, models, args)
-        body = render(task, out, args)
+        if task == "text":
+            out = bench_text(models, args)
+            body = render_text(out, args)
+        else:
+            out = bench_task(task, models, args)
+            body = render(task, out, args)
         title = f"HC-DLM vs MDM / Latent DM / AR: {task} ({args.minutes:g} {args.clock}-minutes of training per model, hidden {args.hidden})"
         if args.no_append:
             print(body)
