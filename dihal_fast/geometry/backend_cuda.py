@@ -288,11 +288,12 @@ class CudaBackend:
         L, info = torch.linalg.cholesky_ex(cov_d + lam * torch.eye(D, dtype=torch.float64, device=X.device))
         if int(info) != 0:
             raise ValueError(f"regularised covariance is not positive definite (cuSOLVER potrf info={int(info)})")
+        L = L.contiguous()  # row-major lower factor, held until the kernels are queued
         P = a.numel()
         out = torch.empty(P, dtype=torch.float64, device=X.device)
         ws = self._workspace(X, self._m.pair_workspace(D, P))
         self._m.pair_quotients(
-            X.data_ptr(), self._codes[X.dtype], n, D, L.contiguous().data_ptr(), a.data_ptr(), b.data_ptr(), P,
+            X.data_ptr(), self._codes[X.dtype], n, D, L.data_ptr(), a.data_ptr(), b.data_ptr(), P,
             out.data_ptr(), ws.data_ptr(), ws.numel(), *self._launch(X),
         )
         return out.cpu().numpy()
