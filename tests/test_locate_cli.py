@@ -125,6 +125,7 @@ def _broken_config(source: Path, dest: Path) -> Path:
         ("layer_out_of_range", r"--layers \[0, 4\] out of range"),
         ("resume_nothing", "collection config to resume"),
         ("seq_len_too_long", "exceeds the model's max_position_embeddings"),
+        ("bad_device", "--device 'gpu0' is not a torch device"),
     ],
 )
 def test_bad_input_is_one_clear_line(tiny_checkpoints, corpus, tmp_path, capsys, case, message):
@@ -156,6 +157,8 @@ def test_bad_input_is_one_clear_line(tiny_checkpoints, corpus, tmp_path, capsys,
         extra = ["--resume"]
     elif case == "seq_len_too_long":
         extra = ["--seq-len", "500", "--max-tokens", "1000"]
+    elif case == "bad_device":
+        extra = ["--device", "gpu0"]
     sizes = UNLIMITED if case == "sample_over_collected" else SMALL
     code, _, err = _locate(capsys, *[x for pair in args.items() for x in pair], *sizes, *extra)
     assert code == 2, err

@@ -13,6 +13,13 @@ logger = logging.getLogger(__name__)
 EXIT_STOPPED = 3  # --max-batches stopped the pass; rerun with --resume
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except ``None`` ones (their help says what unset means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     from dihal_fast.common.models import DTYPES
     from dihal_fast.geometry import BACKENDS
@@ -28,29 +35,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Writes RUN/locate.json and RUN/geometry.png; checkpoints in RUN/collect. Multi-process: "
             "torchrun --nproc_per_node N $(which dihal) locate ..."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
-    parser.add_argument("--model", default=None, help="local Hugging Face causal-LM checkpoint directory (default: the shipped backbone)")
-    parser.add_argument("--corpus", nargs="+", default=None,
+    parser.add_argument("--model", default=None, metavar="DIR", help="local Hugging Face causal-LM checkpoint directory (default: the shipped backbone)")
+    parser.add_argument("--corpus", nargs="+", default=None, metavar="PATH",
                         help=".txt / .jsonl files, directories of them or a saved dataset (default: the shipped corpus)")
-    parser.add_argument("--out", required=True, help="run directory for the report, the plot and the checkpoints")
-    parser.add_argument("--max-tokens", type=int, default=None,
+    parser.add_argument("--out", required=True, metavar="RUN", help="run directory for the report, the plot and the checkpoints")
+    parser.add_argument("--max-tokens", type=int, default=None, metavar="N",
                         help="tokens to read over all processes, in whole blocks (default: the whole corpus)")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="subsamples per layer for the proxies")
     parser.add_argument("--sample-size", type=int, default=DEFAULT_SAMPLE_SIZE, help="tokens per subsample (n)")
-    parser.add_argument("--reservoir-size", type=int, default=None,
+    parser.add_argument("--reservoir-size", type=int, default=None, metavar="N",
                         help="tokens kept per layer for the subsamples (default: repeats x sample size)")
     parser.add_argument("--k", type=int, default=16, help="neighbours for the local curvature proxy")
     parser.add_argument("--n-pairs", type=int, default=10000, help="pairs for the monotonicity proxy")
     parser.add_argument("--ridge", type=float, default=1e-3, help="relative ridge of the monotonicity precision")
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per block (sequence length)")
     parser.add_argument("--batch-size", type=int, default=8, help="blocks per forward pass")
-    parser.add_argument("--layers", type=int, nargs="+", default=None,
+    parser.add_argument("--layers", type=int, nargs="+", default=None, metavar="L",
                         help="candidate hidden-state indices (default 1..L-1; 0 is the embedding output)")
     parser.add_argument("--keep-first", action="store_true", help="keep the first position of each block (attention sink)")
     parser.add_argument("--resume", action="store_true", help="continue the collection checkpointed in --out")
     parser.add_argument("--checkpoint-every", type=int, default=100, help="batches between checkpoints")
-    parser.add_argument("--max-batches", type=int, default=None,
+    parser.add_argument("--max-batches", type=int, default=None, metavar="N",
                         help=f"stop after this many batches of this invocation (checkpointed, exit status {EXIT_STOPPED}; continue with --resume)")
     parser.add_argument("--save-shards", action="store_true", help="also write the sampled vectors per layer to RUN/shards")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="model dtype (hidden states keep it)")
@@ -65,6 +72,14 @@ def _device(name: str) -> str:
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a torch device (expected auto, cpu, cuda or cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name} asked for, but torch sees no CUDA device here; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name}: collection runs on cpu or cuda, got {device.type}")
     return name
 
 
