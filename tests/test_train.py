@@ -121,6 +121,19 @@ def test_training_lowers_the_validation_bridge_loss_and_exports_a_working_hybrid
     assert text.startswith("The cat") and len(text) > len("The cat")
 
 
+def test_train_upper_updates_the_retained_layers_but_not_embeddings_or_head(tiny_checkpoints, corpus, tmp_path):
+    from dihal_fast.common.models import load_causal_lm
+
+    result = train_bridge(tiny_checkpoints["gpt2"], 2, corpus, tmp_path / "run", _config(steps=2, train_upper=True))
+    hybrid = HybridLM.from_pretrained(result["hybrid_dir"])
+    backbone = load_causal_lm(tiny_checkpoints["gpt2"])[0].state_dict()
+    upper = hybrid.upper.state_dict()
+    assert not hybrid.config.freeze_upper
+    assert not torch.equal(upper["transformer.h.0.mlp.c_fc.weight"], backbone["transformer.h.2.mlp.c_fc.weight"])
+    assert torch.equal(upper["transformer.wte.weight"], backbone["transformer.wte.weight"])
+    assert torch.equal(hybrid.condition_position_table.weight, backbone["transformer.wpe.weight"])
+
+
 class _Crash(Exception):
     pass
 
