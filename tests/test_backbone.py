@@ -175,6 +175,21 @@ def test_resume_equals_uninterrupted(tiny_texts, tmp_path):
     assert logs[0] == logs[1] and len(logs[0]) == 2 + 4  # train loss at steps 10, 20; validation every 5
 
 
+def test_resume_may_replan_the_number_of_steps(tiny_texts, tmp_path):
+    import json
+
+    out = tmp_path / "run"
+    train_backbone(tiny_config(tiny_texts, steps=20), out, stop_at=10, progress=False)
+    cached = (out / "tokens.npz").stat().st_mtime_ns
+    report = train_backbone(tiny_config(tiny_texts, steps=15), out, resume=True, progress=False)
+    assert report["steps_completed"] == report["steps_planned"] == 15
+    assert json.loads((out / "train_config.json").read_text())["steps"] == 15
+    assert '"event": "steps changed from 20 to 15"' in (out / "training_log.jsonl").read_text()
+    assert (out / "tokens.npz").stat().st_mtime_ns == cached  # the token cache was reused
+    lrs = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in lrs if "lr" in r][-1] == pytest.approx(1e-2 * 0.1)  # annealed to min at the new end
+
+
 def test_out_dir_with_a_model_is_not_overwritten(tiny_texts, tmp_path):
     out = tmp_path / "run"
     train_backbone(tiny_config(tiny_texts, steps=5), out, progress=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import shutil
 import signal
@@ -83,25 +84,50 @@ def resolve_valid(cfg: TrainConfig) -> None:
         cfg.valid = [str(p) for p in default_valid_files([Path(p) for p in cfg.corpus]) or []]
 
 
-def check_out_dir(out: Path, cfg: TrainConfig, resume: bool) -> bool:
-    """Refuse to overwrite a different model in ``out``; True when there is a checkpoint to resume from."""
+def check_out_dir(out: Path, cfg: TrainConfig, resume: bool) -> tuple[bool, int | None]:
+    """Refuse to overwrite a different model in ``out``.
+
+    Returns (whether there is a checkpoint to resume from, the saved ``steps`` when ``--resume`` asks
+    for a different total: the only option a resumed run may change; the cosine is re-planned from
+    the current step).
+    """
     held = [name for name in MODEL_MARKERS if (out / name).exists()]
     if held and not resume:
         raise ValueError(
             f"output directory {out} already holds a model ({', '.join(held)}); pass --resume to continue "
             "that run, or choose an empty --out (nothing was overwritten)"
         )
+    saved_steps = None
     if resume and (out / "train_config.json").exists():
         saved = TrainConfig.from_dict(read_json(out / "train_config.json", "training config"))
-        diffs = saved.differences(cfg)
+        diffs = saved.differences(cfg, ignore=("steps",))
         if diffs:
             raise ValueError(
                 f"--resume: {out} holds a different run (saved != requested: {'; '.join(diffs)}); "
-                "use the same options or another --out"
+                "use the same options (only --steps may change) or another --out"
             )
+        saved_steps = saved.steps if saved.steps != cfg.steps else None
     elif resume and held:
         raise ValueError(f"--resume: {out} holds a model ({', '.join(held)}) but no train_config.json; not a backbone run")
-    return resume and (out / RESUME_DIR / "trainer_state.pt").exists()
+    return resume and (out / RESUME_DIR / "trainer_state.pt").exists(), saved_steps
+
+
+def encode_corpus(out: Path, tokenizer, corpus: Corpus) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Token streams of the corpus, cached in ``out/tokens.npz`` keyed by the tokenizer and file hashes."""
+    from dihal_fast.backbone.tokenizer import encode_documents
+
+    key = json.dumps([sha256_file(out / "tokenizer.json"), [f["sha256"] for f in corpus.files], sorted(corpus.valid_texts)])
+    cache = out / "tokens.npz"
+    if cache.exists():
+        with np.load(cache) as data:
+            if str(data["key"]) == key:
+                return data["train"], {name: data[f"valid/{name}"] for name in corpus.valid_texts}
+    train_ids = encode_documents(tokenizer, corpus.train_texts)
+    valid_ids = {name: encode_documents(tokenizer, [text]) for name, text in corpus.valid_texts.items()}
+    tmp = out / "tokens.tmp.npz"
+    np.savez(tmp, key=np.array(key), train=train_ids, **{f"valid/{k}": v for k, v in valid_ids.items()})
+    os.replace(tmp, cache)
+    return train_ids, valid_ids
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -195,7 +221,7 @@ def train_backbone(
     from transformers import PreTrainedTokenizerFast
 
     from dihal_fast.backbone.report import write_training_report
-    from dihal_fast.backbone.tokenizer import encode_documents, train_tokenizer
+    from dihal_fast.backbone.tokenizer import train_tokenizer
 
     out = Path(out)
     resolve_valid(cfg)
@@ -203,7 +229,7 @@ def train_backbone(
     if stop_at is not None and stop_at < 1:
         raise ValueError(f"--stop-at must be >= 1, got {stop_at}")
     corpus = load_corpus(cfg)
-    has_checkpoint = check_out_dir(out, cfg, resume)
+    has_checkpoint, saved_steps = check_out_dir(out, cfg, resume)
     out.mkdir(parents=True, exist_ok=True)
     precision = resolve_precision(cfg.precision, device)
     seed_everything(cfg.seed)
@@ -215,8 +241,7 @@ def train_backbone(
         tokenizer = train_tokenizer(corpus.train_texts, cfg.model.vocab_size)
         tokenizer.save_pretrained(str(out))
         atomic_write_json(out / "train_config.json", cfg.to_dict())
-    train_ids = encode_documents(tokenizer, corpus.train_texts)
-    valid_ids = {name: encode_documents(tokenizer, [text]) for name, text in corpus.valid_texts.items()}
+    train_ids, valid_ids = encode_corpus(out, tokenizer, corpus)
     logger.info("tokens: train %d, valid %s", len(train_ids), {k: len(v) for k, v in valid_ids.items()})
 
     model = build_model(cfg.model, tokenizer).to(device)
@@ -225,15 +250,20 @@ def train_backbone(
     sampler = WindowSampler(train_ids, cfg.model.seq_len, cfg.batch_size, cfg.seed)
     step, elapsed = 0, 0.0
     log_path = out / "training_log.jsonl"
-    if has_checkpoint:
-        step, elapsed = load_checkpoint(out, model, optimizer, scheduler)
-        truncate_log(log_path, step)
-        logger.info("resumed %s at step %d (%.0f s of training so far)", out, step, elapsed)
-    end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
 
     def log(record: dict) -> None:
         with open(log_path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
+
+    if has_checkpoint:
+        step, elapsed = load_checkpoint(out, model, optimizer, scheduler)
+        truncate_log(log_path, step)
+        logger.info("resumed %s at step %d (%.0f s of training so far)", out, step, elapsed)
+    if saved_steps is not None:
+        logger.warning("--steps changed from %d to %d: the cosine schedule is re-planned from step %d", saved_steps, cfg.steps, step)
+        log({"step": step, "event": f"steps changed from {saved_steps} to {cfg.steps}"})
+        atomic_write_json(out / "train_config.json", cfg.to_dict())
+    end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
 
     def quick_eval() -> dict[str, float]:
         return {name: _mean_nll(model, ids, cfg, precision) for name, ids in valid_ids.items()}
