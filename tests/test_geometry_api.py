@@ -188,3 +188,26 @@ def test_streaming_covariance_state_round_trip_and_errors(tmp_path):
         df.StreamingCovariance(0)
     empty = df.StreamingCovariance(5).update(np.zeros((0, 5)))
     assert empty.count == 0
+
+
+def _cuda_reason() -> str:
+    entry = df.build_info()["backends"]["cuda"]
+    if not entry["available"]:
+        return f"CUDA backend not usable here: {entry['reason'] or 'not compiled'}"
+    return "" if torch.cuda.is_available() else "torch has no CUDA device"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(_cuda_reason()), reason=_cuda_reason() or "CUDA available")
+def test_streaming_covariance_keeps_cuda_batches_on_the_device():
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(2000, 48)) + 3
+    acc = df.StreamingCovariance(48)
+    for chunk in np.array_split(X, 3):
+        acc.update(torch.from_numpy(chunk).float().cuda())
+    assert acc._comoment.is_cuda
+    want = np.cov(X.astype(np.float32).astype(np.float64), rowvar=False, bias=True)
+    assert np.abs(acc.covariance - want).max() <= 1e-5 * np.abs(want).max()
+    host = df.StreamingCovariance(48).update(X[:10])
+    acc.merge(host)  # mixing device and host accumulators
+    assert acc.count == 2010

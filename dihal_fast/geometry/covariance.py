@@ -17,6 +17,9 @@ class StreamingCovariance:
     the result equals ``np.cov(all_rows, bias=True)`` up to float64 rounding whatever the batch
     sizes; ``merge`` combines accumulators from other batches, processes or machines weighted by
     their counts; ``state_dict``/``load_state_dict`` serialise the exact state.
+
+    Batches that are CUDA tensors are accumulated on their GPU (the state moves there on the first
+    such batch and stays, so activations never leave the device); results are NumPy arrays.
     """
 
     def __init__(self, dim: int, backend: str = "auto") -> None:
@@ -37,13 +40,28 @@ class StreamingCovariance:
     def mean(self) -> np.ndarray:
         """Mean of the rows seen (float64, ``dim``)."""
         self._require_rows()
-        return self._mean.copy()
+        return self._host(self._mean).copy()
 
     @property
     def covariance(self) -> np.ndarray:
         """Population covariance ``sum (x - mu)(x - mu)^T / count`` (float64, symmetric)."""
         self._require_rows()
-        return symmetrize_upper(self._comoment) / self._count
+        return symmetrize_upper(self._host(self._comoment)) / self._count
+
+    @staticmethod
+    def _host(array: Any) -> np.ndarray:
+        return array.cpu().numpy() if hasattr(array, "cpu") else array
+
+    def _move_state(self, device: str, like: Any = None) -> None:
+        """Keep the float64 state where the batch is: NumPy for host batches, a CUDA tensor for GPU ones."""
+        on_device = hasattr(self._comoment, "cpu")
+        if device == "cuda" and (not on_device or self._comoment.device != like.device):
+            import torch
+
+            self._mean = torch.as_tensor(self._host(self._mean), dtype=torch.float64, device=like.device).contiguous()
+            self._comoment = torch.as_tensor(self._host(self._comoment), dtype=torch.float64, device=like.device).contiguous()
+        elif device == "cpu" and on_device:
+            self._mean, self._comoment = self._host(self._mean).copy(), self._host(self._comoment).copy()
 
     def update(self, X: Any) -> "StreamingCovariance":
         """Add the rows of ``X`` (``batch x dim``; a batch of zero rows is a no-op)."""
@@ -51,10 +69,11 @@ class StreamingCovariance:
             if X.shape[1] != self.dim:
                 raise ValueError(f"X has {X.shape[1]} columns, this accumulator has dim {self.dim}")
             return self
-        matrix = as_matrix(X, "X", min_rows=1)
+        matrix = as_matrix(X, "X", min_rows=1, allow_cuda=self.backend in ("auto", "cuda", "cuvs"))
         if matrix.shape[1] != self.dim:
             raise ValueError(f"X has {matrix.shape[1]} columns, this accumulator has dim {self.dim}")
         ops = get_backend(self.backend, matrix.device)
+        self._move_state(matrix.device, matrix.data)
         with nvtx_range("covariance"):
             self._count = ops.covariance_update(matrix.data, self._count, self._mean, self._comoment)
         return self
@@ -69,13 +88,15 @@ class StreamingCovariance:
             return self
         na, nb = self._count, other._count
         total = na + nb
-        delta = other._mean - self._mean
+        self._move_state("cpu")
+        mine_mean, mine_comoment = self._mean, self._comoment
+        delta = self._host(other._mean) - mine_mean
         self._comoment = (
-            symmetrize_upper(self._comoment)
-            + symmetrize_upper(other._comoment)
+            symmetrize_upper(mine_comoment)
+            + symmetrize_upper(self._host(other._comoment))
             + np.outer(delta, delta) * (na * nb / total)
         )
-        self._mean = self._mean + delta * (nb / total)
+        self._mean = mine_mean + delta * (nb / total)
         self._count = total
         return self
 
@@ -84,8 +105,8 @@ class StreamingCovariance:
         return {
             "dim": np.array(self.dim, dtype=np.int64),
             "count": np.array(self._count, dtype=np.int64),
-            "mean": self._mean.copy(),
-            "comoment": symmetrize_upper(self._comoment),
+            "mean": self._host(self._mean).copy(),
+            "comoment": symmetrize_upper(self._host(self._comoment)),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> "StreamingCovariance":
