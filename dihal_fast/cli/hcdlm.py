@@ -193,10 +193,11 @@ def run_solve(args: argparse.Namespace) -> int:
         raise ValueError("'solve' is for Sudoku and Countdown runs; this run was trained on text")
     if name == "sudoku":
         puzzle = parse_grid(args.puzzle, run.task.geo)
-        if not solve_all(puzzle, run.task.geo, limit=1):
+        exact = solve_all(puzzle, run.task.geo, limit=1)
+        if not exact:
             print("no solution")
             return 0
-        example = run.task.example(puzzle, solve_all(puzzle, run.task.geo, limit=1)[0], "input")
+        example = run.task.example(puzzle, exact[0], "input")
     else:
         problem = parse_problem(args.puzzle)
         if solve_countdown(problem) is None:

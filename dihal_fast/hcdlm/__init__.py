@@ -1,0 +1,12 @@
+"""HC-DLM: a hierarchical continuous diffusion LM (continuous latent carried across steps, a token
+scaffold read out of it at every step), with MDM, Latent DM and AR baselines in the same harness.
+
+Entry points: :func:`train` (a run directory from a :class:`RunConfig`), :func:`load_run` +
+:func:`evaluate_examples` / :func:`evaluate_text`, and the ``dihal hcdlm`` command.
+"""
+from dihal_fast.hcdlm.config import ModelConfig, ObjectiveConfig, RunConfig, SampleConfig, TrainConfig
+from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run
+from dihal_fast.hcdlm.trainer import train
+
+__all__ = ["ModelConfig", "ObjectiveConfig", "RunConfig", "SampleConfig", "TrainConfig", "accuracy_vs_steps",
+           "evaluate_examples", "evaluate_text", "load_run", "train"]
