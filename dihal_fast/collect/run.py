@@ -143,8 +143,7 @@ def collect(
     except Exception as exc:  # every rank must reach the agreement below, or the others would hang
         error = exc
     agree_on_errors(error)
-    n_blocks, complete_ranks = all_reduce_ints([state["blocks_done"], int(state["exhausted"])], "sum")
-    n_tokens = all_reduce_ints([stats.count], "sum")[0]
+    n_blocks, complete_ranks, n_tokens = all_reduce_ints([state["blocks_done"], int(state["exhausted"]), stats.count])
     complete = complete_ranks == world
     timings = {"collect_s": seconds}
     if not complete:
