@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "blas.hpp"
 #include "kernels.hpp"
 
 namespace py = pybind11;
@@ -141,6 +142,7 @@ py::dict build_info() {
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "dihal_fast CPU kernels (OpenMP + OpenBLAS)";
+  dihal::blas::use_single_threaded_blas();  // all parallelism is OpenMP's (see blas.hpp)
   m.def("covariance_update", &covariance_update<float>, py::arg("X"), py::arg("count"), py::arg("mean"), py::arg("comoment"));
   m.def("covariance_update", &covariance_update<double>, py::arg("X"), py::arg("count"), py::arg("mean"), py::arg("comoment"));
   m.def("knn", &knn<float>, py::arg("X"), py::arg("k"), py::arg("symmetric") = true);

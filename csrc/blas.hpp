@@ -1,5 +1,9 @@
 // BLAS/LAPACK from the scipy-openblas32 wheel (symbols carry the scipy_ prefix), with small
 // overloads so that the templated kernels call the right precision.
+//
+// Threading: the module sets OpenBLAS to one thread when it loads, and every kernel parallelises
+// with OpenMP around single-threaded BLAS calls. Two thread pools (OpenBLAS's spinning workers and
+// OpenMP's) never compete for the cores, which matters on small or shared machines.
 #pragma once
 #include <cblas.h>
 #include <lapacke.h>
@@ -8,12 +12,8 @@
 
 namespace dihal::blas {
 
-inline void syrk_upper_t(int D, int n, const float* A, float* C) {
-  scipy_cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, D, n, 1.0f, A, D, 0.0f, C, D);
-}
-inline void syrk_upper_t(int D, int n, const double* A, double* C) {
-  scipy_cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, D, n, 1.0, A, D, 0.0, C, D);
-}
+inline void use_single_threaded_blas() { scipy_openblas_set_num_threads(1); }
+
 inline void gemm_atb(int m, int n, int k, const float* A, int lda, const float* B, int ldb, float* C, int ldc) {
   scipy_cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
 }
@@ -21,18 +21,22 @@ inline void gemm_atb(int m, int n, int k, const double* A, int lda, const double
   scipy_cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n, k, 1.0, A, lda, B, ldb, 0.0, C, ldc);
 }
 
-// Upper triangle of C = A^T A for A (n x D, row-major), as row panels of GEMMs: OpenBLAS's GEMM
-// runs well above its SYRK, and the panels add only about panel/D extra flops.
+// Upper triangle of C = A^T A for A (n x D, row-major) as GEMMs on square tiles of the upper
+// triangle, spread over the OpenMP threads (OpenBLAS's GEMM runs well above its SYRK; diagonal
+// tiles add about tile/D extra flops).
 template <typename T>
 void gram_upper_t(int D, int n, const T* A, T* C) {
-  constexpr int kPanel = 256;
-  if (D <= kPanel) {
-    syrk_upper_t(D, n, A, C);
-    return;
-  }
-  for (int i0 = 0; i0 < D; i0 += kPanel) {
-    const int rows = D - i0 < kPanel ? D - i0 : kPanel;
-    gemm_atb(rows, D - i0, n, A + i0, D, A + i0, D, C + size_t(i0) * size_t(D) + size_t(i0), D);
+  constexpr int kTile = 256;
+  const int nt = (D + kTile - 1) / kTile;
+  const int ntiles = nt * (nt + 1) / 2;
+#pragma omp parallel for schedule(dynamic, 1) if(ntiles > 1 && double(n) * double(D) * double(D) > double(1 << 18))
+  for (int t = 0; t < ntiles; ++t) {
+    int I = 0, rest = t;  // t-th tile (I, J), J >= I, row by row
+    while (rest >= nt - I) rest -= nt - I++;
+    const int J = I + rest;
+    const int i0 = I * kTile, j0 = J * kTile;
+    const int rows = D - i0 < kTile ? D - i0 : kTile, cols = D - j0 < kTile ? D - j0 : kTile;
+    gemm_atb(rows, cols, n, A + i0, D, A + j0, D, C + size_t(i0) * size_t(D) + size_t(j0), D);
   }
 }
 
@@ -43,17 +47,5 @@ inline void gemm_abt(int m, int n, int k, const float* A, const float* B, float*
 inline void gemm_abt(int m, int n, int k, const double* A, const double* B, double* C, int ldc) {
   scipy_cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0, A, k, B, k, 0.0, C, ldc);
 }
-
-// Runs the enclosed scope with OpenBLAS on one thread (for BLAS calls inside OpenMP regions).
-class SingleThreadedBlas {
- public:
-  SingleThreadedBlas() : previous_(scipy_openblas_get_num_threads()) { scipy_openblas_set_num_threads(1); }
-  ~SingleThreadedBlas() { scipy_openblas_set_num_threads(previous_); }
-  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
-  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
-
- private:
-  int previous_;
-};
 
 }  // namespace dihal::blas

@@ -31,7 +31,7 @@ template <typename T>
 void pair_quotients(const T* X, int64_t n, int64_t D, const double* mean, const double* S, double lam,
                     const int64_t* pi, const int64_t* pj, int64_t n_pairs, double* out);
 
-// Largest eigenvalue of a symmetric positive semi-definite D x D matrix (Lanczos with full
+// Largest eigenvalue of a symmetric positive semi-definite D x D matrix, stored full (Lanczos with full
 // reorthogonalisation and a residual-based convergence test). Returns the number of
 // iterations used through *iterations when non-null.
 double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* iterations);
@@ -47,5 +47,9 @@ double max_abs(const T* X, int64_t size);
 
 // Threads used by the OpenMP kernels.
 int num_threads();
+
+// Whether a loop of about `work` element operations is worth forking the OpenMP team for: small
+// loops run on the calling thread (no fork/join, no spinning partner on a busy machine).
+inline bool parallel_worth(double work) { return work > double(1 << 18); }
 
 }  // namespace dihal

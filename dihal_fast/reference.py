@@ -109,8 +109,8 @@ def selection_scores(proxies_by_layer: Mapping[int, Mapping[str, float]]) -> tup
 
     def z(name: str) -> np.ndarray:
         v = np.log([float(proxies_by_layer[l][name]) for l in layers])
-        sd = v.std()
-        return (v - v.mean()) / sd if sd > 0 else np.zeros_like(v)
+        sd = v.std()  # a column constant up to rounding has no spread: z = 0
+        return (v - v.mean()) / sd if sd > 1e-12 * max(1.0, abs(v.mean())) else np.zeros_like(v)
 
     score = z("m_curv") + z("m_mono") - z("k_eff")
     best = layers[int(np.argmax(score))]

@@ -148,6 +148,27 @@ def test_streaming_covariance_random_splits_and_merges(backend, seed):
     np.testing.assert_array_equal(total.covariance, total.covariance.T)
 
 
+def test_streaming_covariance_float64_precision_is_split_invariant():
+    rng = np.random.default_rng(9)
+    X = (rng.normal(size=(3000, 30)) * 3 + 40).astype(np.float32)
+    one = df.StreamingCovariance(30, precision="float64").update(X)
+    many = df.StreamingCovariance(30, precision="float64")
+    for chunk in np.array_split(X, 17):
+        many.update(chunk)
+    want = np.cov(X.astype(np.float64), rowvar=False, bias=True)
+    for acc in (one, many):
+        assert np.abs(acc.covariance - want).max() <= 1e-12 * np.abs(want).max()
+    with pytest.raises(ValueError, match="precision"):
+        df.StreamingCovariance(3, precision="float16")
+
+
+def test_selection_scores_constant_column_up_to_rounding():
+    same = {"m_curv": 0.3913, "m_mono": 0.8944, "k_eff": 5.714}
+    scores, best = df.selection_scores({2: same, 5: dict(same), 7: dict(same)})
+    assert scores == {2: 0.0, 5: 0.0, 7: 0.0} and best == 2
+    assert ref.selection_scores({2: same, 5: same, 7: same}) == (scores, best)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, torch.bfloat16])
 def test_streaming_covariance_low_precision_inputs(dtype):
     rng = np.random.default_rng(3)

@@ -24,7 +24,7 @@ int64_t block_rows(int64_t D, size_t elem) {
 template <typename T>
 void shift_rows(const T* X, int64_t rows, int64_t D, const double* shift, T* Y, double* sums) {
   std::fill(sums, sums + D, 0.0);
-#pragma omp parallel
+#pragma omp parallel if(parallel_worth(double(rows) * double(D)))
   {
     std::vector<double> local(D, 0.0);
 #pragma omp for schedule(static) nowait
@@ -71,7 +71,7 @@ void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double*
       offset[c] /= nb;
       delta[c] = shift[c] + offset[c] - mean[c];
     }
-#pragma omp parallel for schedule(dynamic, 16)
+#pragma omp parallel for schedule(dynamic, 16) if(parallel_worth(double(D) * double(D)))
     for (int64_t a = 0; a < D; ++a) {
       const double oa = offset[a] * nb, da = delta[a] * w;
       double* Ma = M + a * D;
@@ -90,7 +90,7 @@ template <typename T>
 double max_abs(const T* X, int64_t size) {
   double best = 0.0;
   bool nan = false;
-#pragma omp parallel for schedule(static) reduction(max : best) reduction(|| : nan)
+#pragma omp parallel for schedule(static) reduction(max : best) reduction(|| : nan) if(parallel_worth(double(size)))
   for (int64_t i = 0; i < size; ++i) {
     const double v = std::fabs(double(X[i]));
     nan = nan || v != v;

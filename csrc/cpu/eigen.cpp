@@ -150,7 +150,11 @@ double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* itera
   int64_t j = 0;
   for (; j < max_iter; ++j) {
     double* v = V.data() + j * D;
-    scipy_cblas_dsymv(CblasRowMajor, CblasUpper, int(D), 1.0, S, int(D), v, 1, 0.0, w.data(), 1);
+    // w = S v over row blocks on the OpenMP threads (S is stored full).
+#pragma omp parallel for schedule(static) if(parallel_worth(double(D) * double(D)))
+    for (int64_t r0 = 0; r0 < D; r0 += 256)
+      scipy_cblas_dgemv(CblasRowMajor, CblasNoTrans, int(std::min<int64_t>(256, D - r0)), int(D), 1.0, S + r0 * D,
+                        int(D), v, 1, 0.0, w.data() + r0, 1);
     const double a = scipy_cblas_ddot(int(D), w.data(), 1, v, 1);
     alpha.push_back(a);
     // Full reorthogonalisation (twice is enough) against all previous vectors.

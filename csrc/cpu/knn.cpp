@@ -79,9 +79,8 @@ template <typename T>
 void rowwise_candidates(const T* Xc, const T* norms, int64_t n, int64_t D, const CandidateSets<T>& out) {
   const int64_t cap = out.cap;
   {
-    blas::SingleThreadedBlas single;
     const int64_t n_qblocks = (n + kQueryBlock - 1) / kQueryBlock;
-#pragma omp parallel
+#pragma omp parallel if(parallel_worth(double(n) * double(n) * double(D)))
     {
       std::vector<T> tile(size_t(kQueryBlock) * size_t(kRefBlock));
 #pragma omp for schedule(dynamic, 1)
@@ -133,8 +132,7 @@ void symmetric_candidates(const T* Xc, const T* norms, int64_t n, int64_t D, con
   std::vector<int64_t> size(size_t(nthreads) * size_t(n), 0);
   std::vector<T> thr(size_t(nthreads) * size_t(n), std::numeric_limits<T>::infinity());
   {
-    blas::SingleThreadedBlas single;
-#pragma omp parallel
+#pragma omp parallel if(parallel_worth(double(n) * double(n) * double(D)))
     {
       const int t = omp_get_thread_num();
       std::vector<T> tile(size_t(B) * size_t(B));
@@ -172,7 +170,7 @@ void symmetric_candidates(const T* Xc, const T* norms, int64_t n, int64_t D, con
     }
   }
   // Merge the threads' lists row by row.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel_worth(double(n) * double(cap) * nthreads))
   for (int64_t row = 0; row < n; ++row) {
     Candidates<T> merged{out.dist + row * cap, out.idx + row * cap, 0, cap};
     for (int t = 0; t < nthreads; ++t) {
@@ -201,7 +199,7 @@ void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* 
     for (int64_t c = 0; c < D; ++c) mean[c] += double(X[r * D + c]);
   for (auto& m : mean) m /= double(n);
   double max_abs = 0.0;
-#pragma omp parallel for schedule(static) reduction(max : max_abs)
+#pragma omp parallel for schedule(static) reduction(max : max_abs) if(parallel_worth(double(n) * double(D)))
   for (int64_t r = 0; r < n; ++r)
     for (int64_t c = 0; c < D; ++c) max_abs = std::max(max_abs, std::fabs(double(X[r * D + c]) - mean[c]));
   const double scale = max_abs > 0 ? std::ldexp(1.0, -std::ilogb(max_abs) - 1) : 1.0;
@@ -209,7 +207,7 @@ void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* 
   std::vector<T> Xc(size_t(n) * size_t(D));
   std::vector<T> norms(n);
   double max_norm2 = 0.0;
-#pragma omp parallel for schedule(static) reduction(max : max_norm2)
+#pragma omp parallel for schedule(static) reduction(max : max_norm2) if(parallel_worth(double(n) * double(D)))
   for (int64_t r = 0; r < n; ++r) {
     double s = 0.0;
     for (int64_t c = 0; c < D; ++c) {
@@ -238,7 +236,7 @@ void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* 
     rowwise_candidates(Xc.data(), norms.data(), n, D, sets);
 
   // Exact re-rank in float64, certified against the rounding bound; otherwise exact brute force.
-#pragma omp parallel
+#pragma omp parallel if(parallel_worth(double(n) * double(cap) * double(D)))
   {
     std::vector<std::pair<double, int64_t>> pairs;
 #pragma omp for schedule(dynamic, 16)

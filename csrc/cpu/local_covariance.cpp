@@ -49,7 +49,7 @@ template <typename T>
 void local_top_eigenvalues(const T* X, int64_t n, int64_t D, const int64_t* idx, int64_t k, double* out) {
   DIHAL_NVTX_RANGE("dihal/local_eigen");
   const int m = int(k + 1);
-#pragma omp parallel
+#pragma omp parallel if(parallel_worth(double(n) * double(m) * double(m) * double(D)))
   {
     std::vector<double> C(size_t(m) * size_t(D)), G(size_t(m) * size_t(m)), mean(D);
 #pragma omp for schedule(dynamic, 8)

@@ -2,6 +2,7 @@
 // pairs (Y = X L^-T, one triangular solve), then each pair quotient is ||y_i - y_j||^2 / ||x_i - x_j||^2.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -36,14 +37,17 @@ void pair_quotients(const T* X, int64_t n, int64_t D, const double* mean, const 
       }
   const int64_t nr = int64_t(rows.size());
   std::vector<double> Y(size_t(nr) * size_t(D));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel_worth(double(nr) * double(D)))
   for (int64_t s = 0; s < nr; ++s)
     for (int64_t c = 0; c < D; ++c) Y[size_t(s * D + c)] = double(X[rows[s] * D + c]) - mean[c];
   // Solve Y L^T = Xc, i.e. y_i = L^-1 x_i, so ||y_i - y_j||^2 = d^T (S + lam I)^-1 d.
-  scipy_cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, int(nr), int(D), 1.0, L.data(),
-                    int(D), Y.data(), int(D));
+  constexpr int64_t kChunk = 64;  // rows per triangular solve; chunks run on the OpenMP threads
+#pragma omp parallel for schedule(dynamic, 1) if(parallel_worth(double(nr) * double(D) * double(D)))
+  for (int64_t r0 = 0; r0 < nr; r0 += kChunk)
+    scipy_cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, int(std::min(kChunk, nr - r0)),
+                      int(D), 1.0, L.data(), int(D), Y.data() + r0 * D, int(D));
 
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if(parallel_worth(double(n_pairs) * double(D)))
   for (int64_t p = 0; p < n_pairs; ++p) {
     const T* xi = X + pi[p] * D;
     const T* xj = X + pj[p] * D;

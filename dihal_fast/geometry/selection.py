@@ -10,8 +10,11 @@ PROXY_NAMES = ("m_curv", "m_mono", "k_eff")
 
 
 def _zscore(values: np.ndarray) -> np.ndarray:
-    sd = values.std()  # population standard deviation
-    return (values - values.mean()) / sd if sd > 0 else np.zeros_like(values)
+    """Standardise with the population std; a column that is constant up to rounding scores 0."""
+    mean, sd = values.mean(), values.std()
+    if sd <= 1e-12 * max(1.0, abs(mean)):
+        return np.zeros_like(values)
+    return (values - mean) / sd
 
 
 def selection_scores(proxies_by_layer: Mapping[int, Mapping[str, float]]) -> tuple[dict[int, float], int]:
