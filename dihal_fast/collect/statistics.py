@@ -62,8 +62,7 @@ class LayerStatistics:
         for layer in self.layers:
             h = hidden_states[layer]
             rows[layer] = h.reshape(-1, h.shape[-1]).index_select(0, flat)
-            host = rows[layer] if rows[layer].device.type == "cpu" else rows[layer].cpu()
-            self.covariances[layer].update(host)
+            self.covariances[layer].update(rows[layer])  # on the GPU for CUDA hidden states
         with nvtx_range("reservoir"):
             self.reservoir.offer(
                 token_keys(token_positions, self.seed), token_positions, input_ids.reshape(-1)[flat].cpu().numpy(), rows
