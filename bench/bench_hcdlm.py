@@ -28,7 +28,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import report, table  # noqa: E402
 
-from dihal_fast.backbone import default_model_dir  # noqa: E402
 from dihal_fast.common import atomic_write_json  # noqa: E402
 from dihal_fast.hcdlm.config import ModelConfig, RunConfig, SampleConfig, TrainConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file, generated_sudoku, text_windows  # noqa: E402
@@ -70,6 +69,8 @@ def run_config(task: str, model: str, args: argparse.Namespace) -> RunConfig:
     elif task == "countdown":
         task_cfg = TaskConfig("countdown", countdown_numbers=[3, 4])
     else:
+        from dihal_fast.backbone import default_model_dir
+
         task_cfg = TaskConfig("text", text_files=[str(SHARED / "text" / "tinystories.train.txt")], text_len=args.text_len,
                               text_max_chars=400_000, tokenizer_dir=str(default_model_dir()))
         latents = args.text_latents
@@ -102,6 +103,8 @@ def timed_batch(run, examples, steps: int, batch: int = 64) -> float:
 
 def bench_text(models: list[str], args: argparse.Namespace) -> dict:
     """Gen PPL (shipped backbone as evaluator) and entropy of samples from each model, and of real text."""
+    from dihal_fast.backbone import default_model_dir
+
     steps = max(int(s) for s in args.steps_list.split(","))
     results, reference = {}, None
     for model in models:
