@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
-
-logger = logging.getLogger(__name__)
 
 
 def add_eval_options(parser: argparse.ArgumentParser) -> None:

@@ -56,6 +56,7 @@ class StageClock:
         self.times = read_json(path, "stage timings") if path.is_file() else {}
 
     def run(self, name: str, fn, done: bool):
+        logger.info("demo stage %s: %s", name, "reusing its finished output" if done else "running")
         start = time.perf_counter()
         result = fn()
         if not done or name not in self.times:

@@ -26,7 +26,6 @@ class LoadedLM:
     tokenizer: object
     backbone_dir: Path
     context: int
-
     nfe: int | None = None
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -71,10 +70,12 @@ def load_lm(path: str | os.PathLike | None, dtype: str = "float32", device: str 
         hybrid_dir = find_hybrid_dir(Path(path))
         if hybrid_dir is not None:
             model, tokenizer, backbone_dir = load_hybrid(hybrid_dir, device)
+            logger.info("loaded the hybrid in %s (layer %d of %s)", hybrid_dir, model.config.layer, backbone_dir)
             context = evaluator_context(model, tokenizer)
             return LoadedLM("hybrid", hybrid_dir, model, tokenizer, backbone_dir, context, nfe)
     model_dir = resolve_model_dir(path)
     model, tokenizer = load_causal_lm(model_dir, dtype=dtype, device=device)
+    logger.info("loaded the causal LM in %s (%s)", model_dir, dtype)
     return LoadedLM("backbone", model_dir, model, tokenizer, model_dir, evaluator_context(model, tokenizer))
 
 

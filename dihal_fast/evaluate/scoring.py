@@ -99,6 +99,7 @@ def generative_perplexity(
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         n_truncated += len(ids) > keep
         token_ids.append(ids[:keep])
+    logger.info("scoring %d samples under the evaluator (context %d, %d truncated)", len(texts), context, n_truncated)
     scored = [(i, prefix + ids) for i, ids in enumerate(token_ids) if len(prefix + ids) >= 2]
     if not scored:
         raise ValueError("every sample is empty (or one token without a BOS) after retokenisation; nothing to score")
