@@ -16,7 +16,8 @@ from dihal_fast.hcdlm.config import RunConfig, SampleConfig
 from dihal_fast.hcdlm.kernels import make_kernel
 from dihal_fast.hcdlm.models import build_model
 from dihal_fast.hcdlm.sampler import generate
-from dihal_fast.tasks.base import EvalExample
+from dihal_fast.hcdlm.kernels import AbsorbingKernel, UniformKernel
+from dihal_fast.tasks.base import EvalExample, Task
 
 logger = logging.getLogger(__name__)
 
@@ -24,9 +25,9 @@ logger = logging.getLogger(__name__)
 @dataclass
 class LoadedRun:
     config: RunConfig
-    task: object
+    task: Task
     model: torch.nn.Module
-    kernel: object
+    kernel: UniformKernel | AbsorbingKernel
     step: int
 
 
