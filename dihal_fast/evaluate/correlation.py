@@ -83,7 +83,7 @@ def plot_sweep(path: str | Path, rows: Sequence[Mapping], correlations: Mapping)
         left.annotate(str(layer), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     rho = correlations["spearman"]["mean"]
     left.set(xlabel="selection score (mean over runs)", ylabel="validation bridge loss",
-             title=f"score vs bridge loss (Spearman of score vs -loss: {rho:.3f})" if rho is not None else "score vs bridge loss")
+             title=f"score vs bridge loss (Spearman with -loss, mean over runs: {rho:.3f})" if rho is not None else "score vs bridge loss")
     right.plot(layers, score, "o-", color="tab:blue", label="score")
     right.set(xlabel="layer", ylabel="selection score")
     right.xaxis.get_major_locator().set_params(integer=True)
