@@ -131,6 +131,12 @@ def render_text(out: dict, args: argparse.Namespace) -> str:
             "per-sample unigram entropy (nats) of the evaluator's tokens. Trained on the first 400k characters of tinystories.train.")
 
 
+def pooled(row: dict, key: str) -> float:
+    """The example-weighted mean of ``key`` over a curve row's groups."""
+    groups = row["groups"].values()
+    return sum(g[key] * g["n"] for g in groups) / sum(g["n"] for g in groups)
+
+
 def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
     steps_list = [int(s) for s in args.steps_list.split(",")]
     main_steps = max(steps_list)
@@ -153,6 +159,9 @@ def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
         logging.info("%s/%s: %s", task, model, {g: round(v["accuracy"], 4) for g, v in entry["groups"].items()})
     plot = plot_accuracy_vs_steps({LABELS[m]: r["curve"] for m, r in results.items()}, args.out / f"{task}_accuracy_vs_steps.png",
                                   f"{task}: accuracy vs sampling steps")
+    key = "blank_cells" if task == "sudoku" else "true_steps"
+    plot_accuracy_vs_steps({LABELS[m]: [{"steps": c["steps"], "accuracy": pooled(c, key)} for c in r["curve"]] for m, r in results.items()},
+                           args.out / f"{task}_{key}_vs_steps.png", f"{task}: {key.replace('_', ' ')} vs sampling steps")
     atomic_write_json(args.out / f"{task}_results.json", results)
     return {"results": results, "plot": str(plot), "steps_list": steps_list}
 
@@ -160,23 +169,23 @@ def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
 def render(task: str, out: dict, args: argparse.Namespace) -> str:
     results, steps_list = out["results"], out["steps_list"]
     groups = ["easy", "hard"] if task == "sudoku" else ["cd3", "cd4"]
+    extras = [("blank_cells", "blank cells")] if task == "sudoku" else [("loose", "loose"), ("true_steps", "true steps")]
     header = ["model", "params", "train steps", f"train {args.clock} s"] + [f"{g} acc %" for g in groups]
-    if task == "countdown":
-        header += [f"{g} loose %" for g in groups]
+    header += [f"{g} {label} %" for key, label in extras for g in groups]
+
+    def cells(scores: dict) -> list:
+        return [round(100 * scores[g]["accuracy"], 1) for g in groups] + [round(100 * scores[g][key], 1) for key, _ in extras for g in groups]
+
     rows = []
     for model, r in results.items():
-        row = [LABELS[model], r["train"]["parameters"], r["train"]["step"], round(r["train"]["elapsed_s"])]
-        row += [round(100 * r["groups"][g]["accuracy"], 1) for g in groups]
-        if task == "countdown":
-            row += [round(100 * r["groups"][g]["loose"], 1) for g in groups]
-        rows.append(row)
+        rows.append([LABELS[model], r["train"]["parameters"], r["train"]["step"], round(r["train"]["elapsed_s"])] + cells(r["groups"]))
         for key, label in (("groups_prob_order", "MDM top-prob order"), ("groups_cfg", f"HC-DLM, CFG w={args.cfg_weight}")):
             if key in r:
-                extra = [label, "", "", ""] + [round(100 * r[key][g]["accuracy"], 1) for g in groups]
-                rows.append(extra + ([round(100 * r[key][g]["loose"], 1) for g in groups] if task == "countdown" else []))
+                rows.append([label, "", "", ""] + cells(r[key]))
     text = table(header, rows)
-    curve_rows = [[LABELS[m]] + [f"{100 * c['accuracy']:.1f}" for c in r["curve"]] for m, r in results.items()]
-    text += "\n\nAccuracy (%, all groups) vs sampling steps (AR decodes left to right; its row repeats):\n\n"
+    partial_key, partial_label = extras[-1]
+    curve_rows = [[LABELS[m]] + [f"{100 * c['accuracy']:.1f} / {100 * pooled(c, partial_key):.1f}" for c in r["curve"]] for m, r in results.items()]
+    text += f"\n\nAccuracy / {partial_label} (%, all groups) vs sampling steps (AR decodes left to right; its row repeats):\n\n"
     text += table(["model"] + [str(s) for s in steps_list], curve_rows)
     if "hcdlm" in results and "mdm" in results:
         t_h, t_m = results["hcdlm"]["batch_seconds"], results["mdm"]["batch_seconds"]

@@ -54,10 +54,13 @@ def test_sudoku_encoding_round_trip():
     assert context.shape == target.shape == (4, 36) and int(target.max()) <= 5 and int(context.max()) <= 6
     puzzle, solution = task.pool[0]
     example = task.example(puzzle, solution, "easy")
-    assert task.score(example, [v - 1 for v in solution]) == {"correct": True, "valid": True}
+    assert task.score(example, [v - 1 for v in solution]) == {"correct": True, "valid": True, "blank_cells": 1.0}
+    blanks = [i for i, v in enumerate(puzzle) if v == 0]
     wrong = [v - 1 for v in solution]
-    wrong[0], wrong[1] = wrong[1], wrong[0]
-    assert task.score(example, wrong)["correct"] is False
+    wrong[blanks[0]] = (wrong[blanks[0]] + 1) % 6
+    scores = task.score(example, wrong)
+    assert scores["correct"] is False and scores["valid"] is False
+    assert scores["blank_cells"] == pytest.approx(1 - 1 / len(blanks))
     assert parse_box("2x3") == (2, 3)
     with pytest.raises(ValueError):
         parse_box("3by3")
@@ -73,8 +76,10 @@ def test_countdown_encoding_round_trip():
     example = task.example(problem, "cd4")
     solution = "80-58=22,22/11=2,83-2=81"
     assert task.render(task.encode_solution(solution)) == solution and check_strict(problem, solution)
-    assert task.score(example, task.encode_solution(solution)) == {"correct": True, "loose": True}
-    assert task.score(example, task.encode_solution("80+1=81")) == {"correct": False, "loose": True}
+    assert task.score(example, task.encode_solution(solution)) == {"correct": True, "loose": True, "true_steps": 1.0}
+    assert task.score(example, task.encode_solution("80+1=81")) == {"correct": False, "loose": True, "true_steps": 1.0}
+    assert task.score(example, task.encode_solution("80+1=82,3*3=9")) == {"correct": False, "loose": False, "true_steps": 0.5}
+    assert task.score(example, task.encode_solution("80+1")) == {"correct": False, "loose": False, "true_steps": 0.0}
     with pytest.raises(ValueError, match="longer than"):
         task.encode_solution("1+1=2," * 10)
 

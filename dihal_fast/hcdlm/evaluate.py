@@ -60,19 +60,19 @@ def sample_targets(run: LoadedRun, contexts: torch.Tensor, cfg: SampleConfig, se
 
 
 def evaluate_examples(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0, show: int = 3) -> dict:
-    """Accuracy overall and per group (plus any other score flags, e.g. Countdown ``loose``)."""
+    """Accuracy overall and per group, plus the mean of every other score (e.g. Countdown ``loose``)."""
     if not examples:
         raise ValueError("no evaluation examples")
     contexts = torch.tensor([ex.context for ex in examples], dtype=torch.long).reshape(len(examples), -1)
     targets, seconds = sample_targets(run, contexts, cfg, seed)
-    totals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for ex, target in zip(examples, targets):
-        flags = run.task.score(ex, target)
+        scores = run.task.score(ex, target)
         for group in ("all", ex.group):
             totals[group]["n"] += 1
-            for name, ok in flags.items():
-                totals[group][name] += int(ok)
-    groups = {g: {"n": c["n"], **{("accuracy" if k == "correct" else k): c[k] / c["n"] for k in c if k != "n"}} for g, c in totals.items()}
+            for name, value in scores.items():
+                totals[group][name] += float(value)
+    groups = {g: {"n": int(c["n"]), **{("accuracy" if k == "correct" else k): c[k] / c["n"] for k in c if k != "n"}} for g, c in totals.items()}
     overall = groups.pop("all")
     return {**overall, "groups": groups, "sampling_steps": cfg.steps, "seconds_per_batch": seconds,
             "batch_size": cfg.batch_size, "examples": [run.task.render(t) for t in targets[:show]]}

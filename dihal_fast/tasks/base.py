@@ -49,8 +49,8 @@ class Task(Protocol):
     def train_batch(self, rng: random.Random, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(context (B, context_len), target (B, target_len))`` int64 tensors of training examples."""
 
-    def score(self, example: EvalExample, target: list[int]) -> dict[str, bool]:
-        """Named correctness flags of a generated target (``correct`` at least, for puzzle tasks)."""
+    def score(self, example: EvalExample, target: list[int]) -> dict[str, float]:
+        """Named scores in [0, 1] of a generated target (``correct`` at least, for puzzle tasks)."""
 
     def render(self, target: list[int]) -> str:
         """Human-readable form of a generated target."""

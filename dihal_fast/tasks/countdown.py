@@ -68,6 +68,14 @@ def parse_steps(solution: str) -> list[tuple[int, str, int, int]] | None:
     return steps
 
 
+def true_step_share(solution: str) -> float:
+    """Share of the written steps that are arithmetically true (0 when the text is not a step list)."""
+    steps = parse_steps(solution)
+    if not steps:
+        return 0.0
+    return sum(apply_op(a, op, b) == c for a, op, b, c in steps) / len(steps)
+
+
 def check_loose(problem: Problem, solution: str) -> bool:
     """Every step is arithmetically true and the last result equals the target."""
     steps = parse_steps(solution)

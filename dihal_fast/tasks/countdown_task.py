@@ -10,7 +10,7 @@ import random
 import torch
 
 from dihal_fast.tasks.base import EvalExample, TaskSpec, stack_pairs
-from dihal_fast.tasks.countdown import Problem, check_loose, check_strict, generate
+from dihal_fast.tasks.countdown import Problem, check_loose, check_strict, generate, true_step_share
 
 TARGET_CHARS = "0123456789+-*/=,"
 CONTEXT_CHARS = "0123456789,"
@@ -65,7 +65,9 @@ class CountdownTask:
             out.append(TARGET_CHARS[v])
         return "".join(out)
 
-    def score(self, example: EvalExample, target: list[int]) -> dict[str, bool]:
-        """``correct`` = strict (each number used once), ``loose`` = steps true and final = target."""
+    def score(self, example: EvalExample, target: list[int]) -> dict[str, float]:
+        """``correct`` = strict (each number used once), ``loose`` = steps true and final = target,
+        ``true_steps`` = share of written steps that are arithmetically true."""
         text = self.render(target)
-        return {"correct": check_strict(example.payload, text), "loose": check_loose(example.payload, text)}
+        return {"correct": check_strict(example.payload, text), "loose": check_loose(example.payload, text),
+                "true_steps": true_step_share(text)}

@@ -119,6 +119,14 @@ def is_valid_solution(puzzle: tuple[int, ...], solution: tuple[int, ...], geo: G
     return all(len({solution[i] for i in unit}) == geo.n for unit in geo.units)
 
 
+def blank_cell_accuracy(puzzle: tuple[int, ...], solution: tuple[int, ...], grid: tuple[int, ...]) -> float:
+    """Share of the puzzle's empty cells that ``grid`` fills with the solution's digit (partial credit)."""
+    blanks = [i for i, v in enumerate(puzzle) if v == 0]
+    if not blanks:
+        return 1.0
+    return sum(grid[i] == solution[i] for i in blanks) / len(blanks)
+
+
 def initial_candidates(grid: tuple[int, ...], geo: Geometry) -> list[int] | None:
     """Candidate bitmasks of every cell (givens as single bits), or None for contradictory givens."""
     if not givens_consistent(grid, geo):

@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.tasks.base import EvalExample, TaskSpec, stack_pairs
-from dihal_fast.tasks.sudoku import Geometry, format_grid, geometry, is_valid_solution, random_symmetry
+from dihal_fast.tasks.sudoku import Geometry, blank_cell_accuracy, format_grid, geometry, is_valid_solution, random_symmetry
 from dihal_fast.tasks.sudoku_grade import generate
 
 logger = logging.getLogger(__name__)
@@ -72,11 +72,13 @@ class SudokuTask:
     def grid(self, target: list[int]) -> tuple[int, ...]:
         return tuple(int(v) + 1 for v in target)
 
-    def score(self, example: EvalExample, target: list[int]) -> dict[str, bool]:
-        """``correct``: the whole board equals the reference; ``valid``: a valid grid keeping the givens."""
+    def score(self, example: EvalExample, target: list[int]) -> dict[str, float]:
+        """``correct``: the whole board equals the reference; ``valid``: a valid grid keeping the givens;
+        ``blank_cells``: share of empty cells filled correctly."""
         puzzle, solution = example.payload
         grid = self.grid(target)
-        return {"correct": grid == tuple(solution), "valid": is_valid_solution(puzzle, grid, self.geo)}
+        return {"correct": grid == tuple(solution), "valid": is_valid_solution(puzzle, grid, self.geo),
+                "blank_cells": blank_cell_accuracy(puzzle, solution, grid)}
 
     def render(self, target: list[int]) -> str:
         return format_grid(self.grid(target), pretty=True, geo=self.geo)

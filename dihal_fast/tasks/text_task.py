@@ -55,5 +55,5 @@ class TextTask:
     def render(self, target: list[int]) -> str:
         return self.tokenizer.decode(target, skip_special_tokens=True)
 
-    def score(self, example: EvalExample, target: list[int]) -> dict[str, bool]:
+    def score(self, example: EvalExample, target: list[int]) -> dict[str, float]:
         raise ValueError("text samples are scored with Gen PPL and entropy, not per-example correctness")
