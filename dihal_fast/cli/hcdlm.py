@@ -54,10 +54,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sudoku-difficulty", default=k.sudoku_train_difficulty, choices=["singles", "advanced", "search", "hard"], help="grade of the training puzzles")
     p.add_argument("--countdown-numbers", type=_int_list, default=k.countdown_numbers, help="numbers per training problem, e.g. 3,4")
     p.add_argument("--countdown-len", type=int, default=k.countdown_target_len, help="solution length in characters (0 = room for the largest problem)")
-    p.add_argument("--text-files", nargs="+", default=None, help="training text files (default: ../shared/data/text/tinystories.train.txt)")
+    p.add_argument("--text-files", nargs="+", default=None, help="training text files; ../shared/data/text/tinystories.train.txt when omitted")
     p.add_argument("--text-len", type=int, default=k.text_len, help="tokens per text sample")
     p.add_argument("--text-max-chars", type=int, default=k.text_max_chars, help="read at most this many characters per file (0 = all)")
-    p.add_argument("--backbone", type=Path, default=None, help="checkpoint whose tokenizer the text task uses (default: the shipped backbone)")
+    p.add_argument("--backbone", type=Path, default=None, help="checkpoint whose tokenizer the text task uses; the shipped backbone when omitted")
     p.set_defaults(func=run_train)
 
 
@@ -69,7 +69,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cfg-weight", type=float, default=s.cfg_weight, help="classifier-free guidance weight on the scaffold (0 = off; paper 2.75)")
     p.add_argument("--remask", choices=["confidence", "random"], default=s.remask, help="absorbing kernel: which scaffold tokens are re-masked")
     p.add_argument("--order", choices=["prob", "margin"], default=s.order, help="MDM unmasking order: top-probability or top-probability margin")
-    p.add_argument("--temperature", type=float, default=None, help="token sampling temperature, float64 (default: 0 = argmax for puzzles, 1 for text)")
+    p.add_argument("--temperature", type=float, default=None, help="token sampling temperature, float64; when omitted 0 (argmax) for puzzles and 1 for text")
     p.add_argument("--batch-size", type=int, default=s.batch_size, help="examples per sampling batch")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--raw-weights", action="store_true", help="use the raw weights instead of the EMA")
@@ -85,7 +85,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N records")
     p.add_argument("--steps-sweep", type=_int_list, default=[5, 10, 25, 50], help="step counts for the accuracy-vs-steps plot (empty = none)")
     p.add_argument("--samples", type=int, default=64, help="text: number of samples to score")
-    p.add_argument("--evaluator", type=Path, default=None, help="text: evaluator LM for Gen PPL (default: the shipped backbone)")
+    p.add_argument("--evaluator", type=Path, default=None, help="text: evaluator LM for Gen PPL; the shipped backbone when omitted")
     _add_sampling(p)
     p.set_defaults(func=run_eval)
 
