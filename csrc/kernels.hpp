@@ -36,10 +36,9 @@ void pair_quotients(const T* X, int64_t n, int64_t D, const double* mean, const 
 // iterations used through *iterations when non-null.
 double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* iterations);
 
-// Largest eigenvalue of a small symmetric m x m matrix (cyclic Jacobi; A is overwritten).
-// top_eigenpair_small also writes the unit eigenvector into vec (m entries) when vec is non-null.
+// Largest eigenvalue of a small symmetric m x m matrix (Householder tridiagonalisation and
+// Sturm bisection; A is overwritten).
 double top_eigenvalue_small(double* A, int m);
-double top_eigenpair_small(double* A, int m, double* vec);
 
 // Largest |x| over a dense array in one read-only pass; NaN if any element is NaN, inf if any is inf.
 template <typename T>

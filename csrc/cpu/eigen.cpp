@@ -1,5 +1,5 @@
-// Top eigenvalues: cyclic Jacobi for small dense symmetric matrices, Lanczos with full
-// reorthogonalisation for large positive semi-definite ones.
+// Top eigenvalues: Householder + Sturm bisection for small dense symmetric matrices, Lanczos with
+// full reorthogonalisation (Ritz pairs by Jacobi, csrc/jacobi.hpp) for large positive semi-definite ones.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -8,57 +8,11 @@
 #include <vector>
 
 #include "blas.hpp"
+#include "jacobi.hpp"
 #include "kernels.hpp"
 #include "nvtx.hpp"
 
 namespace dihal {
-
-double top_eigenpair_small(double* A, int m, double* vec) {
-  std::vector<double> V;
-  if (vec) {
-    V.assign(size_t(m) * size_t(m), 0.0);
-    for (int p = 0; p < m; ++p) V[size_t(p * m + p)] = 1.0;
-  }
-  for (int sweep = 0; sweep < 100 && m > 1; ++sweep) {
-    double off = 0.0, diag = 0.0;
-    for (int p = 0; p < m; ++p) {
-      diag += A[p * m + p] * A[p * m + p];
-      for (int q = p + 1; q < m; ++q) off += A[p * m + q] * A[p * m + q];
-    }
-    if (off <= 1e-30 * diag || off == 0.0) break;
-    for (int p = 0; p < m - 1; ++p) {
-      for (int q = p + 1; q < m; ++q) {
-        const double apq = A[p * m + q];
-        if (apq == 0.0) continue;
-        const double theta = (A[q * m + q] - A[p * m + p]) / (2.0 * apq);
-        const double t = std::copysign(1.0, theta) / (std::fabs(theta) + std::sqrt(theta * theta + 1.0));
-        const double c = 1.0 / std::sqrt(t * t + 1.0), s = t * c;
-        for (int r = 0; r < m; ++r) {  // A <- A J (columns p, q)
-          const double arp = A[r * m + p], arq = A[r * m + q];
-          A[r * m + p] = c * arp - s * arq;
-          A[r * m + q] = s * arp + c * arq;
-        }
-        for (int r = 0; r < m; ++r) {  // A <- J^T A (rows p, q)
-          const double apr = A[p * m + r], aqr = A[q * m + r];
-          A[p * m + r] = c * apr - s * aqr;
-          A[q * m + r] = s * apr + c * aqr;
-        }
-        if (vec)
-          for (int r = 0; r < m; ++r) {  // V <- V J
-            const double vrp = V[size_t(r * m + p)], vrq = V[size_t(r * m + q)];
-            V[size_t(r * m + p)] = c * vrp - s * vrq;
-            V[size_t(r * m + q)] = s * vrp + c * vrq;
-          }
-      }
-    }
-  }
-  int best = 0;
-  for (int p = 1; p < m; ++p)
-    if (A[p * m + p] > A[best * m + best]) best = p;
-  if (vec)
-    for (int r = 0; r < m; ++r) vec[r] = V[size_t(r * m + best)];
-  return A[best * m + best];
-}
 
 // Householder reduction of a symmetric m x m matrix to tridiagonal form (diagonal d, off-diagonal e),
 // then bisection with Sturm counts for the largest eigenvalue: about 4/3 m^3 + 60 m flops.
@@ -173,8 +127,8 @@ double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* itera
       T[size_t(i * m + i)] = alpha[size_t(i)];
       if (i + 1 < m) T[size_t(i * m + i + 1)] = T[size_t((i + 1) * m + i)] = beta[size_t(i)];
     }
-    std::vector<double> s(static_cast<size_t>(m));
-    theta = top_eigenpair_small(T.data(), m, s.data());
+    std::vector<double> s(static_cast<size_t>(m)), work(static_cast<size_t>(m) * static_cast<size_t>(m));
+    theta = jacobi_top_eigenpair(T.data(), m, work.data(), s.data());
     const double last = s[size_t(m - 1)];
     const double residual = std::fabs(b * last);
     if (b <= 1e-14 * std::max(std::fabs(theta), 1e-300) || (residual <= rel_tol * std::fabs(theta))) {

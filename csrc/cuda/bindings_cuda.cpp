@@ -140,7 +140,7 @@ double jacobi_top_eigenvalue(py::array_t<double, py::array::c_style | py::array:
   if (A.ndim() != 2 || A.shape(0) != A.shape(1) || A.shape(0) < 1 || A.shape(0) > 255)
     throw std::invalid_argument("A must be a square matrix of size 1..255");
   std::vector<double> work(A.data(), A.data() + A.size());
-  return dihal::cuda::jacobi_top_eigenvalue(work.data(), int(A.shape(0)));
+  return dihal::jacobi_top_eigenvalue(work.data(), int(A.shape(0)));
 }
 
 }  // namespace
