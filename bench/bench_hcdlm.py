@@ -161,7 +161,8 @@ def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
                                   f"{task}: accuracy vs sampling steps")
     key = "blank_cells" if task == "sudoku" else "true_steps"
     plot_accuracy_vs_steps({LABELS[m]: [{"steps": c["steps"], "accuracy": pooled(c, key)} for c in r["curve"]] for m, r in results.items()},
-                           args.out / f"{task}_{key}_vs_steps.png", f"{task}: {key.replace('_', ' ')} vs sampling steps")
+                           args.out / f"{task}_{key}_vs_steps.png", f"{task}: {key.replace('_', ' ')} vs sampling steps",
+                           f"{key.replace('_', ' ')} (%)")
     atomic_write_json(args.out / f"{task}_results.json", results)
     return {"results": results, "plot": str(plot), "steps_list": steps_list}
 

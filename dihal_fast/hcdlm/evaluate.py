@@ -91,7 +91,8 @@ def accuracy_vs_steps(run: LoadedRun, examples: list[EvalExample], steps_list: l
     return rows
 
 
-def plot_accuracy_vs_steps(curves: dict[str, list[dict]], path: str | Path, title: str = "accuracy vs sampling steps") -> Path:
+def plot_accuracy_vs_steps(curves: dict[str, list[dict]], path: str | Path, title: str = "accuracy vs sampling steps",
+                           ylabel: str = "accuracy (%)") -> Path:
     """One line per model (``label -> rows`` from :func:`accuracy_vs_steps`), log-x, saved as PNG."""
     import matplotlib
 
@@ -102,8 +103,11 @@ def plot_accuracy_vs_steps(curves: dict[str, list[dict]], path: str | Path, titl
     for label, rows in curves.items():
         ax.plot([r["steps"] for r in rows], [100 * r["accuracy"] for r in rows], marker="o", label=label)
     ax.set_xscale("log")
+    steps = sorted({r["steps"] for rows in curves.values() for r in rows})
+    ax.set_xticks(steps, [str(s) for s in steps])
+    ax.minorticks_off()
     ax.set_xlabel("sampling steps")
-    ax.set_ylabel("accuracy (%)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
