@@ -124,6 +124,18 @@ def test_save_load_round_trip_gives_identical_logits(backbones, family, tmp_path
     assert torch.equal(loaded.generate(ids[:, :3], 4, seed=1).sequences, hybrid.generate(ids[:, :3], 4, seed=1).sequences)
 
 
+def test_check_backbone_catches_a_replaced_checkpoint(backbones, tmp_path):
+    from dihal_fast.testing import make_tiny_checkpoint
+
+    hybrid = _hybrid(backbones, "llama")
+    hybrid.check_backbone(backbones["llama"][0])
+    other = load_causal_lm(make_tiny_checkpoint(tmp_path / "other", "llama", seed=1))[0]
+    with pytest.raises(ValueError, match="differs from the one this hybrid was cut from"):
+        hybrid.check_backbone(other)
+    with pytest.raises(ValueError, match="4-layer qwen3"):
+        hybrid.check_backbone(backbones["qwen3"][0])
+
+
 def test_frozen_by_default_and_optionally_unfrozen(backbones):
     hybrid = _hybrid(backbones, "llama")
     assert all(p.requires_grad for p in hybrid.bridge.parameters())

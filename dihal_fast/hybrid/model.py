@@ -96,7 +96,6 @@ class HybridLM(nn.Module):
         self._cache_keyword = "cache" if "cache" in inspect.signature(upper.forward).parameters else "past_key_values"
         if position_table is not None:
             position_table.requires_grad_(False)
-        self.upper.requires_grad_(False)
         self.set_upper_trainable(not config.freeze_upper)
 
     # ----------------------------------------------------------------- construction
@@ -123,6 +122,27 @@ class HybridLM(nn.Module):
             frozen_always = "embed" in name or "wte" in name or "wpe" in name or "lm_head" in name
             parameter.requires_grad_(trainable and not frozen_always)
         self.config.freeze_upper = not trainable
+
+    def check_backbone(self, backbone: nn.Module) -> None:
+        """Raise ValueError unless ``backbone`` holds the weights this hybrid was cut from.
+
+        Compares the retained part (embeddings, head, and the frozen layers and norm) tensor by tensor, so a
+        checkpoint directory that was overwritten since the hybrid was trained is caught before it is used
+        as a reference.
+        """
+        family = slicing.check_family(backbone.config)
+        if backbone.config.num_hidden_layers != self.config.backbone_layers or family != self.config.family:
+            raise ValueError(f"the backbone is a {backbone.config.num_hidden_layers}-layer {family}, this hybrid was cut "
+                             f"from a {self.config.backbone_layers}-layer {self.config.family} ({self.config.backbone_dir})")
+        expected = slicing.upper_state_dict(backbone.state_dict(), self.config.layer, family)
+        trained = {name for name, p in self.upper.named_parameters() if p.requires_grad}
+        for name, value in self.upper.state_dict().items():
+            if name in trained:
+                continue
+            other = expected.get(name)
+            if other is None or other.shape != value.shape or not torch.equal(other.to(value), value):
+                raise ValueError(f"the backbone's {name} differs from the one this hybrid was cut from "
+                                 f"({self.config.backbone_dir}); was that checkpoint replaced after training?")
 
     def train(self, mode: bool = True) -> HybridLM:
         """Train mode for the bridge only: the retained layers keep eval behaviour (no dropout), as the teacher."""
