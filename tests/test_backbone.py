@@ -257,3 +257,5 @@ def test_info_prints_perplexities(capsys):
     assert main(["backbone", "info"]) == 0
     out = capsys.readouterr().out
     assert "LlamaForCausalLM" in out and "parameters:" in out and "gutenberg_nltk" in out
+    assert main(["backbone", "info", "--model", "/no/such/dir"]) == 2
+    assert "no checkpoint at /no/such/dir" in capsys.readouterr().err

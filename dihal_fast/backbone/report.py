@@ -105,6 +105,8 @@ def describe_backbone(model_dir: str | Path) -> str:
     from transformers import AutoConfig
 
     model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"no checkpoint at {model_dir} (expected a directory with config.json, model weights, tokenizer)")
     config = AutoConfig.from_pretrained(str(model_dir))
     lines = [
         f"backbone: {model_dir}",
