@@ -26,7 +26,7 @@ def _hybrid(backbones, family: str, layer: int = 2, **bridge) -> HybridLM:
     model, tokenizer, path = backbones[family]
     torch.manual_seed(0)
     hybrid = HybridLM.from_backbone(model, layer, {"width": 32, "heads": 2, **bridge}, tokenizer, path).eval()
-    torch.nn.init.normal_(hybrid.bridge.out[1].weight, std=0.3)  # a fresh bridge outputs the mean: make it depend on x
+    torch.nn.init.normal_(hybrid.bridge.out.weight, std=0.3)  # a fresh bridge outputs the mean: make it depend on x
     return hybrid
 
 

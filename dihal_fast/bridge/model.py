@@ -47,6 +47,7 @@ class BridgeConfig(DictConfig):
     nfe: int = 2
     target_mean: list[float] = field(default_factory=list)  # per-dimension mean of h_l (teacher)
     target_std: float = 1.0  # sqrt(mean per-dimension variance of h_l)
+    condition_rms: float = 1.0  # root mean square of c(x): brings the condition to unit scale
 
     def __post_init__(self) -> None:
         self.width = self.width or self.hidden_size
@@ -63,6 +64,7 @@ class BridgeConfig(DictConfig):
             "time_dim": self.time_dim >= 2 and self.time_dim % 2 == 0,
             "nfe": self.nfe >= 1,
             "target_std": self.target_std > 0,
+            "condition_rms": self.condition_rms > 0,
             "target_mean": len(self.target_mean) == self.hidden_size,
         }
         for name, ok in checks.items():
@@ -113,9 +115,11 @@ class Bridge(nn.Module):
         self.prediction = Prediction(config.prediction)
         width = config.width
         widths = [width // 2**level for level in range(config.unet_depth + 1)]
-        self.condition_in = nn.Sequential(nn.LayerNorm(config.condition_size), nn.Linear(config.condition_size, width))
+        # No per-token normalisation on the paths from c(x) to the output (only the global condition_rms):
+        # h_l = c(x) + layer updates, and the norms of the embeddings differ by token and must reach the
+        # prediction (a LayerNorm would erase them).
+        self.condition_in = nn.Linear(config.condition_size, width)
         self.context = nn.ModuleList(ContextBlock(width, config.heads, config.mlp_ratio) for _ in range(config.context_layers))
-        self.context_norm = nn.LayerNorm(width)
         self.context_to_level = nn.ModuleList(nn.Linear(width, w) for w in widths)
         self.time_mlp = nn.Sequential(nn.Linear(config.time_dim, config.time_dim), nn.SiLU())
         self.noisy_in = nn.Linear(config.hidden_size, width)
@@ -124,9 +128,9 @@ class Bridge(nn.Module):
         self.middle = FiLMBlock(widths[-1], config.time_dim, config.mlp_ratio)
         self.ups = nn.ModuleList(nn.Linear(widths[i + 1], widths[i]) for i in range(config.unet_depth))
         self.up_blocks = nn.ModuleList(FiLMBlock(w, config.time_dim, config.mlp_ratio) for w in widths[:-1])
-        self.out = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, config.hidden_size))
-        nn.init.zeros_(self.out[1].weight)
-        nn.init.zeros_(self.out[1].bias)
+        self.out = nn.Linear(width, config.hidden_size)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
         # Plain float32 tensors, not buffers: a bf16 cast of the module must not round the statistics.
         self.target_mean = torch.tensor(config.target_mean, dtype=torch.float32)
         self.target_std = float(config.target_std)
@@ -152,12 +156,11 @@ class Bridge(nn.Module):
 
     def encode(self, condition: Tensor, positions: Tensor, key_mask: Tensor | None = None, cache: BridgeCache | None = None) -> list[Tensor]:
         """Per-level context features ``[(B, T, W / 2^k)]`` from ``c(x)``; extends ``cache`` in place."""
-        x = self.condition_in(condition.to(self.dtype))
+        x = self.condition_in((condition / self.config.condition_rms).to(self.dtype))
         for index, block in enumerate(self.context):
             x, kv = block(x, positions, key_mask, cache.layers[index] if cache is not None else None)
             if cache is not None:
                 cache.layers[index] = kv
-        x = self.context_norm(x)
         return [project(x) for project in self.context_to_level]
 
     def denoise(self, z: Tensor, t: Tensor, context: list[Tensor]) -> Tensor:

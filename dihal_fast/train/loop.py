@@ -151,8 +151,9 @@ def _bridge_config(checkpoint: Path | None, backbone, blocks: Blocks, layer: int
     if checkpoint is not None:
         return BridgeConfig.from_dict(read_json(checkpoint / "bridge_config.json", "checkpoint bridge config"))
     bridge_config = config.bridge_options(backbone.config.hidden_size, layer)
-    mean, std = target_statistics(backbone, blocks.train[: config.stats_blocks], layer, config.batch_size)
+    mean, std, condition_rms = target_statistics(backbone, blocks.train[: config.stats_blocks], layer, config.batch_size)
     bridge_config.target_mean, bridge_config.target_std = [float(v) for v in mean], std
+    bridge_config.condition_rms = condition_rms
     return bridge_config
 
 

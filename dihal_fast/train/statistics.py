@@ -5,25 +5,32 @@ import torch
 from torch import Tensor, nn
 
 from dihal_fast.hybrid import backbone_targets
+from dihal_fast.hybrid.slicing import embedding_output, position_table
 
 
 @torch.no_grad()
-def target_statistics(backbone: nn.Module, blocks: Tensor, layer: int, batch_size: int) -> tuple[Tensor, float]:
-    """Per-dimension mean (float64 ``(D,)``) and ``sqrt(mean per-dimension variance)`` of ``h_layer`` on ``blocks``."""
+def target_statistics(backbone: nn.Module, blocks: Tensor, layer: int, batch_size: int) -> tuple[Tensor, float, float]:
+    """Per-dimension mean (float64 ``(D,)``) and ``sqrt(mean per-dimension variance)`` of ``h_layer`` on
+    ``blocks``, and the root mean square of the condition ``c(x)`` on the same tokens."""
     if blocks.shape[0] == 0:
         raise ValueError("no blocks to compute target statistics on")
     device = next(backbone.parameters()).device
+    table = position_table(backbone)
     total = second = None
-    count = 0
+    condition_square, count = 0.0, 0
     for start in range(0, blocks.shape[0], batch_size):
-        hidden, _ = backbone_targets(backbone, blocks[start:start + batch_size].to(device), layer)
+        ids = blocks[start:start + batch_size].to(device)
+        hidden, _ = backbone_targets(backbone, ids, layer)
         flat = hidden.reshape(-1, hidden.shape[-1]).double().cpu()
         total = flat.sum(0) if total is None else total + flat.sum(0)
         second = flat.pow(2).sum(0) if second is None else second + flat.pow(2).sum(0)
+        positions = torch.arange(ids.shape[1], device=device).expand_as(ids)
+        condition_square += float(embedding_output(backbone, ids, positions, table).double().pow(2).sum())
         count += flat.shape[0]
     mean = total / count
     variance = (second / count - mean.pow(2)).clamp(min=0.0)
     std = float(variance.mean().sqrt())
-    if not std > 0:
-        raise ValueError(f"hidden state {layer} is constant on the statistics blocks; cannot normalise it")
-    return mean, std
+    condition_rms = (condition_square / (count * hidden.shape[-1])) ** 0.5
+    if not std > 0 or not condition_rms > 0:
+        raise ValueError(f"hidden state {layer} or the embedding output is constant on the statistics blocks; cannot normalise")
+    return mean, std, condition_rms
