@@ -29,7 +29,7 @@ class TrainConfig(DictConfig):
     stats_blocks: int = _opt(64, "training blocks used for the teacher's mean/std of h_l (target normalisation)")
     # optimisation
     steps: int = _opt(300, "optimizer steps in total")
-    lr: float = _opt(1e-3, "peak AdamW learning rate")
+    lr: float = _opt(3e-3, "peak AdamW learning rate")
     weight_decay: float = _opt(0.0, "AdamW weight decay")
     warmup_steps: int = _opt(20, "linear warm-up steps, then cosine decay to a tenth of the peak")
     grad_clip: float = _opt(1.0, "clip the global gradient norm to this value (0 = off)")
