@@ -200,7 +200,8 @@ def _loop(engine, ema: EMA, backbone, blocks: Blocks, config: TrainConfig, out_d
         return {}
     history = history + [final]
     atomic_write_json(out_dir / "validation.json", {"history": history, "final": final})
-    log.plot(out_dir / "loss_curve.png", f"bridge for hidden state {final['layer']}")
+    log.plot(out_dir / "loss_curve.png", f"bridge for hidden state {final['layer']}",
+             [(h["step"], h["bridge_loss"]) for h in history])
     result = {
         "layer": final["layer"], "steps": config.steps, "bridge_loss": final["bridge_loss"], "validation": final,
         "hybrid_dir": str(out_dir / "hybrid"), "engine": engine.kind, "world_size": engine.world_size,

@@ -35,8 +35,8 @@ class RunLog:
         kept = [r for r in self.records() if r.get("step", 0) <= step]
         atomic_write_bytes(self.path, "".join(json.dumps(r) + "\n" for r in kept).encode())
 
-    def plot(self, png: Path, title: str) -> None:
-        """Loss terms against step (log scale), validation bridge loss as points when present."""
+    def plot(self, png: Path, title: str, validation: list[tuple[int, float]]) -> None:
+        """Loss terms against step (log scale) and the validation bridge loss ``(step, loss)`` as points."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -48,7 +48,6 @@ class RunLog:
             points = [(r["step"], r[term]) for r in records if isinstance(r.get(term), (int, float)) and r[term] > 0]
             if points:
                 ax.plot(*zip(*points), label=term)
-        validation = [(r["step"], r["val_bridge_loss"]) for r in records if "val_bridge_loss" in r]
         if validation:
             ax.plot(*zip(*validation), "ko", label="validation bridge loss")
         ax.set_yscale("log")
