@@ -37,17 +37,20 @@ from dihal_fast.hcdlm.trainer import train  # noqa: E402
 from dihal_fast.tasks.registry import TaskConfig  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-LABELS = {"hcdlm": "HC-DLM", "mdm": "MDM", "latent": "Latent DM", "ar": "AR"}
+LABELS = {"hcdlm": "HC-DLM", "hcdlm_absorbing": "HC-DLM (absorbing)", "mdm": "MDM", "latent": "Latent DM", "ar": "AR"}
+VARIANTS = {"hcdlm_absorbing": ("hcdlm", "absorbing")}  # bench name -> (model kind, scaffold kernel)
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--tasks", default="sudoku,countdown", help="comma-separated: sudoku, countdown, text")
-    p.add_argument("--models", default="hcdlm,mdm,latent,ar", help="comma-separated models")
+    p.add_argument("--models", default="hcdlm,hcdlm_absorbing,mdm,latent,ar",
+                   help="comma-separated models (hcdlm = uniform scaffold kernel, hcdlm_absorbing = [MASK] kernel)")
     p.add_argument("--minutes", type=float, default=5.0, help="training time per model")
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="what --minutes measures")
     p.add_argument("--hidden", type=int, default=64, help="width of every network (baselines get matched depth)")
     p.add_argument("--batch-size", type=int, default=64, help="training batch")
+    p.add_argument("--blocks", default="1,6,1", help="HC-DLM encoder,denoiser,predictor blocks (the solving is the denoiser's)")
     p.add_argument("--sudoku-box", default="2x3", help="Sudoku box shape")
     p.add_argument("--sudoku-pool", type=int, default=3000, help="generated training puzzles (singles grade)")
     p.add_argument("--eval-n", type=int, default=200, help="problems per evaluation split")
@@ -74,7 +77,11 @@ def run_config(task: str, model: str, args: argparse.Namespace) -> RunConfig:
         task_cfg = TaskConfig("text", text_files=[str(SHARED / "text" / "tinystories.train.txt")], text_len=args.text_len,
                               text_max_chars=400_000, tokenizer_dir=str(default_model_dir()))
         latents = args.text_latents
-    return RunConfig(task=task_cfg, model=ModelConfig(kind=model, hidden=args.hidden, heads=4, latents=latents),
+    kind, kernel = VARIANTS.get(model, (model, "uniform"))
+    encoder, denoiser, predictor = (int(b) for b in args.blocks.split(","))
+    model_cfg = ModelConfig(kind=kind, kernel=kernel, hidden=args.hidden, heads=4, latents=latents, encoder_blocks=encoder,
+                            denoiser_blocks=denoiser, predictor_blocks=predictor)
+    return RunConfig(task=task_cfg, model=model_cfg,
                      train=TrainConfig(steps=10**7, batch_size=args.batch_size, max_minutes=args.minutes,
                                        budget_clock=args.clock, threads=args.threads, checkpoint_every=200, log_every=50))
 
@@ -157,7 +164,7 @@ def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
         entry = {"train": summary, "curve": curve, "groups": curve[-1]["groups"], "accuracy": curve[-1]["accuracy"]}
         if model == "mdm":
             entry["groups_prob_order"] = evaluate_examples(run, examples, replace(base, order="prob"), show=0)["groups"]
-        if model == "hcdlm" and args.cfg_weight:
+        if model.startswith("hcdlm") and args.cfg_weight:
             entry["groups_cfg"] = evaluate_examples(run, examples, replace(base, cfg_weight=args.cfg_weight), show=0)["groups"]
         results[model] = entry
         logging.info("%s/%s: %s", task, model, {g: round(v["accuracy"], 4) for g, v in entry["groups"].items()})
@@ -187,7 +194,7 @@ def render(task: str, out: dict, args: argparse.Namespace) -> str:
     rows = []
     for model, r in results.items():
         rows.append([LABELS[model], r["train"]["parameters"], r["train"]["step"], round(r["train"]["elapsed_s"])] + cells(r["groups"]))
-        for key, label in (("groups_prob_order", "MDM top-prob order"), ("groups_cfg", f"HC-DLM, CFG w={args.cfg_weight}")):
+        for key, label in (("groups_prob_order", "MDM top-prob order"), ("groups_cfg", f"{LABELS[model]}, CFG w={args.cfg_weight}")):
             if key in r:
                 rows.append([label, "", "", ""] + cells(r[key]))
     text = table(header, rows)
@@ -200,8 +207,9 @@ def render(task: str, out: dict, args: argparse.Namespace) -> str:
         text += "\n\nSampling time per batch of 64, process CPU seconds on one thread (median of 3 interleaved rounds):\n\n"
         text += table(["steps", "HC-DLM s", "MDM s", "HC-DLM / MDM"], [[s, round(t_h[s], 3), round(t_m[s], 3), round(t_h[s] / t_m[s], 2)] for s in steps_list])
         text += "\n\nMDM skips steps that reveal no token, so beyond L steps (L = target tokens) its cost stops growing."
-    text += f"\n\nMain accuracies at {max(steps_list)} steps, argmax tokens, EMA weights, MDM top-margin order, HC-DLM uniform kernel " \
-            f"M=1 without guidance unless noted; plot: `{out['plot']}`."
+    text += f"\n\nMain accuracies at {max(steps_list)} steps, argmax tokens, EMA weights, MDM top-margin order, HC-DLM M=1 " \
+            f"(blocks encoder,denoiser,predictor = {args.blocks}; confidence re-masking for the absorbing kernel) without guidance " \
+            f"unless noted; plot: `{out['plot']}`."
     return text
 
 

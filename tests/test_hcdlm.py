@@ -8,10 +8,11 @@ import torch
 
 from dihal_fast.hcdlm.config import ModelConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.kernels import AbsorbingKernel, FlowSchedule, UniformKernel, make_kernel, noisy_token_probs
-from dihal_fast.hcdlm.layers import count_parameters
+from dihal_fast.hcdlm.layers import SlotPositions, count_parameters
 from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet, build_model
 from dihal_fast.hcdlm.sampler import generate, guided_x0, sample_hcdlm, sample_mdm
 from dihal_fast.hcdlm.trainer import compute_loss
+from dihal_fast.tasks.base import TaskSpec
 from dihal_fast.tasks.countdown_task import CountdownTask
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
 
@@ -197,3 +198,39 @@ def test_ar_model_is_causal(sudoku4):
     changed[:, 9:] = (changed[:, 9:] + 1) % 4
     with torch.no_grad():
         assert torch.allclose(model(context, prefix)[:, :9], model(context, changed)[:, :9], atol=1e-5)
+
+
+def test_sudoku_slot_groups_are_rows_columns_boxes():
+    """Two cells share a row/column/box label exactly when the geometry puts them in that unit."""
+    task = SudokuTask(2, 3)
+    n = task.geo.n
+    kinds = [task.geo.units[i * n : (i + 1) * n] for i in range(3)]  # rows, columns, boxes
+    for labels, units in zip(task.spec.slot_groups, kinds):
+        for a in range(task.geo.cells):
+            for b in range(task.geo.cells):
+                assert (labels[a] == labels[b]) == any(a in u and b in u for u in units)
+    with pytest.raises(ValueError, match="slot labelling"):
+        TaskSpec("bad", target_vocab=4, target_len=3, slot_groups=((0, 1),))
+
+
+def test_slot_positions_share_group_vectors(sudoku4):
+    positions = SlotPositions(sudoku4.spec, 8)
+    with torch.no_grad():
+        positions.free.zero_()
+        positions.groups[1].weight.zero_()  # columns
+        positions.groups[2].weight.zero_()  # boxes
+        rows = positions()
+    assert torch.equal(rows[0], rows[3]) and not torch.equal(rows[0], rows[4])  # cells 0 and 3 share row 0
+
+
+def test_denoiser_reads_every_slot(sudoku4):
+    """x_hat_0 depends on the scaffold token at every position (the slot read-out), from initialisation."""
+    torch.manual_seed(0)
+    model = HCDLM(sudoku4.spec, ModelConfig(**TINY))
+    context, target = _batch(sudoku4, 1)
+    x_t, s = torch.randn(1, 1, TINY["latent_dim"]), torch.tensor([0.5])
+    base = model.denoiser(x_t, target, s, context)
+    for cell in range(sudoku4.spec.target_len):
+        changed = target.clone()
+        changed[0, cell] = (changed[0, cell] + 1) % 4
+        assert not torch.allclose(model.denoiser(x_t, changed, s, context), base)

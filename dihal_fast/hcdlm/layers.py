@@ -59,6 +59,33 @@ class TimeEmbedding(nn.Module):
         return self.mlp(torch.cat([angles.sin(), angles.cos()], dim=-1))
 
 
+def position_table(length: int, hidden: int) -> nn.Parameter:
+    """Learned position vectors, N(0, 1) like the ``nn.Embedding`` token tables they are summed with.
+
+    At the usual 0.02 they vanish under the tokens' scale after the first LayerNorm: 6x6 Sudoku stayed at
+    chance for 4,000 steps and Countdown's masked CE was 1.25 vs 0.90 at N(0, 1) after 575 steps (measured).
+    """
+    return nn.Parameter(torch.randn(length, hidden))
+
+
+class SlotPositions(nn.Module):
+    """Position features of the ``L`` target slots: a free vector per slot plus one embedding per
+    structural label (``spec.slot_groups``). ``forward() -> [L, H]``."""
+
+    def __init__(self, spec: TaskSpec, hidden: int) -> None:
+        super().__init__()
+        self.free = position_table(spec.target_len, hidden)
+        self.groups = nn.ModuleList(nn.Embedding(max(labels) + 1, hidden) for labels in spec.slot_groups)
+        for i, labels in enumerate(spec.slot_groups):
+            self.register_buffer(f"labels{i}", torch.tensor(labels, dtype=torch.long), persistent=False)
+
+    def forward(self) -> torch.Tensor:
+        out = self.free
+        for i, embed in enumerate(self.groups):
+            out = out + embed(getattr(self, f"labels{i}"))
+        return out
+
+
 class ContextEmbedding(nn.Module):
     """The task's given context, as each module receives it.
 
@@ -70,7 +97,7 @@ class ContextEmbedding(nn.Module):
         super().__init__()
         self.aligned = spec.aligned
         self.embed = nn.Embedding(spec.context_vocab, hidden) if spec.context_len else None
-        self.position = nn.Parameter(torch.randn(spec.context_len, hidden) * 0.02) if spec.context_len and not spec.aligned else None
+        self.position = position_table(spec.context_len, hidden) if spec.context_len and not spec.aligned else None
 
     def forward(self, context: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | float]:
         if self.embed is None:

@@ -24,12 +24,18 @@ class TaskSpec:
     context_vocab: int = 0
     context_len: int = 0
     aligned: bool = False
+    # Structure of the target slots: each labelling gives every slot a group id (Sudoku: its row, its
+    # column, its box). Models embed the labels next to the free positions, so cells of one unit share
+    # a feature from the first step instead of discovering the grid from data.
+    slot_groups: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.target_vocab < 2 or self.target_len < 1:
             raise ValueError(f"target_vocab must be >= 2 and target_len >= 1, got {self.target_vocab}, {self.target_len}")
         if self.aligned and self.context_len != self.target_len:
             raise ValueError(f"an aligned context must have target_len={self.target_len} tokens, got {self.context_len}")
+        if any(len(labels) != self.target_len or min(labels) < 0 for labels in self.slot_groups):
+            raise ValueError(f"every slot labelling needs {self.target_len} non-negative group ids")
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,10 @@ class SudokuTask:
     def __init__(self, box_rows: int = 3, box_cols: int = 3, pool: list[Pair] | None = None) -> None:
         self.geo = geometry(box_rows, box_cols)
         n = self.geo.n
-        self.spec = TaskSpec("sudoku", target_vocab=n, target_len=n * n, context_vocab=n + 1, context_len=n * n, aligned=True)
+        cells = range(self.geo.cells)
+        groups = (tuple(c // n for c in cells), tuple(c % n for c in cells), tuple(self.geo.box_of(c) for c in cells))
+        self.spec = TaskSpec("sudoku", target_vocab=n, target_len=n * n, context_vocab=n + 1, context_len=n * n,
+                             aligned=True, slot_groups=groups)
         self.pool = pool or []
 
     def encode(self, puzzle: tuple[int, ...], solution: tuple[int, ...] | None = None) -> tuple[list[int], list[int]]:
