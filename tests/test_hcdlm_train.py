@@ -44,6 +44,20 @@ def test_resume_with_another_model_is_refused(tmp_path):
         train(tmp_path, _config(2, "ar"))
 
 
+def test_device_errors_are_clear(tmp_path):
+    config = _config(3)
+    config.train.device = "gpu0"
+    with pytest.raises(ValueError, match="not a torch device"):
+        train(tmp_path / "bad", config)
+    train(tmp_path / "run", _config(3))
+    state_path = latest_checkpoint(tmp_path / "run") / "state.pt"
+    state = torch.load(state_path, weights_only=False)
+    assert state["generator_device"] == "cpu"
+    torch.save({**state, "generator_device": "cuda"}, state_path)
+    with pytest.raises(ValueError, match="trained on cuda; resume it with --device cuda"):
+        train(tmp_path / "run", _config(6))
+
+
 def test_cli_countdown_train_eval_solve(tmp_path, shared_data, capsys):
     run = tmp_path / "cd"
     assert main(["hcdlm", "train", "--task", "countdown", "--model", "hcdlm", "--out", str(run), "--steps", "3", "--countdown-numbers", "3,4", *TINY]) == 0
@@ -79,9 +93,10 @@ def test_cli_sudoku_models_and_bad_puzzles(tmp_path, model, capsys):
     assert main(["hcdlm", "eval", str(tmp_path / "missing"), "--data", str(run / "config.json"), "--out", str(tmp_path / "x.json")]) == 2
 
 
-def test_cli_sudoku_eval_on_real_csv(tmp_path, shared_data):
+@pytest.mark.parametrize("model", ["hcdlm", "latent", "mdm", "ar"])
+def test_cli_sudoku_eval_on_real_csv(tmp_path, model, shared_data):
     run = tmp_path / "s9"
-    assert main(["hcdlm", "train", "--task", "sudoku", "--sudoku-pool", "3", "--out", str(run), "--steps", "1", *TINY]) == 0
+    assert main(["hcdlm", "train", "--task", "sudoku", "--model", model, "--sudoku-pool", "3", "--out", str(run), "--steps", "1", *TINY]) == 0
     out = tmp_path / "eval.json"
     assert main(["hcdlm", "eval", str(run), "--data", str(shared_data / "sudoku_kaggle3m_curated5000.csv"), "--out", str(out),
                  "--limit", "4", "--steps", "2", "--steps-sweep", ""]) == 0
@@ -89,18 +104,29 @@ def test_cli_sudoku_eval_on_real_csv(tmp_path, shared_data):
     assert report["n"] == 4 and report["groups"]["Beginner"]["n"] == 4 and "accuracy_vs_steps" not in report
 
 
-def test_cli_text_with_tiny_backbone(tmp_path, tiny_checkpoints, shared_data):
+@pytest.mark.parametrize("model", ["hcdlm", "latent", "mdm", "ar"])
+def test_cli_text_with_tiny_backbone(tmp_path, model, tiny_checkpoints, shared_data):
     """Text mode end to end with a tiny random checkpoint standing in for the shipped backbone."""
     backbone = tiny_checkpoints["llama"]
     text = shared_data / "text" / "tinystories.valid.txt"
-    run = tmp_path / "text"
-    for model in ("hcdlm", "mdm"):
-        assert main(["hcdlm", "train", "--task", "text", "--model", model, "--out", str(run / model), "--steps", "2",
-                     "--text-files", str(text), "--text-max-chars", "20000", "--text-len", "16", "--latents", "4",
-                     "--backbone", str(backbone), *TINY]) == 0
-        out = tmp_path / f"{model}.json"
-        assert main(["hcdlm", "eval", str(run / model), "--data", str(text), "--out", str(out), "--samples", "4",
-                     "--steps", "2", "--evaluator", str(backbone)]) == 0
-        report = json.loads(out.read_text())
-        assert report["gen_ppl"] > 1 and report["entropy"] >= 0 and report["temperature"] == 1.0
-        assert report["data_reference"]["n"] == 4 and report["data_reference"]["gen_ppl"] > 1
+    run = tmp_path / model
+    assert main(["hcdlm", "train", "--task", "text", "--model", model, "--out", str(run), "--steps", "2",
+                 "--text-files", str(text), "--text-max-chars", "20000", "--text-len", "16", "--latents", "4",
+                 "--backbone", str(backbone), *TINY]) == 0
+    out = tmp_path / f"{model}.json"
+    assert main(["hcdlm", "eval", str(run), "--data", str(text), "--out", str(out), "--samples", "4",
+                 "--steps", "2", "--evaluator", str(backbone)]) == 0
+    report = json.loads(out.read_text())
+    assert report["gen_ppl"] > 1 and report["entropy"] >= 0 and report["temperature"] == 1.0
+    assert report["data_reference"]["n"] == 4 and report["data_reference"]["gen_ppl"] > 1
+
+
+@pytest.mark.parametrize("model", ["latent", "mdm", "ar"])
+def test_cli_countdown_baselines_train_and_eval(tmp_path, model, shared_data):
+    run = tmp_path / model
+    assert main(["hcdlm", "train", "--task", "countdown", "--model", model, "--out", str(run), "--steps", "2", *TINY]) == 0
+    out = tmp_path / "eval.json"
+    assert main(["hcdlm", "eval", str(run), "--data", str(shared_data / "countdown.jsonl"), "--out", str(out),
+                 "--limit", "4", "--steps", "2", "--steps-sweep", ""]) == 0
+    report = json.loads(out.read_text())
+    assert report["n"] == 4 and {"accuracy", "loose"} <= set(report)

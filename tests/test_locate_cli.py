@@ -125,7 +125,7 @@ def _broken_config(source: Path, dest: Path) -> Path:
         ("layer_out_of_range", r"--layers \[0, 4\] out of range"),
         ("resume_nothing", "collection config to resume"),
         ("seq_len_too_long", "exceeds the model's max_position_embeddings"),
-        ("bad_device", "--device 'gpu0' is not a torch device"),
+        ("bad_device", "device 'gpu0' is not a torch device"),
     ],
 )
 def test_bad_input_is_one_clear_line(tiny_checkpoints, corpus, tmp_path, capsys, case, message):

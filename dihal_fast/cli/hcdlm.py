@@ -34,6 +34,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ema", type=float, default=t.ema, help="EMA decay of the evaluation weights")
     p.add_argument("--seed", type=int, default=t.seed, help="random seed (data, noise, initialisation)")
     p.add_argument("--threads", type=int, default=t.threads, help="torch CPU threads (0 = torch default)")
+    p.add_argument("--device", default=t.device, help="auto (cuda when torch sees one), cpu, cuda or cuda:N; a run resumes on the device type it started on")
     p.add_argument("--checkpoint-every", type=int, default=t.checkpoint_every, help="steps between checkpoints")
     p.add_argument("--kernel", choices=KERNELS, default=m.kernel, help="discrete forward kernel of the token scaffold")
     p.add_argument("--latents", type=int, default=m.latents, help="M, number of continuous latent vectors")
@@ -73,6 +74,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=s.batch_size, help="examples per sampling batch")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--raw-weights", action="store_true", help="use the raw weights instead of the EMA")
+    p.add_argument("--device", default="auto", help="auto (cuda when torch sees one), cpu, cuda or cuda:N")
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
@@ -134,7 +136,8 @@ def run_train(args: argparse.Namespace) -> int:
                           args.latents, args.latent_dim, args.kernel, args.dropout, args.baseline_blocks),
         objective=ObjectiveConfig(args.lambda_recon, args.lambda_ent, args.lambda_cont, scaffold_drop=args.scaffold_drop),
         train=TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, ema=args.ema, seed=args.seed,
-                          max_minutes=args.max_minutes, budget_clock=args.budget_clock, checkpoint_every=args.checkpoint_every, threads=args.threads),
+                          max_minutes=args.max_minutes, budget_clock=args.budget_clock, checkpoint_every=args.checkpoint_every, threads=args.threads,
+                          device=args.device),
     )
     summary = train(args.out, config)
     print(f"trained {args.model} on {args.task}: step {summary['step']}, loss {summary.get('loss', float('nan')):.4f}, "
@@ -154,7 +157,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from dihal_fast.hcdlm.eval_data import examples_from_file, text_windows
     from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run, plot_accuracy_vs_steps
 
-    run = load_run(args.run_dir, use_ema=not args.raw_weights)
+    run = load_run(args.run_dir, use_ema=not args.raw_weights, device=args.device)
     is_text = run.config.task.name == "text"
     cfg = _sample_config(args, is_text)
     if is_text:
@@ -187,7 +190,7 @@ def run_solve(args: argparse.Namespace) -> int:
     from dihal_fast.tasks.countdown import parse_problem, solve as solve_countdown
     from dihal_fast.tasks.sudoku import format_grid, parse_grid, solve_all
 
-    run = load_run(args.run_dir, use_ema=not args.raw_weights)
+    run = load_run(args.run_dir, use_ema=not args.raw_weights, device=args.device)
     name = run.config.task.name
     if name == "text":
         raise ValueError("'solve' is for Sudoku and Countdown runs; this run was trained on text")

@@ -67,22 +67,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device {name!r} is not a torch device (expected auto, cpu, cuda or cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name} asked for, but torch sees no CUDA device here; use --device cpu")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {name}: collection runs on cpu or cuda, got {device.type}")
-    return name
-
-
 def _corpus(paths: list[str] | None) -> list[str]:
     if paths:
         return [str(Path(p).resolve()) for p in paths]
@@ -156,8 +140,9 @@ def _stream_geometry(statistics) -> list[dict]:
 
 def run(args: argparse.Namespace) -> int:
     from dihal_fast.collect import distributed_session
+    from dihal_fast.common import resolve_device
 
-    device = _device(args.device)
+    device = str(resolve_device(args.device))
     with distributed_session(device) as (rank, world):
         return locate(args, device, rank, world)
 

@@ -27,7 +27,8 @@ def save_checkpoint(run_dir: Path, step: int, config: RunConfig, model: torch.nn
     save_file({k: v.contiguous() for k, v in ema.state_dict().items()}, tmp / "ema.safetensors")
     config.save(tmp / "config.json")
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "task_rng": task_rng.getstate(),
-                "generator": generator.get_state(), "torch_rng": torch.get_rng_state(), "elapsed_s": elapsed_s},
+                "generator": generator.get_state(),
+                "generator_device": generator.device.type, "torch_rng": torch.get_rng_state(), "elapsed_s": elapsed_s},
                tmp / "state.pt")
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)

@@ -71,7 +71,7 @@ class TrainConfig:
     log_every: int = 25
     checkpoint_every: int = 250
     threads: int = 0  # torch threads; 0 = leave torch's default
-
+    device: str = "auto"  # auto (cuda when torch sees one), cpu, cuda, cuda:N
 
     def __post_init__(self) -> None:
         if self.budget_clock not in ("wall", "cpu"):

@@ -29,10 +29,12 @@ class LoadedRun:
     model: torch.nn.Module
     kernel: UniformKernel | AbsorbingKernel
     step: int
+    device: torch.device
 
 
-def load_run(run_dir: str | Path, use_ema: bool = True) -> LoadedRun:
-    """The newest checkpoint of a run (EMA weights by default), with its task (no training data)."""
+def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> LoadedRun:
+    """The newest checkpoint of a run (EMA weights by default) on ``device``, with its task (no training data)."""
+    from dihal_fast.common import resolve_device
     from dihal_fast.tasks.registry import build_task
 
     run_dir = Path(run_dir)
@@ -43,17 +45,20 @@ def load_run(run_dir: str | Path, use_ema: bool = True) -> LoadedRun:
     task = build_task(config.task, for_training=False)
     model = build_model(task.spec, config.model)
     load_weights(model, folder / ("ema.safetensors" if use_ema else "model.safetensors"))
-    model.eval()
-    return LoadedRun(config, task, model, make_kernel(config.model.kernel, task.spec.target_vocab), load_state(folder)["step"])
+    target = resolve_device(device)
+    model.to(target).eval()
+    return LoadedRun(config, task, model, make_kernel(config.model.kernel, task.spec.target_vocab), load_state(folder)["step"], target)
 
 
 def sample_targets(run: LoadedRun, contexts: torch.Tensor, cfg: SampleConfig, seed: int = 0) -> tuple[list[list[int]], float]:
     """Generated targets for ``contexts[N, C]`` in batches, and the mean wall time per batch (s)."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(run.device).manual_seed(seed)
     out, times = [], []
     for start in tqdm(range(0, contexts.shape[0], cfg.batch_size), desc="sampling", leave=False):
         began = time.perf_counter()
-        tokens = generate(run.model, run.kernel, contexts[start : start + cfg.batch_size], cfg, generator)
+        tokens = generate(run.model, run.kernel, contexts[start : start + cfg.batch_size].to(run.device), cfg, generator)
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
         times.append(time.perf_counter() - began)
         out.extend(tokens.tolist())
     return out, sum(times) / max(1, len(times))

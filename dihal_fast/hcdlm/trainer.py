@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dihal_fast.common import seed_everything
+from dihal_fast.common import resolve_device, seed_everything
 from dihal_fast.hcdlm.checkpoint import latest_checkpoint, load_state, load_weights, save_checkpoint
 from dihal_fast.hcdlm.config import RunConfig
 from dihal_fast.hcdlm.kernels import make_kernel
@@ -67,17 +67,22 @@ def train(run_dir: str | Path, config: RunConfig) -> dict:
     tc = config.train
     if tc.threads:
         torch.set_num_threads(tc.threads)
+    device = resolve_device(tc.device)
     seed_everything(tc.seed)
     task = build_task(config.task, run_dir, tc.seed)
-    model = build_model(task.spec, config.model)
+    model = build_model(task.spec, config.model).to(device)
     ema = copy.deepcopy(model).requires_grad_(False)
     kernel = make_kernel(config.model.kernel, task.spec.target_vocab)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-    task_rng, generator = random.Random(tc.seed), torch.Generator().manual_seed(tc.seed)
+    task_rng, generator = random.Random(tc.seed), torch.Generator(device).manual_seed(tc.seed)
     step, elapsed = 0, 0.0
     folder = latest_checkpoint(run_dir)
     if folder is not None:
         state = load_state(folder)
+        saved_device = state.get("generator_device", "cpu")
+        if saved_device != device.type:
+            raise ValueError(f"{folder} was trained on {saved_device}; resume it with --device {saved_device} "
+                             f"(its noise stream cannot move to {device.type})")
         load_weights(model, folder / "model.safetensors")
         load_weights(ema, folder / "ema.safetensors")
         optimizer.load_state_dict(state["optimizer"])
@@ -88,7 +93,7 @@ def train(run_dir: str | Path, config: RunConfig) -> dict:
         logger.info("resuming %s from step %d", run_dir, step)
     config.save(run_dir / "config.json")
     n_params = count_parameters(model)
-    logger.info("%s on %s: %d parameters, %d steps", config.model.kind, config.task.name, n_params, tc.steps)
+    logger.info("%s on %s: %d parameters, %d steps, %s", config.model.kind, config.task.name, n_params, tc.steps, device)
     log_path, budget_s = run_dir / "train_log.jsonl", tc.max_minutes * 60
     parts: dict[str, float] = {}
     clock = time.process_time if tc.budget_clock == "cpu" else time.perf_counter
@@ -97,7 +102,7 @@ def train(run_dir: str | Path, config: RunConfig) -> dict:
     with tqdm(total=tc.steps, initial=step, desc=f"train {config.model.kind}", dynamic_ncols=True) as bar, log_path.open("a") as log:
         while step < tc.steps and not (budget_s and clock() - started >= budget_s):
             with nvtx_range("hcdlm_train_step"):
-                context, target = task.train_batch(task_rng, tc.batch_size)
+                context, target = (t.to(device) for t in task.train_batch(task_rng, tc.batch_size))
                 loss, parts = compute_loss(model, kernel, context, target, config, generator)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"non-finite loss {float(loss)} at step {step}: {parts}")
