@@ -60,6 +60,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--text-latents", type=int, default=4, help="text: HC-DLM latent vectors M")
     p.add_argument("--text-samples", type=int, default=64, help="text: samples scored for Gen PPL")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (on a GPU use --clock wall: CPU time misses GPU work)")
     p.add_argument("--out", type=Path, default=Path("runs/bench_hcdlm"), help="run directories and results.json")
     p.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
     return p.parse_args()
@@ -83,7 +84,8 @@ def run_config(task: str, model: str, args: argparse.Namespace) -> RunConfig:
                             denoiser_blocks=denoiser, predictor_blocks=predictor)
     return RunConfig(task=task_cfg, model=model_cfg,
                      train=TrainConfig(steps=10**7, batch_size=args.batch_size, max_minutes=args.minutes,
-                                       budget_clock=args.clock, threads=args.threads, checkpoint_every=200, log_every=50))
+                                       budget_clock=args.clock, threads=args.threads, checkpoint_every=200, log_every=50,
+                                       device=args.device))
 
 
 def eval_examples(task: str, run, args: argparse.Namespace) -> list:
@@ -95,22 +97,30 @@ def eval_examples(task: str, run, args: argparse.Namespace) -> list:
     return cd3 + cd4
 
 
-def sampling_cpu_seconds(runs: dict, examples: list, steps_list: list[int], batch: int = 64, rounds: int = 3) -> dict:
-    """Median process-CPU seconds of one sampling batch per model and step count.
+def sampling_seconds(runs: dict, examples: list, steps_list: list[int], batch: int = 64, rounds: int = 3) -> dict:
+    """Median seconds of one sampling batch per model and step count, rounds interleaved across models.
 
-    CPU time, single thread, rounds interleaved across models: wall-clock on a shared, oversubscribed
-    machine depends on what else runs at that moment.
+    Process CPU time on CPU (wall-clock on a shared, oversubscribed machine depends on what else runs
+    at that moment); wall-clock with synchronisation on CUDA.
     """
-    contexts = torch.tensor([e.context for e in examples[:batch]])
+    device = next(iter(runs.values())).device
+    clock = time.perf_counter if device.type == "cuda" else time.process_time
+    contexts = torch.tensor([e.context for e in examples[:batch]], device=device)
+
+    def timed(run, steps: int) -> float:
+        began = clock()
+        generate(run.model, run.kernel, contexts, SampleConfig(steps=steps))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return clock() - began
+
     times: dict = {name: {s: [] for s in steps_list} for name in runs}
     for run in runs.values():
-        generate(run.model, run.kernel, contexts[:2], SampleConfig(steps=2))  # warm-up
+        timed(run, 2)  # warm-up
     for _ in range(rounds):
         for steps in steps_list:
             for name, run in runs.items():
-                began = time.process_time()
-                generate(run.model, run.kernel, contexts, SampleConfig(steps=steps))
-                times[name][steps].append(time.process_time() - began)
+                times[name][steps].append(timed(run, steps))
     return {name: {s: sorted(v)[len(v) // 2] for s, v in per.items()} for name, per in times.items()}
 
 
@@ -123,7 +133,7 @@ def bench_text(models: list[str], args: argparse.Namespace) -> dict:
     for model in models:
         run_dir = args.out / "text" / model
         summary = train(run_dir, run_config("text", model, args))
-        run = load_run(run_dir)
+        run = load_run(run_dir, device=args.device)
         if reference is None:
             reference = text_windows(run.task, SHARED / "text" / "tinystories.valid.txt", args.text_samples)
         report_ = evaluate_text(run, args.text_samples, SampleConfig(steps=steps, temperature=1.0, batch_size=64),
@@ -157,7 +167,7 @@ def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
     for model in models:
         run_dir = args.out / task / model
         summary = train(run_dir, run_config(task, model, args))
-        run = load_run(run_dir)
+        run = load_run(run_dir, device=args.device)
         examples = eval_examples(task, run, args)
         base = SampleConfig(steps=main_steps, batch_size=200)
         curve = accuracy_vs_steps(run, examples, steps_list, base)
@@ -170,14 +180,14 @@ def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
         logging.info("%s/%s: %s", task, model, {g: round(v["accuracy"], 4) for g, v in entry["groups"].items()})
     timing = {}
     if "hcdlm" in results and "mdm" in results:
-        timing = sampling_cpu_seconds({m: load_run(args.out / task / m) for m in ("hcdlm", "mdm")}, examples, steps_list)
+        timing = sampling_seconds({m: load_run(args.out / task / m, device=args.device) for m in ("hcdlm", "mdm")}, examples, steps_list)
     plot = plot_accuracy_vs_steps({LABELS[m]: r["curve"] for m, r in results.items()}, args.out / f"{task}_accuracy_vs_steps.png",
                                   f"{task}: accuracy vs sampling steps")
     key = "blank_cells" if task == "sudoku" else "true_steps"
     plot_accuracy_vs_steps({LABELS[m]: [{"steps": c["steps"], "accuracy": pooled(c, key)} for c in r["curve"]] for m, r in results.items()},
                            args.out / f"{task}_{key}_vs_steps.png", f"{task}: {key.replace('_', ' ')} vs sampling steps",
                            f"{key.replace('_', ' ')} (%)")
-    atomic_write_json(args.out / f"{task}_results.json", {"models": results, "sampling_cpu_seconds": timing})
+    atomic_write_json(args.out / f"{task}_results.json", {"models": results, "sampling_seconds": timing})
     return {"results": results, "plot": str(plot), "steps_list": steps_list, "timing": timing}
 
 
@@ -204,7 +214,8 @@ def render(task: str, out: dict, args: argparse.Namespace) -> str:
     text += table(["model"] + [str(s) for s in steps_list], curve_rows)
     if out["timing"]:
         t_h, t_m = out["timing"]["hcdlm"], out["timing"]["mdm"]
-        text += "\n\nSampling time per batch of 64, process CPU seconds on one thread (median of 3 interleaved rounds):\n\n"
+        kind = "wall-clock seconds on " + args.device if args.device.startswith("cuda") else "process CPU seconds on one thread"
+        text += f"\n\nSampling time per batch of 64, {kind} (median of 3 interleaved rounds):\n\n"
         text += table(["steps", "HC-DLM s", "MDM s", "HC-DLM / MDM"], [[s, round(t_h[s], 3), round(t_m[s], 3), round(t_h[s] / t_m[s], 2)] for s in steps_list])
         text += "\n\nMDM skips steps that reveal no token, so beyond L steps (L = target tokens) its cost stops growing."
     text += f"\n\nMain accuracies at {max(steps_list)} steps, argmax tokens, EMA weights, MDM top-margin order, HC-DLM M=1 " \
@@ -215,6 +226,8 @@ def render(task: str, out: dict, args: argparse.Namespace) -> str:
 
 def main() -> int:
     args = parse_args()
+    if args.device.startswith("cuda") and args.clock == "cpu":
+        raise SystemExit("--device cuda needs --clock wall: process CPU time does not count GPU work")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(args.threads)
     models = [m for m in args.models.split(",") if m]
