@@ -5,7 +5,7 @@ training grade; hard = needs strategies absent from training) and Countdown (CD3
 file) problems; how does accuracy change with the number of sampling steps (paper Fig. 3b); and what does
 a sampling batch cost against MDM at equal steps?
 
-Sudoku is 6x6 (2x3 boxes) here: the smallest size with a hard split, and one that a ~0.5M-parameter model
+Sudoku is 6x6 (2x3 boxes) by default: the smallest size with a hard split, and one that a ~0.75M-parameter model
 can start to learn in minutes of CPU. Training time is process CPU time by default (``--clock cpu``): the
 machine is shared and oversubscribed, so wall-clock budgets would hand models different amounts of compute.
 Rerunning the same command resumes finished/unfinished runs instead of retraining.
