@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -86,6 +87,7 @@ def test_cli_sudoku_models_and_bad_puzzles(tmp_path, model, capsys):
     assert main(["hcdlm", "solve", str(run), "1.3..2.1..2.....", "--steps", "2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("check:") and len(lines) == 6  # 4 rows + separator + check
+    assert re.search(r"valid=(yes|no), blank_cells=\d+%", lines[-1])
     assert main(["hcdlm", "solve", str(run), "11.............."]) == 0  # two 1s in a row
     assert capsys.readouterr().out.strip() == "no solution"
     assert main(["hcdlm", "solve", str(run), "1.3..2.1..2...."]) == 2  # 15 cells

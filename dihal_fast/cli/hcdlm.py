@@ -210,6 +210,6 @@ def run_solve(args: argparse.Namespace) -> int:
     target, _ = sample_targets(run, torch.tensor([example.context]), _sample_config(args, False), args.seed)
     flags = run.task.score(example, target[0])
     print(run.task.render(target[0]) if name == "countdown" else format_grid(run.task.grid(target[0]), pretty=True, geo=run.task.geo))
-    checks = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in flags.items() if k != "correct")
+    checks = ", ".join(f"{k}={('yes' if v else 'no') if isinstance(v, bool) else f'{100 * v:.0f}%'}" for k, v in flags.items() if k != "correct")
     print(f"check: {'correct' if flags['correct'] else 'WRONG'} ({checks})")
     return 0
