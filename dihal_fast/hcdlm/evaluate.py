@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from dihal_fast.common import resolve_device
 from dihal_fast.hcdlm.checkpoint import latest_checkpoint, load_state, load_weights
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig
-from dihal_fast.hcdlm.kernels import make_kernel
+from dihal_fast.hcdlm.kernels import AbsorbingKernel, UniformKernel, make_kernel
 from dihal_fast.hcdlm.models import build_model
 from dihal_fast.hcdlm.sampler import generate
-from dihal_fast.hcdlm.kernels import AbsorbingKernel, UniformKernel
 from dihal_fast.tasks.base import EvalExample, Task
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,6 @@ class LoadedRun:
 
 def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> LoadedRun:
     """The newest checkpoint of a run (EMA weights by default) on ``device``, with its task (no training data)."""
-    from dihal_fast.common import resolve_device
     from dihal_fast.tasks.registry import build_task
 
     run_dir = Path(run_dir)

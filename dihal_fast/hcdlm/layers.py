@@ -76,13 +76,13 @@ class SlotPositions(nn.Module):
         super().__init__()
         self.free = position_table(spec.target_len, hidden)
         self.groups = nn.ModuleList(nn.Embedding(max(labels) + 1, hidden) for labels in spec.slot_groups)
-        for i, labels in enumerate(spec.slot_groups):
-            self.register_buffer(f"labels{i}", torch.tensor(labels, dtype=torch.long), persistent=False)
+        labels = torch.tensor(spec.slot_groups, dtype=torch.long).reshape(len(spec.slot_groups), spec.target_len)
+        self.register_buffer("labels", labels, persistent=False)  # [G, L]
 
     def forward(self) -> torch.Tensor:
         out = self.free
-        for i, embed in enumerate(self.groups):
-            out = out + embed(getattr(self, f"labels{i}"))
+        for embed, labels in zip(self.groups, self.labels):
+            out = out + embed(labels)
         return out
 
 

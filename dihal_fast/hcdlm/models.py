@@ -190,10 +190,11 @@ class ARNet(nn.Module):
 
     def forward(self, context: torch.Tensor, prefix_tokens: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, T, V]`` for target positions ``0..T-1`` given ``prefix_tokens[B, T]`` (BOS first)."""
+        slots = self.slot_position()
         context_h = self.context_embed(context) + self.context_position
         if self.spec.aligned:
-            context_h = context_h + self.slot_position()
-        h = torch.cat([context_h, self.token_embed(prefix_tokens) + self.slot_position()[: prefix_tokens.shape[1]]], dim=1)
+            context_h = context_h + slots
+        h = torch.cat([context_h, self.token_embed(prefix_tokens) + slots[: prefix_tokens.shape[1]]], dim=1)
         for block in self.blocks:
             h = block(h)
         return self.head(h[:, context.shape[1] :])
