@@ -87,15 +87,17 @@ def run_train(args: argparse.Namespace) -> int:
     import torch
 
     from dihal_fast.backbone.train import train_backbone
+    from dihal_fast.common.rundir import run_directory
 
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = train_backbone(
-        config_from_args(args), args.out, resume=args.resume, stop_at=args.stop_at, device=args.device,
-        command=shlex.join(["dihal", *sys.argv[1:]]), progress=not args.no_progress,
-    )
+    with run_directory(args.out, "dihal backbone train"):
+        report = train_backbone(
+            config_from_args(args), args.out, resume=args.resume, stop_at=args.stop_at, device=args.device,
+            command=shlex.join(["dihal", *sys.argv[1:]]), progress=not args.no_progress,
+        )
     for name, row in report["validation"].items():
         print(f"{name}: PPL {row['ppl']:.2f}  unigram {row['unigram_ppl']:.1f}  bigram {row['bigram_ppl']:.1f}")
     return 0

@@ -42,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dihal_fast.cli.evaluate import corpus_or_default
     from dihal_fast.common import seed_everything
+    from dihal_fast.common.rundir import run_directory
     from dihal_fast.evaluate.demo import DemoSettings, run_demo
     from dihal_fast.evaluate.harness import EvalSettings
 
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         evaluation=EvalSettings(seq_len=args.seq_len, eval_blocks=args.eval_blocks, n_samples=args.n_samples,
                                 max_new_tokens=args.max_new_tokens, seed=args.seed),
     )
-    summary = run_demo(args.out, args.model, corpus_or_default(args.corpus), settings)
+    with run_directory(args.out, "dihal demo"):
+        summary = run_demo(args.out, args.model, corpus_or_default(args.corpus), settings)
     t = summary["targets"]
     print(f"selected layer {summary['selected_layer']}; hybrid/backbone PPL {t['ppl_ratio']:.3f} "
           f"(target <= 1.25: {'met' if t['ppl_ratio_met'] else 'missed'}); tokens/s ratio {t['tokens_per_s_ratio']:.3f}")

@@ -65,14 +65,16 @@ def corpus_or_default(corpus: list[str] | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from dihal_fast.common import seed_everything
+    from dihal_fast.common.rundir import run_directory
     from dihal_fast.evaluate.report import METRICS
     from dihal_fast.evaluate.run import evaluate_hybrid
     from dihal_fast.evaluate.sweep import sweep_controls
 
     seed_everything(args.seed)
     controls = sweep_controls(args.sweep) if args.sweep else None
-    report = evaluate_hybrid(args.hybrid, corpus_or_default(args.corpus), args.out, settings_from(args),
-                             args.evaluator, args.retokenise, controls, args.diffusion_lm_steps, args.evaluator_dtype)
+    with run_directory(args.out, "dihal evaluate"):
+        report = evaluate_hybrid(args.hybrid, corpus_or_default(args.corpus), args.out, settings_from(args),
+                                 args.evaluator, args.retokenise, controls, args.diffusion_lm_steps, args.evaluator_dtype)
     columns = {"backbone": report["backbone"], "hybrid": report["hybrid"], **report["controls"]}
     print("metric".ljust(16) + "".join(name.rjust(14) for name in columns))
     for metric in METRICS:

@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from dihal_fast.common import atomic_write_json
+    from dihal_fast.common.rundir import check_output_file
     from dihal_fast.evaluate.models import load_lm
     from dihal_fast.evaluate.sampling import PROTOCOL
 
@@ -61,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = args.prompt or [""]
     if args.n_samples < 1:
         raise ValueError(f"--n-samples must be >= 1, got {args.n_samples}")
+    if args.out:
+        check_output_file(args.out)
     lm = load_lm(args.model, device=args.device)
     logger.info("sampling %d x %d tokens from the %s at %s", args.n_samples, args.max_new_tokens, lm.kind, lm.path)
     result = generate_texts(lm, prompts, args.n_samples, args.max_new_tokens, args.temperature, args.top_k,

@@ -141,9 +141,10 @@ def _stream_geometry(statistics) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     from dihal_fast.collect import distributed_session
     from dihal_fast.common import resolve_device
+    from dihal_fast.common.rundir import run_directory
 
     device = str(resolve_device(args.device))
-    with distributed_session(device) as (rank, world):
+    with run_directory(args.out, "dihal locate"), distributed_session(device) as (rank, world):
         return locate(args, device, rank, world)
 
 

@@ -49,6 +49,7 @@ def _from_locate(run: str) -> tuple[int, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dihal_fast.common.rundir import run_directory
     from dihal_fast.train import train_bridge
     from dihal_fast.train.config import config_from_args
 
@@ -66,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
         from dihal_fast.backbone import default_corpus
 
         corpus = default_corpus()
-    result = train_bridge(model, layer, corpus, args.out, config, deepspeed_config=args.deepspeed, resume=args.resume,
-                          val_corpus=args.val_corpus)
+    with run_directory(args.out, "dihal replace"):
+        result = train_bridge(model, layer, corpus, args.out, config, deepspeed_config=args.deepspeed,
+                              resume=args.resume, val_corpus=args.val_corpus)
     if int(os.environ.get("RANK", "0")) == 0:
         validation = result["validation"]
         print(json.dumps({k: validation[k] for k in ("layer", "bridge_loss", "hybrid_ppl", "backbone_ppl", "kl")}))

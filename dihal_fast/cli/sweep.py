@@ -34,12 +34,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dihal_fast.cli.evaluate import corpus_or_default
+    from dihal_fast.common.rundir import run_directory
     from dihal_fast.evaluate.sweep import SweepSettings, run_sweep
 
     settings = SweepSettings(budget_steps=args.budget_steps, score_repeats=args.score_repeats,
                              score_sample=args.score_sample, max_tokens=args.max_tokens, seq_len=args.seq_len,
                              batch_size=args.batch_size, val_blocks=args.val_blocks, seed=args.seed)
-    report = run_sweep(args.model, corpus_or_default(args.corpus), args.out, settings, args.layers)
+    with run_directory(args.out, "dihal sweep"):
+        report = run_sweep(args.model, corpus_or_default(args.corpus), args.out, settings, args.layers)
     print(f"{'layer':>5} {'score':>9} {'bridge loss':>12}")
     for row in report["layers"]:
         print(f"{row['layer']:>5} {row['score']:>9.3f} {row['bridge_loss']:>12.4f}")

@@ -80,6 +80,7 @@ def run_directory(path: str | os.PathLike, command: str) -> Iterator[Path]:
     holds the directory. Raises ``ValueError`` (``RunDirectoryBusy`` when it is held).
     """
     path = check_run_directory(path)
+    created = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -95,6 +96,9 @@ def run_directory(path: str | os.PathLike, command: str) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(lock_path)  # while still holding the lock: see _acquire's inode check
         os.close(fd)
+        if created:  # a command refused before writing anything leaves no empty directory behind
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 def _acquire(lock_path: Path, command: str) -> int:
