@@ -232,3 +232,35 @@ def test_streaming_covariance_keeps_cuda_batches_on_the_device():
     host = df.StreamingCovariance(48).update(X[:10])
     acc.merge(host)  # mixing device and host accumulators
     assert acc.count == 2010
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda s: {"comoment": s["comoment"] + np.triu(np.ones((5, 5)), 1)}, "comoment"),  # asymmetric
+    (lambda s: {"count": np.array(3.7)}, "count"),  # fractional
+    (lambda s: {"count": np.array(-1)}, "count"),
+    (lambda s: {"count": np.array([100, 100])}, "count"),  # not a scalar
+    (lambda s: {"count": np.array(0)}, "count"),  # no rows but a non-zero mean and co-moment
+    (lambda s: {"dim": np.array(6)}, "dim"),  # disagrees with the arrays and the accumulator
+    (lambda s: {"mean": s["mean"].astype(np.complex128)}, "mean"),
+    (lambda s: {"comoment": s["comoment"] - 2 * np.diag(np.diag(s["comoment"]))}, "comoment"),  # negative sums of squares
+    (lambda s: {"comoment": np.full((5, 5), np.inf)}, "comoment"),
+    (lambda s: {"mean": s["mean"][:4]}, "mean"),
+])
+def test_streaming_covariance_refuses_corrupt_states_naming_the_field(change, field):
+    state = df.StreamingCovariance(5).update(good(50, 5)).state_dict()
+    target = df.StreamingCovariance(5).update(good(7, 5))
+    before = target.state_dict()
+    with pytest.raises(ValueError, match=f"'{field}'"):
+        target.load_state_dict(state | change(state))
+    after = target.state_dict()
+    assert all(np.array_equal(before[k], after[k]) for k in before)  # a refused state changes nothing
+
+
+def test_streaming_covariance_loads_whole_float_counts_and_states_without_dim():
+    acc = df.StreamingCovariance(5).update(good(50, 5))
+    state = acc.state_dict()
+    del state["dim"]
+    restored = df.StreamingCovariance(5).load_state_dict(state | {"count": np.array(50.0)})
+    assert restored.count == 50 and isinstance(restored.count, int)
+    np.testing.assert_array_equal(restored.covariance, acc.covariance)
+    assert df.StreamingCovariance(5).load_state_dict(df.StreamingCovariance(5).state_dict()).count == 0

@@ -122,20 +122,8 @@ class StreamingCovariance:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> "StreamingCovariance":
-        """Restore a state produced by :meth:`state_dict`, checking shapes and values."""
-        missing = {"count", "mean", "comoment"} - set(state)
-        if missing:
-            raise ValueError(f"covariance state is missing {sorted(missing)}")
-        mean = np.asarray(state["mean"], dtype=np.float64)
-        comoment = np.asarray(state["comoment"], dtype=np.float64)
-        count = int(np.asarray(state["count"]))
-        if mean.shape != (self.dim,) or comoment.shape != (self.dim, self.dim):
-            raise ValueError(
-                f"covariance state has mean {mean.shape} and comoment {comoment.shape}, expected dim {self.dim}"
-            )
-        if count < 0 or not (np.isfinite(mean).all() and np.isfinite(comoment).all()):
-            raise ValueError("covariance state is corrupt (negative count or non-finite values)")
-        self._count, self._mean, self._comoment = count, mean.copy(), comoment.copy()
+        """Restore a state produced by :meth:`state_dict`; a corrupt one is a ``ValueError`` naming the field."""
+        self._count, self._mean, self._comoment = _checked_state(state, self.dim)
         return self
 
     def _require_rows(self) -> None:
@@ -147,3 +135,40 @@ class StreamingCovariance:
             f"StreamingCovariance(dim={self.dim}, count={self._count}, backend={self.backend!r}, "
             f"precision={self.precision!r})"
         )
+
+
+def _state_field(state: dict[str, Any], name: str, shape: tuple[int, ...], dim: int) -> np.ndarray:
+    """Field ``name`` as a finite real array of ``shape`` (its own dtype), or a ``ValueError`` naming it."""
+    value = np.asarray(state[name])
+    if value.dtype.kind not in "iuf":
+        raise ValueError(f"covariance state is corrupt: field {name!r} has dtype {value.dtype}, expected real numbers")
+    if value.shape != shape:
+        raise ValueError(f"covariance state field {name!r} has shape {value.shape}, expected {shape} (expected dim {dim})")
+    if not np.isfinite(value).all():
+        raise ValueError(f"covariance state is corrupt: field {name!r} has non-finite values")
+    return value
+
+
+def _checked_state(state: dict[str, Any], dim: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """``(count, mean, comoment)`` of a saved state after every consistency check a real state passes."""
+    missing = {"count", "mean", "comoment"} - set(state)
+    if missing:
+        raise ValueError(f"covariance state is missing {sorted(missing)}")
+    if "dim" in state:
+        saved_dim = _state_field(state, "dim", (), dim)
+        if saved_dim != dim:
+            raise ValueError(f"covariance state field 'dim' is {saved_dim}, expected dim {dim}")
+    count = _state_field(state, "count", (), dim)
+    if count < 0 or count != np.floor(count) or count >= 2**63:
+        raise ValueError(f"covariance state is corrupt: field 'count' is {count}, expected a whole number >= 0")
+    count = int(count)
+    mean = _state_field(state, "mean", (dim,), dim).astype(np.float64)
+    comoment = _state_field(state, "comoment", (dim, dim), dim).astype(np.float64)
+    if count == 0 and (mean.any() or comoment.any()):
+        raise ValueError("covariance state is corrupt: field 'count' is 0 but 'mean' or 'comoment' is non-zero")
+    scale = np.abs(comoment).max(initial=0.0)
+    if np.abs(comoment - comoment.T).max(initial=0.0) > 1e-9 * scale:
+        raise ValueError("covariance state is corrupt: field 'comoment' is not symmetric")
+    if (np.diag(comoment) < 0).any():
+        raise ValueError("covariance state is corrupt: field 'comoment' has a negative diagonal (sums of squares)")
+    return count, mean, comoment
