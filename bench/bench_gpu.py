@@ -132,7 +132,7 @@ def main() -> int:
     X = data(3000, D, torch.float32)
     mean, cov = ops.covariance(X)
     lam = 1e-3 * float(torch.trace(cov)) / D
-    pi, pj = draw_pairs(3000, 10000, 0)
+    pi, pj, _ = draw_pairs(3000, 10000, 0)
     ours = gpu_time(lambda: ops.pair_quotients(X, mean, cov, lam, pi, pj), r)
     fl = floor(D**3 / 3 + 10000.0 * D * D, rates[torch.float64], 2 * 10000 * D * 4, bandwidth)
     Pi, Pj = torch.from_numpy(pi).cuda(), torch.from_numpy(pj).cuda()

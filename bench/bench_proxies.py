@@ -28,7 +28,7 @@ def researcher_pipeline(X: np.ndarray, k: int = 16, ridge: float = 1e-3, n_pairs
     trace = eig.sum()
     k_eff = trace / eig[-1]
     P = np.linalg.inv(S + ridge * trace / D * np.eye(D))
-    i, j = draw_pairs(n, n_pairs, seed)
+    i, j, _ = draw_pairs(n, n_pairs, seed)
     d = X64[i] - X64[j]
     den = np.einsum("pd,pd->p", d, d)
     keep = den > 0

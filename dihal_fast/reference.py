@@ -18,16 +18,49 @@ def to_float64(X) -> np.ndarray:
     return np.array(X, dtype=np.float64, copy=True)
 
 
-def draw_pairs(n: int, n_pairs: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n_pairs`` ordered pairs ``(i, j)``, ``i != j``, uniform over the rows, from ``seed``.
+# Up to this many pairs are drawn one by one; beyond it only their counts per distinct pair are drawn.
+DIRECT_PAIRS = 1 << 22
+# Largest number of distinct unordered pairs n (n - 1) / 2 whose counts are kept (about 200 MB).
+MAX_DISTINCT_PAIRS = 1 << 23
 
-    This sampler *is* part of the definition of ``m_mono``: every backend uses it.
+
+def draw_pairs(n: int, n_pairs: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n_pairs`` pairs ``(i, j)``, ``i != j``, uniform over the rows, from ``seed``: ``(i, j, counts)``.
+
+    This sampler *is* part of the definition of ``m_mono``: every backend uses it. Up to
+    :data:`DIRECT_PAIRS` the pairs are drawn one by one (``counts`` all 1). Above it, memory must not
+    grow with ``n_pairs``: as ``m_ij`` is symmetric, only the multiplicity of each of the
+    ``n (n - 1) / 2`` unordered pairs matters, and it is drawn directly (multinomial, the same
+    distribution as ``n_pairs`` independent draws); the pairs returned are the distinct ones drawn,
+    ``i < j``, each with its count. Memory is then O(n^2) and time O(n^2), whatever ``n_pairs``.
+    Raises ``ValueError`` when ``n_pairs > DIRECT_PAIRS`` and ``n (n - 1) / 2 > MAX_DISTINCT_PAIRS``.
     """
     rng = np.random.default_rng(seed)
-    i = rng.integers(0, n, size=n_pairs, dtype=np.int64)
-    j = rng.integers(0, n - 1, size=n_pairs, dtype=np.int64)
-    j += j >= i
-    return i, j
+    if n_pairs <= DIRECT_PAIRS:
+        i = rng.integers(0, n, size=n_pairs, dtype=np.int64)
+        j = rng.integers(0, n - 1, size=n_pairs, dtype=np.int64)
+        j += j >= i
+        return i, j, np.ones(n_pairs, dtype=np.int64)
+    distinct = n * (n - 1) // 2
+    if distinct > MAX_DISTINCT_PAIRS:
+        raise ValueError(
+            f"n_pairs={n_pairs:,} is above {DIRECT_PAIRS:,} (the pairs drawn one by one) and the n = {n:,} rows "
+            f"have {distinct:,} distinct pairs, more than the {MAX_DISTINCT_PAIRS:,} whose counts are kept; "
+            f"use n_pairs <= {DIRECT_PAIRS:,} or fewer rows"
+        )
+    counts = rng.multinomial(n_pairs, np.full(distinct, 1.0 / distinct))
+    drawn = np.flatnonzero(counts)
+    i, j = np.triu_indices(n, 1)
+    return i[drawn], j[drawn], counts[drawn]
+
+
+def weighted_median(values: np.ndarray, counts: np.ndarray) -> float:
+    """``np.median(np.repeat(values, counts))`` without forming the repeated array."""
+    order = np.argsort(values, kind="stable")
+    ends = np.cumsum(counts[order])
+    total = int(ends[-1])
+    lo, hi = np.searchsorted(ends, [(total - 1) // 2, total // 2], side="right")
+    return float((values[order[lo]] + values[order[hi]]) / 2)
 
 
 def covariance(X) -> tuple[np.ndarray, np.ndarray]:
@@ -50,12 +83,12 @@ def monotonicity_proxy(X, ridge: float = 1e-3, n_pairs: int = 10000, seed: int =
     _, S = covariance(X)
     D = S.shape[0]
     P = np.linalg.inv(S + ridge * np.trace(S) / D * np.eye(D))
-    i, j = draw_pairs(X.shape[0], n_pairs, seed)
+    i, j, counts = draw_pairs(X.shape[0], n_pairs, seed)
     d = X[i] - X[j]
     den = np.einsum("pd,pd->p", d, d)
     keep = den > 0
     num = np.einsum("pd,de,pe->p", d[keep], P, d[keep])
-    return float(np.median(num / den[keep]))
+    return weighted_median(num / den[keep], counts[keep])
 
 
 def knn(X, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ import numpy as np
 from dihal_fast.geometry.backends import get_backend
 from dihal_fast.geometry.inputs import Matrix, as_matrix, check_k, check_positive
 from dihal_fast.profiling import nvtx_range
-from dihal_fast.reference import draw_pairs
+from dihal_fast.reference import draw_pairs, weighted_median
 
 DEFAULT_K = 16
 DEFAULT_RIDGE = 1e-3
@@ -51,13 +51,13 @@ def _k_eff(ops: Any, cov: Any, trace: float) -> float:
 
 def _m_mono(matrix: Matrix, ops: Any, mean: Any, cov: Any, trace: float, ridge: float, n_pairs: int, seed: int) -> float:
     n, D = matrix.shape
-    pi, pj = draw_pairs(n, n_pairs, seed)
+    pi, pj, counts = draw_pairs(n, n_pairs, seed)
     with nvtx_range("pairs"):
         q = np.asarray(ops.pair_quotients(matrix.data, mean, cov, ridge * trace / D, pi, pj))
-    q = q[~np.isnan(q)]
-    if q.size == 0:
+    keep = ~np.isnan(q)
+    if not keep.any():
         raise ValueError(f"all {n_pairs} sampled pairs are identical rows; m_mono is undefined")
-    return float(np.median(q))
+    return weighted_median(q[keep], counts[keep])
 
 
 def _m_curv(matrix: Matrix, ops: Any, trace: float, k: int) -> float:
@@ -79,7 +79,13 @@ def effective_rank(X: Any, backend: str = "auto") -> float:
 def monotonicity_proxy(
     X: Any, ridge: float = DEFAULT_RIDGE, n_pairs: int = DEFAULT_PAIRS, seed: int = 0, backend: str = "auto"
 ) -> float:
-    """``m_mono``: median over ``n_pairs`` seeded pairs of the regularised-precision Rayleigh quotient."""
+    """``m_mono``: median over ``n_pairs`` seeded pairs of the regularised-precision Rayleigh quotient.
+
+    Memory does not grow with ``n_pairs``: up to 2^22 pairs are drawn one by one; above that the
+    count of each distinct pair is drawn instead (same distribution, O(n^2) memory and time), which
+    needs ``n (n - 1) / 2 <= 2^23`` (about n <= 4096 rows), else ``ValueError``. See
+    :func:`dihal_fast.reference.draw_pairs`.
+    """
     ridge = check_positive(ridge, "ridge")
     n_pairs = check_positive(n_pairs, "n_pairs", integer=True)
     matrix, ops = _prepare(X, backend)
