@@ -88,6 +88,20 @@ def test_stopped_run_leaves_no_report_and_resume_matches_uninterrupted(tiny_chec
     assert again["per_repeat"]["score"][:2] == whole["per_repeat"]["score"]
 
 
+def test_resume_removes_the_temporary_file_of_a_killed_checkpoint_write(tiny_checkpoints, corpus, tmp_path, capsys):
+    model, out = tiny_checkpoints["llama"], tmp_path / "run"
+    code, _, _ = _locate(capsys, "--model", model, "--corpus", corpus, "--out", out, "--max-batches", "2", *SMALL)
+    assert code == 3
+    # what a kill -9 during atomic_write_bytes leaves: the hidden temporary beside the checkpoint
+    leftovers = [out / "collect" / ".state-rank0000-of-0001.safetensors.k1ll3d", out / "collect" / ".config.json.k1ll3d"]
+    for leftover in leftovers:
+        leftover.write_bytes(b"half a checkpoint")
+    code, _, _ = _locate(capsys, "--model", model, "--corpus", corpus, "--out", out, "--resume", "--max-batches", "1", *SMALL)
+    assert code == 3
+    assert not any(leftover.exists() for leftover in leftovers)
+    assert (out / "collect" / "state-rank0000-of-0001.safetensors").is_file()
+
+
 def _no_pad_checkpoint(source: Path, dest: Path) -> Path:
     from transformers import AutoTokenizer
 

@@ -163,6 +163,19 @@ def test_kill_and_resume_equals_an_uninterrupted_run(tiny_checkpoints, corpus, t
     assert reports[0] == reports[1]
 
 
+@pytest.mark.parametrize("pointer, problem", [("", "is empty"), ("\n", "is empty"), ("../..", "holds '../..'")])
+def test_damaged_latest_pointer_is_named(tmp_path, pointer, problem):
+    from dihal_fast.train.checkpoint import latest_checkpoint
+
+    root = tmp_path / "checkpoints"
+    (root / "step_00000002").mkdir(parents=True)
+    (root / "latest").write_text(pointer)
+    with pytest.raises(ValueError, match=f"latest {problem} instead of a checkpoint folder name .*step_00000002"):
+        latest_checkpoint(tmp_path)
+    (root / "latest").write_text("step_00000002")
+    assert latest_checkpoint(tmp_path) == root / "step_00000002"
+
+
 def test_bad_input_fails_before_any_training(tiny_checkpoints, corpus, tmp_path):
     from transformers import BertConfig
 

@@ -11,6 +11,7 @@ from safetensors.torch import save as save_safetensors
 from dihal_fast.collect.config import CollectConfig
 from dihal_fast.collect.statistics import LayerStatistics
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
+from dihal_fast.common.io import remove_stale_temporaries
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,11 @@ class CheckpointStore:
         self.state_path = self.dir / f"state-rank{rank:04d}-of-{world_size:04d}.safetensors"
 
     def start(self, config: CollectConfig, resume: bool) -> None:
-        """Check that ``RUN`` fits the request (fresh run or a resumable one) and save the config."""
+        """Check that ``RUN`` fits the request (fresh run or a resumable one) and save the config.
+
+        Temporary files of this rank's checkpoint left by a killed run are deleted first."""
+        for path in (self.state_path, self.config_path) if self.rank == 0 else (self.state_path,):
+            remove_stale_temporaries(path)
         if resume:
             saved = read_json(self.config_path, "collection config to resume (from an earlier run with this --out)")
             if not isinstance(saved, dict):

@@ -1,11 +1,15 @@
 """Atomic file output: a report or checkpoint is either complete or absent, never half-written."""
 from __future__ import annotations
 
+import glob
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -27,6 +31,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that :func:`atomic_write_bytes` to ``path`` left behind when its
+    process was killed mid-write; returns them. Only safe while holding the run directory's lock."""
+    path = Path(path)
+    stale = sorted(path.parent.glob(f".{glob.escape(path.name)}.*")) if path.parent.is_dir() else []
+    for temporary in stale:
+        temporary.unlink(missing_ok=True)
+        logger.info("removed %s, left by an interrupted write", temporary)
+    return stale
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:

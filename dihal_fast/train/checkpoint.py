@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -31,10 +32,18 @@ def checkpoints_dir(run_dir: Path) -> Path:
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of ``run_dir``, or None when there is none."""
-    pointer = checkpoints_dir(run_dir) / "latest"
+    root = checkpoints_dir(run_dir)
+    pointer = root / "latest"
     if not pointer.is_file():
         return None
-    path = checkpoints_dir(run_dir) / pointer.read_text().strip()
+    name = pointer.read_text(errors="replace").strip()
+    if not re.fullmatch(r"step_\d+", name):
+        found = sorted(p.name for p in root.glob("step_*") if p.is_dir())
+        newest = f"the newest checkpoint folder there is {found[-1]}" if found else "there is no checkpoint folder"
+        problem = "is empty" if not name else f"holds {name[:40]!r}"
+        raise ValueError(f"{pointer} {problem} instead of a checkpoint folder name (step_NNNNNNNN; {newest}); "
+                         "the run directory is damaged")
+    path = root / name
     if not path.is_dir():
         raise ValueError(f"{pointer} names {path.name}, which does not exist; the run directory is damaged")
     return path
