@@ -9,6 +9,8 @@
 #include <string>
 
 #include "blas.hpp"
+#include "cpu/knn_emulation.hpp"
+#include "jacobi.hpp"
 #include "kernels.hpp"
 
 namespace py = pybind11;
@@ -128,6 +130,35 @@ double max_abs(CArray<T> X) {
   return dihal::max_abs<T>(x, size);
 }
 
+// Host emulation of the CUDA kNN kernels (tests of their logic without a GPU): X is a C-contiguous
+// float32/float64 matrix; returns (indices, squared distances, flags of rows the GPU recomputes).
+py::tuple emulate_cuda_knn(py::array X, int64_t k, int64_t query_block, int64_t ref_block, int64_t splits) {
+  const bool is_double = py::isinstance<py::array_t<double>>(X);
+  if (!is_double && !py::isinstance<py::array_t<float>>(X)) throw py::type_error("X must be float32 or float64");
+  if (X.ndim() != 2 || !(X.flags() & py::array::c_style)) throw std::invalid_argument("X must be a C-contiguous matrix");
+  const int64_t n = X.shape(0), D = X.shape(1);
+  dihal::EmulatedKnn r;
+  {
+    py::gil_scoped_release release;
+    r = dihal::emulate_cuda_knn(X.data(), is_double, n, D, k, query_block, ref_block, splits);
+  }
+  CArray<int64_t> idx({n, k});
+  CArray<double> d2({n, k});
+  CArray<int32_t> flags(n);
+  std::copy(r.idx.begin(), r.idx.end(), idx.mutable_data());
+  std::copy(r.sqdist.begin(), r.sqdist.end(), d2.mutable_data());
+  std::copy(r.flags.begin(), r.flags.end(), flags.mutable_data());
+  return py::make_tuple(idx, d2, flags);
+}
+
+// The Jacobi routine of the GPU local-curvature kernel, on the host.
+double jacobi_top_eigenvalue(CArray<double> A) {
+  if (A.ndim() != 2 || A.shape(0) != A.shape(1) || A.shape(0) < 1 || A.shape(0) > 255)
+    throw std::invalid_argument("A must be a square matrix of size 1..255");
+  std::vector<double> work(A.data(), A.data() + A.size());
+  return dihal::jacobi_top_eigenvalue(work.data(), int(A.shape(0)));
+}
+
 py::dict build_info() {
   py::dict info;
   info["compiler"] = std::string(__VERSION__);
@@ -157,5 +188,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("top_eigenvalue_small", &top_eigenvalue_small, py::arg("A"));
   m.def("max_abs", &max_abs<float>, py::arg("X"));
   m.def("max_abs", &max_abs<double>, py::arg("X"));
+  m.def("emulate_cuda_knn", &emulate_cuda_knn, py::arg("X"), py::arg("k"), py::arg("query_block"), py::arg("ref_block"),
+        py::arg("splits"));
+  m.def("jacobi_top_eigenvalue", &jacobi_top_eigenvalue, py::arg("A"));
   m.def("build_info", &build_info);
 }

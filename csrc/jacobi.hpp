@@ -4,11 +4,7 @@
 #pragma once
 #include <cmath>
 
-#ifdef __CUDACC__
-#define DIHAL_HOST_DEVICE __host__ __device__ inline
-#else
-#define DIHAL_HOST_DEVICE inline
-#endif
+#include "host_device.hpp"
 
 namespace dihal {
 

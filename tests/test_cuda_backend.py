@@ -1,5 +1,6 @@
 """CUDA backend: build and availability reporting (run everywhere), the kNN logic of the kernels
-through their host emulation (run everywhere), and every CUDA operation against
+through their host emulation compiled into the CPU module (run everywhere, no nvcc needed), and
+every CUDA operation against
 ``dihal_fast.reference`` (needs a GPU; skipped with the reason from ``build_info()`` otherwise,
 or turned into failures with DIHAL_REQUIRE_GPU=1 as bench/gpu_check.sh does)."""
 from __future__ import annotations
@@ -129,7 +130,6 @@ def _check_against_reference(X: np.ndarray, idx, d2, flags, k: int) -> None:
     data=st.data(),
 )
 def test_emulated_knn_kernel_matches_reference(n, D, kind, dtype, data):
-    module = _cuda_module()
     k = data.draw(st.integers(1, n - 1))
     query_block, ref_block = data.draw(st.integers(1, n)), data.draw(st.integers(1, n))
     splits = data.draw(st.integers(1, 8))
@@ -144,26 +144,24 @@ def test_emulated_knn_kernel_matches_reference(n, D, kind, dtype, data):
     else:
         X = rng.standard_normal((n, D)) * 10.0 ** rng.uniform(-3, 3)
     X = np.ascontiguousarray(X, dtype=dtype)
-    idx, d2, flags = module.emulate_knn(X, k, query_block, ref_block, splits)
+    idx, d2, flags = _native.core().emulate_cuda_knn(X, k, query_block, ref_block, splits)
     _check_against_reference(X, idx, d2, flags, k)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_emulated_knn_certifies_generic_data(dtype):
-    module = _cuda_module()
     X = np.random.default_rng(1).standard_normal((400, 24)).astype(dtype)
-    idx, d2, flags = module.emulate_knn(X, 16, 128, 96, 6)
+    idx, d2, flags = _native.core().emulate_cuda_knn(X, 16, 128, 96, 6)
     assert flags.sum() == 0, "the candidate lists should certify continuous random data"
     _check_against_reference(X, idx, d2, flags, 16)
 
 
 def test_emulated_jacobi_matches_eigvalsh():
-    module = _cuda_module()
     rng = np.random.default_rng(2)
     for m in (1, 2, 5, 17, 64):
         B = rng.standard_normal((m, 3))
         A = B @ B.T  # PSD, rank <= 3
-        np.testing.assert_allclose(module.jacobi_top_eigenvalue(A), np.linalg.eigvalsh(A)[-1], rtol=1e-12)
+        np.testing.assert_allclose(_native.core().jacobi_top_eigenvalue(A), np.linalg.eigvalsh(A)[-1], rtol=1e-12)
 
 
 @pytest.mark.parametrize("D,rank", [(300, 300), (400, 5), (500, 1), (700, 3)])

@@ -1,7 +1,7 @@
-// Host emulation of the CUDA kNN pipeline (knn.cu): the same per-thread logic (knn_logic.hpp),
-// block sizes and splits, with the GPU's parallel parts (tile GEMM, exact distances) as plain
-// loops. It lets the tests check the candidate lists, their merge, the re-rank and the
-// certification on machines without a GPU; it is not a fast path.
+// Host emulation of the CUDA kNN pipeline (csrc/cuda/knn.cu): the same shared logic
+// (csrc/knn_logic.hpp), block sizes and splits, with the GPU's parallel parts (tile GEMM, exact
+// distances) as plain loops. It lets the tests check the candidate lists, their merge, the re-rank
+// and the certification of the GPU kernels on any machine; it is not a fast path.
 #include "knn_emulation.hpp"
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 
 #include "knn_logic.hpp"
 
-namespace dihal::cuda {
+namespace dihal {
 namespace {
 
 namespace kl = knn_logic;
@@ -21,26 +21,7 @@ template <typename W>
 EmulatedKnn emulate(const W* X, int64_t n, int64_t D, int64_t k, int64_t query_block, int64_t ref_block,
                     int64_t splits) {
   const int64_t cap = kl::capacity(n, k);
-  std::vector<double> mean(D, 0.0);
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < D; ++c) mean[c] += double(X[r * D + c]);
-  for (double& m : mean) m /= double(n);
-  double max_abs = 0.0;
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < D; ++c) max_abs = std::max(max_abs, std::fabs(double(X[r * D + c]) - mean[c]));
-  const double scale = max_abs > 0.0 ? std::ldexp(1.0, -std::ilogb(max_abs) - 1) : 1.0;
-  std::vector<W> centred(size_t(n * D)), norms(n);
-  double max_norm2 = 0.0;
-  for (int64_t r = 0; r < n; ++r) {
-    double s = 0.0;
-    for (int64_t c = 0; c < D; ++c) {
-      const W v = W((double(X[r * D + c]) - mean[c]) * scale);
-      centred[size_t(r * D + c)] = v;
-      s += double(v) * double(v);
-    }
-    norms[r] = W(s);
-    max_norm2 = std::max(max_norm2, s);
-  }
+  const kl::Scaled<W> s = kl::centre_and_scale<W, W>(X, n, D, false);
   const double rel = kl::rel_bound(D, double(std::numeric_limits<W>::epsilon()) / 2);
 
   EmulatedKnn result{std::vector<int64_t>(size_t(n * k)), std::vector<double>(size_t(n * k)),
@@ -49,38 +30,39 @@ EmulatedKnn emulate(const W* X, int64_t n, int64_t D, int64_t k, int64_t query_b
     const int64_t nq = std::min(query_block, n - q0);
     std::vector<W> list_d(size_t(nq * splits * cap)), merged_d(size_t(nq * cap));
     std::vector<int32_t> list_i(list_d.size()), merged_i(merged_d.size());
-    for (int64_t e = 0; e < nq * splits; ++e) kl::CandidateList<W>{&list_d[e * cap], &list_i[e * cap], int(cap)}.clear();
+    for (int64_t e = 0; e < nq * splits; ++e)
+      kl::CandidateList<W, int32_t>{&list_d[e * cap], &list_i[e * cap], int(cap)}.clear();
     for (int64_t r0 = 0; r0 < n; r0 += ref_block) {
       const int64_t nr = std::min(ref_block, n - r0);
       std::vector<W> tile(size_t(nq * nr));  // column-major, as cuBLAS writes it
       for (int64_t j = 0; j < nr; ++j)
         for (int64_t q = 0; q < nq; ++q) {
           W acc = 0;
-          for (int64_t c = 0; c < D; ++c) acc += centred[size_t((q0 + q) * D + c)] * centred[size_t((r0 + j) * D + c)];
+          for (int64_t c = 0; c < D; ++c) acc += s.centred[size_t((q0 + q) * D + c)] * s.centred[size_t((r0 + j) * D + c)];
           tile[size_t(j * nq + q)] = acc;
         }
       for (int64_t t = 0; t < nq * splits; ++t) {  // the scan kernel's threads
-        const int64_t q = t % nq, s = t / nq, slot = (q * splits + s) * cap;
-        const kl::CandidateList<W> list{&list_d[slot], &list_i[slot], int(cap)};
-        kl::scan_tile(tile.data(), nq, q, norms[q0 + q], norms.data() + r0, r0, nr * s / splits, nr * (s + 1) / splits,
-                      q0 + q, list);
+        const int64_t q = t % nq, part = t / nq, slot = (q * splits + part) * cap;
+        const kl::CandidateList<W, int32_t> list{&list_d[slot], &list_i[slot], int(cap)};
+        kl::scan_tile(tile.data() + q, nq, s.norms[q0 + q], s.norms.data() + r0, r0, nr * part / splits,
+                      nr * (part + 1) / splits, q0 + q, list);
       }
     }
     for (int64_t q = 0; q < nq; ++q) {  // merge and re-rank kernels
-      const kl::CandidateList<W> out{&merged_d[q * cap], &merged_i[q * cap], int(cap)};
+      const kl::CandidateList<W, int32_t> out{&merged_d[q * cap], &merged_i[q * cap], int(cap)};
       kl::merge_lists(&list_d[q * splits * cap], &list_i[q * splits * cap], int(splits), int(cap), out);
       const int64_t i = q0 + q;
       std::vector<double> exact(cap);
       for (int64_t e = 0; e < cap; ++e) {
         const int32_t j = out.idx[e];
-        double s = j >= 0 ? 0.0 : INFINITY;
+        double sum = j >= 0 ? 0.0 : INFINITY;
         for (int64_t c = 0; j >= 0 && c < D; ++c) {
           const double d = double(X[i * D + c]) - double(X[int64_t(j) * D + c]);
-          s += d * d;
+          sum += d * d;
         }
-        exact[e] = s;
+        exact[e] = sum;
       }
-      const double bound = rel * (double(norms[i]) + max_norm2);
+      const double bound = kl::distance_bound(rel, double(s.norms[i]), s.max_norm2);
       for (int64_t e = 0; e < cap; ++e) {
         const int r = kl::rank_of(exact.data(), out.idx, int(cap), int(e));
         if (r < k) {
@@ -88,7 +70,8 @@ EmulatedKnn emulate(const W* X, int64_t n, int64_t D, int64_t k, int64_t query_b
           result.sqdist[size_t(i * k + r)] = exact[e];
         }
         if (r == k - 1)
-          result.flags[i] = kl::certified(cap == n - 1, exact[e] * scale * scale, double(out.threshold()), bound) ? 0 : 1;
+          result.flags[i] =
+              kl::certified(cap == n - 1, exact[e] * s.scale * s.scale, double(out.threshold()), bound) ? 0 : 1;
       }
     }
   }
@@ -97,13 +80,13 @@ EmulatedKnn emulate(const W* X, int64_t n, int64_t D, int64_t k, int64_t query_b
 
 }  // namespace
 
-EmulatedKnn emulate_knn(const void* X, bool is_double, int64_t n, int64_t D, int64_t k, int64_t query_block,
-                        int64_t ref_block, int64_t splits) {
-  if (n < 2 || D < 1 || k < 1 || k >= n) throw std::invalid_argument("emulate_knn: need n >= 2, D >= 1, 1 <= k < n");
+EmulatedKnn emulate_cuda_knn(const void* X, bool is_double, int64_t n, int64_t D, int64_t k, int64_t query_block,
+                             int64_t ref_block, int64_t splits) {
+  if (n < 2 || D < 1 || k < 1 || k >= n) throw std::invalid_argument("emulate_cuda_knn: need n >= 2, D >= 1, 1 <= k < n");
   if (query_block < 1 || ref_block < 1 || splits < 1 || splits > 64)
-    throw std::invalid_argument("emulate_knn: blocks must be positive and 1 <= splits <= 64");
+    throw std::invalid_argument("emulate_cuda_knn: blocks must be positive and 1 <= splits <= 64");
   return is_double ? emulate(static_cast<const double*>(X), n, D, k, query_block, ref_block, splits)
                    : emulate(static_cast<const float*>(X), n, D, k, query_block, ref_block, splits);
 }
 
-}  // namespace dihal::cuda
+}  // namespace dihal

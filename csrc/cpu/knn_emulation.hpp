@@ -1,9 +1,10 @@
-// Host emulation of the CUDA kNN pipeline, for tests on machines without a GPU (knn_emulation.cpp).
+// Host emulation of the CUDA kNN pipeline (csrc/cuda/knn.cu), compiled into the CPU module so that
+// its tests run on machines without nvcc or a GPU (knn_emulation.cpp).
 #pragma once
 #include <cstdint>
 #include <vector>
 
-namespace dihal::cuda {
+namespace dihal {
 
 struct EmulatedKnn {
   std::vector<int64_t> idx;     // n x k
@@ -13,7 +14,7 @@ struct EmulatedKnn {
 
 // X is n x D row-major float32 (is_double false) or float64; query_block / ref_block / splits are
 // the tiling of the kernel being emulated.
-EmulatedKnn emulate_knn(const void* X, bool is_double, int64_t n, int64_t D, int64_t k, int64_t query_block,
-                        int64_t ref_block, int64_t splits);
+EmulatedKnn emulate_cuda_knn(const void* X, bool is_double, int64_t n, int64_t D, int64_t k, int64_t query_block,
+                             int64_t ref_block, int64_t splits);
 
-}  // namespace dihal::cuda
+}  // namespace dihal

@@ -12,13 +12,11 @@
 #include <vector>
 
 #include "cublas.hpp"
-#include "knn_emulation.hpp"
 #include "knn_logic.hpp"
 #include "ops.hpp"
 #if DIHAL_HAVE_CUVS
 #include "cuvs_knn.hpp"
 #endif
-#include "jacobi.hpp"
 
 namespace py = pybind11;
 using std::int64_t;
@@ -114,35 +112,6 @@ void pair_quotients(uintptr_t X, int dtype, int64_t n, int64_t D, uintptr_t chol
                               ptr<double>(out), ptr<void>(ws), ws_bytes, device, as_stream(stream));
 }
 
-// Host emulation of the kNN kernels (tests without a GPU): X is a C-contiguous float32/float64
-// NumPy matrix; returns (indices, squared distances, flags of rows to recompute exactly).
-py::tuple emulate_knn(py::array X, int64_t k, int64_t query_block, int64_t ref_block, int64_t splits) {
-  const bool is_double = py::isinstance<py::array_t<double>>(X);
-  if (!is_double && !py::isinstance<py::array_t<float>>(X)) throw py::type_error("X must be float32 or float64");
-  if (X.ndim() != 2 || !(X.flags() & py::array::c_style)) throw std::invalid_argument("X must be a C-contiguous matrix");
-  const int64_t n = X.shape(0), D = X.shape(1);
-  dihal::cuda::EmulatedKnn r;
-  {
-    py::gil_scoped_release release;
-    r = dihal::cuda::emulate_knn(X.data(), is_double, n, D, k, query_block, ref_block, splits);
-  }
-  py::array_t<int64_t> idx({n, k});
-  py::array_t<double> d2({n, k});
-  py::array_t<int32_t> flags(n);
-  std::copy(r.idx.begin(), r.idx.end(), idx.mutable_data());
-  std::copy(r.sqdist.begin(), r.sqdist.end(), d2.mutable_data());
-  std::copy(r.flags.begin(), r.flags.end(), flags.mutable_data());
-  return py::make_tuple(idx, d2, flags);
-}
-
-// The Jacobi routine of the local-curvature kernel, run on the host (tests without a GPU).
-double jacobi_top_eigenvalue(py::array_t<double, py::array::c_style | py::array::forcecast> A) {
-  if (A.ndim() != 2 || A.shape(0) != A.shape(1) || A.shape(0) < 1 || A.shape(0) > 255)
-    throw std::invalid_argument("A must be a square matrix of size 1..255");
-  std::vector<double> work(A.data(), A.data() + A.size());
-  return dihal::jacobi_top_eigenvalue(work.data(), int(A.shape(0)));
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_cuda, m) {
@@ -154,7 +123,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("load_cuvs", &load_cuvs, py::arg("candidates"));
   m.attr("MAX_KNN_CANDIDATES") = dihal::cuda::kMaxKnnCandidates;
   m.attr("MAX_LOCAL_POINTS") = dihal::cuda::kMaxLocalPoints;
-  m.def("knn_capacity", &dihal::cuda::knn_logic::capacity, py::arg("n"), py::arg("k"));
+  m.def("knn_capacity", &dihal::knn_logic::capacity, py::arg("n"), py::arg("k"));
   m.def("covariance_workspace", &covariance_workspace, py::arg("n"), py::arg("D"), py::arg("dtype"), py::arg("exact"));
   m.def("covariance_update", &covariance_update, py::arg("X"), py::arg("dtype"), py::arg("n"), py::arg("D"),
         py::arg("count"), py::arg("mean"), py::arg("comoment"), py::arg("exact"), py::arg("workspace"),
@@ -172,7 +141,4 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("pair_quotients", &pair_quotients, py::arg("X"), py::arg("dtype"), py::arg("n"), py::arg("D"),
         py::arg("chol_lower"), py::arg("pi"), py::arg("pj"), py::arg("n_pairs"), py::arg("out"), py::arg("workspace"),
         py::arg("workspace_bytes"), py::arg("device"), py::arg("stream"));
-  m.def("emulate_knn", &emulate_knn, py::arg("X"), py::arg("k"), py::arg("query_block"), py::arg("ref_block"),
-        py::arg("splits"));
-  m.def("jacobi_top_eigenvalue", &jacobi_top_eigenvalue, py::arg("A"));
 }

@@ -1,7 +1,7 @@
 // Exact kNN on the GPU: tiles of dot products of the centred, power-of-two-scaled rows from cuBLAS
 // (or candidates from cuVS brute force), a fused distance + bounded-candidate-list kernel per
 // (query, split of the reference columns), a merge of the splits, and an exact float64 re-rank with
-// certification. The per-thread logic is in knn_logic.hpp; the CPU algorithm is csrc/cpu/knn.cpp.
+// certification. The logic shared with the CPU kernel (csrc/cpu/knn.cpp) is in csrc/knn_logic.hpp.
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -24,7 +24,7 @@
 namespace dihal::cuda {
 namespace {
 
-namespace kl = knn_logic;
+namespace kl = dihal::knn_logic;
 
 constexpr int64_t kQueryBlock = 4096;     // queries per block of work (rows of a tile)
 constexpr int64_t kRefBlock = 4096;       // reference rows per tile
@@ -119,11 +119,7 @@ __global__ void row_max_abs_kernel(const T* X, int64_t n, int64_t D, const doubl
   }
 }
 
-// scale = 2^-(e+1) for the largest |x - mean| = f 2^e (f in [1, 2)), so every scaled value is < 1.
-__global__ void scale_kernel(double* scalars) {
-  const double m = scalars[0];
-  scalars[1] = m > 0.0 ? ldexp(1.0, -ilogb(m) - 1) : 1.0;
-}
+__global__ void scale_kernel(double* scalars) { scalars[1] = kl::pow2_scale(scalars[0]); }
 
 template <typename T, typename W>
 __global__ void centre_scale_kernel(const T* X, int64_t n, int64_t D, const double* mean, const double* scalars,
@@ -166,8 +162,8 @@ __global__ void scan_kernel(const W* tile, int64_t nq, int64_t nr, int64_t split
   if (t >= nq * splits) return;
   const int64_t q = t % nq, s = t / nq;
   const int64_t slot = (q * splits + s) * cap;
-  const kl::CandidateList<W> list{list_d + slot, list_i + slot, int(cap)};
-  kl::scan_tile(tile, nq, q, norms[q0 + q], norms + r0, r0, nr * s / splits, nr * (s + 1) / splits, q0 + q, list);
+  const kl::CandidateList<W, int32_t> list{list_d + slot, list_i + slot, int(cap)};
+  kl::scan_tile(tile + q, nq, norms[q0 + q], norms + r0, r0, nr * s / splits, nr * (s + 1) / splits, q0 + q, list);
 }
 
 template <typename W>
@@ -175,7 +171,7 @@ __global__ void merge_kernel(const W* list_d, const int32_t* list_i, int64_t nq,
                              W* merged_d, int32_t* merged_i) {
   const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (q >= nq) return;
-  const kl::CandidateList<W> out{merged_d + q * cap, merged_i + q * cap, int(cap)};
+  const kl::CandidateList<W, int32_t> out{merged_d + q * cap, merged_i + q * cap, int(cap)};
   kl::merge_lists(list_d + q * splits * cap, list_i + q * splits * cap, int(splits), int(cap), out);
 }
 
@@ -200,7 +196,7 @@ __global__ void rerank_kernel(const T* X, int64_t n, int64_t D, int64_t k, int64
   }
   __syncthreads();
   const double scale = scalars[1], max_norm2 = scalars[2];
-  const double bound = rel * (double(norms[i]) + max_norm2);
+  const double bound = kl::distance_bound(rel, double(norms[i]), max_norm2);
   const double threshold = double(merged_d[q * cap + cap - 1]);
   for (int64_t e = threadIdx.x; e < cap; e += blockDim.x) {
     const int r = kl::rank_of(exact, cand, int(cap), int(e));
