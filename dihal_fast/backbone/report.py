@@ -21,11 +21,11 @@ REPORT_NAME = "training_report.json"
 
 def validation_table(model, train_ids: np.ndarray, valid_ids: dict[str, np.ndarray], seq_len: int, precision: str) -> dict:
     """Per held-out split: model PPL (full split), unigram (add-1) and best add-k bigram PPL on the same tokens."""
-    from tqdm import tqdm
+    from dihal_fast.common.progress import progress_bar
 
     vocab = model.config.vocab_size
     table = {}
-    for name, ids in tqdm(valid_ids.items(), desc="validation", unit="split", leave=False):
+    for name, ids in progress_bar(valid_ids.items(), desc="validation", unit="split", leave=False):
         nll, count = stream_nll(model, ids, seq_len, precision=precision)
         bigram, k = best_bigram_perplexity(train_ids, ids, vocab)
         table[name] = {

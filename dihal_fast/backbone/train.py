@@ -217,11 +217,11 @@ def train_backbone(
     ``stop_at`` ends this invocation after that many optimizer steps (as if interrupted, with a
     checkpoint); the LR schedule always follows ``cfg.steps``.
     """
-    from tqdm import tqdm
     from transformers import PreTrainedTokenizerFast
 
     from dihal_fast.backbone.report import write_training_report
     from dihal_fast.backbone.tokenizer import train_tokenizer
+    from dihal_fast.common.progress import progress_bar
 
     out = Path(out)
     resolve_valid(cfg)
@@ -269,7 +269,7 @@ def train_backbone(
         return {name: _mean_nll(model, ids, cfg, precision) for name, ids in valid_ids.items()}
 
     model.train()
-    bar = tqdm(total=end, initial=step, desc="backbone", unit="step", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(total=end, initial=step, desc="backbone", unit="step", disable=not progress, dynamic_ncols=True)
     started = time.perf_counter() - elapsed
     window_start, window_tokens = time.perf_counter(), 0
     try:

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from dihal_fast.collect.checkpoint import CheckpointStore
 from dihal_fast.collect.config import CollectConfig
 from dihal_fast.collect.distributed import agree_on_errors, all_reduce_ints, local_device, merge_to_rank0, rank_info
 from dihal_fast.collect.statistics import LayerStatistics, token_mask
+from dihal_fast.common.progress import progress_bar
 from dihal_fast.common.models import DTYPES, load_causal_lm
 from dihal_fast.corpus import iter_token_blocks, read_texts
 from dihal_fast.profiling import nvtx_range
@@ -80,7 +80,7 @@ def _collect_local(config: CollectConfig, run_dir: Path, resume: bool, max_batch
     total = config.total_blocks
     expected = None if total is None else -(-len(range(rank, total, world)) // config.batch_size)
     start = time.perf_counter()
-    with tqdm(total=expected, initial=state["batches_done"], unit="batch", desc="collect",
+    with progress_bar(total=expected, initial=state["batches_done"], unit="batch", desc="collect",
               disable=not progress or rank != 0) as bar:
         if not state["exhausted"]:
             blocks = _rank_blocks(tokenizer, config, rank, world, state["blocks_done"])

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 from dihal_fast.bridge.samplers import DDIM
 from dihal_fast.bridge.schedules import CosineSchedule, Prediction
 from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.common.progress import progress_bar
 from dihal_fast.evaluate.generation import Generation
 
 logger = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def train_diffusion_lm(
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
     losses = []
     model.train()
-    for _ in tqdm(range(config.steps), desc="Diffusion-LM control", leave=False):
+    for _ in progress_bar(range(config.steps), desc="Diffusion-LM control", leave=False):
         index = torch.randint(0, blocks.shape[0], (config.batch_size,), generator=generator)
         loss = model.loss(blocks[index], generator)
         optimizer.zero_grad()

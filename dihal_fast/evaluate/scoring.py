@@ -6,8 +6,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 import torch
-from tqdm import tqdm
 
+from dihal_fast.common.progress import progress_bar
 from dihal_fast.evaluate.metrics import perplexity, pooled_nll, token_kl, token_nll
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def teacher_forced(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     nll_sum, n_tokens, kl_sum = 0.0, 0, 0.0
-    for start in tqdm(range(0, blocks.shape[0], batch_size), desc=desc, leave=False):
+    for start in progress_bar(range(0, blocks.shape[0], batch_size), desc=desc, leave=False):
         ids = blocks[start : start + batch_size]
         mask = torch.ones_like(ids)
         logits = model(ids, mask)

@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.common.progress import progress_bar
 from dihal_fast.evaluate.correlation import plot_sweep, score_loss_correlations
 from dihal_fast.evaluate.stages import ensure_locate, ensure_replace
 
@@ -54,7 +54,7 @@ def run_sweep(model: str | None, corpus: list[str], out: str | Path, settings: S
     score_runs = np.asarray(locate["per_repeat"]["score"], dtype=np.float64)
     score_rows = {row["layer"]: row["score"] for row in locate["layers"]}
     rows = []
-    for layer in tqdm(candidates, desc="sweep (bridge per layer)"):
+    for layer in progress_bar(candidates, desc="sweep (bridge per layer)"):
         result = ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus, settings.train_config())
         loss, hybrid_dir = float(result["bridge_loss"]), result["hybrid_dir"]
         logger.info("layer %d: score %.3f, validation bridge loss %.4f", layer, score_rows[layer]["mean"], loss)

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from dihal_fast.common.progress import progress_bar
 from dihal_fast.geometry import geometry_proxies, selection_scores
 from dihal_fast.geometry.selection import PROXY_NAMES
 
@@ -106,7 +106,7 @@ def estimate_geometry(
     layers = sorted(int(l) for l in layers)
     available = _check_sample(vectors, layers, sample_size, repeats)
     values = {name: np.empty((repeats, len(layers))) for name in (*PROXY_NAMES, "score")}
-    bar = tqdm(total=repeats * len(layers), desc="proxies", unit="layer", disable=not progress)
+    bar = progress_bar(total=repeats * len(layers), desc="proxies", unit="layer", disable=not progress)
     for r in range(repeats):
         rows, pair_seed = subsample(available, sample_size, seed, r)
         proxies = {}

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from dihal_fast.bridge import BridgeConfig
 from dihal_fast.common import atomic_write_json, read_json, seed_everything
 from dihal_fast.common.models import load_causal_lm, resolve_model_dir
+from dihal_fast.common.progress import progress_bar
 from dihal_fast.corpus import corpus_files
 from dihal_fast.hybrid import HybridLM, backbone_targets
 from dihal_fast.hybrid.slicing import check_family, check_layer
@@ -164,7 +164,7 @@ def _loop(engine, ema: EMA, backbone, blocks: Blocks, config: TrainConfig, out_d
     if rank == 0 and start > 0 and (out_dir / "validation.json").is_file():
         history = [h for h in read_json(out_dir / "validation.json")["history"] if h["step"] <= start]
     began, saved_at = time.perf_counter(), start
-    bar = tqdm(total=config.steps, initial=start, disable=rank != 0, desc=f"bridge layer {engine.module.hybrid.config.layer}", unit="step")
+    bar = progress_bar(total=config.steps, initial=start, disable=rank != 0, desc=f"bridge layer {engine.module.hybrid.config.layer}", unit="step")
     for step in range(start, config.steps):
         rows = batch_indices(step, blocks.train.shape[0], config.batch_size, engine.world_size, rank, config.seed)
         ids = blocks.train[rows].to(device)
