@@ -31,7 +31,8 @@ from _common import report, table  # noqa: E402
 from dihal_fast.common import atomic_write_json  # noqa: E402
 from dihal_fast.hcdlm.config import ModelConfig, RunConfig, SampleConfig, TrainConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file, generated_sudoku, text_windows  # noqa: E402
-from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run, plot_accuracy_vs_steps  # noqa: E402
+from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run  # noqa: E402
+from dihal_fast.hcdlm.plots import plot_accuracy_vs_steps  # noqa: E402
 from dihal_fast.hcdlm.sampler import generate  # noqa: E402
 from dihal_fast.hcdlm.trainer import train  # noqa: E402
 from dihal_fast.tasks.registry import TaskConfig  # noqa: E402

@@ -139,7 +139,7 @@ def test_sampler_follows_algorithm_2(sudoku4):
     context, _ = _batch(sudoku4, 3)
     trace = []
     sample_hcdlm(model, AbsorbingKernel(4), context, SampleConfig(steps=5), torch.Generator().manual_seed(0),
-                 on_step=lambda t, x, x_hat, k: trace.append((t, x.clone(), x_hat.clone(), k.clone())))
+                 on_step=lambda t, x, x_hat, k, _: trace.append((t, x.clone(), x_hat.clone(), k.clone())))
     assert [t for t, *_ in trace] == [5, 4, 3, 2, 1]
     for (t, x, x_hat, _), (_, x_next, _, _) in zip(trace, trace[1:]):
         assert torch.allclose(x_next, x - (x - x_hat) / t, atol=1e-6)
@@ -182,11 +182,51 @@ def test_objective_parts_and_detach(sudoku4):
     context, target = _batch(sudoku4, 4)
     from dihal_fast.hcdlm.objective import hcdlm_loss
 
-    loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, ObjectiveConfig(lambda_recon=0, lambda_ent=0, mask_aux_weight=0), torch.Generator().manual_seed(0))
+    cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, mask_aux_weight=0, lambda_token=0, exposure_share=0)
+    loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
     loss.backward()
     assert set(parts) == {"recon", "neg_entropy", "cont", "loss"}
     assert all(p.grad is None or float(p.grad.abs().sum()) == 0 for p in model.encoder.parameters())  # regression is detached
     assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in model.denoiser.parameters())
+
+
+@pytest.mark.parametrize("weighting", ["all", "schedule"])
+@pytest.mark.parametrize("exposure", [0.0, 1.0])
+def test_token_term_trains_denoiser_and_predictor(sudoku4, weighting, exposure):
+    """The per-step token term alone reaches the denoiser and the predictor, never the encoder."""
+    from dihal_fast.hcdlm.objective import hcdlm_loss
+
+    torch.manual_seed(0)
+    model = HCDLM(sudoku4.spec, ModelConfig(**TINY))
+    context, target = _batch(sudoku4, 4)
+    cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, lambda_cont=0, mask_aux_weight=0, token_weighting=weighting, exposure_share=exposure)
+    loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
+    loss.backward()
+    assert parts["token"] > 0 and parts["loss"] == pytest.approx(parts["token"])
+    grads = {name: sum(float(p.grad.abs().sum()) for p in part.parameters() if p.grad is not None)
+             for name, part in (("encoder", model.encoder), ("denoiser", model.denoiser), ("predictor", model.predictor))}
+    assert grads["encoder"] == 0 and grads["denoiser"] > 0 and grads["predictor"] > 0
+
+
+def test_token_term_matches_cross_entropy():
+    """``all`` = mean CE; ``schedule`` = CE on the corrupted positions / s / L, averaged over the batch."""
+    from dihal_fast.hcdlm.objective import token_term
+
+    gen = torch.Generator().manual_seed(0)
+    logits, target = torch.randn(3, 5, 4, generator=gen), torch.randint(4, (3, 5), generator=gen)
+    hit, s = torch.rand(3, 5, generator=gen) < 0.5, torch.tensor([0.2, 0.5, 1.0])
+    logp = torch.log_softmax(logits.double(), -1).gather(-1, target[..., None]).squeeze(-1)
+    assert float(token_term(logits, target, hit, s, "all")) == pytest.approx(float(-logp.mean()), rel=1e-6)
+    expected = float(((-logp * hit).sum(1) / s.double() / 5).mean())
+    assert float(token_term(logits, target, hit, s, "schedule")) == pytest.approx(expected, rel=1e-6)
+
+
+def test_entropy_term_sums_latent_dimensions():
+    from dihal_fast.hcdlm.objective import LOG_2PI, gaussian_log_density
+
+    logvar = torch.full((2, 3, 4), -1.0)
+    assert float(gaussian_log_density(logvar)) == pytest.approx(-0.5 * 12 * (-1.0 + LOG_2PI + 1.0))
+    assert float(gaussian_log_density(logvar, per=6)) == pytest.approx(-0.5 * 2 * (-1.0 + LOG_2PI + 1.0))
 
 
 def test_ar_model_is_causal(sudoku4):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
@@ -132,3 +133,65 @@ def test_cli_countdown_baselines_train_and_eval(tmp_path, model, shared_data):
                  "--limit", "4", "--steps", "2", "--steps-sweep", ""]) == 0
     report = json.loads(out.read_text())
     assert report["n"] == 4 and {"accuracy", "loose"} <= set(report)
+
+
+def test_resume_after_a_kill_logs_each_step_once(tmp_path):
+    """Rows a killed run logged past its last checkpoint are dropped on resume, not duplicated."""
+    train(tmp_path, _config(3))
+    log_path = tmp_path / "train_log.jsonl"
+    with log_path.open("a") as log:  # what a run killed at step 5 (checkpoint at 3) leaves behind
+        log.write(json.dumps({"step": 4, "loss": 1.0}) + "\n" + json.dumps({"step": 5, "loss": 1.0}) + "\n" + '{"step": 6, "lo')
+    train(tmp_path, _config(6))
+    assert [json.loads(line)["step"] for line in log_path.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+
+
+def _tiny_sudoku_run(tmp_path, steps: int = 2):
+    run = tmp_path / "run"
+    assert main(["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--out", str(run),
+                 "--steps", str(steps), *TINY]) == 0
+    return run
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "ema.safetensors", "state.pt"])
+def test_truncated_checkpoint_is_a_one_line_error(tmp_path, name, capsys):
+    run = _tiny_sudoku_run(tmp_path)
+    path = latest_checkpoint(run) / name
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    capsys.readouterr()
+    commands = [["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--out", str(run), "--steps", "4", *TINY],
+                ["hcdlm", "solve", str(run), "1.3..2.1..2.....", "--steps", "2"]]
+    if name == "model.safetensors":  # solve reads the EMA weights unless asked for the raw ones
+        commands[1].append("--raw-weights")
+    for argv in commands:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "corrupt or unreadable" in err and name in err
+
+
+def test_eval_csv_without_level_column_counts_each_puzzle_once(tmp_path):
+    from dihal_fast.tasks.sudoku import geometry
+    from dihal_fast.tasks.sudoku_grade import generate
+
+    run = _tiny_sudoku_run(tmp_path)
+    rng, geo = random.Random(0), geometry(2, 2)
+    rows = [generate(rng, geo, "singles") for _ in range(5)]
+    csv = tmp_path / "plain.csv"
+    csv.write_text("puzzle,solution\n" + "".join(f"{''.join(map(str, p))},{''.join(map(str, s))}\n" for p, s in rows))
+    out = tmp_path / "eval.json"
+    assert main(["hcdlm", "eval", str(run), "--data", str(csv), "--out", str(out), "--steps", "3", "--steps-sweep", "1"]) == 0
+    report = json.loads(out.read_text())
+    assert report["n"] == 5 and report["groups"] == {"all": {**report["groups"]["all"], "n": 5}}
+    # diagnostics: both weight sets, and one read-out row per sampling step with a plot
+    assert set(report["weights"]) == {"ema", "raw"} and report["weights"]["ema"]["accuracy"] == report["accuracy"]
+    assert [r["step"] for r in report["readout_by_step"]] == [1, 2, 3]
+    assert report["readout_by_step"][-1]["accuracy"] == report["accuracy"]  # the last read-out is the answer
+    assert (tmp_path / "eval.readout.png").stat().st_size > 0
+
+
+def test_text_task_defaults_to_the_shipped_corpus(tmp_path, tiny_checkpoints):
+    from dihal_fast.backbone import default_corpus
+
+    run = tmp_path / "text"
+    assert main(["hcdlm", "train", "--task", "text", "--out", str(run), "--steps", "1", "--text-len", "16",
+                 "--text-max-chars", "5000", "--backbone", str(tiny_checkpoints["llama"]), *TINY]) == 0
+    assert RunConfig.load(run / "config.json").task.text_files == [str(default_corpus())]

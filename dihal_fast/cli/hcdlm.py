@@ -17,7 +17,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from dihal_fast.hcdlm.config import KERNELS, MODEL_KINDS, ModelConfig, ObjectiveConfig, TrainConfig
+    from dihal_fast.hcdlm.config import CONT_WEIGHTINGS, KERNELS, MODEL_KINDS, TOKEN_WEIGHTINGS, ModelConfig, ObjectiveConfig, TrainConfig
     from dihal_fast.tasks.registry import TASKS, TaskConfig
 
     m, o, t, k = ModelConfig(), ObjectiveConfig(), TrainConfig(), TaskConfig()
@@ -49,13 +49,17 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lambda-recon", type=float, default=o.lambda_recon, help="weight of the token reconstruction CE")
     p.add_argument("--lambda-ent", type=float, default=o.lambda_ent, help="weight of the encoder's E[log q] (entropy regulariser)")
     p.add_argument("--lambda-cont", type=float, default=o.lambda_cont, help="weight of the latent x0-regression")
+    p.add_argument("--lambda-token", type=float, default=o.lambda_token, help="weight of the per-step token term -log p(k0 | x_hat_0(x_t, k_t, t)), trained through denoiser and predictor (0 = off)")
+    p.add_argument("--token-weighting", choices=TOKEN_WEIGHTINGS, default=o.token_weighting, help="per-step token term: 'all' positions (mean CE) or 'schedule' (corrupted positions weighted by 1/s, the masked-diffusion ELBO)")
+    p.add_argument("--cont-weighting", choices=CONT_WEIGHTINGS, default=o.cont_weighting, help="omega_t of the latent regression: 'none' or 'min_snr' (min(SNR, 5) / 5)")
+    p.add_argument("--exposure-share", type=float, default=o.exposure_share, help="share of each batch whose x_t and scaffold are built from the model's own no-grad prediction at a higher noise level (0 = the paper's training)")
     p.add_argument("--scaffold-drop", type=float, default=o.scaffold_drop, help="share of scaffolds replaced by random tokens (for guidance)")
     p.add_argument("--sudoku-box", default=k.sudoku_box, help="Sudoku box shape: 3x3 (9x9 grid), 2x3 (6x6) or 2x2 (4x4)")
     p.add_argument("--sudoku-pool", type=int, default=k.sudoku_pool, help="generated training puzzles (augmented by symmetries)")
     p.add_argument("--sudoku-difficulty", default=k.sudoku_train_difficulty, choices=["singles", "advanced", "search", "hard"], help="grade of the training puzzles")
     p.add_argument("--countdown-numbers", type=_int_list, default=k.countdown_numbers, help="numbers per training problem, e.g. 3,4")
     p.add_argument("--countdown-len", type=int, default=k.countdown_target_len, help="solution length in characters (0 = room for the largest problem)")
-    p.add_argument("--text-files", nargs="+", default=None, help="training text files; ../shared/data/text/tinystories.train.txt when omitted")
+    p.add_argument("--text-files", nargs="+", default=None, help="training text files; the shipped default corpus when omitted")
     p.add_argument("--text-len", type=int, default=k.text_len, help="tokens per text sample")
     p.add_argument("--text-max-chars", type=int, default=k.text_max_chars, help="read at most this many characters per file (0 = all)")
     p.add_argument("--backbone", type=Path, default=None, help="checkpoint whose tokenizer the text task uses; the shipped backbone when omitted")
@@ -70,6 +74,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cfg-weight", type=float, default=s.cfg_weight, help="classifier-free guidance weight on the scaffold (0 = off; paper 2.75)")
     p.add_argument("--remask", choices=["confidence", "random"], default=s.remask, help="absorbing kernel: which scaffold tokens are re-masked")
     p.add_argument("--order", choices=["prob", "margin"], default=s.order, help="MDM unmasking order: top-probability or top-probability margin")
+    p.add_argument("--clamp", action="store_true", help="HC-DLM: replace x_hat_0 at every step by the encoder mean of its argmax tokens (not in the paper)")
     p.add_argument("--temperature", type=float, default=None, help="token sampling temperature, float64; when omitted 0 (argmax) for puzzles and 1 for text")
     p.add_argument("--batch-size", type=int, default=s.batch_size, help="examples per sampling batch")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -88,6 +93,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps-sweep", type=_int_list, default=[5, 10, 25, 50], help="step counts for the accuracy-vs-steps plot (empty = none)")
     p.add_argument("--samples", type=int, default=64, help="text: number of samples to score")
     p.add_argument("--evaluator", type=Path, default=None, help="text: evaluator LM for Gen PPL; the shipped backbone when omitted")
+    p.add_argument("--no-diagnostics", action="store_true", help="skip the raw-vs-EMA comparison and (HC-DLM, Latent DM) the read-out accuracy after every sampling step")
     _add_sampling(p)
     p.set_defaults(func=run_eval)
 
@@ -122,10 +128,11 @@ def run_train(args: argparse.Namespace) -> int:
     from dihal_fast.hcdlm.trainer import train
     from dihal_fast.tasks.registry import TaskConfig
 
+    from dihal_fast.backbone import default_corpus
+
     text_files = [str(f) for f in (args.text_files or [])]
     if args.task == "text" and not text_files:
-        default = Path(__file__).resolve().parents[3] / "shared" / "data" / "text" / "tinystories.train.txt"
-        text_files = [str(default)]
+        text_files = [str(default_corpus())]
     if args.steps < 1 or args.batch_size < 1:
         raise ValueError(f"--steps and --batch-size must be >= 1, got {args.steps}, {args.batch_size}")
     config = RunConfig(
@@ -134,7 +141,8 @@ def run_train(args: argparse.Namespace) -> int:
                         _backbone_dir(args.backbone) if args.task == "text" else ""),
         model=ModelConfig(args.model, args.hidden, args.heads, args.encoder_blocks, args.denoiser_blocks, args.predictor_blocks,
                           args.latents, args.latent_dim, args.kernel, args.dropout, args.baseline_blocks),
-        objective=ObjectiveConfig(args.lambda_recon, args.lambda_ent, args.lambda_cont, scaffold_drop=args.scaffold_drop),
+        objective=ObjectiveConfig(args.lambda_recon, args.lambda_ent, args.lambda_cont, args.lambda_token, args.token_weighting,
+                                  args.cont_weighting, scaffold_drop=args.scaffold_drop, exposure_share=args.exposure_share),
         train=TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, ema=args.ema, seed=args.seed,
                           max_minutes=args.max_minutes, budget_clock=args.budget_clock, checkpoint_every=args.checkpoint_every, threads=args.threads,
                           device=args.device),
@@ -149,13 +157,14 @@ def _sample_config(args: argparse.Namespace, text: bool):
     from dihal_fast.hcdlm.config import SampleConfig
 
     temperature = args.temperature if args.temperature is not None else (1.0 if text else 0.0)
-    return SampleConfig(args.steps, args.cfg_weight, args.remask, args.order, temperature, args.batch_size)
+    return SampleConfig(args.steps, args.cfg_weight, args.remask, args.order, temperature, args.batch_size, args.clamp)
 
 
 def run_eval(args: argparse.Namespace) -> int:
     from dihal_fast.common import atomic_write_json
     from dihal_fast.hcdlm.eval_data import examples_from_file, text_windows
-    from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run, plot_accuracy_vs_steps
+    from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run
+    from dihal_fast.hcdlm.plots import plot_accuracy_vs_steps
 
     run = load_run(args.run_dir, use_ema=not args.raw_weights, device=args.device)
     is_text = run.config.task.name == "text"
@@ -177,10 +186,31 @@ def run_eval(args: argparse.Namespace) -> int:
             plot = args.out.with_suffix(".steps.png")
             plot_accuracy_vs_steps({run.config.model.kind: report["accuracy_vs_steps"]}, plot, f"{run.config.task.name}: {args.data.name}")
             report["plot"] = str(plot)
+        if not args.no_diagnostics:
+            report.update(_diagnostics(args, run, examples, cfg, report))
         print(f"{run.config.model.kind} on {args.data.name}: accuracy {report['accuracy']:.4f} (n={report['n']})")
     report.update({"run": str(args.run_dir), "step": run.step, "data": str(args.data), "model": run.config.model.kind})
     atomic_write_json(args.out, report)
     return 0
+
+
+def _diagnostics(args: argparse.Namespace, run, examples: list, cfg, report: dict) -> dict:
+    """Raw vs EMA weights at the main settings and, for latent models, the read-out after every step (JSON + PNG)."""
+    from dihal_fast.hcdlm.evaluate import evaluate_examples, load_run, readout_by_step
+    from dihal_fast.hcdlm.plots import plot_readout_by_step
+
+    used, other = ("raw", "ema") if args.raw_weights else ("ema", "raw")
+    other_run = load_run(args.run_dir, use_ema=args.raw_weights, device=args.device)
+    other_report = evaluate_examples(other_run, examples, cfg, args.seed, show=0)
+    out = {"weights": {used: {"accuracy": report["accuracy"], "groups": report["groups"]},
+                       other: {"accuracy": other_report["accuracy"], "groups": other_report["groups"]}}}
+    logger.info("weights: %s %.4f, %s %.4f", used, report["accuracy"], other, other_report["accuracy"])
+    if run.config.model.kind in ("hcdlm", "latent"):
+        rows = readout_by_step(run, examples, cfg, args.seed)
+        plot = plot_readout_by_step(rows, args.out.with_suffix(".readout.png"), f"{run.config.model.kind}: read-out after each step")
+        out.update({"readout_by_step": rows, "readout_plot": str(plot)})
+        logger.info("read-out accuracy: first step %.4f, last step %.4f", rows[0]["accuracy"], rows[-1]["accuracy"])
+    return out
 
 
 def run_solve(args: argparse.Namespace) -> int:

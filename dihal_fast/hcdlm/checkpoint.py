@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.hcdlm.config import RunConfig
+from dihal_fast.train.engines import load_checked
 
 LATEST = "latest.json"
 
@@ -50,10 +51,14 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_weights(module: torch.nn.Module, path: Path) -> None:
-    if not path.is_file():
-        raise FileNotFoundError(f"weights not found: {path}")
-    module.load_state_dict(load_file(path))
+    """Load a safetensors file into ``module``; a missing, truncated or mismatched file is a ValueError."""
+    tensors = load_checked(path, lambda p: load_file(str(p)))
+    try:
+        module.load_state_dict(tensors)
+    except RuntimeError as exc:
+        raise ValueError(f"checkpoint file {path} does not fit this run's model: {str(exc).splitlines()[0]}") from None
 
 
 def load_state(folder: Path) -> dict:
-    return torch.load(folder / "state.pt", weights_only=False)
+    """The optimizer / step / random states of a checkpoint folder (ValueError when corrupt)."""
+    return load_checked(folder / "state.pt", lambda p: torch.load(p, weights_only=False))

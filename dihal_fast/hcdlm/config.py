@@ -40,13 +40,32 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
+TOKEN_WEIGHTINGS = ("all", "schedule")
+CONT_WEIGHTINGS = ("none", "min_snr")
+
+
 @dataclass
 class ObjectiveConfig:
-    """Weights of the HC-DLM objective (paper defaults) and the scaffold's guidance dropout."""
+    """Weights of the HC-DLM objective and the choices around it.
+
+    The paper's (Proposition 1 and its Eqs. 25-27): ``lambda_recon``, ``lambda_ent`` (on the summed
+    Gaussian log-density), ``lambda_cont``, the per-step token term ``-log p(k0 | x_hat_0(x_t, k_t, t))``
+    read by the one time-invariant head, the 15 %-mask auxiliary on masked positions, the scaffold
+    dropout for guidance. Ours (departures, each an option): ``lambda_token``'s value, the ``min_snr``
+    form of the continuous weight ``omega_t`` (the paper names omega_t without a closed form here),
+    ``detach_latents`` and the exposure-robust share ``exposure_share``.
+    """
 
     lambda_recon: float = 1.0
     lambda_ent: float = 8e-3
     lambda_cont: float = 0.5
+    # Per-step token term: CE of the predictor read from the denoiser's x_hat_0, trained through both.
+    lambda_token: float = 1.0
+    # "all": mean CE over every position (the uniform kernel's bound); "schedule": CE on the corrupted
+    # positions weighted by 1/s (the absorbing kernel's masked-diffusion ELBO weighting).
+    token_weighting: str = "all"
+    # omega_t of the continuous term: "none" (1) or "min_snr" (min(SNR(s), 5) / 5, SNR = ((1-s)/s)^2).
+    cont_weighting: str = "none"
     mask_aux_weight: float = 0.2
     mask_aux_rate: float = 0.15
     scaffold_drop: float = 0.2  # share of scaffolds replaced by random tokens (classifier-free guidance)
@@ -54,6 +73,20 @@ class ObjectiveConfig:
     # Stop the regression term's gradient into the encoder. Without it, small CPU runs collapse the
     # latents to a constant (regression -> 0, reconstruction stuck at copying the givens).
     detach_latents: bool = True
+    # Share of each batch whose (x_t, k_t) are built from the model's own no-grad prediction at a higher
+    # noise level (exposure to its own samples; ours, not the paper's). 0 = off.
+    exposure_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.token_weighting not in TOKEN_WEIGHTINGS:
+            raise ValueError(f"token_weighting must be one of {TOKEN_WEIGHTINGS}, got {self.token_weighting!r}")
+        if self.cont_weighting not in CONT_WEIGHTINGS:
+            raise ValueError(f"cont_weighting must be one of {CONT_WEIGHTINGS}, got {self.cont_weighting!r}")
+        for name in ("mask_aux_rate", "scaffold_drop", "exposure_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.timesteps < 1:
+            raise ValueError(f"timesteps must be >= 1, got {self.timesteps}")
 
 
 @dataclass
@@ -88,6 +121,8 @@ class SampleConfig:
     order: str = "margin"  # MDM unmasking order: "prob" (top-probability) or "margin"
     temperature: float = 0.0  # 0 = argmax tokens (puzzles); 1 = sample (text), always in float64
     batch_size: int = 128
+    # HC-DLM: replace x_hat_0 by the encoder mean of its own argmax tokens at every step (ours, not the paper's).
+    clamp: bool = False
 
     def __post_init__(self) -> None:
         if self.steps < 1:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -63,21 +62,20 @@ def sample_targets(run: LoadedRun, contexts: torch.Tensor, cfg: SampleConfig, se
     return out, sum(times) / max(1, len(times))
 
 
+def mean_scores(rows: list[dict[str, float]]) -> dict:
+    """``{n, accuracy, <other score>: mean}`` of a task's score dicts (``correct`` is reported as ``accuracy``)."""
+    return {"n": len(rows), **{("accuracy" if k == "correct" else k): sum(float(r[k]) for r in rows) / len(rows) for k in rows[0]}}
+
+
 def evaluate_examples(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0, show: int = 3) -> dict:
     """Accuracy overall and per group, plus the mean of every other score (e.g. Countdown ``loose``)."""
     if not examples:
         raise ValueError("no evaluation examples")
     contexts = torch.tensor([ex.context for ex in examples], dtype=torch.long).reshape(len(examples), -1)
     targets, seconds = sample_targets(run, contexts, cfg, seed)
-    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for ex, target in zip(examples, targets):
-        scores = run.task.score(ex, target)
-        for group in ("all", ex.group):
-            totals[group]["n"] += 1
-            for name, value in scores.items():
-                totals[group][name] += float(value)
-    groups = {g: {"n": int(c["n"]), **{("accuracy" if k == "correct" else k): c[k] / c["n"] for k in c if k != "n"}} for g, c in totals.items()}
-    overall = groups.pop("all")
+    scored = [(ex.group, run.task.score(ex, target)) for ex, target in zip(examples, targets)]
+    groups = {group: mean_scores([scores for g, scores in scored if g == group]) for group in dict.fromkeys(g for g, _ in scored)}
+    overall = mean_scores([scores for _, scores in scored])
     return {**overall, "groups": groups, "sampling_steps": cfg.steps, "seconds_per_batch": seconds,
             "batch_size": cfg.batch_size, "examples": [run.task.render(t) for t in targets[:show]]}
 
@@ -95,32 +93,24 @@ def accuracy_vs_steps(run: LoadedRun, examples: list[EvalExample], steps_list: l
     return rows
 
 
-def plot_accuracy_vs_steps(curves: dict[str, list[dict]], path: str | Path, title: str = "accuracy vs sampling steps",
-                           ylabel: str = "accuracy (%)") -> Path:
-    """One line per model (``label -> rows`` from :func:`accuracy_vs_steps`), log-x, saved as PNG."""
-    import matplotlib
+def readout_by_step(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0) -> list[dict]:
+    """HC-DLM / Latent DM: the task's scores of the token read-out ``argmax p(k0 | x_hat_0)`` after each
+    sampling step (``step`` 1 = the first, from pure noise; the last equals the answer at temperature 0).
+    A chain that locks onto its own mistakes shows as accuracy falling from the first steps to the last."""
+    from dihal_fast.hcdlm.sampler import sample_hcdlm
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for label, rows in curves.items():
-        ax.plot([r["steps"] for r in rows], [100 * r["accuracy"] for r in rows], marker="o", label=label)
-    ax.set_xscale("log")
-    steps = sorted({r["steps"] for rows in curves.values() for r in rows})
-    ax.set_xticks(steps, [str(s) for s in steps])
-    ax.minorticks_off()
-    ax.set_xlabel("sampling steps")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    if not hasattr(run.model, "denoiser"):
+        raise ValueError(f"read-out traces need an HC-DLM or Latent DM run, not {run.config.model.kind}")
+    generator = torch.Generator(run.device).manual_seed(seed)
+    per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]
+    for start in range(0, len(examples), cfg.batch_size):
+        batch = examples[start : start + cfg.batch_size]
+        contexts = torch.tensor([ex.context for ex in batch], dtype=torch.long, device=run.device).reshape(len(batch), -1)
+        readouts: list[list[list[int]]] = []
+        sample_hcdlm(run.model, run.kernel, contexts, cfg, generator, on_step=lambda *args: readouts.append(args[-1].tolist()))
+        for rows, tokens in zip(per_step, readouts):
+            rows.extend(run.task.score(ex, target) for ex, target in zip(batch, tokens))
+    return [{"step": i + 1, **mean_scores(rows)} for i, rows in enumerate(per_step)]
 
 
 def evaluate_text(run: LoadedRun, n_samples: int, cfg: SampleConfig, evaluator_dir: str | Path, reference: list[str] | None = None, seed: int = 0) -> dict:

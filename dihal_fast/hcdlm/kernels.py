@@ -49,6 +49,16 @@ class _TokenKernel:
     def random_tokens(self, shape: tuple[int, ...], generator: torch.Generator | None = None, device="cpu") -> torch.Tensor:
         return torch.randint(self.vocab, shape, generator=generator, device=device)
 
+    def corrupt(self, tokens: torch.Tensor, s: torch.Tensor | float, generator: torch.Generator | None = None) -> torch.Tensor:
+        """A draw of ``q(k_s | k_0)`` for ``tokens[B, L]`` and levels ``s`` (scalar or ``[B]``)."""
+        return self.corrupt_with_mask(tokens, s, generator)[0]
+
+    def corrupt_with_mask(self, tokens: torch.Tensor, s: torch.Tensor | float,
+                          generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(k_s, hit)``: the corrupted tokens and which positions the kernel touched (prob. ``s`` each)."""
+        hit = _uniform64(tuple(tokens.shape), generator, tokens.device) < _level(s, tokens)
+        return self._replace(tokens, hit, generator), hit
+
 
 class UniformKernel(_TokenKernel):
     """Replace each token, with probability ``s``, by a token drawn uniformly from the vocabulary."""
@@ -57,10 +67,8 @@ class UniformKernel(_TokenKernel):
         """``k_T``: uniform random tokens."""
         return self.random_tokens(shape, generator, device)
 
-    def corrupt(self, tokens: torch.Tensor, s: torch.Tensor | float, generator: torch.Generator | None = None) -> torch.Tensor:
-        """A draw of ``q(k_s | k_0)`` for ``tokens[B, L]`` and levels ``s`` (scalar or ``[B]``)."""
-        replace = _uniform64(tuple(tokens.shape), generator, tokens.device) < _level(s, tokens)
-        return torch.where(replace, self.random_tokens(tuple(tokens.shape), generator, tokens.device), tokens)
+    def _replace(self, tokens: torch.Tensor, hit: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        return torch.where(hit, self.random_tokens(tuple(tokens.shape), generator, tokens.device), tokens)
 
     def transition(self, s: float) -> torch.Tensor:
         """``Q[i, j] = q(k_s = j | k_0 = i)`` in float64: ``(1 - s) I + s / V``."""
@@ -83,9 +91,8 @@ class AbsorbingKernel(_TokenKernel):
         """``k_T``: all [MASK]."""
         return torch.full(shape, self.mask_id, dtype=torch.long, device=device)
 
-    def corrupt(self, tokens: torch.Tensor, s: torch.Tensor | float, generator: torch.Generator | None = None) -> torch.Tensor:
-        masked = _uniform64(tuple(tokens.shape), generator, tokens.device) < _level(s, tokens)
-        return tokens.masked_fill(masked, self.mask_id)
+    def _replace(self, tokens: torch.Tensor, hit: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        return tokens.masked_fill(hit, self.mask_id)
 
     def transition(self, s: float) -> torch.Tensor:
         """``Q[i, j]`` over ``V + 1`` states (the last is [MASK], which is absorbing)."""

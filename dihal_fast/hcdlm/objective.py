@@ -29,45 +29,102 @@ def sample_latent(mean: torch.Tensor, logvar: torch.Tensor, generator: torch.Gen
     return mean + (0.5 * logvar).exp() * eps
 
 
-def gaussian_log_density_mean(logvar: torch.Tensor) -> torch.Tensor:
-    """``E_q[log q(x)]`` per dimension of a diagonal Gaussian (the negative entropy), averaged."""
-    return -0.5 * (logvar + LOG_2PI + 1.0).mean()
+def gaussian_log_density(logvar: torch.Tensor, per: int = 1) -> torch.Tensor:
+    """``E_q[log q(x)]`` of a diagonal Gaussian (its negative entropy), summed over the latent's
+    dimensions as the paper writes it, divided by ``per`` and averaged over the batch. ``logvar[B, M, d]``."""
+    return -0.5 * (logvar + LOG_2PI + 1.0).flatten(1).sum(1).mean() / per
+
+
+def continuous_weight(s: torch.Tensor, kind: str, gamma: float = 5.0) -> torch.Tensor:
+    """``omega(s)`` per example: 1, or ``min(SNR(s), gamma) / gamma`` with ``SNR = ((1 - s) / s)^2``."""
+    if kind == "none":
+        return torch.ones_like(s)
+    snr = ((1 - s) / s.clamp_min(1e-6)).pow(2)
+    return snr.clamp(max=gamma) / gamma
+
+
+def token_term(logits: torch.Tensor, target: torch.Tensor, hit: torch.Tensor | None, s: torch.Tensor, weighting: str) -> torch.Tensor:
+    """Per-step token loss ``-log p(k0 | x_hat_0)``: mean over all positions (``"all"``), or over the
+    positions the kernel corrupted, weighted by ``1 / s`` and divided by the length (``"schedule"``)."""
+    ce = F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")
+    if weighting == "all" or hit is None:
+        return ce.mean()
+    return ((ce * hit).sum(1) / s.clamp_min(1e-3) / target.shape[1]).mean()
+
+
+@torch.no_grad()
+def own_prediction_inputs(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: torch.Tensor, clean: torch.Tensor,
+                          target: torch.Tensor, s: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(x_s, k_s)`` built from the model's own prediction, as the sampler builds them.
+
+    At a higher level ``s' ~ U(s, 1)`` the model predicts ``x_hat_0`` from correctly corrupted inputs;
+    ``x_s`` then noises that prediction to ``s`` and ``k_s`` re-noises its argmax tokens, so the denoiser
+    learns to correct its own guesses (in sampling, ``x_t``'s signal is the model's earlier ``x_hat_0``).
+    """
+    s_high = s + (1 - s) * torch.rand(s.shape, generator=generator, device=s.device)
+    eps = torch.randn(clean.shape, generator=generator, device=clean.device)
+    x_high = FlowSchedule.noise(clean, s_high, eps)
+    k_high = kernel.corrupt(target, s_high, generator) if model.scaffold else None
+    x_hat = model.denoiser(x_high, k_high, s_high, context)
+    eps = torch.randn(clean.shape, generator=generator, device=clean.device)
+    x_s = FlowSchedule.noise(x_hat, s, eps)
+    if not model.scaffold:
+        return x_s, None
+    return x_s, kernel.corrupt(model.predictor(x_hat, context).argmax(-1), s, generator)
 
 
 def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: torch.Tensor, target: torch.Tensor,
                cfg: ObjectiveConfig, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
-    """``l_recon CE(p(k0|x0)) + l_ent E[log q(x0|k0)] + l_cont |d(x_t, k_t, s) - x0|^2 + w_aux CE_masked``.
+    """``l_recon CE(p(k0|x0)) + l_ent E[log q(x0|k0)] + l_cont omega |d(x_t, k_t, s) - x0|^2
+    + l_token CE(p(k0 | d(x_t, k_t, s))) + w_aux CE_masked``.
 
-    ``x0 ~ q(x0 | k0)``; the reconstruction term never touches the denoiser. One ``t ~ U{1..T}`` per
-    example, ``s = t / T``; the scaffold ``k_t ~ q(k_t | k0)`` is replaced by random tokens for a share
-    ``scaffold_drop`` of examples (the unconditional branch of classifier-free guidance). The auxiliary
-    term encodes ``k0`` with ``mask_aux_rate`` of its tokens set to [MASK] and asks for all of ``k0`` back.
-    With ``detach_latents`` the regression term trains the denoiser only (no gradient into the encoder).
+    ``x0 ~ q(x0 | k0)``; the reconstruction term never touches the denoiser; the token term trains the
+    denoiser and the predictor together (the sampler reads tokens exactly this way). One ``t ~ U{1..T}``
+    per example, ``s = t / T``; the scaffold ``k_t ~ q(k_t | k0)`` is replaced by random tokens for a share
+    ``scaffold_drop`` of examples (the unconditional branch of classifier-free guidance). A share
+    ``exposure_share`` of the examples gets ``(x_t, k_t)`` from :func:`own_prediction_inputs`. The
+    auxiliary term encodes ``k0`` with ``mask_aux_rate`` of its tokens set to [MASK] and scores the
+    masked positions. With ``detach_latents`` no regression gradient reaches the encoder.
     """
     batch, device = target.shape[0], target.device
     mean, logvar = model.encoder(target, context)
     x_0 = sample_latent(mean, logvar, generator)
     recon = token_ce(model.predictor(x_0, context), target)
-    neg_entropy = gaussian_log_density_mean(logvar)
+    # The ELBO sums CE over the L tokens and the Gaussian terms over the M*d latent dimensions; every
+    # term here is divided by L (CE as a per-token mean), which keeps the paper's balance between them.
+    length = target.shape[1]
+    neg_entropy = gaussian_log_density(logvar, per=length)
 
     t = torch.randint(1, cfg.timesteps + 1, (batch,), generator=generator, device=device)
     s = t.float() / cfg.timesteps
     eps = torch.randn(x_0.shape, generator=generator, device=device)
     clean = x_0.detach() if cfg.detach_latents else x_0
     x_t = FlowSchedule.noise(clean, s, eps)
-    scaffold = None
-    if model.scaffold:
-        scaffold = kernel.corrupt(target, s, generator)
+    scaffold, hit = kernel.corrupt_with_mask(target, s, generator) if model.scaffold else (None, None)
+    own = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.exposure_share
+    if bool(own.any()):
+        x_own, k_own = own_prediction_inputs(model, kernel, context[own], clean.detach()[own], target[own], s[own], generator)
+        x_t = x_t.index_put((own,), x_own)
+        if scaffold is not None:
+            scaffold = scaffold.index_put((own,), k_own)
+            hit = hit.index_put((own,), k_own != target[own])
+    if scaffold is not None:
         drop = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.scaffold_drop
         scaffold = torch.where(drop[:, None], kernel.random_tokens(tuple(target.shape), generator, device), scaffold)
-    cont = (model.denoiser(x_t, scaffold, s, context) - clean).pow(2).mean()
+    x_hat = model.denoiser(x_t, scaffold, s, context)
+    cont = (continuous_weight(s, cfg.cont_weighting) * (x_hat - clean).pow(2).flatten(1).sum(1)).mean() / length
 
     loss = cfg.lambda_recon * recon + cfg.lambda_ent * neg_entropy + cfg.lambda_cont * cont
     parts = {"recon": recon.item(), "neg_entropy": neg_entropy.item(), "cont": cont.item()}
+    if cfg.lambda_token:
+        token = token_term(model.predictor(x_hat, context), target, hit, s, cfg.token_weighting)
+        loss = loss + cfg.lambda_token * token
+        parts["token"] = token.item()
     if cfg.mask_aux_weight:
         hide = torch.rand(target.shape, generator=generator, dtype=torch.float64, device=device) < cfg.mask_aux_rate
         mean_m, logvar_m = model.encoder(target.masked_fill(hide, model.mask_id), context)
-        aux = token_ce(model.predictor(sample_latent(mean_m, logvar_m, generator), context), target)
+        logits = model.predictor(sample_latent(mean_m, logvar_m, generator), context)
+        aux = F.cross_entropy(logits.float()[hide], target[hide]) if bool(hide.any()) else logits.sum() * 0.0
         loss = loss + cfg.mask_aux_weight * aux
         parts["mask_aux"] = aux.item()
     parts["loss"] = loss.item()

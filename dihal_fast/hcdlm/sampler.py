@@ -14,7 +14,7 @@ from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.kernels import AbsorbingKernel, FlowSchedule, UniformKernel
 from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet
 
-StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], None]
+StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], None]
 
 
 def guided_x0(model: HCDLM, kernel, x_t: torch.Tensor, scaffold: torch.Tensor | None, s: torch.Tensor,
@@ -32,10 +32,12 @@ def guided_x0(model: HCDLM, kernel, x_t: torch.Tensor, scaffold: torch.Tensor | 
 def sample_hcdlm(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: torch.Tensor, cfg: SampleConfig,
                  generator: torch.Generator | None = None, on_step: StepHook | None = None) -> torch.Tensor:
     """Algorithm 2: ``x_T ~ N(0, I)``, ``k_T ~ prior``; for ``t = N..1``: ``x_hat_0 = d(x_t, k_t, t/N)``,
-    ``x_{t-1} = x_t - (x_t - x_hat_0)/t``, ``k_hat_0 = argmax p(k0 | x_hat_0)``, ``k_{t-1}`` = ``k_hat_0``
+    ``k_hat_0 = argmax p(k0 | x_hat_0)``, ``x_{t-1} = x_t - (x_t - x_hat_0)/t``, ``k_{t-1}`` = ``k_hat_0``
     re-noised to level ``(t-1)/N`` (absorbing: the least confident re-masked). Tokens of ``x_0`` at the end.
 
-    ``on_step(t, x_t, x_hat_0, k_t)`` is called before each update (for tests and traces).
+    With ``cfg.clamp`` (ours), ``x_hat_0`` is replaced by the encoder mean of ``k_hat_0`` before the
+    Euler step: the latent carried on is always the code of a definite token sequence.
+    ``on_step(t, x_t, x_hat_0, k_t, k_hat_0)`` is called before each update (for diagnostics and tests).
     """
     batch, device = context.shape[0], context.device
     shape = (batch, model.cfg.latents, model.cfg.latent_dim)
@@ -44,12 +46,13 @@ def sample_hcdlm(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context:
     for t in range(cfg.steps, 0, -1):
         s = torch.full((batch,), t / cfg.steps, device=device)
         x_hat = guided_x0(model, kernel, x, scaffold, s, context, cfg.cfg_weight, generator)
+        confidence, clean = torch.softmax(model.predictor(x_hat, context).to(torch.float64), dim=-1).max(dim=-1)
+        if cfg.clamp:
+            x_hat = model.encoder(clean, context)[0]
         if on_step is not None:
-            on_step(t, x, x_hat, scaffold)
+            on_step(t, x, x_hat, scaffold, clean)
         x = FlowSchedule.euler_step(x, x_hat, t)
         if scaffold is not None and t > 1:
-            probs = torch.softmax(model.predictor(x_hat, context).to(torch.float64), dim=-1)
-            confidence, clean = probs.max(dim=-1)
             scaffold = kernel.renoise(clean, (t - 1) / cfg.steps, confidence, generator, cfg.remask)
     return sample_categorical(model.predictor(x, context), cfg.temperature, generator=generator)
 

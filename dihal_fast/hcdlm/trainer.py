@@ -3,7 +3,6 @@ resume, an optional time budget (wall-clock or process CPU time, for equal-time 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import random
 import time
@@ -20,6 +19,7 @@ from dihal_fast.hcdlm.layers import count_parameters
 from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet, build_model
 from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss
 from dihal_fast.profiling import nvtx_range
+from dihal_fast.train.runlog import RunLog
 from dihal_fast.tasks.registry import build_task
 
 logger = logging.getLogger(__name__)
@@ -91,15 +91,17 @@ def train(run_dir: str | Path, config: RunConfig) -> dict:
         torch.set_rng_state(state["torch_rng"])
         step, elapsed = state["step"], state["elapsed_s"]
         logger.info("resuming %s from step %d", run_dir, step)
+    log = RunLog(run_dir / "train_log.jsonl")
+    log.truncate_after(step)  # rows a killed run wrote past its last checkpoint are written again
     config.save(run_dir / "config.json")
     n_params = count_parameters(model)
     logger.info("%s on %s: %d parameters, %d steps, %s", config.model.kind, config.task.name, n_params, tc.steps, device)
-    log_path, budget_s = run_dir / "train_log.jsonl", tc.max_minutes * 60
+    budget_s = tc.max_minutes * 60
     parts: dict[str, float] = {}
     clock = time.process_time if tc.budget_clock == "cpu" else time.perf_counter
     started = clock() - elapsed
     model.train()
-    with tqdm(total=tc.steps, initial=step, desc=f"train {config.model.kind}", dynamic_ncols=True) as bar, log_path.open("a") as log:
+    with tqdm(total=tc.steps, initial=step, desc=f"train {config.model.kind}", dynamic_ncols=True) as bar:
         while step < tc.steps and not (budget_s and clock() - started >= budget_s):
             with nvtx_range("hcdlm_train_step"):
                 context, target = (t.to(device) for t in task.train_batch(task_rng, tc.batch_size))
@@ -119,8 +121,7 @@ def train(run_dir: str | Path, config: RunConfig) -> dict:
             bar.set_postfix(loss=f"{parts['loss']:.4f}")
             if step % tc.log_every == 0 or step == tc.steps:
                 record = {"step": step, f"{tc.budget_clock}_s": round(clock() - started, 2), "lr": optimizer.param_groups[0]["lr"], **parts}
-                log.write(json.dumps(record) + "\n")
-                log.flush()
+                log.append(record)
             if step % tc.checkpoint_every == 0:
                 save_checkpoint(run_dir, step, config, model, ema, optimizer, task_rng, generator, clock() - started)
     elapsed = clock() - started

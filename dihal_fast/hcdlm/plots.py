@@ -1,0 +1,47 @@
+"""PNG plots of an HC-DLM evaluation: accuracy against sampling steps, and the read-out after each step."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def save_lines(series: dict[str, tuple[list[float], list[float]]], path: str | Path, xlabel: str, ylabel: str, title: str,
+               log_x: bool = False) -> Path:
+    """One line per ``label -> (x, y)``; with ``log_x`` a log axis ticked at every x. Returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for label, (x, y) in series.items():
+        ax.plot(x, y, marker="o" if log_x else None, label=label)
+    if log_x:
+        ax.set_xscale("log")
+        ticks = sorted({v for x, _ in series.values() for v in x})
+        ax.set_xticks(ticks, [str(v) for v in ticks])
+        ax.minorticks_off()
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_accuracy_vs_steps(curves: dict[str, list[dict]], path: str | Path, title: str = "accuracy vs sampling steps",
+                           ylabel: str = "accuracy (%)") -> Path:
+    """One line per model (``label -> rows`` of ``accuracy_vs_steps``), log-x."""
+    series = {label: ([r["steps"] for r in rows], [100 * r["accuracy"] for r in rows]) for label, rows in curves.items()}
+    return save_lines(series, path, "sampling steps", ylabel, title, log_x=True)
+
+
+def plot_readout_by_step(rows: list[dict], path: str | Path, title: str) -> Path:
+    """Every score of ``readout_by_step`` (in %) against the sampling step."""
+    keys = [k for k in rows[0] if k not in ("step", "n")]
+    series = {k.replace("_", " "): ([r["step"] for r in rows], [100 * r[k] for r in rows]) for k in keys}
+    return save_lines(series, path, "sampling step (1 = first, from noise)", "read-out score (%)", title)
