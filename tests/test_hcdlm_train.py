@@ -195,3 +195,19 @@ def test_text_task_defaults_to_the_shipped_corpus(tmp_path, tiny_checkpoints):
     assert main(["hcdlm", "train", "--task", "text", "--out", str(run), "--steps", "1", "--text-len", "16",
                  "--text-max-chars", "5000", "--backbone", str(tiny_checkpoints["llama"]), *TINY]) == 0
     assert RunConfig.load(run / "config.json").task.text_files == [str(default_corpus())]
+
+
+def test_a_second_writer_of_a_run_is_refused(tmp_path, capsys):
+    """``hcdlm train`` holds its run directory like every other command (the lock itself: test_rundir.py)."""
+    from dihal_fast.common.rundir import run_directory
+
+    run = tmp_path / "run"
+    with run_directory(run, "test holder"):
+        assert main(["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--out", str(run),
+                     "--steps", "1", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "test holder" in err and len(err.strip().splitlines()) == 1
+    assert not (run / "config.json").exists()
+    (tmp_path / "file").write_text("x")
+    assert main(["hcdlm", "train", "--task", "sudoku", "--out", str(tmp_path / "file"), "--steps", "1", *TINY]) == 2
+    assert main(["hcdlm", "eval", str(run), "--data", str(tmp_path / "file"), "--out", str(tmp_path)]) == 2

@@ -162,10 +162,12 @@ def _sample_config(args: argparse.Namespace, text: bool):
 
 def run_eval(args: argparse.Namespace) -> int:
     from dihal_fast.common import atomic_write_json
+    from dihal_fast.common.rundir import check_output_file
     from dihal_fast.hcdlm.eval_data import examples_from_file, text_windows
     from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run
     from dihal_fast.hcdlm.plots import plot_accuracy_vs_steps
 
+    check_output_file(args.out)
     run = load_run(args.run_dir, use_ema=not args.raw_weights, device=args.device)
     is_text = run.config.task.name == "text"
     cfg = _sample_config(args, is_text)

@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from dihal_fast.common import resolve_device
+from dihal_fast.common.progress import progress_bar
 from dihal_fast.hcdlm.checkpoint import latest_checkpoint, load_state, load_weights
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig
 from dihal_fast.hcdlm.kernels import AbsorbingKernel, UniformKernel, make_kernel
@@ -52,7 +52,7 @@ def sample_targets(run: LoadedRun, contexts: torch.Tensor, cfg: SampleConfig, se
     """Generated targets for ``contexts[N, C]`` in batches, and the mean wall time per batch (s)."""
     generator = torch.Generator(run.device).manual_seed(seed)
     out, times = [], []
-    for start in tqdm(range(0, contexts.shape[0], cfg.batch_size), desc="sampling", leave=False):
+    for start in progress_bar(range(0, contexts.shape[0], cfg.batch_size), desc="sampling", leave=False):
         began = time.perf_counter()
         tokens = generate(run.model, run.kernel, contexts[start : start + cfg.batch_size].to(run.device), cfg, generator)
         if run.device.type == "cuda":

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from dihal_fast.common import resolve_device, seed_everything
+from dihal_fast.common.progress import progress_bar
+from dihal_fast.common.rundir import run_directory
 from dihal_fast.hcdlm.checkpoint import latest_checkpoint, load_state, load_weights, save_checkpoint
 from dihal_fast.hcdlm.config import RunConfig
 from dihal_fast.hcdlm.kernels import make_kernel
@@ -60,9 +61,12 @@ def _check_resume(run_dir: Path, config: RunConfig) -> None:
 
 
 def train(run_dir: str | Path, config: RunConfig) -> dict:
-    """Train (or resume) the run in ``run_dir``; returns a summary with the final step and loss."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Train (or resume) the run in ``run_dir``, holding its lock; returns a summary with the final step and loss."""
+    with run_directory(run_dir, f"dihal hcdlm train --model {config.model.kind}") as folder:
+        return _train(folder, config)
+
+
+def _train(run_dir: Path, config: RunConfig) -> dict:
     _check_resume(run_dir, config)
     tc = config.train
     if tc.threads:
@@ -101,7 +105,7 @@ def train(run_dir: str | Path, config: RunConfig) -> dict:
     clock = time.process_time if tc.budget_clock == "cpu" else time.perf_counter
     started = clock() - elapsed
     model.train()
-    with tqdm(total=tc.steps, initial=step, desc=f"train {config.model.kind}", dynamic_ncols=True) as bar:
+    with progress_bar(total=tc.steps, initial=step, desc=f"train {config.model.kind}", dynamic_ncols=True) as bar:
         while step < tc.steps and not (budget_s and clock() - started >= budget_s):
             with nvtx_range("hcdlm_train_step"):
                 context, target = (t.to(device) for t in task.train_batch(task_rng, tc.batch_size))

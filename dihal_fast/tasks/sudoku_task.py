@@ -6,9 +6,9 @@ import random
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.common.progress import progress_bar
 from dihal_fast.tasks.base import EvalExample, TaskSpec, stack_pairs
 from dihal_fast.tasks.sudoku import Geometry, blank_cell_accuracy, format_grid, geometry, is_valid_solution, random_symmetry
 from dihal_fast.tasks.sudoku_grade import generate
@@ -33,7 +33,7 @@ def generate_pool(geo: Geometry, count: int, difficulty: str, seed: int, cache: 
     if cache is not None and cache.is_file():
         return [(tuple(p), tuple(s)) for p, s in read_json(cache, "puzzle pool")]
     rng, seen, pool = random.Random(seed), set(), []
-    with tqdm(total=count, desc=f"generating {difficulty} {geo.n}x{geo.n} puzzles", leave=False) as bar:
+    with progress_bar(total=count, desc=f"generating {difficulty} {geo.n}x{geo.n} puzzles", leave=False) as bar:
         while len(pool) < count:
             puzzle, solution = generate(rng, geo, difficulty)
             if puzzle not in seen:
