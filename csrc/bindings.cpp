@@ -42,6 +42,20 @@ int64_t covariance_update(CArray<T> X, int64_t count, CArray<double> mean, CArra
 }
 
 template <typename T>
+py::tuple covariance(CArray<T> X, bool float32_work) {
+  require_matrix(X, "X");
+  const int64_t n = X.shape(0), D = X.shape(1);
+  CArray<double> mean(D), cov({D, D});
+  const T* x = X.data();
+  double *m = mean.mutable_data(), *c = cov.mutable_data();
+  {
+    py::gil_scoped_release release;
+    dihal::covariance<T>(x, n, D, float32_work, m, c);
+  }
+  return py::make_tuple(mean, cov);
+}
+
+template <typename T>
 py::tuple knn(CArray<T> X, int64_t k, bool symmetric) {
   require_matrix(X, "X");
   const int64_t n = X.shape(0), D = X.shape(1);
@@ -59,7 +73,7 @@ py::tuple knn(CArray<T> X, int64_t k, bool symmetric) {
 }
 
 template <typename T>
-CArray<double> local_top_eigenvalues(CArray<T> X, CArray<int64_t> idx) {
+CArray<double> local_top_eigenvalues(CArray<T> X, CArray<int64_t> idx, bool float32_work) {
   require_matrix(X, "X");
   const int64_t n = X.shape(0), D = X.shape(1);
   if (idx.ndim() != 2 || idx.shape(0) != n) throw std::invalid_argument("indices must have shape (n, k)");
@@ -72,14 +86,14 @@ CArray<double> local_top_eigenvalues(CArray<T> X, CArray<int64_t> idx) {
   double* po = out.mutable_data();
   {
     py::gil_scoped_release release;
-    dihal::local_top_eigenvalues<T>(x, n, D, pi, k, po);
+    dihal::local_top_eigenvalues<T>(x, n, D, pi, k, po, float32_work);
   }
   return out;
 }
 
 template <typename T>
 CArray<double> pair_quotients(CArray<T> X, CArray<double> mean, CArray<double> S, double lam, CArray<int64_t> pi,
-                              CArray<int64_t> pj) {
+                              CArray<int64_t> pj, bool float32_work) {
   require_matrix(X, "X");
   const int64_t n = X.shape(0), D = X.shape(1);
   if (mean.ndim() != 1 || mean.shape(0) != D || S.ndim() != 2 || S.shape(0) != D || S.shape(1) != D)
@@ -96,7 +110,7 @@ CArray<double> pair_quotients(CArray<T> X, CArray<double> mean, CArray<double> S
   double* po = out.mutable_data();
   {
     py::gil_scoped_release release;
-    dihal::pair_quotients<T>(x, n, D, m, s, lam, a, b, P, po);
+    dihal::pair_quotients<T>(x, n, D, m, s, lam, a, b, P, po, float32_work);
   }
   return out;
 }
@@ -176,14 +190,18 @@ PYBIND11_MODULE(_core, m) {
   dihal::blas::use_single_threaded_blas();  // all parallelism is OpenMP's (see blas.hpp)
   m.def("covariance_update", &covariance_update<float>, py::arg("X"), py::arg("count"), py::arg("mean"), py::arg("comoment"));
   m.def("covariance_update", &covariance_update<double>, py::arg("X"), py::arg("count"), py::arg("mean"), py::arg("comoment"));
+  m.def("covariance", &covariance<float>, py::arg("X"), py::arg("float32_work") = false);
+  m.def("covariance", &covariance<double>, py::arg("X"), py::arg("float32_work") = false);
   m.def("knn", &knn<float>, py::arg("X"), py::arg("k"), py::arg("symmetric") = true);
   m.def("knn", &knn<double>, py::arg("X"), py::arg("k"), py::arg("symmetric") = true);
-  m.def("local_top_eigenvalues", &local_top_eigenvalues<float>, py::arg("X"), py::arg("indices"));
-  m.def("local_top_eigenvalues", &local_top_eigenvalues<double>, py::arg("X"), py::arg("indices"));
+  m.def("local_top_eigenvalues", &local_top_eigenvalues<float>, py::arg("X"), py::arg("indices"),
+        py::arg("float32_work") = false);
+  m.def("local_top_eigenvalues", &local_top_eigenvalues<double>, py::arg("X"), py::arg("indices"),
+        py::arg("float32_work") = false);
   m.def("pair_quotients", &pair_quotients<float>, py::arg("X"), py::arg("mean"), py::arg("cov"), py::arg("lam"),
-        py::arg("pi"), py::arg("pj"));
+        py::arg("pi"), py::arg("pj"), py::arg("float32_work") = false);
   m.def("pair_quotients", &pair_quotients<double>, py::arg("X"), py::arg("mean"), py::arg("cov"), py::arg("lam"),
-        py::arg("pi"), py::arg("pj"));
+        py::arg("pi"), py::arg("pj"), py::arg("float32_work") = false);
   m.def("top_eigenvalue_psd", &top_eigenvalue_psd, py::arg("S"), py::arg("rel_tol") = 1e-12);
   m.def("top_eigenvalue_small", &top_eigenvalue_small, py::arg("A"));
   m.def("max_abs", &max_abs<float>, py::arg("X"));

@@ -48,4 +48,12 @@ inline void gemm_abt(int m, int n, int k, const double* A, const double* B, doub
   scipy_cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0, A, k, B, k, 0.0, C, ldc);
 }
 
+// B (m x n, row-major) <- B L^-T for a lower-triangular L (n x n, row-major): rows of B whitened.
+inline void trsm_right_lower_trans(int m, int n, const float* L, float* B) {
+  scipy_cblas_strsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, m, n, 1.0f, L, n, B, n);
+}
+inline void trsm_right_lower_trans(int m, int n, const double* L, double* B) {
+  scipy_cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, m, n, 1.0, L, n, B, n);
+}
+
 }  // namespace dihal::blas

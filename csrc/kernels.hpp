@@ -13,6 +13,11 @@ namespace dihal {
 template <typename T>
 void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* comoment);
 
+// One-shot mean[D] and population covariance cov[D*D] (full, symmetric) of X: the update above from
+// an empty state, with the products in float32 when float32_work, else in float64.
+template <typename T>
+void covariance(const T* X, int64_t n, int64_t D, bool float32_work, double* mean, double* cov);
+
 // Exact k nearest rows of X (excluding the row itself, ties to the lower index).
 // Writes indices (n x k) and squared Euclidean distances computed in float64 (n x k).
 // symmetric: compute only the upper triangle of block pairs (half the GEMM work) when the
@@ -21,15 +26,18 @@ template <typename T>
 void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* indices, double* sqdist, bool symmetric = true);
 
 // For each row i, the top eigenvalue of the covariance (normalised by k + 1) of row i together
-// with its k neighbours idx[i, :], via the (k+1) x (k+1) Gram matrix of the centred points.
+// with its k neighbours idx[i, :], via the (k+1) x (k+1) Gram matrix of the centred points
+// (products in float32 when float32_work, centring and eigenvalue in float64).
 template <typename T>
-void local_top_eigenvalues(const T* X, int64_t n, int64_t D, const int64_t* idx, int64_t k, double* out);
+void local_top_eigenvalues(const T* X, int64_t n, int64_t D, const int64_t* idx, int64_t k, double* out,
+                           bool float32_work);
 
 // Rayleigh quotients (x_i - x_j)^T (S + lam I)^-1 (x_i - x_j) / ||x_i - x_j||^2 for the given pairs,
-// NaN where x_i == x_j. S is D x D symmetric positive semi-definite, mean is used to centre X.
+// NaN where x_i == x_j. S is D x D symmetric positive semi-definite, mean is used to centre X. The
+// Cholesky factor is float64; the whitening solves run in float32 when float32_work.
 template <typename T>
 void pair_quotients(const T* X, int64_t n, int64_t D, const double* mean, const double* S, double lam,
-                    const int64_t* pi, const int64_t* pj, int64_t n_pairs, double* out);
+                    const int64_t* pi, const int64_t* pj, int64_t n_pairs, double* out, bool float32_work);
 
 // Largest eigenvalue of a symmetric positive semi-definite D x D matrix, stored full (Lanczos with full
 // reorthogonalisation and a residual-based convergence test). Returns the number of

@@ -1,5 +1,6 @@
-// Streaming covariance: blocks of rows shifted by the running mean, SYRK in the input precision,
-// Chan's pairwise merge of (count, mean, co-moment) in float64.
+// Streaming covariance: blocks of rows shifted by the running mean, SYRK in a working precision W
+// (the input's for streaming, float64 or float32 for the one-shot proxies), Chan's pairwise merge
+// of (count, mean, co-moment) in float64.
 #include <omp.h>
 
 #include <algorithm>
@@ -20,9 +21,9 @@ int64_t block_rows(int64_t D, size_t elem) {
   return std::clamp<int64_t>(target, 1024, 16384);
 }
 
-// Writes Y = X - shift (rounded to T) and returns the column sums of Y in float64: one pass.
-template <typename T>
-void shift_rows(const T* X, int64_t rows, int64_t D, const double* shift, T* Y, double* sums) {
+// Writes Y = X - shift (rounded to W) and returns the column sums of Y in float64: one pass.
+template <typename T, typename W>
+void shift_rows(const T* X, int64_t rows, int64_t D, const double* shift, W* Y, double* sums) {
   std::fill(sums, sums + D, 0.0);
 #pragma omp parallel if(parallel_worth(double(rows) * double(D)))
   {
@@ -30,10 +31,10 @@ void shift_rows(const T* X, int64_t rows, int64_t D, const double* shift, T* Y, 
 #pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < rows; ++r) {
       const T* x = X + r * D;
-      T* y = Y + r * D;
+      W* y = Y + r * D;
       for (int64_t c = 0; c < D; ++c) {
         const double v = double(x[c]) - shift[c];
-        y[c] = T(v);
+        y[c] = W(v);
         local[c] += v;
       }
     }
@@ -42,15 +43,12 @@ void shift_rows(const T* X, int64_t rows, int64_t D, const double* shift, T* Y, 
   }
 }
 
-}  // namespace
-
-template <typename T>
-void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* M) {
-  DIHAL_NVTX_RANGE("dihal/covariance");
+template <typename T, typename W>
+void covariance_update_in(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* M) {
   if (n <= 0) return;
-  const int64_t block = block_rows(D, sizeof(T));
-  std::vector<T> shifted(size_t(std::min(block, n)) * size_t(D));
-  std::vector<T> gram(size_t(D) * size_t(D));
+  const int64_t block = block_rows(D, sizeof(W));
+  std::vector<W> shifted(size_t(std::min(block, n)) * size_t(D));
+  std::vector<W> gram(size_t(D) * size_t(D));
   std::vector<double> shift(D), delta(D), sums(D);
 
   for (int64_t r0 = 0; r0 < n; r0 += block) {
@@ -75,7 +73,7 @@ void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double*
     for (int64_t a = 0; a < D; ++a) {
       const double oa = offset[a] * nb, da = delta[a] * w;
       double* Ma = M + a * D;
-      const T* Ga = gram.data() + a * D;
+      const W* Ga = gram.data() + a * D;
       for (int64_t b = a; b < D; ++b) Ma[b] += double(Ga[b]) - oa * offset[b] + da * delta[b];
     }
     for (int64_t c = 0; c < D; ++c) mean[c] += delta[c] * (nb / ntot);
@@ -83,8 +81,35 @@ void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double*
   }
 }
 
+}  // namespace
+
+template <typename T>
+void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* M) {
+  DIHAL_NVTX_RANGE("dihal/covariance");
+  covariance_update_in<T, T>(X, n, D, count, mean, M);
+}
+
+template <typename T>
+void covariance(const T* X, int64_t n, int64_t D, bool float32_work, double* mean, double* cov) {
+  DIHAL_NVTX_RANGE("dihal/covariance");
+  int64_t count = 0;
+  std::fill(mean, mean + D, 0.0);
+  std::fill(cov, cov + D * D, 0.0);
+  if (float32_work)
+    covariance_update_in<T, float>(X, n, D, &count, mean, cov);
+  else
+    covariance_update_in<T, double>(X, n, D, &count, mean, cov);
+#pragma omp parallel for schedule(dynamic, 16) if(parallel_worth(double(D) * double(D)))
+  for (int64_t a = 0; a < D; ++a) {
+    cov[a * D + a] /= double(n);
+    for (int64_t b = a + 1; b < D; ++b) cov[b * D + a] = cov[a * D + b] /= double(n);
+  }
+}
+
 template void covariance_update<float>(const float*, int64_t, int64_t, int64_t*, double*, double*);
 template void covariance_update<double>(const double*, int64_t, int64_t, int64_t*, double*, double*);
+template void covariance<float>(const float*, int64_t, int64_t, bool, double*, double*);
+template void covariance<double>(const double*, int64_t, int64_t, bool, double*, double*);
 
 template <typename T>
 double max_abs(const T* X, int64_t size) {

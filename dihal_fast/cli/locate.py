@@ -23,6 +23,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def register(subparsers: argparse._SubParsersAction) -> None:
     from dihal_fast.common.models import DTYPES
     from dihal_fast.geometry import BACKENDS
+    from dihal_fast.geometry.backends import PRECISIONS
     from dihal_fast.select import DEFAULT_REPEATS, DEFAULT_SAMPLE_SIZE
 
     parser = subparsers.add_parser(
@@ -63,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="model dtype (hidden states keep it)")
     parser.add_argument("--device", default="auto", help="torch device for the model: auto (cuda if present), cpu, cuda, cuda:1")
     parser.add_argument("--backend", default="auto", choices=BACKENDS, help="geometry kernel backend for the proxies")
+    parser.add_argument("--precision", default="float64", choices=PRECISIONS,
+                        help="products of the proxies: float64 (exact) or float32 (faster on CPU, error far below "
+                             "the spread between repeats; see dihal_fast.geometry_proxies)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the token sample, the subsamples and the pairs")
     parser.set_defaults(func=run)
 
@@ -184,7 +188,7 @@ def locate(args: argparse.Namespace, device: str, rank: int, world: int) -> int:
     estimate = estimate_geometry(
         {l: reservoir.layer_vectors(l) for l in candidates}, candidates, repeats=args.repeats,
         sample_size=args.sample_size, k=args.k, ridge=args.ridge, n_pairs=args.n_pairs, seed=args.seed,
-        backend=args.backend, progress=True,
+        backend=args.backend, precision=args.precision, progress=True,
     )
     select_s = time.perf_counter() - select_start
     best = estimate.selected_layer

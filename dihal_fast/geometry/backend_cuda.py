@@ -146,8 +146,8 @@ class CudaBackend:
             )
         )
 
-    def covariance(self, X: Any):
-        """(mean, covariance) as float64 CUDA tensors; float64 products, exact to float64 rounding."""
+    def covariance(self, X: Any, precision: str = "float64"):
+        """(mean, covariance) as float64 CUDA tensors; float64 products (whatever ``precision``), exact to float64 rounding."""
         torch = self._torch
         X = self._matrix(X)
         n, D = X.shape
@@ -179,7 +179,7 @@ class CudaBackend:
     def trace(self, cov) -> float:
         return float(self._torch.trace(cov))
 
-    def top_eigenvalue(self, cov) -> float:
+    def top_eigenvalue(self, cov, precision: str = "float64") -> float:
         """Largest eigenvalue of a PSD CUDA matrix: Lanczos with full reorthogonalisation on the GPU,
         stopped by the residual test of the CPU kernel (a dense solver for small matrices)."""
         torch = self._torch
@@ -253,7 +253,7 @@ class CudaBackend:
             d2[chunk] = values[:, :k]
 
     # ------------------------------------------------------------------ local curvature
-    def local_top_eigenvalues(self, X: Any, idx: Any) -> np.ndarray:
+    def local_top_eigenvalues(self, X: Any, idx: Any, precision: str = "float64") -> np.ndarray:
         torch = self._torch
         X = self._matrix(X)
         n, D = X.shape
@@ -276,7 +276,7 @@ class CudaBackend:
         return out.cpu().numpy()
 
     # ------------------------------------------------------------------ monotonicity
-    def pair_quotients(self, X: Any, mean: Any, cov: Any, lam: float, pi: Any, pj: Any) -> np.ndarray:
+    def pair_quotients(self, X: Any, mean: Any, cov: Any, lam: float, pi: Any, pj: Any, precision: str = "float64") -> np.ndarray:
         """Pair Rayleigh quotients; the mean is not needed (differences cancel it)."""
         torch = self._torch
         X = self._matrix(X)

@@ -5,13 +5,17 @@ A backend is an object with the operations below; the public functions in
 ``cpu`` otherwise; asking for a backend that cannot run raises :class:`BackendUnavailable`.
 
 Operations (``X`` is a validated matrix as the backend expects it):
-  covariance(X) -> (mean, cov)        population covariance, float64
+  covariance(X, precision) -> (mean, cov)   population covariance, float64
   trace(cov) -> float
-  top_eigenvalue(cov) -> float        largest eigenvalue of a PSD matrix
-  knn(X, k) -> (indices, sqdist)      host int64 / float64 arrays
-  local_top_eigenvalues(X, idx) -> host float64 (n,)
-  pair_quotients(X, mean, cov, lam, pi, pj) -> host float64 (n_pairs,), NaN for identical rows
+  top_eigenvalue(cov, precision) -> float   largest eigenvalue of a PSD matrix
+  knn(X, k) -> (indices, sqdist)            host int64 / float64 arrays
+  local_top_eigenvalues(X, idx, precision) -> host float64 (n,)
+  pair_quotients(X, mean, cov, lam, pi, pj, precision) -> host float64 (n_pairs,), NaN for identical rows
   covariance_update(X, count, mean, comoment) -> count   (upper triangle of comoment, in place)
+
+``precision`` is ``"float64"`` (products in float64: the exact path) or ``"float32"`` (products and
+solves in float32, sums, centring, factorisations and eigenvalues in float64; see
+:data:`PRECISIONS`). Backends without a float32 path compute the float64 one.
 """
 from __future__ import annotations
 
@@ -23,6 +27,10 @@ from dihal_fast import _native, reference
 from dihal_fast._native import BackendUnavailable
 
 BACKENDS = ("auto", "cpu", "cuda", "cuvs", "reference")
+PRECISIONS = ("float64", "float32")
+# Lanczos residual tolerance (relative) per precision: the eigenvalue error is at most the
+# residual, and in practice its square over the spectral gap.
+_LANCZOS_TOL = {"float64": 1e-12, "float32": 1e-6}
 
 
 class CpuBackend:
@@ -33,29 +41,26 @@ class CpuBackend:
     def __init__(self) -> None:
         self.core = _native.core()
 
-    def covariance(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # One-shot proxies use a float64 SYRK (exact to float64 rounding); the streaming
+    def covariance(self, X: np.ndarray, precision: str = "float64") -> tuple[np.ndarray, np.ndarray]:
+        # One-shot proxies use a SYRK in the chosen precision merged in float64; the streaming
         # accumulator below keeps the input precision inside blocks for throughput.
-        D = X.shape[1]
-        mean, M = np.zeros(D), np.zeros((D, D))
-        self.core.covariance_update(np.asarray(X, dtype=np.float64), 0, mean, M)
-        return mean, symmetrize_upper(M) / X.shape[0]
+        return self.core.covariance(X, precision == "float32")
 
     def trace(self, cov: np.ndarray) -> float:
         return float(np.trace(cov))
 
-    def top_eigenvalue(self, cov: np.ndarray) -> float:
-        value, _ = self.core.top_eigenvalue_psd(cov)
+    def top_eigenvalue(self, cov: np.ndarray, precision: str = "float64") -> float:
+        value, _ = self.core.top_eigenvalue_psd(cov, _LANCZOS_TOL[precision])
         return float(value)
 
     def knn(self, X: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.core.knn(X, k)
 
-    def local_top_eigenvalues(self, X: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        return self.core.local_top_eigenvalues(X, idx)
+    def local_top_eigenvalues(self, X: np.ndarray, idx: np.ndarray, precision: str = "float64") -> np.ndarray:
+        return self.core.local_top_eigenvalues(X, idx, precision == "float32")
 
-    def pair_quotients(self, X, mean, cov, lam, pi, pj) -> np.ndarray:
-        return self.core.pair_quotients(X, mean, cov, lam, pi, pj)
+    def pair_quotients(self, X, mean, cov, lam, pi, pj, precision: str = "float64") -> np.ndarray:
+        return self.core.pair_quotients(X, mean, cov, lam, pi, pj, precision == "float32")
 
     def covariance_update(self, X: np.ndarray, count: int, mean: np.ndarray, comoment: np.ndarray) -> int:
         return int(self.core.covariance_update(X, count, mean, comoment))
@@ -66,22 +71,22 @@ class ReferenceBackend:
 
     name = "reference"
 
-    def covariance(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def covariance(self, X: np.ndarray, precision: str = "float64") -> tuple[np.ndarray, np.ndarray]:
         return reference.covariance(X)
 
     def trace(self, cov: np.ndarray) -> float:
         return float(np.trace(cov))
 
-    def top_eigenvalue(self, cov: np.ndarray) -> float:
+    def top_eigenvalue(self, cov: np.ndarray, precision: str = "float64") -> float:
         return float(np.linalg.eigvalsh(cov)[-1])
 
     def knn(self, X: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return reference.knn(X, k)
 
-    def local_top_eigenvalues(self, X: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    def local_top_eigenvalues(self, X: np.ndarray, idx: np.ndarray, precision: str = "float64") -> np.ndarray:
         return reference.local_top_eigenvalues(X, idx)
 
-    def pair_quotients(self, X, mean, cov, lam, pi, pj) -> np.ndarray:
+    def pair_quotients(self, X, mean, cov, lam, pi, pj, precision: str = "float64") -> np.ndarray:
         X = reference.to_float64(X)
         P = np.linalg.inv(cov + lam * np.eye(cov.shape[0]))
         d = X[pi] - X[pj]

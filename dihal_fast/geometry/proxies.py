@@ -1,11 +1,12 @@
 """The public geometry proxies of DESIGN.md, composed from backend operations."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from dihal_fast.geometry.backends import get_backend
+from dihal_fast.geometry.backends import PRECISIONS, get_backend
 from dihal_fast.geometry.inputs import Matrix, as_matrix, check_k, check_positive
 from dihal_fast.profiling import nvtx_range
 from dihal_fast.reference import draw_pairs, weighted_median
@@ -13,11 +14,15 @@ from dihal_fast.reference import draw_pairs, weighted_median
 DEFAULT_K = 16
 DEFAULT_RIDGE = 1e-3
 DEFAULT_PAIRS = 10000
+DEFAULT_PRECISION = "float64"
 
-
-def _prepare(X: Any, backend: str, min_rows: int = 2) -> tuple[Matrix, Any]:
+def _prepare(X: Any, backend: str, min_rows: int = 2, precision: str = DEFAULT_PRECISION) -> tuple[Matrix, Any]:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     allow_cuda = backend in ("auto", "cuda", "cuvs")
     matrix = as_matrix(X, "X", min_rows=min_rows, allow_cuda=allow_cuda)
+    if precision == "float32" and matrix.device == "cpu" and matrix.data.dtype == np.float64:
+        matrix = replace(matrix, data=matrix.data.astype(np.float32))
     return matrix, get_backend(backend, matrix.device)
 
 
@@ -35,70 +40,78 @@ def knn(X: Any, k: int = DEFAULT_K, backend: str = "auto") -> tuple[np.ndarray, 
     return idx, d2 if matrix.source_dtype == "float64" else d2.astype(np.float32)
 
 
-def _covariance(matrix: Matrix, ops: Any) -> tuple[Any, Any, float]:
+def _covariance(matrix: Matrix, ops: Any, precision: str) -> tuple[Any, Any, float]:
     with nvtx_range("covariance"):
-        mean, cov = ops.covariance(matrix.data)
+        mean, cov = ops.covariance(matrix.data, precision)
         trace = ops.trace(cov)
     if not trace > 0:
         raise ValueError(f"X has zero variance (all {matrix.shape[0]} rows are identical); the proxies are undefined")
     return mean, cov, trace
 
 
-def _k_eff(ops: Any, cov: Any, trace: float) -> float:
+def _k_eff(ops: Any, cov: Any, trace: float, precision: str) -> float:
     with nvtx_range("top_eigen"):
-        return trace / ops.top_eigenvalue(cov)
+        return trace / ops.top_eigenvalue(cov, precision)
 
 
-def _m_mono(matrix: Matrix, ops: Any, mean: Any, cov: Any, trace: float, ridge: float, n_pairs: int, seed: int) -> float:
+def _m_mono(matrix: Matrix, ops: Any, mean: Any, cov: Any, trace: float, ridge: float, n_pairs: int, seed: int,
+            precision: str) -> float:
     n, D = matrix.shape
     pi, pj, counts = draw_pairs(n, n_pairs, seed)
     with nvtx_range("pairs"):
-        q = np.asarray(ops.pair_quotients(matrix.data, mean, cov, ridge * trace / D, pi, pj))
+        q = np.asarray(ops.pair_quotients(matrix.data, mean, cov, ridge * trace / D, pi, pj, precision))
     keep = ~np.isnan(q)
     if not keep.any():
         raise ValueError(f"all {n_pairs} sampled pairs are identical rows; m_mono is undefined")
     return weighted_median(q[keep], counts[keep])
 
 
-def _m_curv(matrix: Matrix, ops: Any, trace: float, k: int) -> float:
+def _m_curv(matrix: Matrix, ops: Any, trace: float, k: int, precision: str) -> float:
     with nvtx_range("knn"):
         idx, _ = ops.knn(matrix.data, k)
     with nvtx_range("local_eigen"):
-        lam = np.asarray(ops.local_top_eigenvalues(matrix.data, idx))
+        lam = np.asarray(ops.local_top_eigenvalues(matrix.data, idx, precision))
     eps = 1e-12 * trace / matrix.shape[1]
     return float(np.median(1.0 / np.maximum(lam, eps)))
 
 
-def effective_rank(X: Any, backend: str = "auto") -> float:
-    """``k_eff = tr(Sigma) / lambda_max(Sigma)`` of the population covariance of ``X``."""
-    matrix, ops = _prepare(X, backend)
-    _, cov, trace = _covariance(matrix, ops)
-    return _k_eff(ops, cov, trace)
+def effective_rank(X: Any, backend: str = "auto", precision: str = DEFAULT_PRECISION) -> float:
+    """``k_eff = tr(Sigma) / lambda_max(Sigma)`` of the population covariance of ``X`` (``precision``: see
+    :func:`geometry_proxies`)."""
+    matrix, ops = _prepare(X, backend, precision=precision)
+    _, cov, trace = _covariance(matrix, ops, precision)
+    return _k_eff(ops, cov, trace, precision)
 
 
 def monotonicity_proxy(
-    X: Any, ridge: float = DEFAULT_RIDGE, n_pairs: int = DEFAULT_PAIRS, seed: int = 0, backend: str = "auto"
+    X: Any,
+    ridge: float = DEFAULT_RIDGE,
+    n_pairs: int = DEFAULT_PAIRS,
+    seed: int = 0,
+    backend: str = "auto",
+    precision: str = DEFAULT_PRECISION,
 ) -> float:
     """``m_mono``: median over ``n_pairs`` seeded pairs of the regularised-precision Rayleigh quotient.
 
     Memory does not grow with ``n_pairs``: up to 2^22 pairs are drawn one by one; above that the
     count of each distinct pair is drawn instead (same distribution, O(n^2) memory and time), which
     needs ``n (n - 1) / 2 <= 2^23`` (about n <= 4096 rows), else ``ValueError``. See
-    :func:`dihal_fast.reference.draw_pairs`.
+    :func:`dihal_fast.reference.draw_pairs`. ``precision``: see :func:`geometry_proxies`.
     """
     ridge = check_positive(ridge, "ridge")
     n_pairs = check_positive(n_pairs, "n_pairs", integer=True)
-    matrix, ops = _prepare(X, backend)
-    mean, cov, trace = _covariance(matrix, ops)
-    return _m_mono(matrix, ops, mean, cov, trace, ridge, n_pairs, int(seed))
+    matrix, ops = _prepare(X, backend, precision=precision)
+    mean, cov, trace = _covariance(matrix, ops, precision)
+    return _m_mono(matrix, ops, mean, cov, trace, ridge, n_pairs, int(seed), precision)
 
 
-def curvature_proxy(X: Any, k: int = DEFAULT_K, backend: str = "auto") -> float:
-    """``m_curv``: median over rows of ``1 / lambda_max`` of the k-NN local covariance."""
-    matrix, ops = _prepare(X, backend)
+def curvature_proxy(X: Any, k: int = DEFAULT_K, backend: str = "auto", precision: str = DEFAULT_PRECISION) -> float:
+    """``m_curv``: median over rows of ``1 / lambda_max`` of the k-NN local covariance (``precision``: see
+    :func:`geometry_proxies`)."""
+    matrix, ops = _prepare(X, backend, precision=precision)
     k = check_k(k, matrix.shape[0])
-    _, _, trace = _covariance(matrix, ops)
-    return _m_curv(matrix, ops, trace, k)
+    _, _, trace = _covariance(matrix, ops, precision)
+    return _m_curv(matrix, ops, trace, k, precision)
 
 
 def geometry_proxies(
@@ -108,15 +121,27 @@ def geometry_proxies(
     n_pairs: int = DEFAULT_PAIRS,
     seed: int = 0,
     backend: str = "auto",
+    precision: str = DEFAULT_PRECISION,
 ) -> dict[str, float]:
-    """All three proxies of one layer's hidden states, sharing one covariance: ``m_curv, m_mono, k_eff``."""
+    """All three proxies of one layer's hidden states, sharing one covariance: ``m_curv, m_mono, k_eff``.
+
+    ``n_pairs`` is bounded as in :func:`monotonicity_proxy`. ``precision="float64"`` (the default)
+    computes every product in float64: the exact path, equal to :mod:`dihal_fast.reference` up to
+    float64 rounding. ``"float32"`` rounds the centred data to float32 and runs the covariance SYRK,
+    the whitening solves and the local Gram matrices in float32, with sums, centring, the Cholesky
+    factor and the eigenvalues in float64: faster, with a relative error far below the spread
+    between repeated subsamples (both measured in bench/RESULTS.md, bench/bench_proxies.py). The kNN
+    is exact in both. The CUDA backend always takes the float64 path.
+    """
     ridge = check_positive(ridge, "ridge")
     n_pairs = check_positive(n_pairs, "n_pairs", integer=True)
-    matrix, ops = _prepare(X, backend)
+    matrix, ops = _prepare(X, backend, precision=precision)
     k = check_k(k, matrix.shape[0])
-    mean, cov, trace = _covariance(matrix, ops)
+    mean, cov, trace = _covariance(matrix, ops, precision)
     return {
-        "m_curv": _m_curv(matrix, ops, trace, k),
-        "m_mono": _m_mono(matrix, ops, mean, cov, trace, ridge, n_pairs, int(seed)),
-        "k_eff": _k_eff(ops, cov, trace),
+        "m_curv": _m_curv(matrix, ops, trace, k, precision),
+        "m_mono": _m_mono(matrix, ops, mean, cov, trace, ridge, n_pairs, int(seed), precision),
+        "k_eff": _k_eff(ops, cov, trace, precision),
     }
+
+

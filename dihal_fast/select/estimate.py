@@ -95,6 +95,7 @@ def estimate_geometry(
     n_pairs: int = 10000,
     seed: int = 0,
     backend: str = "auto",
+    precision: str = "float64",
     progress: bool = False,
 ) -> GeometryEstimate:
     """Proxies of each layer on ``repeats`` seeded subsamples of ``sample_size`` tokens, and the score.
@@ -102,6 +103,7 @@ def estimate_geometry(
     ``vectors[layer]`` is ``m x D`` (the same ``m`` tokens in the same order at every layer). Repeat
     ``r`` uses the rows and ``m_mono`` pair seed of :func:`subsample` (the same rows at every layer,
     so layers are compared on the same tokens); the score of repeat ``r`` is :func:`selection_scores` of that repeat's proxies.
+    ``precision`` is that of :func:`dihal_fast.geometry_proxies`.
     """
     layers = sorted(int(l) for l in layers)
     available = _check_sample(vectors, layers, sample_size, repeats)
@@ -112,7 +114,8 @@ def estimate_geometry(
         proxies = {}
         for layer in layers:
             X = vectors[layer][torch.from_numpy(rows) if torch.is_tensor(vectors[layer]) else rows]
-            proxies[layer] = geometry_proxies(X, k=k, ridge=ridge, n_pairs=n_pairs, seed=pair_seed, backend=backend)
+            proxies[layer] = geometry_proxies(X, k=k, ridge=ridge, n_pairs=n_pairs, seed=pair_seed, backend=backend,
+                                              precision=precision)
             bar.update(1)
         scores, _ = selection_scores(proxies)
         for i, layer in enumerate(layers):
@@ -121,5 +124,5 @@ def estimate_geometry(
             values["score"][r, i] = scores[layer]
     bar.close()
     config = dict(repeats=repeats, sample_size=sample_size, available=available, k=k, ridge=ridge,
-                  n_pairs=n_pairs, seed=seed, std="across repeats, ddof=1")
+                  n_pairs=n_pairs, seed=seed, precision=precision, std="across repeats, ddof=1")
     return GeometryEstimate(layers, values, config)
