@@ -61,19 +61,27 @@ def test_plain_lines_are_rate_limited_but_the_last_one_always_comes():
     assert log.getvalue().startswith("open-ended: 7 [")
 
 
+def _logged_run(tmp_path, *argv: str) -> str:
+    """stderr of ``dihal ARGV`` run in a fresh process with stderr redirected to a file."""
+    log = tmp_path / "stderr.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("DIHAL_PROGRESS", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    with log.open("w") as handle:
+        subprocess.run([sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", *argv],
+                       stderr=handle, stdout=subprocess.DEVNULL, env=env, check=True, timeout=300)
+    return log.read_text()
+
+
 def test_a_command_logged_to_a_file_has_plain_progress_lines(tiny_checkpoints, tmp_path):
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("\n".join(json.dumps({"text": f"Document {i}: the quick brown fox jumps over the lazy dog."})
                                 for i in range(60)) + "\n")
-    log = tmp_path / "stderr.log"
-    env = {k: v for k, v in os.environ.items() if k != "DIHAL_PROGRESS"}
-    with log.open("w") as handle:
-        subprocess.run(
-            [sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", "locate",
-             "--model", str(tiny_checkpoints["llama"]), "--corpus", str(corpus), "--out", str(tmp_path / "run"),
-             "--seq-len", "16", "--batch-size", "2", "--max-tokens", "320", "--repeats", "2", "--sample-size", "60",
-             "--k", "4", "--n-pairs", "100", "--device", "cpu"],
-            stderr=handle, stdout=subprocess.DEVNULL, env=env, check=True, timeout=300)
-    text = log.read_text()
+    text = _logged_run(tmp_path, "locate", "--model", str(tiny_checkpoints["llama"]), "--corpus", str(corpus),
+                       "--out", str(tmp_path / "run"), "--seq-len", "16", "--batch-size", "2", "--max-tokens", "320",
+                       "--repeats", "2", "--sample-size", "60", "--k", "4", "--n-pairs", "100", "--device", "cpu")
     assert "\r" not in text
     assert re.search(r"^collect: 100% 10/10 \[", text, re.M) and re.search(r"^proxies: 100% 6/6 \[", text, re.M)
+
+
+def test_hugging_face_bars_stay_out_of_a_log_file(tmp_path):
+    text = _logged_run(tmp_path, "generate", "--n-samples", "1", "--max-new-tokens", "2")  # loads the shipped backbone
+    assert "\r" not in text and "Loading weights" not in text

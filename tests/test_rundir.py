@@ -115,7 +115,7 @@ def test_without_file_locks_the_recorded_holder_is_checked(holder, monkeypatch, 
     assert "does not support file locks" in caplog.text and f"pid {proc.pid}" in caplog.text
 
 
-def test_run_directory_that_is_a_file_is_refused(tmp_path):
+def test_unusable_run_directories_are_refused(tmp_path):
     existing = tmp_path / "report.txt"
     existing.write_text("not a run\n")
     with pytest.raises(ValueError, match="is an existing file"):
@@ -125,6 +125,12 @@ def test_run_directory_that_is_a_file_is_refused(tmp_path):
         with run_directory(existing / "run", "dihal locate"):
             pass
     assert existing.read_text() == "not a run\n"
+    with pytest.raises(ValueError, match="run directory /proc is not writable"):  # not even for root
+        with run_directory("/proc", "dihal locate"):
+            pass
+    with pytest.raises(ValueError, match="run directory /proc/dihal-test/run cannot be created"):
+        with run_directory("/proc/dihal-test/run", "dihal locate"):
+            pass
 
 
 @pytest.mark.parametrize("command", RUN_COMMANDS)

@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dihal_fast.common.progress import quiet_library_bars
+
+    quiet_library_bars()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

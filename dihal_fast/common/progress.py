@@ -9,7 +9,8 @@ picks by ``DIHAL_PROGRESS``:
 
 Plain mode prints whole lines, never a carriage return: one when the loop passes each tenth of its
 total (at most one per :data:`PLAIN_MIN_GAP_S`), one at least every :data:`PLAIN_EVERY_S` while it
-advances, and a last one when it ends.
+advances, and a last one when it ends. :func:`quiet_library_bars` keeps Hugging Face's bars out of
+such logs too.
 """
 from __future__ import annotations
 
@@ -49,6 +50,14 @@ def progress_bar(iterable: Iterable | None = None, **options: Any) -> tqdm:
     if mode == "off":
         options["disable"] = True
     return (PlainProgress if mode == "plain" else bar_tqdm)(iterable, **options)
+
+
+def quiet_library_bars() -> None:
+    """Outside bar mode, turn off the Hugging Face libraries' own bars (loading weights, writing shards),
+    which redraw with carriage returns. Call it before ``transformers`` is imported (it reads
+    ``HF_HUB_DISABLE_PROGRESS_BARS`` then); a value the user set is kept."""
+    if progress_mode() != "bar":
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 class PlainProgress(tqdm):
