@@ -34,6 +34,7 @@ RUN_COMMANDS = [
     ["demo"],
     ["evaluate", "--hybrid", "missing"],
     ["backbone", "train", "--corpus", "missing.txt"],
+    ["hcdlm", "train", "--task", "sudoku"],
 ]
 
 
