@@ -19,44 +19,57 @@ def sinusoidal_embedding(t: Tensor, dim: int, max_period: float = 10000.0) -> Te
     return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
 
 
-def _rotate(x: Tensor, positions: Tensor, theta: float) -> Tensor:
-    """Rotary position embedding of ``x`` ``(B, heads, T, head_dim)`` at integer ``positions`` ``(B, T)``."""
-    head_dim = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=x.device) / head_dim)
+Rotary = tuple[Tensor, Tensor]
+Modulation = tuple[Tensor, Tensor, Tensor]
+
+
+def rotary_tables(positions: Tensor, head_dim: int, dtype: torch.dtype, theta: float = 10000.0) -> Rotary:
+    """``(cos, sin)`` ``(B, 1, T, head_dim)`` in ``dtype`` of the rotary embedding at integer ``positions`` ``(B, T)``.
+
+    Computed (in float32) once per call of the context encoder and shared by its blocks.
+    """
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
     angles = positions.float().unsqueeze(-1) * inv_freq  # (B, T, head_dim / 2)
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).unsqueeze(1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).unsqueeze(1).to(x.dtype)
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1).unsqueeze(1).to(dtype), torch.cat([sin, sin], dim=-1).unsqueeze(1).to(dtype)
+
+
+def _rotate(x: Tensor, rotary: Rotary) -> Tensor:
+    """Rotary position embedding of ``x`` ``(..., B, heads, T, head_dim)`` (queries and keys stacked in one call)."""
     first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
+    return x * rotary[0] + torch.cat([-second, first], dim=-1) * rotary[1]
 
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with rotary positions; ``cache`` makes a new token cost one position."""
 
-    def __init__(self, width: int, heads: int, rope_theta: float = 10000.0):
+    def __init__(self, width: int, heads: int):
         super().__init__()
         if width % heads or (width // heads) % 2:
             raise ValueError(f"width {width} must split into {heads} heads of even size")
-        self.heads, self.rope_theta = heads, rope_theta
+        self.heads = heads
         self.qkv = nn.Linear(width, 3 * width)
         self.out = nn.Linear(width, width)
 
     def forward(
-        self, x: Tensor, positions: Tensor, key_mask: Tensor | None = None, cache: KVCache | None = None
+        self, x: Tensor, rotary: Rotary, key_mask: Tensor | None = None, cache: KVCache | None = None
     ) -> tuple[Tensor, KVCache]:
-        """``x`` ``(B, T, W)`` at ``positions`` ``(B, T)``; ``key_mask`` ``(B, past + T)`` is False at padding.
+        """``x`` ``(B, T, W)`` with the rotary tables of its positions; ``key_mask`` ``(B, past + T)`` is False
+        at padding.
 
         Query ``i`` of this call sees keys ``0 .. past + i`` (sequence order, not position ids) that are
         not padding, and always itself. Returns the output and the extended ``(keys, values)``.
         """
         batch, length, width = x.shape
-        q, k, v = self.qkv(x).view(batch, length, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
-        q, k = _rotate(q, positions, self.rope_theta), _rotate(k, positions, self.rope_theta)
+        qkv = self.qkv(x).view(batch, length, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
+        (q, k), v = _rotate(qkv[:2], rotary), qkv[2]
         if cache is not None:
             k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
         past = k.shape[2] - length
         if key_mask is None and past == 0:
             attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif key_mask is None and length == 1:  # one new token sees every key: no mask to build
+            attended = F.scaled_dot_product_attention(q, k, v)
         else:
             keys = torch.arange(past + length, device=x.device)
             queries = torch.arange(past, past + length, device=x.device)
@@ -77,8 +90,8 @@ class ContextBlock(nn.Module):
         self.attention = CausalSelfAttention(width, heads)
         self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(), nn.Linear(mlp_ratio * width, width))
 
-    def forward(self, x: Tensor, positions: Tensor, key_mask: Tensor | None, cache: KVCache | None) -> tuple[Tensor, KVCache]:
-        attended, cache = self.attention(self.norm1(x), positions, key_mask, cache)
+    def forward(self, x: Tensor, rotary: Rotary, key_mask: Tensor | None, cache: KVCache | None) -> tuple[Tensor, KVCache]:
+        attended, cache = self.attention(self.norm1(x), rotary, key_mask, cache)
         x = x + attended
         return x + self.mlp(self.norm2(x)), cache
 
@@ -94,7 +107,12 @@ class FiLMBlock(nn.Module):
         nn.init.zeros_(self.film.weight)
         nn.init.zeros_(self.film.bias)
 
-    def forward(self, x: Tensor, time_features: Tensor) -> Tensor:
+    def modulation(self, time_features: Tensor) -> Modulation:
+        """``(shift, 1 + scale, 1 + gate)``: a function of the time alone, so a sampler can reuse it."""
         shift, scale, gate = self.film(time_features).chunk(3, dim=-1)
-        hidden = self.norm(x) * (1.0 + scale) + shift
-        return x + (1.0 + gate) * self.fc2(F.gelu(self.fc1(hidden)))
+        return shift, 1.0 + scale, 1.0 + gate
+
+    def forward(self, x: Tensor, modulation: Modulation) -> Tensor:
+        shift, scale, gate = modulation
+        hidden = self.norm(x) * scale + shift
+        return x + gate * self.fc2(F.gelu(self.fc1(hidden)))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from dihal_fast.bridge.layers import ContextBlock, FiLMBlock, KVCache, sinusoidal_embedding
+from dihal_fast.bridge.layers import ContextBlock, FiLMBlock, KVCache, Modulation, rotary_tables, sinusoidal_embedding
 from dihal_fast.bridge.samplers import make_sampler
 from dihal_fast.bridge.schedules import Prediction, make_schedule
 from dihal_fast.bridge.serial import DictConfig
@@ -78,10 +78,13 @@ class BridgeConfig(DictConfig):
 
 
 class BridgeCache:
-    """Keys and values of the context encoder for the tokens seen so far (one entry per block)."""
+    """What incremental decoding reuses: keys and values of the context encoder for the tokens seen so far
+    (one entry per block) and the denoiser's FiLM modulations per sampler time (weights are fixed while
+    decoding, and a sampler visits the same few times at every token)."""
 
     def __init__(self, layers: int):
         self.layers: list[KVCache | None] = [None] * layers
+        self.modulations: dict[float, list[Modulation]] = {}
 
     @property
     def length(self) -> int:
@@ -157,35 +160,54 @@ class Bridge(nn.Module):
     def encode(self, condition: Tensor, positions: Tensor, key_mask: Tensor | None = None, cache: BridgeCache | None = None) -> list[Tensor]:
         """Per-level context features ``[(B, T, W / 2^k)]`` from ``c(x)``; extends ``cache`` in place."""
         x = self.condition_in((condition / self.config.condition_rms).to(self.dtype))
+        rotary = rotary_tables(positions, self.config.width // self.config.heads, self.dtype) if len(self.context) else None
         for index, block in enumerate(self.context):
-            x, kv = block(x, positions, key_mask, cache.layers[index] if cache is not None else None)
+            x, kv = block(x, rotary, key_mask, cache.layers[index] if cache is not None else None)
             if cache is not None:
                 cache.layers[index] = kv
         return [project(x) for project in self.context_to_level]
 
-    def denoise(self, z: Tensor, t: Tensor, context: list[Tensor]) -> Tensor:
+    def modulations(self, t: Tensor) -> list[Modulation]:
+        """FiLM modulations of the denoiser's blocks (down path, middle, up path) at time ``t`` (0-d or ``(B, T)``)."""
+        time = self.time_mlp(sinusoidal_embedding(t, self.config.time_dim).to(self.dtype))
+        blocks = [*self.down_blocks, self.middle, *self.up_blocks]
+        return [block.modulation(time) for block in blocks]
+
+    def denoise(self, z: Tensor, t: Tensor, context: list[Tensor], modulations: list[Modulation] | None = None) -> Tensor:
         """Network output (in the config's prediction type) for noisy ``z`` ``(B, T, D)`` at time ``t``.
 
-        ``t`` is 0-d (one time for all positions) or ``(B, T)``.
+        ``t`` is 0-d (one time for all positions) or ``(B, T)``; ``modulations`` are ``self.modulations(t)``
+        when the caller already has them.
         """
-        time = self.time_mlp(sinusoidal_embedding(t, self.config.time_dim).to(self.dtype))
+        down, middle, up = self._split(modulations if modulations is not None else self.modulations(t))
         x = self.noisy_in(z.to(self.dtype)) + context[0]
         skips = []
-        for level, (block, down) in enumerate(zip(self.down_blocks, self.downs)):
-            x = block(x, time)
+        for level, (block, project) in enumerate(zip(self.down_blocks, self.downs)):
+            x = block(x, down[level])
             skips.append(x)
-            x = down(x) + context[level + 1]
-        x = self.middle(x, time)
+            x = project(x) + context[level + 1]
+        x = self.middle(x, middle)
         for level in reversed(range(len(self.ups))):
-            x = self.up_blocks[level](self.ups[level](x) + skips[level], time)
+            x = self.up_blocks[level](self.ups[level](x) + skips[level], up[level])
         return self.out(x).float()
 
-    def sample(self, context: list[Tensor], noise: Tensor, nfe: int | None = None, sampler: str | None = None) -> Tensor:
-        """Normalised ``x0`` ``(B, T, D)`` from ``noise`` ``(draws, B, T, D)`` (draw 0 starts the chain)."""
+    def _split(self, modulations: list[Modulation]) -> tuple[list[Modulation], Modulation, list[Modulation]]:
+        depth = self.config.unet_depth
+        return modulations[:depth], modulations[depth], modulations[depth + 1:]
+
+    def sample(self, context: list[Tensor], noise: Tensor, nfe: int | None = None, sampler: str | None = None,
+               cache: BridgeCache | None = None) -> Tensor:
+        """Normalised ``x0`` ``(B, T, D)`` from ``noise`` ``(draws, B, T, D)`` (draw 0 starts the chain);
+        with ``cache``, the modulations of each sampler time are computed once and kept there."""
         chosen = make_sampler(sampler or self.config.sampler)
 
         def model(z: Tensor, t: Tensor) -> Tensor:
-            return self.denoise(z, t, context)
+            if cache is None:
+                return self.denoise(z, t, context)
+            key = float(t)
+            if key not in cache.modulations:
+                cache.modulations[key] = self.modulations(t)
+            return self.denoise(z, t, context, cache.modulations[key])
 
         return chosen.sample(model, self.schedule, self.prediction, noise[0], nfe or self.config.nfe, noise[1:])
 

@@ -51,7 +51,7 @@ class Sampler(ABC):
         for k in range(steps - 1):
             x0, eps = _denoise(model, schedule, prediction, z, grid[k])
             z = self.move(model, schedule, prediction, z, x0, eps, grid[k], grid[k + 1], noise[k] if self.stochastic else None)
-        return _denoise(model, schedule, prediction, z, grid[steps - 1])[0]
+        return prediction.to_x0(model(z, grid[steps - 1]), z, grid[steps - 1], schedule)
 
     @abstractmethod
     def move(

@@ -108,6 +108,10 @@ class Prediction:
         d_alpha, d_sigma = schedule.derivatives(t)
         return d_alpha * x0 + d_sigma * eps
 
+    def to_x0(self, output: Tensor, z: Tensor, t: Tensor, schedule: NoiseSchedule) -> Tensor:
+        """``x0_hat`` alone (all the last sampler step needs; free for x0-prediction)."""
+        return output if self.kind == "x0" else self.to_x0_eps(output, z, t, schedule)[0]
+
     def to_x0_eps(self, output: Tensor, z: Tensor, t: Tensor, schedule: NoiseSchedule) -> tuple[Tensor, Tensor]:
         """``(x0_hat, eps_hat)`` implied by the network ``output`` at ``(z, t)``."""
         alpha, sigma = schedule.alpha_sigma(t)

@@ -39,7 +39,7 @@ def _cache_name(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def sample_causal_lm(
     model,
     prompt_ids: torch.Tensor,

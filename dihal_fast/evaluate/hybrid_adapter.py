@@ -35,7 +35,7 @@ def load_hybrid(path: Path, device: str = "cpu"):
     return model.eval(), tokenizer, backbone_dir
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def sample_hybrid(model, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
                   nfe: int | None, generator: torch.Generator | None) -> Generation:
     """``HybridLM.generate`` (bridge and KV caches, float64 draws), timed; the prompt is cut off."""

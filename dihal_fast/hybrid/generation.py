@@ -33,7 +33,7 @@ def nucleus_mask(logits: Tensor, temperature: float, top_p: float) -> Tensor:
     return scores.masked_fill(drop, float("-inf"))
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def generate(model, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float = 1.0, nfe: int | None = None, sampler: str | None = None, seed: int | None = None,
              generator: torch.Generator | None = None, attention_mask: Tensor | None = None,

@@ -187,7 +187,8 @@ class HybridLM(nn.Module):
                                          cache.bridge if cache is not None else None)
             steps = nfe or self.bridge.config.nfe
             noise = position_noise(seed, positions, steps, self.bridge.config.hidden_size)
-            hidden = self.bridge.denormalize(self.bridge.sample(context, noise.to(positions.device), steps, sampler))
+            hidden = self.bridge.denormalize(self.bridge.sample(context, noise.to(positions.device), steps, sampler,
+                                                               cache.bridge if cache is not None else None))
         else:
             hidden = hidden_state_oracle
             if cache is not None:  # keep the bridge cache in step with the retained layers
