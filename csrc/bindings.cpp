@@ -27,6 +27,18 @@ void require_matrix(const CArray<T>& X, const char* name) {
   if (X.shape(0) < 1 || X.shape(1) < 1) throw std::invalid_argument(std::string(name) + " must be non-empty");
 }
 
+// Pair index arrays: 1-D, of equal length, within [0, n). Returns the number of pairs.
+int64_t check_pairs(const CArray<int64_t>& pi, const CArray<int64_t>& pj, int64_t n) {
+  if (pi.ndim() != 1 || pj.ndim() != 1 || pi.shape(0) != pj.shape(0))
+    throw std::invalid_argument("pair index arrays must be 1-D and of equal length");
+  const int64_t P = pi.shape(0);
+  const int64_t *a = pi.data(), *b = pj.data();
+  for (int64_t p = 0; p < P; ++p)
+    if (a[p] < 0 || a[p] >= n || b[p] < 0 || b[p] >= n || a[p] == b[p])
+      throw std::invalid_argument("pair index out of range or i == j");
+  return P;
+}
+
 template <typename T>
 int64_t covariance_update(CArray<T> X, int64_t count, CArray<double> mean, CArray<double> comoment) {
   require_matrix(X, "X");
@@ -56,6 +68,38 @@ py::tuple covariance(CArray<T> X, bool float32_work) {
 }
 
 template <typename T>
+CArray<double> centred_gram(CArray<T> X, bool float32_work) {
+  require_matrix(X, "X");
+  const int64_t n = X.shape(0), D = X.shape(1);
+  CArray<double> G({n, n});
+  const T* x = X.data();
+  double* g = G.mutable_data();
+  {
+    py::gil_scoped_release release;
+    dihal::centred_gram<T>(x, n, D, float32_work, g);
+  }
+  return G;
+}
+
+template <typename T>
+CArray<double> gram_pair_quotients(CArray<T> X, CArray<double> G, double lam, CArray<int64_t> pi, CArray<int64_t> pj) {
+  require_matrix(X, "X");
+  const int64_t n = X.shape(0), D = X.shape(1);
+  if (G.ndim() != 2 || G.shape(0) != n || G.shape(1) != n) throw std::invalid_argument("G must be n x n");
+  const int64_t P = check_pairs(pi, pj, n);
+  CArray<double> out(P);
+  const T* x = X.data();
+  const double* g = G.data();
+  const int64_t *a = pi.data(), *b = pj.data();
+  double* po = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    dihal::gram_pair_quotients<T>(x, n, D, g, lam, a, b, P, po);
+  }
+  return out;
+}
+
+template <typename T>
 py::tuple knn(CArray<T> X, int64_t k, bool symmetric) {
   require_matrix(X, "X");
   const int64_t n = X.shape(0), D = X.shape(1);
@@ -68,6 +112,25 @@ py::tuple knn(CArray<T> X, int64_t k, bool symmetric) {
   {
     py::gil_scoped_release release;
     dihal::knn<T>(x, n, D, k, pi, pd, symmetric);
+  }
+  return py::make_tuple(idx, d2);
+}
+
+template <typename T>
+py::tuple knn_from_gram(CArray<T> X, CArray<double> G, int64_t k) {
+  require_matrix(X, "X");
+  const int64_t n = X.shape(0), D = X.shape(1);
+  if (k < 1 || k >= n) throw std::invalid_argument("k must satisfy 1 <= k < n");
+  if (G.ndim() != 2 || G.shape(0) != n || G.shape(1) != n) throw std::invalid_argument("G must be n x n");
+  CArray<int64_t> idx({n, k});
+  CArray<double> d2({n, k});
+  const T* x = X.data();
+  const double* g = G.data();
+  int64_t* pi = idx.mutable_data();
+  double* pd = d2.mutable_data();
+  {
+    py::gil_scoped_release release;
+    dihal::knn_from_gram<T>(x, n, D, g, k, pi, pd);
   }
   return py::make_tuple(idx, d2);
 }
@@ -98,12 +161,8 @@ CArray<double> pair_quotients(CArray<T> X, CArray<double> mean, CArray<double> S
   const int64_t n = X.shape(0), D = X.shape(1);
   if (mean.ndim() != 1 || mean.shape(0) != D || S.ndim() != 2 || S.shape(0) != D || S.shape(1) != D)
     throw std::invalid_argument("mean/covariance do not match the dimension of X");
-  if (pi.ndim() != 1 || pj.ndim() != 1 || pi.shape(0) != pj.shape(0))
-    throw std::invalid_argument("pair index arrays must be 1-D and of equal length");
-  const int64_t P = pi.shape(0);
+  const int64_t P = check_pairs(pi, pj, n);
   const int64_t *a = pi.data(), *b = pj.data();
-  for (int64_t p = 0; p < P; ++p)
-    if (a[p] < 0 || a[p] >= n || b[p] < 0 || b[p] >= n) throw std::invalid_argument("pair index out of range");
   CArray<double> out(P);
   const T* x = X.data();
   const double *m = mean.data(), *s = S.data();
@@ -115,7 +174,7 @@ CArray<double> pair_quotients(CArray<T> X, CArray<double> mean, CArray<double> S
   return out;
 }
 
-py::tuple top_eigenvalue_psd(CArray<double> S, double rel_tol) {
+py::tuple top_eigenvalue_psd(CArray<double> S, double rel_tol, bool float32_work) {
   if (S.ndim() != 2 || S.shape(0) != S.shape(1) || S.shape(0) < 1)
     throw std::invalid_argument("S must be a non-empty square matrix");
   const double* s = S.data();
@@ -124,7 +183,7 @@ py::tuple top_eigenvalue_psd(CArray<double> S, double rel_tol) {
   double value;
   {
     py::gil_scoped_release release;
-    value = dihal::top_eigenvalue_psd(s, D, rel_tol, &iterations);
+    value = dihal::top_eigenvalue_psd(s, D, rel_tol, &iterations, float32_work);
   }
   return py::make_tuple(value, iterations);
 }
@@ -192,8 +251,16 @@ PYBIND11_MODULE(_core, m) {
   m.def("covariance_update", &covariance_update<double>, py::arg("X"), py::arg("count"), py::arg("mean"), py::arg("comoment"));
   m.def("covariance", &covariance<float>, py::arg("X"), py::arg("float32_work") = false);
   m.def("covariance", &covariance<double>, py::arg("X"), py::arg("float32_work") = false);
+  m.def("centred_gram", &centred_gram<float>, py::arg("X"), py::arg("float32_work") = false);
+  m.def("centred_gram", &centred_gram<double>, py::arg("X"), py::arg("float32_work") = false);
+  m.def("gram_pair_quotients", &gram_pair_quotients<float>, py::arg("X"), py::arg("G"), py::arg("lam"), py::arg("pi"),
+        py::arg("pj"));
+  m.def("gram_pair_quotients", &gram_pair_quotients<double>, py::arg("X"), py::arg("G"), py::arg("lam"), py::arg("pi"),
+        py::arg("pj"));
   m.def("knn", &knn<float>, py::arg("X"), py::arg("k"), py::arg("symmetric") = true);
   m.def("knn", &knn<double>, py::arg("X"), py::arg("k"), py::arg("symmetric") = true);
+  m.def("knn_from_gram", &knn_from_gram<float>, py::arg("X"), py::arg("G"), py::arg("k"));
+  m.def("knn_from_gram", &knn_from_gram<double>, py::arg("X"), py::arg("G"), py::arg("k"));
   m.def("local_top_eigenvalues", &local_top_eigenvalues<float>, py::arg("X"), py::arg("indices"),
         py::arg("float32_work") = false);
   m.def("local_top_eigenvalues", &local_top_eigenvalues<double>, py::arg("X"), py::arg("indices"),
@@ -202,7 +269,8 @@ PYBIND11_MODULE(_core, m) {
         py::arg("pi"), py::arg("pj"), py::arg("float32_work") = false);
   m.def("pair_quotients", &pair_quotients<double>, py::arg("X"), py::arg("mean"), py::arg("cov"), py::arg("lam"),
         py::arg("pi"), py::arg("pj"), py::arg("float32_work") = false);
-  m.def("top_eigenvalue_psd", &top_eigenvalue_psd, py::arg("S"), py::arg("rel_tol") = 1e-12);
+  m.def("top_eigenvalue_psd", &top_eigenvalue_psd, py::arg("S"), py::arg("rel_tol") = 1e-12,
+        py::arg("float32_work") = false);
   m.def("top_eigenvalue_small", &top_eigenvalue_small, py::arg("A"));
   m.def("max_abs", &max_abs<float>, py::arg("X"));
   m.def("max_abs", &max_abs<double>, py::arg("X"));

@@ -25,6 +25,11 @@ void covariance(const T* X, int64_t n, int64_t D, bool float32_work, double* mea
 template <typename T>
 void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* indices, double* sqdist, bool symmetric = true);
 
+// knn from the centred Gram matrix G (n x n, float64, see centred_gram) instead of new products:
+// candidates from G_ii + G_jj - 2 G_ij, then the same certified float64 re-rank.
+template <typename T>
+void knn_from_gram(const T* X, int64_t n, int64_t D, const double* G, int64_t k, int64_t* indices, double* sqdist);
+
 // For each row i, the top eigenvalue of the covariance (normalised by k + 1) of row i together
 // with its k neighbours idx[i, :], via the (k+1) x (k+1) Gram matrix of the centred points
 // (products in float32 when float32_work, centring and eigenvalue in float64).
@@ -39,10 +44,29 @@ template <typename T>
 void pair_quotients(const T* X, int64_t n, int64_t D, const double* mean, const double* S, double lam,
                     const int64_t* pi, const int64_t* pj, int64_t n_pairs, double* out, bool float32_work);
 
+// In-place Cholesky A = L L^T of a symmetric positive definite D x D row-major matrix (lower triangle
+// read and written), right-looking by 256-wide blocks so that the panel solves and the trailing
+// updates run on the OpenMP threads. Returns LAPACK's info (0, or the failing column + 1).
+int parallel_cholesky(double* A, int64_t D);
+
+// The n x n Gram matrix G = Xc Xc^T (full, float64) of the rows of X centred at their mean, products
+// in float32 when float32_work. For n < D it replaces the D x D covariance: Sigma = Xc^T Xc / n has
+// the trace and the non-zero eigenvalues of G / n.
+template <typename T>
+void centred_gram(const T* X, int64_t n, int64_t D, bool float32_work, double* G);
+
+// Pair quotients of pair_quotients from the Gram matrix G of centred_gram (n < D): with
+// K = G + n lam I = L L^T and u = e_i - e_j, d^T (Sigma + lam I)^-1 d = n (2 - n lam ||L^-1 u||^2),
+// over ||x_i - x_j||^2 computed from X in float64; NaN where x_i == x_j.
+template <typename T>
+void gram_pair_quotients(const T* X, int64_t n, int64_t D, const double* G, double lam, const int64_t* pi,
+                         const int64_t* pj, int64_t n_pairs, double* out);
+
 // Largest eigenvalue of a symmetric positive semi-definite D x D matrix, stored full (Lanczos with full
 // reorthogonalisation and a residual-based convergence test). Returns the number of
-// iterations used through *iterations when non-null.
-double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* iterations);
+// iterations used through *iterations when non-null. float32_work: the matrix-vector products read a
+// float32 copy of S (the Lanczos recurrence stays in float64).
+double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* iterations, bool float32_work = false);
 
 // Largest eigenvalue of a small symmetric m x m matrix (Householder tridiagonalisation and
 // Sturm bisection; A is overwritten).

@@ -1,9 +1,11 @@
 """The float32 path of the proxies (``precision="float32"``) against the float64 reference.
 
-Stated tolerance: relative error <= 1e-4 on every proxy for float32 inputs (the largest error seen
-over random, low-rank and offset inputs is about 2e-6). For float64 inputs the float32 path also
-rounds the input, which on ill-conditioned data costs more (up to ~3e-4 on rank-3 data with 1e-3
-noise); those are checked at 1e-2.
+Stated tolerance for float32 inputs (relative error): 1e-5 for m_curv and k_eff (largest seen over
+random, low-rank and offset inputs: ~1.5e-6), 1e-3 for m_mono (largest seen: 2.4e-4, on nearly
+rank-deficient inputs with n >= D, where the float32 covariance's rounding meets the ridge:
+cond(Sigma + lam I) ~ 1e5; on full-rank inputs ~1e-6; for n < D the Gram route keeps float64
+products and the error is ~1e-11). For float64 inputs the float32 path also rounds the input, which on
+ill-conditioned data costs more (up to ~3e-4 on rank-3 data with 1e-3 noise); those are checked at 1e-2.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 import dihal_fast as df
 from dihal_fast import reference as ref
 
-RTOL_FLOAT32 = 1e-4
+RTOL_FLOAT32 = {"m_curv": 1e-5, "k_eff": 1e-5, "m_mono": 1e-3}
 
 
 def _matrix(kind: str, n: int, D: int, rng: np.random.Generator) -> np.ndarray:
@@ -43,7 +45,7 @@ def test_float32_path_matches_reference_on_float32_inputs(n, D, kind, seed):
     k = min(16, n - 1)
     got = df.geometry_proxies(X, k=k, n_pairs=2000, seed=seed, precision="float32")
     errors = _relative_errors(got, ref.geometry_proxies(X, k=k, n_pairs=2000, seed=seed))
-    assert max(errors.values()) <= RTOL_FLOAT32, errors
+    assert all(errors[name] <= RTOL_FLOAT32[name] for name in errors), errors
 
 
 @pytest.mark.parametrize("kind", ["normal", "low_rank", "offset"])
@@ -84,4 +86,4 @@ def test_estimate_geometry_passes_the_precision():
     exact = estimate_geometry(vectors, [1, 2, 3], repeats=2, sample_size=100)
     assert fast.config["precision"] == "float32" and exact.config["precision"] == "float64"
     for name in ("m_curv", "m_mono", "k_eff"):
-        np.testing.assert_allclose(fast.values[name], exact.values[name], rtol=RTOL_FLOAT32)
+        np.testing.assert_allclose(fast.values[name], exact.values[name], rtol=RTOL_FLOAT32[name])

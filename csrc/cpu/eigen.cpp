@@ -80,7 +80,7 @@ double top_eigenvalue_small(double* A, int m) {
   return 0.5 * (lo + hi);
 }
 
-double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* iterations) {
+double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* iterations, bool float32_work) {
   DIHAL_NVTX_RANGE("dihal/top_eigen");
   if (D == 1) {
     if (iterations) *iterations = 0;
@@ -100,15 +100,30 @@ double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* itera
   norm = std::sqrt(norm);
   for (int64_t i = 0; i < D; ++i) V[size_t(i)] /= norm;
 
+  // w = S v over row blocks on the OpenMP threads (S is stored full); with float32_work the
+  // products read a float32 copy of S (half the memory traffic) and are summed in float32.
+  const std::vector<float> S32 = float32_work ? std::vector<float>(S, S + size_t(D) * size_t(D)) : std::vector<float>();
+  std::vector<float> v32(float32_work ? size_t(D) : 0), w32(v32.size());
+  const auto matvec = [&](const double* v) {
+    if (float32_work) std::copy(v, v + D, v32.begin());
+#pragma omp parallel for schedule(static) if(parallel_worth(double(D) * double(D)))
+    for (int64_t r0 = 0; r0 < D; r0 += 256) {
+      const int rows = int(std::min<int64_t>(256, D - r0));
+      if (float32_work) {
+        scipy_cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, int(D), 1.0f, S32.data() + r0 * D, int(D), v32.data(), 1,
+                          0.0f, w32.data() + r0, 1);
+        std::copy(w32.begin() + r0, w32.begin() + r0 + rows, w.begin() + r0);
+      } else {
+        scipy_cblas_dgemv(CblasRowMajor, CblasNoTrans, rows, int(D), 1.0, S + r0 * D, int(D), v, 1, 0.0, w.data() + r0, 1);
+      }
+    }
+  };
+
   double theta = 0.0;
   int64_t j = 0;
   for (; j < max_iter; ++j) {
     double* v = V.data() + j * D;
-    // w = S v over row blocks on the OpenMP threads (S is stored full).
-#pragma omp parallel for schedule(static) if(parallel_worth(double(D) * double(D)))
-    for (int64_t r0 = 0; r0 < D; r0 += 256)
-      scipy_cblas_dgemv(CblasRowMajor, CblasNoTrans, int(std::min<int64_t>(256, D - r0)), int(D), 1.0, S + r0 * D,
-                        int(D), v, 1, 0.0, w.data() + r0, 1);
+    matvec(v);
     const double a = scipy_cblas_ddot(int(D), w.data(), 1, v, 1);
     alpha.push_back(a);
     // Full reorthogonalisation (twice is enough) against all previous vectors.

@@ -136,37 +136,26 @@ void symmetric_candidates(const kl::Scaled<T>& s, int64_t n, int64_t D, Candidat
   }
 }
 
-}  // namespace
-
-template <typename T>
-void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* out_d2, bool symmetric) {
-  DIHAL_NVTX_RANGE("dihal/knn");
-  const int64_t cap = kl::capacity(n, k);
-  const kl::Scaled<T> s = kl::centre_and_scale<T, T>(X, n, D, parallel_worth(double(n) * double(D)));
-  const double scale2 = s.scale * s.scale;
-  const double rel = kl::rel_bound(D, std::numeric_limits<T>::epsilon() / 2);
-
-  CandidateSets<T> sets(n, cap);
-  const size_t private_bytes = size_t(omp_get_max_threads()) * size_t(n) * size_t(cap) * (sizeof(T) + 8);
-  if (symmetric && private_bytes <= (size_t(512) << 20))
-    symmetric_candidates(s, n, D, sets);
-  else
-    rowwise_candidates(s, n, D, sets);
-
-  // Exact re-rank in float64, certified against the rounding bound; otherwise exact brute force.
+// Exact re-rank in float64 of each row's candidates, certified against the rounding bound
+// (rel x (||x_i||^2 + max_j ||x_j||^2), distances in units of `unit2` times the exact ones);
+// otherwise exact brute force.
+template <typename T, typename DT>
+void rerank(const T* X, int64_t n, int64_t D, int64_t k, CandidateSets<DT>& sets, const DT* norms, double max_norm2,
+            double rel, double unit2, int64_t* out_idx, double* out_d2) {
+  const int64_t cap = sets.cap;
 #pragma omp parallel if(parallel_worth(double(n) * double(cap) * double(D)))
   {
     std::vector<std::pair<double, int64_t>> pairs;
 #pragma omp for schedule(dynamic, 16)
     for (int64_t i = 0; i < n; ++i) {
       const T* xi = X + i * D;
-      const List<T> list = sets.list(i);
+      const List<DT> list = sets.list(i);
       pairs.clear();
       for (int c = 0; c < list.cap && list.idx[c] >= 0; ++c) pairs.emplace_back(exact_sqdist(xi, X + list.idx[c] * D, D), list.idx[c]);
       sort_pairs(pairs, k);
-      const double bound = kl::distance_bound(rel, double(s.norms[i]), s.max_norm2);
+      const double bound = kl::distance_bound(rel, double(norms[i]), max_norm2);
       if (int64_t(pairs.size()) < k ||
-          !kl::certified(cap == n - 1, pairs[size_t(k - 1)].first * scale2, double(list.threshold()), bound)) {
+          !kl::certified(cap == n - 1, pairs[size_t(k - 1)].first * unit2, double(list.threshold()), bound)) {
         pairs.clear();
         for (int64_t j = 0; j < n; ++j)
           if (j != i) pairs.emplace_back(exact_sqdist(xi, X + j * D, D), j);
@@ -180,7 +169,40 @@ void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* 
   }
 }
 
+}  // namespace
+
+template <typename T>
+void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* out_d2, bool symmetric) {
+  DIHAL_NVTX_RANGE("dihal/knn");
+  const int64_t cap = kl::capacity(n, k);
+  const kl::Scaled<T> s = kl::centre_and_scale<T, T>(X, n, D, parallel_worth(double(n) * double(D)));
+  CandidateSets<T> sets(n, cap);
+  const size_t private_bytes = size_t(omp_get_max_threads()) * size_t(n) * size_t(cap) * (sizeof(T) + 8);
+  if (symmetric && private_bytes <= (size_t(512) << 20))
+    symmetric_candidates(s, n, D, sets);
+  else
+    rowwise_candidates(s, n, D, sets);
+  rerank(X, n, D, k, sets, s.norms.data(), s.max_norm2, kl::rel_bound(D, std::numeric_limits<T>::epsilon() / 2),
+         s.scale * s.scale, out_idx, out_d2);
+}
+
+template <typename T>
+void knn_from_gram(const T* X, int64_t n, int64_t D, const double* G, int64_t k, int64_t* out_idx, double* out_d2) {
+  DIHAL_NVTX_RANGE("dihal/knn");
+  const int64_t cap = kl::capacity(n, k);
+  std::vector<double> norms(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) norms[size_t(i)] = G[i * n + i];
+  const double max_norm2 = *std::max_element(norms.begin(), norms.end());
+  CandidateSets<double> sets(n, cap);
+#pragma omp parallel for schedule(static) if(parallel_worth(double(n) * double(n)))
+  for (int64_t i = 0; i < n; ++i) kl::scan_tile(G + i * n, 1, norms[size_t(i)], norms.data(), 0, 0, n, i, sets.list(i));
+  rerank(X, n, D, k, sets, norms.data(), max_norm2, kl::rel_bound(D, std::numeric_limits<double>::epsilon() / 2), 1.0,
+         out_idx, out_d2);
+}
+
 template void knn<float>(const float*, int64_t, int64_t, int64_t, int64_t*, double*, bool);
 template void knn<double>(const double*, int64_t, int64_t, int64_t, int64_t*, double*, bool);
+template void knn_from_gram<float>(const float*, int64_t, int64_t, const double*, int64_t, int64_t*, double*);
+template void knn_from_gram<double>(const double*, int64_t, int64_t, const double*, int64_t, int64_t*, double*);
 
 }  // namespace dihal

@@ -62,7 +62,7 @@ void pair_quotients(const T* X, int64_t n, int64_t D, const double* mean, const 
   std::vector<double> L(size_t(D) * size_t(D));
   for (int64_t a = 0; a < D; ++a)
     for (int64_t b = 0; b < D; ++b) L[size_t(a * D + b)] = S[a * D + b] + (a == b ? lam : 0.0);
-  const int info = scipy_LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', int(D), L.data(), int(D));
+  const int info = parallel_cholesky(L.data(), D);
   if (info != 0)
     throw std::invalid_argument("regularised covariance is not positive definite (LAPACK dpotrf info=" +
                                 std::to_string(info) + ")");

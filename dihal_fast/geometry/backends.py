@@ -12,6 +12,10 @@ Operations (``X`` is a validated matrix as the backend expects it):
   local_top_eigenvalues(X, idx, precision) -> host float64 (n,)
   pair_quotients(X, mean, cov, lam, pi, pj, precision) -> host float64 (n_pairs,), NaN for identical rows
   covariance_update(X, count, mean, comoment) -> count   (upper triangle of comoment, in place)
+Optional, for n < D (the CPU backend): the n x n route of the second moments
+  gram(X) -> G                               centred Gram matrix Xc Xc^T, float64 products (n x n)
+  gram_pair_quotients(X, G, lam, pi, pj) -> as pair_quotients, from G
+  knn_from_gram(X, G, k) -> as knn, candidates from G
 
 ``precision`` is ``"float64"`` (products in float64: the exact path) or ``"float32"`` (products and
 solves in float32, sums, centring, factorisations and eigenvalues in float64; see
@@ -50,7 +54,7 @@ class CpuBackend:
         return float(np.trace(cov))
 
     def top_eigenvalue(self, cov: np.ndarray, precision: str = "float64") -> float:
-        value, _ = self.core.top_eigenvalue_psd(cov, _LANCZOS_TOL[precision])
+        value, _ = self.core.top_eigenvalue_psd(cov, _LANCZOS_TOL[precision], precision == "float32")
         return float(value)
 
     def knn(self, X: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,6 +68,17 @@ class CpuBackend:
 
     def covariance_update(self, X: np.ndarray, count: int, mean: np.ndarray, comoment: np.ndarray) -> int:
         return int(self.core.covariance_update(X, count, mean, comoment))
+
+    def gram(self, X: np.ndarray) -> np.ndarray:
+        # float64 products whatever the precision: the pair quotients from G subtract two terms
+        # (n (2 - n lam |L^-1 u|^2)), which float32 products would not survive.
+        return self.core.centred_gram(X, False)
+
+    def gram_pair_quotients(self, X, G, lam, pi, pj) -> np.ndarray:
+        return self.core.gram_pair_quotients(X, G, lam, pi, pj)
+
+    def knn_from_gram(self, X: np.ndarray, G: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.core.knn_from_gram(X, G, k)
 
 
 class ReferenceBackend:

@@ -1,7 +1,7 @@
 """The public geometry proxies of DESIGN.md, composed from backend operations."""
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -40,38 +40,63 @@ def knn(X: Any, k: int = DEFAULT_K, backend: str = "auto") -> tuple[np.ndarray, 
     return idx, d2 if matrix.source_dtype == "float64" else d2.astype(np.float32)
 
 
-def _covariance(matrix: Matrix, ops: Any, precision: str) -> tuple[Any, Any, float]:
+@dataclass(frozen=True)
+class _Moments:
+    """Second moments of the centred rows: the D x D covariance, or, when ``n < D`` and the backend
+    has the route, the n x n Gram matrix ``G = Xc Xc^T`` (cheaper; ``Sigma`` has the trace and the
+    non-zero eigenvalues of ``G / n``)."""
+
+    mean: Any  # None on the Gram route (differences of rows do not need it)
+    matrix: Any
+    scale: int  # trace and eigenvalues of Sigma are those of matrix / scale
+    trace: float
+
+    @property
+    def gram(self) -> bool:
+        return self.mean is None
+
+
+def _moments(matrix: Matrix, ops: Any, precision: str) -> _Moments:
+    n, D = matrix.shape
     with nvtx_range("covariance"):
-        mean, cov = ops.covariance(matrix.data, precision)
-        trace = ops.trace(cov)
-    if not trace > 0:
-        raise ValueError(f"X has zero variance (all {matrix.shape[0]} rows are identical); the proxies are undefined")
-    return mean, cov, trace
+        if n < D and hasattr(ops, "gram"):
+            G = ops.gram(matrix.data)
+            moments = _Moments(None, G, n, ops.trace(G) / n)
+        else:
+            mean, cov = ops.covariance(matrix.data, precision)
+            moments = _Moments(mean, cov, 1, ops.trace(cov))
+    if not moments.trace > 0:
+        raise ValueError(f"X has zero variance (all {n} rows are identical); the proxies are undefined")
+    return moments
 
 
-def _k_eff(ops: Any, cov: Any, trace: float, precision: str) -> float:
+def _k_eff(ops: Any, moments: _Moments, precision: str) -> float:
     with nvtx_range("top_eigen"):
-        return trace / ops.top_eigenvalue(cov, precision)
+        return moments.trace / (ops.top_eigenvalue(moments.matrix, precision) / moments.scale)
 
 
-def _m_mono(matrix: Matrix, ops: Any, mean: Any, cov: Any, trace: float, ridge: float, n_pairs: int, seed: int,
-            precision: str) -> float:
+def _m_mono(matrix: Matrix, ops: Any, moments: _Moments, ridge: float, n_pairs: int, seed: int, precision: str) -> float:
     n, D = matrix.shape
     pi, pj, counts = draw_pairs(n, n_pairs, seed)
+    lam = ridge * moments.trace / D
     with nvtx_range("pairs"):
-        q = np.asarray(ops.pair_quotients(matrix.data, mean, cov, ridge * trace / D, pi, pj, precision))
+        if moments.gram:
+            q = ops.gram_pair_quotients(matrix.data, moments.matrix, lam, pi, pj)
+        else:
+            q = ops.pair_quotients(matrix.data, moments.mean, moments.matrix, lam, pi, pj, precision)
+    q = np.asarray(q)
     keep = ~np.isnan(q)
     if not keep.any():
         raise ValueError(f"all {n_pairs} sampled pairs are identical rows; m_mono is undefined")
     return weighted_median(q[keep], counts[keep])
 
 
-def _m_curv(matrix: Matrix, ops: Any, trace: float, k: int, precision: str) -> float:
+def _m_curv(matrix: Matrix, ops: Any, moments: _Moments, k: int, precision: str) -> float:
     with nvtx_range("knn"):
-        idx, _ = ops.knn(matrix.data, k)
+        idx, _ = ops.knn_from_gram(matrix.data, moments.matrix, k) if moments.gram else ops.knn(matrix.data, k)
     with nvtx_range("local_eigen"):
         lam = np.asarray(ops.local_top_eigenvalues(matrix.data, idx, precision))
-    eps = 1e-12 * trace / matrix.shape[1]
+    eps = 1e-12 * moments.trace / matrix.shape[1]
     return float(np.median(1.0 / np.maximum(lam, eps)))
 
 
@@ -79,8 +104,7 @@ def effective_rank(X: Any, backend: str = "auto", precision: str = DEFAULT_PRECI
     """``k_eff = tr(Sigma) / lambda_max(Sigma)`` of the population covariance of ``X`` (``precision``: see
     :func:`geometry_proxies`)."""
     matrix, ops = _prepare(X, backend, precision=precision)
-    _, cov, trace = _covariance(matrix, ops, precision)
-    return _k_eff(ops, cov, trace, precision)
+    return _k_eff(ops, _moments(matrix, ops, precision), precision)
 
 
 def monotonicity_proxy(
@@ -101,8 +125,7 @@ def monotonicity_proxy(
     ridge = check_positive(ridge, "ridge")
     n_pairs = check_positive(n_pairs, "n_pairs", integer=True)
     matrix, ops = _prepare(X, backend, precision=precision)
-    mean, cov, trace = _covariance(matrix, ops, precision)
-    return _m_mono(matrix, ops, mean, cov, trace, ridge, n_pairs, int(seed), precision)
+    return _m_mono(matrix, ops, _moments(matrix, ops, precision), ridge, n_pairs, int(seed), precision)
 
 
 def curvature_proxy(X: Any, k: int = DEFAULT_K, backend: str = "auto", precision: str = DEFAULT_PRECISION) -> float:
@@ -110,8 +133,7 @@ def curvature_proxy(X: Any, k: int = DEFAULT_K, backend: str = "auto", precision
     :func:`geometry_proxies`)."""
     matrix, ops = _prepare(X, backend, precision=precision)
     k = check_k(k, matrix.shape[0])
-    _, _, trace = _covariance(matrix, ops, precision)
-    return _m_curv(matrix, ops, trace, k, precision)
+    return _m_curv(matrix, ops, _moments(matrix, ops, precision), k, precision)
 
 
 def geometry_proxies(
@@ -137,11 +159,11 @@ def geometry_proxies(
     n_pairs = check_positive(n_pairs, "n_pairs", integer=True)
     matrix, ops = _prepare(X, backend, precision=precision)
     k = check_k(k, matrix.shape[0])
-    mean, cov, trace = _covariance(matrix, ops, precision)
+    moments = _moments(matrix, ops, precision)
     return {
-        "m_curv": _m_curv(matrix, ops, trace, k, precision),
-        "m_mono": _m_mono(matrix, ops, mean, cov, trace, ridge, n_pairs, int(seed), precision),
-        "k_eff": _k_eff(ops, cov, trace, precision),
+        "m_curv": _m_curv(matrix, ops, moments, k, precision),
+        "m_mono": _m_mono(matrix, ops, moments, ridge, n_pairs, int(seed), precision),
+        "k_eff": _k_eff(ops, moments, precision),
     }
 
 
