@@ -99,40 +99,37 @@ CArray<double> gram_pair_quotients(CArray<T> X, CArray<double> G, double lam, CA
   return out;
 }
 
-template <typename T>
-py::tuple knn(CArray<T> X, int64_t k, bool symmetric) {
-  require_matrix(X, "X");
-  const int64_t n = X.shape(0), D = X.shape(1);
+// (indices n x k, squared distances n x k) filled by search(indices, sqdist) without the GIL.
+template <typename Search>
+py::tuple neighbours(int64_t n, int64_t k, Search&& search) {
   if (k < 1 || k >= n) throw std::invalid_argument("k must satisfy 1 <= k < n");
   CArray<int64_t> idx({n, k});
   CArray<double> d2({n, k});
-  const T* x = X.data();
   int64_t* pi = idx.mutable_data();
   double* pd = d2.mutable_data();
   {
     py::gil_scoped_release release;
-    dihal::knn<T>(x, n, D, k, pi, pd, symmetric);
+    search(pi, pd);
   }
   return py::make_tuple(idx, d2);
+}
+
+template <typename T>
+py::tuple knn(CArray<T> X, int64_t k, bool symmetric) {
+  require_matrix(X, "X");
+  const int64_t n = X.shape(0), D = X.shape(1);
+  const T* x = X.data();
+  return neighbours(n, k, [&](int64_t* pi, double* pd) { dihal::knn<T>(x, n, D, k, pi, pd, symmetric); });
 }
 
 template <typename T>
 py::tuple knn_from_gram(CArray<T> X, CArray<double> G, int64_t k) {
   require_matrix(X, "X");
   const int64_t n = X.shape(0), D = X.shape(1);
-  if (k < 1 || k >= n) throw std::invalid_argument("k must satisfy 1 <= k < n");
   if (G.ndim() != 2 || G.shape(0) != n || G.shape(1) != n) throw std::invalid_argument("G must be n x n");
-  CArray<int64_t> idx({n, k});
-  CArray<double> d2({n, k});
   const T* x = X.data();
   const double* g = G.data();
-  int64_t* pi = idx.mutable_data();
-  double* pd = d2.mutable_data();
-  {
-    py::gil_scoped_release release;
-    dihal::knn_from_gram<T>(x, n, D, g, k, pi, pd);
-  }
-  return py::make_tuple(idx, d2);
+  return neighbours(n, k, [&](int64_t* pi, double* pd) { dihal::knn_from_gram<T>(x, n, D, g, k, pi, pd); });
 }
 
 template <typename T>
