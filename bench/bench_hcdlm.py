@@ -55,9 +55,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--blocks", default="1,6,1", help="HC-DLM encoder,denoiser,predictor blocks (the solving is the denoiser's)")
     p.add_argument("--sudoku-box", default="2x3", help="Sudoku box shape")
     p.add_argument("--sudoku-pool", type=int, default=3000, help="generated training puzzles (singles grade)")
-    p.add_argument("--eval-n", type=int, default=200, help="problems per evaluation split")
+    p.add_argument("--eval-n", type=int, default=300, help="test problems per group (fresh puzzles / real file)")
+    p.add_argument("--val-n", type=int, default=150, help="validation problems per group, used only to pick sampler settings")
+    p.add_argument("--seeds", default="0", help="comma-separated training seeds per model (tables show mean +- std)")
     p.add_argument("--steps-list", default="5,10,25,50", help="sampling steps for the accuracy-vs-steps curve")
-    p.add_argument("--cfg-weight", type=float, default=2.75, help="extra HC-DLM evaluation with this guidance weight")
+    p.add_argument("--cfg-weight", type=float, default=2.75, help="guidance weight among HC-DLM's validation candidates (0 = never)")
     p.add_argument("--text-len", type=int, default=64, help="text: tokens per sample")
     p.add_argument("--text-latents", type=int, default=4, help="text: HC-DLM latent vectors M")
     p.add_argument("--text-samples", type=int, default=64, help="text: samples scored for Gen PPL")
@@ -68,7 +70,7 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def run_config(task: str, model: str, args: argparse.Namespace) -> RunConfig:
+def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -> RunConfig:
     latents = 1
     if task == "sudoku":
         task_cfg = TaskConfig("sudoku", sudoku_box=args.sudoku_box, sudoku_pool=args.sudoku_pool)
@@ -85,25 +87,48 @@ def run_config(task: str, model: str, args: argparse.Namespace) -> RunConfig:
     model_cfg = ModelConfig(kind=kind, kernel=kernel, hidden=args.hidden, heads=4, latents=latents, encoder_blocks=encoder,
                             denoiser_blocks=denoiser, predictor_blocks=predictor)
     return RunConfig(task=task_cfg, model=model_cfg,
-                     train=TrainConfig(steps=10**7, batch_size=args.batch_size, lr=args.lr, max_minutes=args.minutes,
+                     train=TrainConfig(steps=10**7, batch_size=args.batch_size, lr=args.lr, max_minutes=args.minutes, seed=seed,
                                        budget_clock=args.clock, threads=args.threads, checkpoint_every=200, log_every=50,
                                        device=args.device))
 
 
-def eval_examples(task: str, run, args: argparse.Namespace) -> list:
+def eval_examples(task: str, run, args: argparse.Namespace, split: str = "test") -> list:
+    """Test or validation problems: disjoint generator seeds for fresh Sudoku, disjoint slices of the real files."""
+    count = args.eval_n if split == "test" else args.val_n
     if task == "sudoku":
-        examples = generated_sudoku(run.task, "easy", args.eval_n, seed=123) + generated_sudoku(run.task, "hard", args.eval_n, seed=123)
+        seed = 123 if split == "test" else 7
+        examples = generated_sudoku(run.task, "easy", count, seed=seed) + generated_sudoku(run.task, "hard", count, seed=seed)
         kaggle = SHARED / "sudoku_kaggle3m_curated5000.csv"
         if run.task.geo.n == 9 and kaggle.is_file():  # the real puzzles, one group per rated level
             by_level: dict[str, list] = {}
             for ex in examples_from_file(run.task, kaggle):
                 by_level.setdefault(ex.group, []).append(ex)
-            examples += [ex for group in by_level.values() for ex in group[: args.eval_n]]
+            window = slice(0, count) if split == "test" else slice(args.eval_n, args.eval_n + count)
+            examples += [ex for group in by_level.values() for ex in group[window]]
         return examples
     examples = examples_from_file(run.task, SHARED / "countdown.jsonl")
-    cd3 = [e for e in examples if e.group == "cd3"][: args.eval_n]
-    cd4 = [e for e in examples if e.group == "cd4"][: args.eval_n]
-    return cd3 + cd4
+    window = slice(0, count) if split == "test" else slice(args.eval_n, args.eval_n + count)
+    return [e for g in ("cd3", "cd4") for e in [x for x in examples if x.group == g][window]]
+
+
+def sampler_candidates(model: str, args: argparse.Namespace) -> list[dict]:
+    """Sampler settings tried on the validation split (never on the test problems)."""
+    if model == "mdm":
+        return [{"order": "margin"}, {"order": "prob"}]
+    if model == "ar":
+        return [{}]
+    weights = [0.0] + ([args.cfg_weight] if args.cfg_weight and model != "latent" else [])
+    return [{"cfg_weight": w, "clamp": c} for w in weights for c in (False, True)]
+
+
+def pick_sampler(run, model: str, val: list, base: SampleConfig, args: argparse.Namespace) -> tuple[dict, list[dict]]:
+    """The candidate with the best validation accuracy (ties: the first), and every candidate's score."""
+    tried = []
+    for option in sampler_candidates(model, args):
+        result = evaluate_examples(run, val, replace(base, **option), show=0)
+        tried.append({**option, "val_accuracy": result["accuracy"]})
+    best = max(range(len(tried)), key=lambda i: (tried[i]["val_accuracy"], -i))
+    return sampler_candidates(model, args)[best], tried
 
 
 def sampling_seconds(runs: dict, examples: list, steps_list: list[int], batch: int = 64, rounds: int = 3) -> dict:
@@ -170,28 +195,29 @@ def pooled(row: dict, key: str) -> float:
 
 
 def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
+    """Train every model x seed, pick its sampler on validation, score the test split with it."""
     steps_list = [int(s) for s in args.steps_list.split(",")]
-    main_steps = max(steps_list)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    base = SampleConfig(steps=max(steps_list), batch_size=200)
     results, examples = {}, []
     for model in models:
-        run_dir = args.out / task / model
-        summary = train(run_dir, run_config(task, model, args))
-        run = load_run(run_dir, device=args.device)
-        examples = eval_examples(task, run, args)
-        base = SampleConfig(steps=main_steps, batch_size=200)
-        curve = accuracy_vs_steps(run, examples, steps_list, base)
-        entry = {"train": summary, "curve": curve, "groups": curve[-1]["groups"], "accuracy": curve[-1]["accuracy"]}
-        if model == "mdm":
-            entry["groups_prob_order"] = evaluate_examples(run, examples, replace(base, order="prob"), show=0)["groups"]
-        if model.startswith("hcdlm") and args.cfg_weight:
-            entry["groups_cfg"] = evaluate_examples(run, examples, replace(base, cfg_weight=args.cfg_weight), show=0)["groups"]
-        results[model] = entry
-        logging.info("%s/%s: %s", task, model, {g: round(v["accuracy"], 4) for g, v in entry["groups"].items()})
+        runs = []
+        for seed in seeds:
+            run_dir = args.out / task / (model if seed == 0 else f"{model}-seed{seed}")
+            summary = train(run_dir, run_config(task, model, args, seed))
+            run = load_run(run_dir, device=args.device)
+            examples, val = eval_examples(task, run, args), eval_examples(task, run, args, "validation")
+            chosen, tried = pick_sampler(run, model, val, base, args)
+            curve = accuracy_vs_steps(run, examples, steps_list, replace(base, **chosen))
+            runs.append({"seed": seed, "train": summary, "sampler": tried, "chosen": chosen,
+                         "curve": curve, "groups": curve[-1]["groups"], "accuracy": curve[-1]["accuracy"]})
+            logging.info("%s/%s seed %d: %s", task, model, seed, {g: round(v["accuracy"], 4) for g, v in runs[-1]["groups"].items()})
+        results[model] = {"runs": runs, "train": runs[0]["train"], "curve": runs[0]["curve"], "groups": runs[0]["groups"]}
     timing = {}
     if "hcdlm" in results and "mdm" in results:
         timing = sampling_seconds({m: load_run(args.out / task / m, device=args.device) for m in ("hcdlm", "mdm")}, examples, steps_list)
     plot = plot_accuracy_vs_steps({LABELS[m]: r["curve"] for m, r in results.items()}, args.out / f"{task}_accuracy_vs_steps.png",
-                                  f"{task}: accuracy vs sampling steps")
+                                  f"{task}: accuracy vs sampling steps (seed 0)")
     key = "blank_cells" if task == "sudoku" else "true_steps"
     plot_accuracy_vs_steps({LABELS[m]: [{"steps": c["steps"], "accuracy": pooled(c, key)} for c in r["curve"]] for m, r in results.items()},
                            args.out / f"{task}_{key}_vs_steps.png", f"{task}: {key.replace('_', ' ')} vs sampling steps",
@@ -200,36 +226,43 @@ def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
     return {"results": results, "plot": str(plot), "steps_list": steps_list, "timing": timing}
 
 
+def mean_std(values: list[float]) -> str:
+    """``"m"`` for one value, ``"m +- sd"`` (population sd) for several; percentages."""
+    values = [100 * v for v in values]
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.1f}"
+    return f"{mean:.1f} ± {(sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5:.1f}"
+
+
 def render(task: str, out: dict, args: argparse.Namespace) -> str:
     results, steps_list = out["results"], out["steps_list"]
     groups = list(next(iter(results.values()))["groups"])  # easy/hard (+ Kaggle levels for 9x9) or cd3/cd4
     extras = [("blank_cells", "blank cells")] if task == "sudoku" else [("loose", "loose"), ("true_steps", "true steps")]
-    header = ["model", "params", "train steps", f"train {args.clock} s"] + [f"{g} acc %" for g in groups]
-    header += [f"{g} {label} %" for key, label in extras for g in groups]
-
-    def cells(scores: dict) -> list:
-        return [round(100 * scores[g]["accuracy"], 1) for g in groups] + [round(100 * scores[g][key], 1) for key, _ in extras for g in groups]
-
+    header = ["model", "seeds", "params", "train steps", f"train {args.clock} s", "sampler (chosen on validation)"]
+    header += [f"{g} acc %" for g in groups] + [f"{g} {label} %" for key, label in extras for g in groups]
     rows = []
     for model, r in results.items():
-        rows.append([LABELS[model], r["train"]["parameters"], r["train"]["step"], round(r["train"]["elapsed_s"])] + cells(r["groups"]))
-        for key, label in (("groups_prob_order", "MDM top-prob order"), ("groups_cfg", f"{LABELS[model]}, CFG w={args.cfg_weight}")):
-            if key in r:
-                rows.append([label, "", "", ""] + cells(r[key]))
+        runs = r["runs"]
+        chosen = "; ".join(sorted({", ".join(f"{k}={v}" for k, v in run["chosen"].items()) or "left to right" for run in runs}))
+        cells = [mean_std([run["groups"][g]["accuracy"] for run in runs]) for g in groups]
+        cells += [mean_std([run["groups"][g][key] for run in runs]) for key, _ in extras for g in groups]
+        rows.append([LABELS[model], len(runs), r["train"]["parameters"], round(sum(run["train"]["step"] for run in runs) / len(runs)),
+                     round(r["train"]["elapsed_s"]), chosen] + cells)
     text = table(header, rows)
     partial_key, partial_label = extras[-1]
     curve_rows = [[LABELS[m]] + [f"{100 * c['accuracy']:.1f} / {100 * pooled(c, partial_key):.1f}" for c in r["curve"]] for m, r in results.items()]
-    text += f"\n\nAccuracy / {partial_label} (%, all groups) vs sampling steps (AR decodes left to right; its row repeats):\n\n"
+    text += f"\n\nAccuracy / {partial_label} (%, all groups, seed 0, chosen sampler) vs sampling steps (AR decodes left to right; its row repeats):\n\n"
     text += table(["model"] + [str(s) for s in steps_list], curve_rows)
     if out["timing"]:
         t_h, t_m = out["timing"]["hcdlm"], out["timing"]["mdm"]
         kind = "wall-clock seconds on " + args.device if args.device.startswith("cuda") else "process CPU seconds on one thread"
-        text += f"\n\nSampling time per batch of 64, {kind} (median of 3 interleaved rounds):\n\n"
+        text += f"\n\nSampling time per batch of 64, {kind} (median of 3 interleaved rounds, no guidance or clamping):\n\n"
         text += table(["steps", "HC-DLM s", "MDM s", "HC-DLM / MDM"], [[s, round(t_h[s], 3), round(t_m[s], 3), round(t_h[s] / t_m[s], 2)] for s in steps_list])
         text += "\n\nMDM skips steps that reveal no token, so beyond L steps (L = target tokens) its cost stops growing."
-    text += f"\n\nMain accuracies at {max(steps_list)} steps, argmax tokens, EMA weights, MDM top-margin order, HC-DLM M=1 " \
-            f"(blocks encoder,denoiser,predictor = {args.blocks}; confidence re-masking for the absorbing kernel) without guidance " \
-            f"unless noted; plot: `{out['plot']}`."
+    text += f"\n\nTest: {args.eval_n} problems per group; sampler settings picked per run on {args.val_n} separate validation problems " \
+            f"per group. Main accuracies at {max(steps_list)} steps, argmax tokens, EMA weights, HC-DLM M=1 (blocks " \
+            f"encoder,denoiser,predictor = {args.blocks}; confidence re-masking for the absorbing kernel); plot: `{out['plot']}`."
     return text
 
 

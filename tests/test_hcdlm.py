@@ -119,6 +119,16 @@ def test_confidence_remasking_masks_least_confident():
     assert torch.equal(out[out != 4], tokens[out != 4])
 
 
+def test_uniform_confidence_renoise_touches_only_least_confident():
+    kernel = UniformKernel(1000)  # large vocabulary: a redrawn token almost never equals the old one
+    tokens = torch.arange(10)[None].repeat(3, 1)
+    confidence = torch.rand(3, 10, generator=torch.Generator().manual_seed(1))
+    out = kernel.renoise(tokens, 0.3, confidence, torch.Generator().manual_seed(0), mode="confidence")
+    lowest = confidence.argsort(dim=1)[:, :3]
+    expected = torch.zeros(3, 10, dtype=torch.bool).scatter(1, lowest, True)
+    assert torch.equal(out != tokens, expected)
+
+
 def test_flow_noise_and_euler_step():
     x0, eps = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
     s = torch.tensor([0.0, 0.5, 1.0])

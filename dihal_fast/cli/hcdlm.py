@@ -67,12 +67,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
-    from dihal_fast.hcdlm.config import SampleConfig
+    from dihal_fast.hcdlm.config import REMASKS, SampleConfig
 
     s = SampleConfig()
     p.add_argument("--steps", type=int, default=s.steps, help="sampling steps (diffusion models)")
     p.add_argument("--cfg-weight", type=float, default=s.cfg_weight, help="classifier-free guidance weight on the scaffold (0 = off; paper 2.75)")
-    p.add_argument("--remask", choices=["confidence", "random"], default=s.remask, help="absorbing kernel: which scaffold tokens are re-masked")
+    p.add_argument("--remask", choices=REMASKS, default=s.remask, help="HC-DLM: which scaffold tokens are re-noised each step: random (each with prob. s), confidence (the least confident), auto (the paper's: random for the uniform kernel, confidence for absorbing)")
     p.add_argument("--order", choices=["prob", "margin"], default=s.order, help="MDM unmasking order: top-probability or top-probability margin")
     p.add_argument("--clamp", action="store_true", help="HC-DLM: replace x_hat_0 at every step by the encoder mean of its argmax tokens (not in the paper)")
     p.add_argument("--temperature", type=float, default=None, help="token sampling temperature, float64; when omitted 0 (argmax) for puzzles and 1 for text")

@@ -10,6 +10,7 @@ from dihal_fast.tasks.registry import TaskConfig
 
 MODEL_KINDS = ("hcdlm", "latent", "mdm", "ar")
 KERNELS = ("uniform", "absorbing")
+REMASKS = ("auto", "random", "confidence")
 
 
 @dataclass
@@ -117,7 +118,9 @@ class SampleConfig:
 
     steps: int = 50
     cfg_weight: float = 0.0  # 0 = no guidance; the paper samples with 2.75
-    remask: str = "confidence"  # absorbing kernel: "confidence" or "random"
+    # Which scaffold tokens are re-noised each step: "random" (each with prob. s), "confidence" (the
+    # round(s L) least confident), or "auto" = the paper's rule (uniform: random; absorbing: confidence).
+    remask: str = "auto"
     order: str = "margin"  # MDM unmasking order: "prob" (top-probability) or "margin"
     temperature: float = 0.0  # 0 = argmax tokens (puzzles); 1 = sample (text), always in float64
     batch_size: int = 128
@@ -127,8 +130,8 @@ class SampleConfig:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"sampling steps must be >= 1, got {self.steps}")
-        if self.remask not in ("confidence", "random"):
-            raise ValueError(f"remask must be 'confidence' or 'random', got {self.remask!r}")
+        if self.remask not in REMASKS:
+            raise ValueError(f"remask must be one of {REMASKS}, got {self.remask!r}")
         if self.order not in ("prob", "margin"):
             raise ValueError(f"MDM order must be 'prob' or 'margin', got {self.order!r}")
 

@@ -59,6 +59,20 @@ class _TokenKernel:
         hit = _uniform64(tuple(tokens.shape), generator, tokens.device) < _level(s, tokens)
         return self._replace(tokens, hit, generator), hit
 
+    paper_remask = "random"  # the paper's sampler re-noises the uniform scaffold at every position in parallel
+
+    def renoise(self, tokens: torch.Tensor, s: float, confidence: torch.Tensor | None = None,
+                generator: torch.Generator | None = None, mode: str = "auto") -> torch.Tensor:
+        """Re-noise predicted clean tokens to level ``s``: every position independently (``"random"``: the
+        paper's uniform sampler), or exactly the ``round(s L)`` least confident positions of each row
+        (``"confidence"``: the paper's re-masking for the absorbing kernel; with the uniform kernel, ours);
+        ``"auto"`` = the paper's rule for this kernel (``paper_remask``).
+        """
+        mode = self.paper_remask if mode == "auto" else mode
+        if mode == "random" or confidence is None:
+            return self.corrupt(tokens, s, generator)
+        return self._replace(tokens, least_confident(confidence, s), generator)
+
 
 class UniformKernel(_TokenKernel):
     """Replace each token, with probability ``s``, by a token drawn uniformly from the vocabulary."""
@@ -74,14 +88,11 @@ class UniformKernel(_TokenKernel):
         """``Q[i, j] = q(k_s = j | k_0 = i)`` in float64: ``(1 - s) I + s / V``."""
         return (1 - s) * torch.eye(self.vocab, dtype=torch.float64) + s / self.vocab
 
-    def renoise(self, tokens: torch.Tensor, s: float, confidence: torch.Tensor | None = None,
-                generator: torch.Generator | None = None, mode: str = "random") -> torch.Tensor:
-        """Re-noise predicted clean tokens to level ``s`` (all positions in parallel)."""
-        return self.corrupt(tokens, s, generator)
-
 
 class AbsorbingKernel(_TokenKernel):
     """Replace each token, with probability ``s``, by [MASK] (id ``vocab``)."""
+
+    paper_remask = "confidence"
 
     @property
     def mask_id(self) -> int:
@@ -102,16 +113,14 @@ class AbsorbingKernel(_TokenKernel):
         q[self.mask_id, self.mask_id] = 1.0
         return q
 
-    def renoise(self, tokens: torch.Tensor, s: float, confidence: torch.Tensor | None = None,
-                generator: torch.Generator | None = None, mode: str = "confidence") -> torch.Tensor:
-        """Mask ``round(s L)`` tokens per row: the least confident ones (``mode="confidence"``) or random ones."""
-        if mode == "random" or confidence is None:
-            return self.corrupt(tokens, s, generator)
-        n_mask = int(round(s * tokens.shape[1]))
-        if n_mask == 0:
-            return tokens
-        lowest = confidence.to(torch.float64).topk(n_mask, dim=1, largest=False).indices
-        return tokens.scatter(1, lowest, self.mask_id)
+
+def least_confident(confidence: torch.Tensor, s: float) -> torch.Tensor:
+    """Boolean ``[B, L]``: the ``round(s L)`` positions of each row with the lowest ``confidence``."""
+    n_hit = int(round(s * confidence.shape[1]))
+    hit = torch.zeros(confidence.shape, dtype=torch.bool, device=confidence.device)
+    if n_hit:
+        hit.scatter_(1, confidence.to(torch.float64).topk(n_hit, dim=1, largest=False).indices, True)
+    return hit
 
 
 def noisy_token_probs(clean_probs: torch.Tensor, kernel: UniformKernel | AbsorbingKernel, s: float) -> torch.Tensor:
