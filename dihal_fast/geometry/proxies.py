@@ -16,6 +16,7 @@ DEFAULT_RIDGE = 1e-3
 DEFAULT_PAIRS = 10000
 DEFAULT_PRECISION = "float64"
 
+
 def _prepare(X: Any, backend: str, min_rows: int = 2, precision: str = DEFAULT_PRECISION) -> tuple[Matrix, Any]:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
