@@ -1,10 +1,7 @@
 // The n < D route of the proxies: second moments from the n x n Gram matrix of the centred rows
 // instead of the D x D covariance (n^2 D instead of 2 n D^2 flops for the products, an n x n
 // instead of a D x D factorisation), and the pair quotients from its regularised inverse factor.
-#include <omp.h>
-
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <string>

@@ -1,9 +1,6 @@
 // Local curvature kernel: for each row, the top eigenvalue of the covariance of its k-NN
 // neighbourhood (the row and its k neighbours, centred at their mean, normalised by k + 1),
 // computed from the (k+1) x (k+1) Gram matrix, never from a D x D matrix.
-#include <omp.h>
-
-#include <algorithm>
 #include <cstddef>
 #include <vector>
 
