@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import report, table  # noqa: E402
 
 from dihal_fast.common import atomic_write_json  # noqa: E402
-from dihal_fast.hcdlm.config import ModelConfig, RunConfig, SampleConfig, TrainConfig  # noqa: E402
+from dihal_fast.hcdlm.config import ModelConfig, ObjectiveConfig, RunConfig, SampleConfig, TrainConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file, generated_sudoku, text_windows  # noqa: E402
 from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run  # noqa: E402
 from dihal_fast.hcdlm.plots import plot_accuracy_vs_steps  # noqa: E402
@@ -38,8 +38,11 @@ from dihal_fast.hcdlm.trainer import train  # noqa: E402
 from dihal_fast.tasks.registry import TaskConfig  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-LABELS = {"hcdlm": "HC-DLM", "hcdlm_absorbing": "HC-DLM (absorbing)", "mdm": "MDM", "latent": "Latent DM", "ar": "AR"}
-VARIANTS = {"hcdlm_absorbing": ("hcdlm", "absorbing")}  # bench name -> (model kind, scaffold kernel)
+LABELS = {"hcdlm": "HC-DLM", "hcdlm_absorbing": "HC-DLM (absorbing)", "hcdlm_paper": "HC-DLM (paper objective)",
+          "hcdlm_absorbing_paper": "HC-DLM (absorbing, paper objective)", "mdm": "MDM", "latent": "Latent DM", "ar": "AR"}
+# bench name -> (model kind, scaffold kernel, objective overrides); "paper objective" = without our exposure share
+VARIANTS = {"hcdlm_absorbing": ("hcdlm", "absorbing", {}), "hcdlm_paper": ("hcdlm", "uniform", {"exposure_share": 0.0}),
+            "hcdlm_absorbing_paper": ("hcdlm", "absorbing", {"exposure_share": 0.0})}
 
 
 def parse_args() -> argparse.Namespace:
@@ -67,6 +70,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (on a GPU use --clock wall: CPU time misses GPU work)")
     p.add_argument("--out", type=Path, default=Path("runs/bench_hcdlm"), help="run directories and results.json")
     p.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    p.add_argument("--train-only", action="store_true",
+                   help="train (or resume) the runs and stop: start one process per model to share the cores, then rerun without it to evaluate")
     return p.parse_args()
 
 
@@ -82,11 +87,11 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
         task_cfg = TaskConfig("text", text_files=[str(SHARED / "text" / "tinystories.train.txt")], text_len=args.text_len,
                               text_max_chars=400_000, tokenizer_dir=str(default_model_dir()))
         latents = args.text_latents
-    kind, kernel = VARIANTS.get(model, (model, "uniform"))
+    kind, kernel, objective = VARIANTS.get(model, (model, "uniform", {}))
     encoder, denoiser, predictor = (int(b) for b in args.blocks.split(","))
     model_cfg = ModelConfig(kind=kind, kernel=kernel, hidden=args.hidden, heads=4, latents=latents, encoder_blocks=encoder,
                             denoiser_blocks=denoiser, predictor_blocks=predictor)
-    return RunConfig(task=task_cfg, model=model_cfg,
+    return RunConfig(task=task_cfg, model=model_cfg, objective=ObjectiveConfig(**objective),
                      train=TrainConfig(steps=10**7, batch_size=args.batch_size, lr=args.lr, max_minutes=args.minutes, seed=seed,
                                        budget_clock=args.clock, threads=args.threads, checkpoint_every=200, log_every=50,
                                        device=args.device))
@@ -109,6 +114,11 @@ def eval_examples(task: str, run, args: argparse.Namespace, split: str = "test")
     examples = examples_from_file(run.task, SHARED / "countdown.jsonl")
     window = slice(0, count) if split == "test" else slice(args.eval_n, args.eval_n + count)
     return [e for g in ("cd3", "cd4") for e in [x for x in examples if x.group == g][window]]
+
+
+def run_name(model: str, seed: int) -> str:
+    """Run directory name of a model and training seed (seed 0 keeps the plain name of earlier results)."""
+    return model if seed == 0 else f"{model}-seed{seed}"
 
 
 def sampler_candidates(model: str, args: argparse.Namespace) -> list[dict]:
@@ -203,7 +213,7 @@ def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
     for model in models:
         runs = []
         for seed in seeds:
-            run_dir = args.out / task / (model if seed == 0 else f"{model}-seed{seed}")
+            run_dir = args.out / task / run_name(model, seed)
             summary = train(run_dir, run_config(task, model, args, seed))
             run = load_run(run_dir, device=args.device)
             examples, val = eval_examples(task, run, args), eval_examples(task, run, args, "validation")
@@ -273,6 +283,12 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(args.threads)
     models = [m for m in args.models.split(",") if m]
+    if args.train_only:
+        for task in [t for t in args.tasks.split(",") if t]:
+            for model in models:
+                for seed in (int(s) for s in args.seeds.split(",")):
+                    train(args.out / task / run_name(model, seed), run_config(task, model, args, seed))
+        return 0
     for task in [t for t in args.tasks.split(",") if t]:
         if task == "text":
             out = bench_text(models, args)

@@ -99,7 +99,8 @@ def test_cli_sudoku_models_and_bad_puzzles(tmp_path, model, capsys):
 @pytest.mark.parametrize("model", ["hcdlm", "latent", "mdm", "ar"])
 def test_cli_sudoku_eval_on_real_csv(tmp_path, model, shared_data):
     run = tmp_path / "s9"
-    assert main(["hcdlm", "train", "--task", "sudoku", "--model", model, "--sudoku-pool", "3", "--out", str(run), "--steps", "1", *TINY]) == 0
+    assert main(["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "3x3", "--model", model, "--sudoku-pool", "3", "--out", str(run),
+                 "--steps", "1", *TINY]) == 0
     out = tmp_path / "eval.json"
     assert main(["hcdlm", "eval", str(run), "--data", str(shared_data / "sudoku_kaggle3m_curated5000.csv"), "--out", str(out),
                  "--limit", "4", "--steps", "2", "--steps-sweep", ""]) == 0

@@ -108,6 +108,9 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
         if scaffold is not None:
             scaffold = scaffold.index_put((own,), k_own)
             hit = hit.index_put((own,), k_own != target[own])
+    if cfg.latent_drop:
+        blind = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.latent_drop
+        x_t = torch.where(blind[:, None, None], eps, x_t)
     if scaffold is not None:
         drop = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.scaffold_drop
         scaffold = torch.where(drop[:, None], kernel.random_tokens(tuple(target.shape), generator, device), scaffold)
