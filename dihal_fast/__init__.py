@@ -10,9 +10,12 @@ The fast geometry proxies (stable public API, see DESIGN.md)::
 Pipeline stages live in sub-packages (collect, select, bridge, hybrid, train, evaluate, hcdlm,
 tasks) and behind the ``dihal`` command line.
 """
-from dihal_fast._native import BackendUnavailable, build_info
-from dihal_fast._version import __version__
-from dihal_fast.geometry import (
+from dihal_fast.cpu_threads import configure_openmp
+
+configure_openmp()  # before torch or the compiled core loads libgomp; see dihal_fast.cpu_threads
+from dihal_fast._native import BackendUnavailable, build_info  # noqa: E402
+from dihal_fast._version import __version__  # noqa: E402
+from dihal_fast.geometry import (  # noqa: E402
     StreamingCovariance,
     curvature_proxy,
     effective_rank,

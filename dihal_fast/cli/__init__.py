@@ -12,6 +12,7 @@ import logging
 import sys
 
 from dihal_fast._version import __version__
+from dihal_fast.cpu_threads import govern_threads
 
 # Sub-command modules, in the order they appear in --help.
 COMMANDS = ["info", "backbone", "generate", "locate", "replace", "hcdlm", "evaluate", "sweep", "demo"]
@@ -39,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     from dihal_fast.common.progress import quiet_library_bars
 
     quiet_library_bars()
+    threads = govern_threads()  # measures the other processes' load while the command loads
     parser = build_parser()
     args = parser.parse_args(argv)
+    threads.poll()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

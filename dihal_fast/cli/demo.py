@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="corpus-tail blocks for NLL/PPL/KL (at most --val-blocks, so never trained on)")
     parser.add_argument("--seed", type=int, default=d.seed, help="random seed")
     parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads (0 = torch's default; 1 is much faster on a machine shared with other jobs)")
+                        help="torch CPU threads (0 = the cores other processes leave free, re-checked while it runs)")
     parser.set_defaults(func=run)
 
 

@@ -25,6 +25,7 @@ from dihal_fast.bridge.samplers import DDIM
 from dihal_fast.bridge.schedules import CosineSchedule, Prediction
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.progress import progress_bar
+from dihal_fast.cpu_threads import poll_threads
 from dihal_fast.evaluate.generation import Generation
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,7 @@ def train_diffusion_lm(
     losses = []
     model.train()
     for _ in progress_bar(range(config.steps), desc="Diffusion-LM control", leave=False):
+        poll_threads()
         index = torch.randint(0, blocks.shape[0], (config.batch_size,), generator=generator)
         loss = model.loss(blocks[index], generator)
         optimizer.zero_grad()

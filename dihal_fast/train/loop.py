@@ -27,6 +27,7 @@ from dihal_fast.common import atomic_write_json, read_json, seed_everything
 from dihal_fast.common.models import load_causal_lm, resolve_model_dir
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.corpus import corpus_files
+from dihal_fast.cpu_threads import poll_threads
 from dihal_fast.hybrid import HybridLM, backbone_targets
 from dihal_fast.hybrid.slicing import check_family, check_layer
 from dihal_fast.profiling import nvtx_range
@@ -166,6 +167,7 @@ def _loop(engine, ema: EMA, backbone, blocks: Blocks, config: TrainConfig, out_d
     began, saved_at = time.perf_counter(), start
     bar = progress_bar(total=config.steps, initial=start, disable=rank != 0, desc=f"bridge layer {engine.module.hybrid.config.layer}", unit="step")
     for step in range(start, config.steps):
+        poll_threads()
         rows = batch_indices(step, blocks.train.shape[0], config.batch_size, engine.world_size, rank, config.seed)
         ids = blocks.train[rows].to(device)
         hidden, teacher_logits = backbone_targets(backbone, ids, engine.module.hybrid.config.layer)
