@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from dihal_fast.evaluate.harness import EvalSettings, evaluate_lm, heldout_blocks
+from dihal_fast.evaluate.generation import Generation
+from dihal_fast.evaluate.harness import TIMING_REPEATS, EvalSettings, evaluate_lm, heldout_blocks, timed_sample
 from dihal_fast.evaluate.models import load_lm
 from dihal_fast.evaluate.run import check_compatible
 
@@ -52,6 +53,19 @@ def test_section_holds_every_metric(models, corpus):
     assert len(texts) == 4 and section["gen_ppl_details"]["evaluator_dtype"] == "float32"
     same, _ = evaluate_lm(backbone, blocks, SETTINGS, evaluator=backbone, reference=backbone)
     assert abs(same["kl"]) < 1e-6
+
+
+def test_tokens_per_second_comes_from_the_fastest_identical_call():
+    class Timed:
+        nfe, calls = None, []
+
+        def sample(self, prompt, max_new_tokens, temperature, top_k, nfe, generator):
+            self.calls.append(int(torch.randint(0, 1000, (1,), generator=generator)))
+            return Generation(torch.zeros(2, max_new_tokens, dtype=torch.long), [3.0, 1.0, 2.0][len(self.calls) - 1])
+
+    lm = Timed()
+    generation = timed_sample(lm, torch.zeros(2, 1, dtype=torch.long), SETTINGS)
+    assert generation.seconds == 1.0 and len(set(lm.calls)) == 1 and len(lm.calls) == TIMING_REPEATS == 3
 
 
 def test_evaluator_with_another_tokenizer_is_a_clear_error(models):

@@ -63,7 +63,7 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, temperature: float =
         logits = model(step_input, attention_mask=mask, cache=cache, nfe=nfe, sampler=sampler).logits[:, -1]
         if return_logits:
             kept.append(logits.float())
-        scores = nucleus_mask(logits, temperature, top_p)
+        scores = nucleus_mask(logits, temperature, top_p) if top_p < 1.0 else logits
         step_input = sample_categorical(scores, temperature, top_k, generator).to(input_ids.device)[:, None]
         tokens = torch.cat([tokens, step_input], dim=1)
         if mask is not None:

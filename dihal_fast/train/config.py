@@ -83,7 +83,7 @@ class TrainConfig(DictConfig):
 # Bridge options a user may set (the rest of BridgeConfig is derived from the backbone and the data).
 BRIDGE_OPTIONS: dict[str, str] = {
     "width": "bridge width W (0 = the backbone's hidden size)",
-    "context_layers": "causal attention blocks of the context encoder over c(x)",
+    "context_layers": "causal attention blocks of the context encoder over c(x) (-1 = one per replaced layer, l*)",
     "heads": "attention heads of the context encoder (0 = W // 64)",
     "mlp_ratio": "MLP expansion of context and denoiser blocks",
     "unet_depth": "halvings of the width in the denoiser's down path (UNet levels - 1)",
