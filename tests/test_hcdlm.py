@@ -218,6 +218,21 @@ def test_token_term_trains_denoiser_and_predictor(sudoku4, weighting, exposure):
     assert grads["encoder"] == 0 and grads["denoiser"] > 0 and grads["predictor"] > 0
 
 
+def test_slot_auxiliary_reaches_only_the_denoiser(sudoku4):
+    """The training-only slot head (deep supervision) trains the denoiser's slots, not the encoder or predictor."""
+    from dihal_fast.hcdlm.objective import hcdlm_loss
+
+    torch.manual_seed(0)
+    model = HCDLM(sudoku4.spec, ModelConfig(**TINY))
+    context, target = _batch(sudoku4, 4)
+    cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, lambda_cont=0, lambda_token=0, mask_aux_weight=0, slot_aux_weight=1.0)
+    loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
+    loss.backward()
+    assert parts["loss"] == pytest.approx(parts["slot_aux"]) and parts["slot_aux"] > 0
+    assert all(p.grad is None or float(p.grad.abs().sum()) == 0 for p in [*model.encoder.parameters(), *model.predictor.parameters()])
+    assert float(model.denoiser.slot_head[1].weight.grad.abs().sum()) > 0
+
+
 def test_token_term_matches_cross_entropy():
     """``all`` = mean CE; ``schedule`` = CE on the corrupted positions / s / L, averaged over the batch."""
     from dihal_fast.hcdlm.objective import token_term

@@ -81,6 +81,9 @@ class ObjectiveConfig:
     # Share of examples whose x_t carries no signal (pure noise, level s kept): trains the scaffold -> x_hat_0
     # path, which a denoiser that can copy x_t's signal otherwise never learns (ours, not the paper's). 0 = off.
     latent_drop: float = 0.0
+    # Weight of a training-only CE of a per-slot head on the denoiser's slot states (deep supervision, ours):
+    # a direct signal per cell, where the token term reaches the slots only through the M x d latent. 0 = off.
+    slot_aux_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.token_weighting not in TOKEN_WEIGHTINGS:

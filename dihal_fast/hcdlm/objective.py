@@ -114,7 +114,7 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
     if scaffold is not None:
         drop = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.scaffold_drop
         scaffold = torch.where(drop[:, None], kernel.random_tokens(tuple(target.shape), generator, device), scaffold)
-    x_hat = model.denoiser(x_t, scaffold, s, context)
+    x_hat, slot_logits = model.denoiser(x_t, scaffold, s, context, slot_logits=True)
     cont = (continuous_weight(s, cfg.cont_weighting) * (x_hat - clean).pow(2).flatten(1).sum(1)).mean() / length
 
     loss = cfg.lambda_recon * recon + cfg.lambda_ent * neg_entropy + cfg.lambda_cont * cont
@@ -123,6 +123,10 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
         token = token_term(model.predictor(x_hat, context), target, hit, s, cfg.token_weighting)
         loss = loss + cfg.lambda_token * token
         parts["token"] = token.item()
+    if cfg.slot_aux_weight:
+        slot_aux = token_ce(slot_logits, target)
+        loss = loss + cfg.slot_aux_weight * slot_aux
+        parts["slot_aux"] = slot_aux.item()
     if cfg.mask_aux_weight:
         hide = torch.rand(target.shape, generator=generator, dtype=torch.float64, device=device) < cfg.mask_aux_rate
         mean_m, logvar_m = model.encoder(target.masked_fill(hide, model.mask_id), context)
