@@ -223,9 +223,11 @@ def test_slot_auxiliary_reaches_only_the_denoiser(sudoku4):
     from dihal_fast.hcdlm.objective import hcdlm_loss
 
     torch.manual_seed(0)
-    model = HCDLM(sudoku4.spec, ModelConfig(**TINY))
     context, target = _batch(sudoku4, 4)
     cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, lambda_cont=0, lambda_token=0, mask_aux_weight=0, slot_aux_weight=1.0)
+    with pytest.raises(ValueError, match="slot head"):
+        hcdlm_loss(HCDLM(sudoku4.spec, ModelConfig(**TINY)), UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
+    model = HCDLM(sudoku4.spec, ModelConfig(**TINY, slot_head=True))
     loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
     loss.backward()
     assert parts["loss"] == pytest.approx(parts["slot_aux"]) and parts["slot_aux"] > 0

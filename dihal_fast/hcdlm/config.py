@@ -29,6 +29,7 @@ class ModelConfig:
     kernel: str = "uniform"  # discrete forward kernel of the token scaffold
     dropout: float = 0.0
     baseline_blocks: int = 0  # 0 = as many as match the HC-DLM parameter count
+    slot_head: bool = False  # a training-only per-slot token head on the denoiser (for ObjectiveConfig.slot_aux_weight)
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:

@@ -98,17 +98,19 @@ class Denoiser(nn.Module):
         self.out = nn.Linear(cfg.hidden, cfg.latent_dim)
         self.readout = SlotReadout(spec.target_len, cfg.hidden, cfg.latents * cfg.latent_dim)
         # Training-only per-slot token head (deep supervision, ours; see ObjectiveConfig.slot_aux_weight).
-        self.slot_head = nn.Sequential(nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, spec.target_vocab))
+        self.slot_head = nn.Sequential(nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, spec.target_vocab)) if cfg.slot_head else None
 
     def forward(self, x_t: torch.Tensor, scaffold: torch.Tensor | None, s: torch.Tensor, context: torch.Tensor,
                 slot_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``x_hat_0[B, M, d]``; with ``slot_logits`` also the slot head's ``[B, L, V]`` logits."""
+        """``x_hat_0[B, M, d]``; with ``slot_logits`` also the slot head's ``[B, L, V]`` logits (None without one)."""
         batch, m = x_t.shape[0], x_t.shape[1]
         prefix, slots = self.slots(scaffold if self.scaffold else None, context, batch)
         h = run_blocks(self.blocks, [self.latent_in(x_t) + self.latent_position, slots, prefix], self.time(s))
         slot_states = h[:, m : m + slots.shape[1]]
         x_hat = self.out(self.out_norm(h[:, :m])) + self.readout(slot_states).view(batch, m, -1)
-        return (x_hat, self.slot_head(slot_states)) if slot_logits else x_hat
+        if not slot_logits:
+            return x_hat
+        return x_hat, (self.slot_head(slot_states) if self.slot_head is not None else None)
 
 
 class Predictor(nn.Module):

@@ -124,6 +124,8 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
         loss = loss + cfg.lambda_token * token
         parts["token"] = token.item()
     if cfg.slot_aux_weight:
+        if slot_logits is None:
+            raise ValueError("slot_aux_weight needs a denoiser with a slot head (ModelConfig.slot_head=True)")
         slot_aux = token_ce(slot_logits, target)
         loss = loss + cfg.slot_aux_weight * slot_aux
         parts["slot_aux"] = slot_aux.item()
