@@ -192,7 +192,7 @@ def test_objective_parts_and_detach(sudoku4):
     context, target = _batch(sudoku4, 4)
     from dihal_fast.hcdlm.objective import hcdlm_loss
 
-    cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, mask_aux_weight=0, lambda_token=0, exposure_share=0)
+    cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, mask_aux_weight=0, lambda_token=0, exposure_share=0, slot_aux_weight=0)
     loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
     loss.backward()
     assert set(parts) == {"recon", "neg_entropy", "cont", "loss"}
@@ -209,7 +209,8 @@ def test_token_term_trains_denoiser_and_predictor(sudoku4, weighting, exposure):
     torch.manual_seed(0)
     model = HCDLM(sudoku4.spec, ModelConfig(**TINY))
     context, target = _batch(sudoku4, 4)
-    cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, lambda_cont=0, mask_aux_weight=0, token_weighting=weighting, exposure_share=exposure)
+    cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, lambda_cont=0, mask_aux_weight=0, slot_aux_weight=0, token_weighting=weighting,
+                          exposure_share=exposure)
     loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
     loss.backward()
     assert parts["token"] > 0 and parts["loss"] == pytest.approx(parts["token"])
@@ -226,8 +227,8 @@ def test_slot_auxiliary_reaches_only_the_denoiser(sudoku4):
     context, target = _batch(sudoku4, 4)
     cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, lambda_cont=0, lambda_token=0, mask_aux_weight=0, slot_aux_weight=1.0)
     with pytest.raises(ValueError, match="slot head"):
-        hcdlm_loss(HCDLM(sudoku4.spec, ModelConfig(**TINY)), UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
-    model = HCDLM(sudoku4.spec, ModelConfig(**TINY, slot_head=True))
+        hcdlm_loss(HCDLM(sudoku4.spec, ModelConfig(**TINY, slot_head=False)), UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
+    model = HCDLM(sudoku4.spec, ModelConfig(**TINY))
     loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
     loss.backward()
     assert parts["loss"] == pytest.approx(parts["slot_aux"]) and parts["slot_aux"] > 0

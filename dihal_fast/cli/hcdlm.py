@@ -53,7 +53,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--token-weighting", choices=TOKEN_WEIGHTINGS, default=o.token_weighting, help="per-step token term: 'all' positions (mean CE) or 'schedule' (corrupted positions weighted by 1/s, the masked-diffusion ELBO)")
     p.add_argument("--cont-weighting", choices=CONT_WEIGHTINGS, default=o.cont_weighting, help="omega_t of the latent regression: 'none' or 'min_snr' (min(SNR, 5) / 5)")
     p.add_argument("--exposure-share", type=float, default=o.exposure_share, help="share of each batch whose x_t and scaffold are built from the model's own no-grad prediction at a higher noise level (0 = the paper's training)")
-    p.add_argument("--slot-aux-weight", type=float, default=o.slot_aux_weight, help="weight of a training-only per-slot token head on the denoiser (deep supervision, not in the paper; 0 = no head)")
+    p.add_argument("--slot-aux-weight", type=float, default=o.slot_aux_weight, help="weight of a training-only per-slot token head on the denoiser (deep supervision, not in the paper; 0 = no head, the paper's model)")
     p.add_argument("--scaffold-drop", type=float, default=o.scaffold_drop, help="share of scaffolds replaced by random tokens (for guidance)")
     p.add_argument("--sudoku-box", default=k.sudoku_box, help="Sudoku box shape: 3x3 (9x9 grid), 2x3 (6x6) or 2x2 (4x4)")
     p.add_argument("--sudoku-pool", type=int, default=k.sudoku_pool, help="generated training puzzles (augmented by symmetries)")

@@ -29,7 +29,7 @@ class ModelConfig:
     kernel: str = "uniform"  # discrete forward kernel of the token scaffold
     dropout: float = 0.0
     baseline_blocks: int = 0  # 0 = as many as match the HC-DLM parameter count
-    slot_head: bool = False  # a training-only per-slot token head on the denoiser (for ObjectiveConfig.slot_aux_weight)
+    slot_head: bool = True  # a training-only per-slot token head on the denoiser (for ObjectiveConfig.slot_aux_weight)
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -84,7 +84,7 @@ class ObjectiveConfig:
     latent_drop: float = 0.0
     # Weight of a training-only CE of a per-slot head on the denoiser's slot states (deep supervision, ours):
     # a direct signal per cell, where the token term reaches the slots only through the M x d latent. 0 = off.
-    slot_aux_weight: float = 0.0
+    slot_aux_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.token_weighting not in TOKEN_WEIGHTINGS:
