@@ -212,3 +212,16 @@ def test_a_second_writer_of_a_run_is_refused(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(["hcdlm", "train", "--task", "sudoku", "--out", str(tmp_path / "file"), "--steps", "1", *TINY]) == 2
     assert main(["hcdlm", "eval", str(run), "--data", str(tmp_path / "file"), "--out", str(tmp_path)]) == 2
+
+
+def test_configs_saved_before_new_fields_keep_their_meaning(tmp_path):
+    """A run saved without the slot head / token term / exposure fields loads as it was trained."""
+    train(tmp_path, _config(2))
+    config_path = latest_checkpoint(tmp_path) / "config.json"
+    data = json.loads(config_path.read_text())
+    data["model"].pop("slot_head")
+    for name in ("lambda_token", "exposure_share", "slot_aux_weight"):
+        data["objective"].pop(name)
+    old = RunConfig.from_dict(data)
+    assert not old.model.slot_head and old.objective.slot_aux_weight == 0 and old.objective.exposure_share == 0
+    assert RunConfig.from_dict(RunConfig().to_dict()) == RunConfig()

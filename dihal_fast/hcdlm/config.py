@@ -144,6 +144,12 @@ class SampleConfig:
             raise ValueError(f"MDM order must be 'prob' or 'margin', got {self.order!r}")
 
 
+# What a saved config without these (newer) fields meant: the model and objective before they existed,
+# so older runs load and resume as they were trained.
+LEGACY = {"model": {"slot_head": False},
+          "objective": {"lambda_token": 0.0, "exposure_share": 0.0, "slot_aux_weight": 0.0}}
+
+
 @dataclass
 class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -158,7 +164,7 @@ class RunConfig:
     def from_dict(cls, data: dict) -> "RunConfig":
         parts = {"task": TaskConfig, "model": ModelConfig, "objective": ObjectiveConfig, "train": TrainConfig}
         try:
-            return cls(**{name: kind(**data.get(name, {})) for name, kind in parts.items()})
+            return cls(**{name: kind(**{**LEGACY.get(name, {}), **data.get(name, {})}) for name, kind in parts.items()})
         except TypeError as exc:
             raise ValueError(f"run config has unknown or missing fields: {exc}") from None
 
