@@ -53,7 +53,7 @@ def test_too_many_pairs_for_too_many_rows_is_a_clear_error():
         df.monotonicity_proxy(np.random.default_rng(0).random((5000, 3)), n_pairs=10**8)
 
 
-def test_huge_n_pairs_stays_under_a_memory_ceiling():
+def test_huge_n_pairs_stays_under_a_memory_ceiling(tmp_path):
     # Issue 13: n_pairs=10**9 on a 60 x 8 matrix grew to 23 GB. Here the address space is capped at
     # what the interpreter holds after the imports plus 512 MiB; drawing one by one would need 24 GB.
     script = textwrap.dedent(
@@ -70,6 +70,6 @@ def test_huge_n_pairs_stays_under_a_memory_ceiling():
         """
     )
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         env={"OMP_NUM_THREADS": "1", "PATH": ""})
+                         env={"OMP_NUM_THREADS": "1", "PATH": ""}, cwd=tmp_path)  # not the source tree: the installed package
     assert run.returncode == 0, run.stderr[-2000:]
     assert 0 < float(run.stdout.strip().splitlines()[-1]) < np.inf

@@ -67,7 +67,7 @@ def _logged_run(tmp_path, *argv: str) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("DIHAL_PROGRESS", "HF_HUB_DISABLE_PROGRESS_BARS")}
     with log.open("w") as handle:
         subprocess.run([sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", *argv],
-                       stderr=handle, stdout=subprocess.DEVNULL, env=env, check=True, timeout=300)
+                       stderr=handle, stdout=subprocess.DEVNULL, env=env, check=True, timeout=300, cwd=tmp_path)
     return log.read_text()
 
 
