@@ -89,7 +89,10 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
         latents = args.text_latents
     kind, kernel, objective = VARIANTS.get(model, (model, "uniform", {}))
     encoder, denoiser, predictor = (int(b) for b in args.blocks.split(","))
+    if kind in ("mdm", "ar"):  # HC-DLM-only options off, so a baseline's saved config claims no slot head
+        objective = {**objective, "slot_aux_weight": 0.0}
     model_cfg = ModelConfig(kind=kind, kernel=kernel, hidden=args.hidden, heads=4, latents=latents, encoder_blocks=encoder,
+                            slot_head=kind not in ("mdm", "ar"),
                             denoiser_blocks=denoiser, predictor_blocks=predictor)
     return RunConfig(task=task_cfg, model=model_cfg, objective=ObjectiveConfig(**objective),
                      train=TrainConfig(steps=10**7, batch_size=args.batch_size, lr=args.lr, max_minutes=args.minutes, seed=seed,
