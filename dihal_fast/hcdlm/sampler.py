@@ -46,13 +46,15 @@ def sample_hcdlm(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context:
     for t in range(cfg.steps, 0, -1):
         s = torch.full((batch,), t / cfg.steps, device=device)
         x_hat = guided_x0(model, kernel, x, scaffold, s, context, cfg.cfg_weight, generator)
-        confidence, clean = torch.softmax(model.predictor(x_hat, context).to(torch.float64), dim=-1).max(dim=-1)
-        if cfg.clamp:
-            x_hat = model.encoder(clean, context)[0]
-        if on_step is not None:
-            on_step(t, x, x_hat, scaffold, clean)
+        renoise = scaffold is not None and t > 1
+        if renoise or cfg.clamp or on_step is not None:  # the read-out k_hat_0 only where something uses it
+            confidence, clean = torch.softmax(model.predictor(x_hat, context).to(torch.float64), dim=-1).max(dim=-1)
+            if cfg.clamp:
+                x_hat = model.encoder(clean, context)[0]
+            if on_step is not None:
+                on_step(t, x, x_hat, scaffold, clean)
         x = FlowSchedule.euler_step(x, x_hat, t)
-        if scaffold is not None and t > 1:
+        if renoise:
             scaffold = kernel.renoise(clean, (t - 1) / cfg.steps, confidence, generator, cfg.remask)
     return sample_categorical(model.predictor(x, context), cfg.temperature, generator=generator)
 
