@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 
 import numpy as np
 import torch
@@ -51,7 +50,3 @@ def stream_nll(
     finally:
         model.train(was_training)
     return total, count
-
-
-def perplexity(nll_sum: float, count: int) -> float:
-    return math.exp(nll_sum / count)

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from dihal_fast.backbone.baselines import best_bigram_perplexity, unigram_perplexity
-from dihal_fast.backbone.evaluate import perplexity, stream_nll
+from dihal_fast.backbone.evaluate import stream_nll
 from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.common.metrics import perplexity, pooled_nll
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def validation_table(model, train_ids: np.ndarray, valid_ids: dict[str, np.ndarr
         bigram, k = best_bigram_perplexity(train_ids, ids, vocab)
         table[name] = {
             "tokens": count,
-            "ppl": perplexity(nll, count),
+            "ppl": perplexity(pooled_nll(nll, count)),
             "unigram_ppl": unigram_perplexity(train_ids, ids, vocab),
             "bigram_ppl": bigram,
             "bigram_k": k,

@@ -36,7 +36,7 @@ def generate_texts(lm, prompts: list[str], n_samples: int, max_new_tokens: int, 
     """Samples for every prompt: ``{"samples": [{prompt, text, token_ids}], "tokens_per_s", "seconds"}``."""
     import torch
 
-    from dihal_fast.evaluate.metrics import tokens_per_second
+    from dihal_fast.common.metrics import tokens_per_second
 
     generator = torch.Generator().manual_seed(seed)
     samples, seconds, n_tokens = [], 0.0, 0
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from dihal_fast.common import atomic_write_json
     from dihal_fast.common.rundir import check_output_file
     from dihal_fast.evaluate.models import load_lm
-    from dihal_fast.evaluate.sampling import PROTOCOL
+    from dihal_fast.common.sampling import PROTOCOL
 
     torch.manual_seed(args.seed)
     prompts = args.prompt or [""]

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from dihal_fast.common.assets import default_model_dir
+
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -16,8 +18,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_model_dir(path: str | os.PathLike | None) -> Path:
     """``path`` checked to be a checkpoint directory; ``None`` means the shipped backbone."""
     if path is None:
-        from dihal_fast.backbone import default_model_dir
-
         return default_model_dir()
     path = Path(path)
     if not path.exists():
@@ -32,10 +32,13 @@ def resolve_model_dir(path: str | os.PathLike | None) -> Path:
 
 
 def load_tokenizer(path: str | os.PathLike | None):
-    """The checkpoint's tokenizer; a missing pad token is set to EOS (and said so in the log)."""
+    """The tokenizer saved in directory ``path`` (``None`` = the shipped backbone's); a missing pad token
+    is set to EOS (and said so in the log). The one tokenizer loader of the package."""
     from transformers import AutoTokenizer
 
-    path = resolve_model_dir(path)
+    path = default_model_dir() if path is None else Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer directory not found: {path}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as exc:

@@ -1,6 +1,15 @@
-"""Evaluation of hybrids against their backbones: metrics (pure functions), float64 sampling,
-scoring with an evaluator LM, generation, the layer sweep and the end-to-end report."""
-from dihal_fast.evaluate.metrics import (
+"""Evaluation of hybrids against their backbones: scoring with an evaluator LM, generation, the
+evaluation harness, the Diffusion-LM-like control, score/loss correlations and report formatting.
+
+The metrics (pure functions) and the float64 sampler live in the leaf modules
+:mod:`dihal_fast.common.metrics` and :mod:`dihal_fast.common.sampling`, which the models use too; their
+documented names ``dihal_fast.evaluate.metrics`` and ``dihal_fast.evaluate.sampling`` are the same
+module objects. The stages that run this (evaluate, sweep, demo) are in :mod:`dihal_fast.pipeline`.
+"""
+import sys
+
+from dihal_fast.common import metrics, sampling
+from dihal_fast.common.metrics import (
     PROTOCOL,
     distinct_n,
     diversity_dihal,
@@ -13,7 +22,10 @@ from dihal_fast.evaluate.metrics import (
     tokens_per_second,
     unigram_entropy,
 )
-from dihal_fast.evaluate.sampling import sample_categorical
+from dihal_fast.common.sampling import sample_categorical
+
+sys.modules[f"{__name__}.metrics"] = metrics
+sys.modules[f"{__name__}.sampling"] = sampling
 
 __all__ = [
     "PROTOCOL",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dihal_fast.evaluate.sampling import sample_categorical
+from dihal_fast.common.sampling import sample_categorical
 
 
 @dataclass

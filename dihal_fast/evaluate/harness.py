@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from dihal_fast.evaluate import metrics
+from dihal_fast.common import metrics
 from dihal_fast.evaluate.generation import Generation
-from dihal_fast.evaluate.sampling import PROTOCOL as SAMPLING_PROTOCOL
+from dihal_fast.common.sampling import PROTOCOL as SAMPLING_PROTOCOL
 from dihal_fast.evaluate.scoring import GEN_PPL_PROTOCOL, generative_perplexity, teacher_forced
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from dihal_fast.tasks.countdown_task import CountdownTask
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool, parse_box
-from dihal_fast.tasks.text_task import TextTask, load_tokenizer, tokenize_files
+from dihal_fast.common.models import load_tokenizer
+from dihal_fast.tasks.text_task import TextTask, tokenize_files
 
 logger = logging.getLogger(__name__)
 TASKS = ("sudoku", "countdown", "text")

@@ -12,16 +12,6 @@ from dihal_fast.tasks.base import EvalExample, TaskSpec
 logger = logging.getLogger(__name__)
 
 
-def load_tokenizer(model_dir: str | Path):
-    """The tokenizer of a local Hugging Face checkpoint directory."""
-    from transformers import AutoTokenizer
-
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"tokenizer directory not found: {model_dir}")
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
 def tokenize_files(tokenizer, files: list[Path], max_chars: int | None = None) -> torch.Tensor:
     """All files' token ids, concatenated (documents separated by EOS when the tokenizer has one)."""
     ids: list[int] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dihal_fast.evaluate.metrics import PROTOCOL, perplexity, pooled_nll, token_kl, token_nll
+from dihal_fast.common.metrics import PROTOCOL, perplexity, pooled_nll, token_kl, token_nll
 from dihal_fast.hybrid import HybridLM, backbone_targets
 
 BRIDGE_LOSS_PROTOCOL = (
