@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from dihal_fast.hcdlm.config import ModelConfig, ObjectiveConfig, RunConfig, SampleConfig
-from dihal_fast.hcdlm.kernels import AbsorbingKernel, FlowSchedule, UniformKernel, make_kernel, noisy_token_probs
 from dihal_fast.hcdlm.layers import SlotPositions, count_parameters
 from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet, build_model
+from dihal_fast.hcdlm.objective import hcdlm_loss
+from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel, make_kernel, noisy_token_probs
 from dihal_fast.hcdlm.sampler import generate, guided_x0, sample_hcdlm, sample_mdm
 from dihal_fast.hcdlm.trainer import compute_loss
 from dihal_fast.tasks.base import TaskSpec
@@ -132,14 +133,47 @@ def test_uniform_confidence_renoise_touches_only_least_confident():
 def test_flow_noise_and_euler_step():
     x0, eps = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
     s = torch.tensor([0.0, 0.5, 1.0])
-    xs = FlowSchedule.noise(x0, s, eps)
+    xs = LATENT_FLOW.noise(x0, s, eps)
     assert torch.allclose(xs[0], x0[0]) and torch.allclose(xs[2], eps[2]) and torch.allclose(xs[1], (x0[1] + eps[1]) / 2)
     # With the exact x0, one Euler step from level t lands on the flow at level t - 1.
     steps, t = 10, 7
-    x_t = FlowSchedule.noise(x0, torch.full((3,), t / steps), eps)
-    assert torch.allclose(FlowSchedule.euler_step(x_t, x0, t), FlowSchedule.noise(x0, torch.full((3,), (t - 1) / steps), eps), atol=1e-6)
+    x_t = LATENT_FLOW.noise(x0, torch.full((3,), t / steps), eps)
+    assert torch.allclose(LATENT_FLOW.euler_step(x_t, x0, t), LATENT_FLOW.noise(x0, torch.full((3,), (t - 1) / steps), eps), atol=1e-6)
     with pytest.raises(ValueError):
-        FlowSchedule.euler_step(x_t, x0, 0)
+        LATENT_FLOW.euler_step(x_t, x0, 0)
+
+
+def test_latent_flow_is_the_old_formulas_bit_for_bit():
+    """The shared flow schedule computes HC-DLM's former ``(1 - s) x0 + s eps`` and ``x_t - (x_t - x_hat) / t``
+    exactly (same operations in the same order), so seeded runs give the same numbers as before."""
+    g = torch.Generator().manual_seed(0)
+    x0, eps, x_hat = (torch.randn(5, 3, 4, generator=g) for _ in range(3))
+    s = torch.rand(5, generator=g)
+    level = s.view(-1, 1, 1)
+    assert torch.equal(LATENT_FLOW.noise(x0, s, eps), (1 - level) * x0 + level * eps)
+    for t in (1, 3, 7):
+        assert torch.equal(LATENT_FLOW.euler_step(x0, x_hat, t), x0 - (x0 - x_hat) / t)
+
+
+def test_objective_and_sampler_numbers_are_unchanged(sudoku4):
+    """Fixed-seed loss, last latent and tokens recorded with the code before the flow schedule was shared."""
+    context, target = _batch(sudoku4)
+    torch.manual_seed(0)
+    model = build_model(sudoku4.spec, ModelConfig(kind="hcdlm", kernel="uniform", latents=2, **TINY))
+    kernel = make_kernel("uniform", 4)
+    loss, _ = hcdlm_loss(model, kernel, context, target, ObjectiveConfig(exposure_share=0.5, latent_drop=0.1),
+                         torch.Generator().manual_seed(3))
+    assert loss.item() == pytest.approx(5.574204921722412, rel=1e-6, abs=0)
+    trace = []
+    tokens = sample_hcdlm(model.eval(), kernel, context, SampleConfig(steps=4, cfg_weight=1.5), torch.Generator().manual_seed(5),
+                          on_step=lambda t, x, *_: trace.append(x.clone()))
+    expected_x = [0.23588255047798157, -0.8312816023826599, -0.7338953018188477, 0.13681429624557495,
+                  0.3673851788043976, -0.019114729017019272, -0.24312230944633484, -1.0830706357955933]
+    assert torch.allclose(trace[-1][0, 0], torch.tensor(expected_x), rtol=1e-5, atol=1e-6)
+    assert tokens.tolist() == [
+        [3, 0, 3, 0, 2, 2, 3, 3, 3, 3, 3, 3, 2, 2, 3, 3], [0, 0, 3, 3, 2, 2, 3, 3, 3, 3, 3, 3, 3, 2, 3, 3],
+        [0, 0, 3, 3, 2, 2, 3, 3, 3, 1, 3, 3, 2, 2, 3, 3], [0, 0, 3, 0, 2, 2, 3, 3, 3, 3, 3, 3, 3, 2, 3, 3],
+        [0, 0, 3, 3, 2, 2, 3, 3, 3, 3, 3, 3, 2, 2, 3, 3], [0, 0, 3, 3, 2, 2, 3, 3, 3, 3, 3, 3, 3, 2, 3, 3]]
 
 
 def test_sampler_follows_algorithm_2(sudoku4):

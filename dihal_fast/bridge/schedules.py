@@ -30,6 +30,12 @@ class NoiseSchedule(ABC):
     def derivatives(self, t: Tensor) -> tuple[Tensor, Tensor]:
         """``(d alpha / dt, d sigma / dt)`` elementwise."""
 
+    def noise(self, x0: Tensor, t: Tensor, eps: Tensor) -> Tensor:
+        """``z_t = alpha(t) x0 + sigma(t) eps`` for per-example times ``t[B]`` (or one 0-d time), in ``x0``'s dtype."""
+        t = t.reshape(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
+        alpha, sigma = self.alpha_sigma(t)
+        return alpha * x0 + sigma * eps
+
 
 class CosineSchedule(NoiseSchedule):
     """Variance-preserving cosine schedule, ``alpha = cos(u)``, ``sigma = sin(u)``, ``u = a t + b``.
@@ -68,6 +74,15 @@ class FlowSchedule(NoiseSchedule):
 
     def derivatives(self, t: Tensor) -> tuple[Tensor, Tensor]:
         return -torch.ones_like(t), torch.ones_like(t)
+
+    @staticmethod
+    def euler_step(z: Tensor, x0_hat: Tensor, step: int) -> Tensor:
+        """``z`` at level ``(step - 1) / N`` from level ``step / N`` of ``N`` equal steps, given ``x0_hat``:
+        ``z - (z - x0_hat) / step`` (the Euler step of the ODE with velocity ``(z - x0_hat) / t``; on this
+        straight path it equals the deterministic DDIM step, and it needs no ``N``)."""
+        if step < 1:
+            raise ValueError(f"Euler steps run from step = N down to 1, got step={step}")
+        return z - (z - x0_hat) / step
 
 
 SCHEDULES = {"cosine": CosineSchedule, "flow": FlowSchedule}

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from dihal_fast.hcdlm.config import ObjectiveConfig
-from dihal_fast.hcdlm.kernels import FlowSchedule, UniformKernel, AbsorbingKernel
 from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet
+from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -63,11 +63,11 @@ def own_prediction_inputs(model: HCDLM, kernel: UniformKernel | AbsorbingKernel,
     """
     s_high = s + (1 - s) * torch.rand(s.shape, generator=generator, device=s.device)
     eps = torch.randn(clean.shape, generator=generator, device=clean.device)
-    x_high = FlowSchedule.noise(clean, s_high, eps)
+    x_high = LATENT_FLOW.noise(clean, s_high, eps)
     k_high = kernel.corrupt(target, s_high, generator) if model.scaffold else None
     x_hat = model.denoiser(x_high, k_high, s_high, context)
     eps = torch.randn(clean.shape, generator=generator, device=clean.device)
-    x_s = FlowSchedule.noise(x_hat, s, eps)
+    x_s = LATENT_FLOW.noise(x_hat, s, eps)
     if not model.scaffold:
         return x_s, None
     return x_s, kernel.corrupt(model.predictor(x_hat, context).argmax(-1), s, generator)
@@ -99,7 +99,7 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
     s = t.float() / cfg.timesteps
     eps = torch.randn(x_0.shape, generator=generator, device=device)
     clean = x_0.detach() if cfg.detach_latents else x_0
-    x_t = FlowSchedule.noise(clean, s, eps)
+    x_t = LATENT_FLOW.noise(clean, s, eps)
     scaffold, hit = kernel.corrupt_with_mask(target, s, generator) if model.scaffold else (None, None)
     own = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.exposure_share
     if bool(own.any()):

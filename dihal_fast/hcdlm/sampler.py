@@ -11,8 +11,8 @@ import torch
 
 from dihal_fast.evaluate.sampling import sample_categorical
 from dihal_fast.hcdlm.config import SampleConfig
-from dihal_fast.hcdlm.kernels import AbsorbingKernel, FlowSchedule, UniformKernel
 from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet
+from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel
 
 StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], None]
 
@@ -53,7 +53,7 @@ def sample_hcdlm(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context:
                 x_hat = model.encoder(clean, context)[0]
             if on_step is not None:
                 on_step(t, x, x_hat, scaffold, clean)
-        x = FlowSchedule.euler_step(x, x_hat, t)
+        x = LATENT_FLOW.euler_step(x, x_hat, t)
         if renoise:
             scaffold = kernel.renoise(clean, (t - 1) / cfg.steps, confidence, generator, cfg.remask)
     return sample_categorical(model.predictor(x, context), cfg.temperature, generator=generator)

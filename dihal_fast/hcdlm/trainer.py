@@ -15,7 +15,7 @@ from dihal_fast.common.progress import progress_bar
 from dihal_fast.common.rundir import run_directory
 from dihal_fast.hcdlm.checkpoint import latest_checkpoint, load_state, load_weights, save_checkpoint
 from dihal_fast.hcdlm.config import RunConfig
-from dihal_fast.hcdlm.kernels import make_kernel
+from dihal_fast.hcdlm.noise import make_kernel
 from dihal_fast.hcdlm.layers import count_parameters
 from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet, build_model
 from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss

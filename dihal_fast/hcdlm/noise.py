@@ -1,30 +1,23 @@
-"""Noise processes as small objects: the continuous flow on latents and the discrete token kernels.
+"""The two forward noise processes of HC-DLM: the latent flow and the token scaffold's corruption.
 
-Continuous: ``x_s = (1 - s) x_0 + s eps`` with ``s = t / T``; the x0-prediction Euler step of the
-paper's sampler is ``x_{t-1} = x_t - (x_t - x_hat_0) / t``. Discrete: ``alpha(s) = 1 - s`` of the tokens
-are kept; the rest become a uniform random token (``UniformKernel``) or [MASK] (``AbsorbingKernel``).
+Latent: the straight (rectified-flow) path ``x_s = (1 - s) x_0 + s eps`` with ``s = t / T``, the same
+:class:`~dihal_fast.bridge.schedules.FlowSchedule` the diffusion bridge uses (:data:`LATENT_FLOW`);
+the sampler's x0-prediction Euler step is ``x_{t-1} = x_t - (x_t - x_hat_0) / t``.
+
+Tokens: ``alpha(s) = 1 - s`` of the tokens are kept; the rest become a uniform random token
+(:class:`UniformKernel`) or [MASK] (:class:`AbsorbingKernel`). "Kernel" here is the Markov transition
+kernel ``q(k_s | k_0)`` of discrete diffusion (D3PM's term, and ``ModelConfig.kernel``), not compiled
+code: the compiled kernels live in ``csrc/`` and :mod:`dihal_fast.geometry`.
 All random decisions on tokens are drawn from float64 uniforms.
 """
 from __future__ import annotations
 
 import torch
 
+from dihal_fast.bridge.schedules import FlowSchedule
 
-class FlowSchedule:
-    """Linear interpolation between data (s = 0) and N(0, I) noise (s = 1)."""
-
-    @staticmethod
-    def noise(x_0: torch.Tensor, s: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-        """``x_s`` for per-example levels ``s[B]``."""
-        s = s.view(-1, *([1] * (x_0.dim() - 1))).to(x_0.dtype)
-        return (1 - s) * x_0 + s * eps
-
-    @staticmethod
-    def euler_step(x_t: torch.Tensor, x_hat_0: torch.Tensor, t: int) -> torch.Tensor:
-        """One step from level ``t`` to ``t - 1`` (of ``steps``): ``x_t - (x_t - x_hat_0) / t``."""
-        if t < 1:
-            raise ValueError(f"Euler steps run from t = steps down to 1, got t={t}")
-        return x_t - (x_t - x_hat_0) / t
+LATENT_FLOW = FlowSchedule()
+"""The path of HC-DLM's continuous latents: ``LATENT_FLOW.noise(x_0, s, eps)``, ``LATENT_FLOW.euler_step(x_t, x_hat_0, t)``."""
 
 
 def _uniform64(shape: tuple[int, ...], generator: torch.Generator | None, device) -> torch.Tensor:
