@@ -39,7 +39,7 @@ def test_shapes_and_sampling(kind, which, sudoku4):
     task = sudoku4 if which == "sudoku" else CountdownTask((3,), target_len=14)
     model = build_model(task.spec, ModelConfig(kind=kind, latents=2, **TINY)).eval()
     context, target = _batch(task)
-    loss, parts = compute_loss(model, make_kernel("uniform", task.spec.target_vocab), context, target, RunConfig(), torch.Generator().manual_seed(0))
+    loss, parts = compute_loss(model, make_kernel("uniform", task.spec.target_vocab), context, target, RunConfig().objective, torch.Generator().manual_seed(0))
     assert loss.dim() == 0 and torch.isfinite(loss) and parts["loss"] == pytest.approx(loss.item())
     out = generate(model, make_kernel("absorbing", task.spec.target_vocab), context, SampleConfig(steps=3), torch.Generator().manual_seed(1))
     assert out.shape == target.shape and out.dtype == torch.long
@@ -68,7 +68,7 @@ def test_loss_decreases(kind, sudoku4):
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     for step in range(30):
-        loss, _ = compute_loss(model, kernel, context, target, RunConfig(), torch.Generator().manual_seed(step % 3))
+        loss, _ = compute_loss(model, kernel, context, target, RunConfig().objective, torch.Generator().manual_seed(step % 3))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

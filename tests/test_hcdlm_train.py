@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from dihal_fast.cli import main
-from dihal_fast.hcdlm.checkpoint import latest_checkpoint
 from dihal_fast.hcdlm.config import ModelConfig, RunConfig, TrainConfig
 from dihal_fast.hcdlm.trainer import train
 from dihal_fast.tasks.registry import TaskConfig
+from dihal_fast.train.checkpoint import latest_checkpoint
 
 TINY = ["--hidden", "32", "--heads", "2", "--encoder-blocks", "1", "--denoiser-blocks", "1", "--predictor-blocks", "1",
         "--latent-dim", "8", "--batch-size", "8", "--threads", "1"]
@@ -30,11 +30,11 @@ def test_resume_gives_the_same_weights(tmp_path, kind):
     train(tmp_path / "straight", _config(6, kind))
     train(tmp_path / "resumed", _config(3, kind))
     train(tmp_path / "resumed", _config(6, kind))
-    for name in ("model.safetensors", "ema.safetensors"):
+    for name in ("weights.safetensors", "ema.safetensors", "stream.safetensors"):
         a = load_file(latest_checkpoint(tmp_path / "straight") / name)
         b = load_file(latest_checkpoint(tmp_path / "resumed") / name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    log = [json.loads(line) for line in (tmp_path / "resumed" / "train_log.jsonl").read_text().splitlines()]
+    log = [json.loads(line) for line in (tmp_path / "resumed" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
     folder = latest_checkpoint(tmp_path / "resumed")
     assert RunConfig.load(folder / "config.json") == _config(6, kind)
@@ -52,10 +52,10 @@ def test_device_errors_are_clear(tmp_path):
     with pytest.raises(ValueError, match="not a torch device"):
         train(tmp_path / "bad", config)
     train(tmp_path / "run", _config(3))
-    state_path = latest_checkpoint(tmp_path / "run") / "state.pt"
-    state = torch.load(state_path, weights_only=False)
+    state_path = latest_checkpoint(tmp_path / "run") / "stream.json"
+    state = json.loads(state_path.read_text())
     assert state["generator_device"] == "cpu"
-    torch.save({**state, "generator_device": "cuda"}, state_path)
+    state_path.write_text(json.dumps({**state, "generator_device": "cuda"}))
     with pytest.raises(ValueError, match="trained on cuda; resume it with --device cuda"):
         train(tmp_path / "run", _config(6))
 
@@ -139,7 +139,7 @@ def test_cli_countdown_baselines_train_and_eval(tmp_path, model, shared_data):
 def test_resume_after_a_kill_logs_each_step_once(tmp_path):
     """Rows a killed run logged past its last checkpoint are dropped on resume, not duplicated."""
     train(tmp_path, _config(3))
-    log_path = tmp_path / "train_log.jsonl"
+    log_path = tmp_path / "log.jsonl"
     with log_path.open("a") as log:  # what a run killed at step 5 (checkpoint at 3) leaves behind
         log.write(json.dumps({"step": 4, "loss": 1.0}) + "\n" + json.dumps({"step": 5, "loss": 1.0}) + "\n" + '{"step": 6, "lo')
     train(tmp_path, _config(6))
@@ -153,20 +153,19 @@ def _tiny_sudoku_run(tmp_path, steps: int = 2):
     return run
 
 
-@pytest.mark.parametrize("name", ["model.safetensors", "ema.safetensors", "state.pt"])
+@pytest.mark.parametrize("name", ["weights.safetensors", "ema.safetensors", "stream.safetensors", "engine/optimizer.pt"])
 def test_truncated_checkpoint_is_a_one_line_error(tmp_path, name, capsys):
     run = _tiny_sudoku_run(tmp_path)
     path = latest_checkpoint(run) / name
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     capsys.readouterr()
-    commands = [["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--out", str(run), "--steps", "4", *TINY],
-                ["hcdlm", "solve", str(run), "1.3..2.1..2.....", "--steps", "2"]]
-    if name == "model.safetensors":  # solve reads the EMA weights unless asked for the raw ones
-        commands[1].append("--raw-weights")
+    commands = [["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--out", str(run), "--steps", "4", *TINY]]
+    if name.endswith(".safetensors") and name != "stream.safetensors":  # what solve reads: the EMA, or the raw weights
+        commands.append(["hcdlm", "solve", str(run), "1.3..2.1..2.....", "--steps", "2"] + (["--raw-weights"] if name == "weights.safetensors" else []))
     for argv in commands:
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and "corrupt or unreadable" in err and name in err
+        assert len(err.splitlines()) == 1 and "corrupt or unreadable" in err and path.name in err
 
 
 def test_eval_csv_without_level_column_counts_each_puzzle_once(tmp_path):

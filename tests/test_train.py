@@ -153,7 +153,7 @@ def test_kill_and_resume_equals_an_uninterrupted_run(tiny_checkpoints, corpus, t
         train_bridge(model, 2, corpus, tmp_path / "resumed", config)
     train_bridge(model, 2, corpus, tmp_path / "resumed", config, resume=True)
     final = "checkpoints/step_00000006"
-    for name in ("engine/trainable.safetensors", "ema.safetensors"):
+    for name in ("weights.safetensors", "ema.safetensors"):
         straight, resumed = load_file(tmp_path / "straight" / final / name), load_file(tmp_path / "resumed" / final / name)
         assert straight.keys() == resumed.keys()
         assert all(torch.equal(straight[k], resumed[k]) for k in straight)

@@ -25,7 +25,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                        description="Train HC-DLM or a baseline; rerunning with the same --out resumes from the newest checkpoint.")
     p.add_argument("--task", choices=TASKS, required=True, help="task to train on")
     p.add_argument("--model", choices=MODEL_KINDS, default=m.kind, help="hcdlm, mdm (masked diffusion), latent (Latent DM: no token scaffold) or ar")
-    p.add_argument("--out", type=Path, required=True, help="run directory (checkpoints, config.json, train_log.jsonl)")
+    p.add_argument("--out", type=Path, required=True, help="run directory (checkpoints/, config.json, log.jsonl)")
     p.add_argument("--steps", type=int, default=t.steps, help="optimizer steps in total")
     p.add_argument("--max-minutes", type=float, default=t.max_minutes, help="stop after this much training time (0 = no limit)")
     p.add_argument("--budget-clock", choices=["wall", "cpu"], default=t.budget_clock, help="what --max-minutes measures: wall-clock or process CPU time")

@@ -11,12 +11,12 @@ import torch
 
 from dihal_fast.common import resolve_device
 from dihal_fast.common.progress import progress_bar
-from dihal_fast.hcdlm.checkpoint import latest_checkpoint, load_state, load_weights
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig
 from dihal_fast.hcdlm.models import build_model
 from dihal_fast.hcdlm.noise import AbsorbingKernel, UniformKernel, make_kernel
 from dihal_fast.hcdlm.sampler import generate
 from dihal_fast.tasks.base import EvalExample, Task
+from dihal_fast.train.checkpoint import checkpoint_state, latest_checkpoint, load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -33,19 +33,27 @@ class LoadedRun:
 
 def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> LoadedRun:
     """The newest checkpoint of a run (EMA weights by default) on ``device``, with its task (no training data)."""
+    from dihal_fast.hcdlm.trainer import CONFIG_NAME, check_layout
     from dihal_fast.tasks.registry import build_task
 
     run_dir = Path(run_dir)
+    check_layout(run_dir)
     folder = latest_checkpoint(run_dir)
     if folder is None:
-        raise FileNotFoundError(f"no checkpoint in {run_dir} (expected {run_dir}/latest.json from 'dihal hcdlm train')")
-    config = RunConfig.load(folder / "config.json")
+        raise FileNotFoundError(f"no checkpoint in {run_dir} (expected {run_dir}/checkpoints/latest from 'dihal hcdlm train')")
+    config = RunConfig.load(folder / CONFIG_NAME)
     task = build_task(config.task, for_training=False)
     model = build_model(task.spec, config.model)
-    load_weights(model, folder / ("ema.safetensors" if use_ema else "model.safetensors"))
+    prefix = "model."  # the checkpoint holds the parameters of the model inside its training objective
+    weights = load_weights(folder, use_ema=use_ema and config.train.ema > 0)  # EMA decay 0: the EMA is the weights
+    try:
+        model.load_state_dict({name[len(prefix):]: value for name, value in weights.items()})
+    except RuntimeError as exc:
+        raise ValueError(f"checkpoint {folder} does not fit this run's model: {str(exc).splitlines()[0]}") from None
     target = resolve_device(device)
     model.to(target).eval()
-    return LoadedRun(config, task, model, make_kernel(config.model.kernel, task.spec.target_vocab), load_state(folder)["step"], target)
+    return LoadedRun(config, task, model, make_kernel(config.model.kernel, task.spec.target_vocab),
+                     checkpoint_state(folder)["step"], target)
 
 
 def sample_targets(run: LoadedRun, contexts: torch.Tensor, cfg: SampleConfig, seed: int = 0) -> tuple[list[list[int]], float]:

@@ -1,35 +1,38 @@
-"""Training loop shared by HC-DLM and the baselines: AdamW with warmup, EMA, JSONL log, checkpoints,
-resume, an optional time budget (wall-clock or process CPU time, for equal-time comparisons) and a progress bar."""
+"""HC-DLM and its baselines as a :class:`~dihal_fast.train.trainer.TrainingJob`: the model with its loss,
+the task's batches and the noise stream. Everything else (AdamW, warm-up, EMA, log, checkpoints, resume,
+time budget, DeepSpeed) is the shared loop of :mod:`dihal_fast.train`."""
 from __future__ import annotations
 
-import copy
 import logging
+import os
 import random
-import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from dihal_fast.common import resolve_device, seed_everything
-from dihal_fast.common.progress import progress_bar
 from dihal_fast.common.rundir import run_directory
-from dihal_fast.hcdlm.checkpoint import latest_checkpoint, load_state, load_weights, save_checkpoint
-from dihal_fast.hcdlm.config import RunConfig
-from dihal_fast.hcdlm.noise import make_kernel
+from dihal_fast.hcdlm.config import ObjectiveConfig, RunConfig, TrainConfig
 from dihal_fast.hcdlm.layers import count_parameters
 from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet, build_model
+from dihal_fast.hcdlm.noise import make_kernel
 from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss
-from dihal_fast.profiling import nvtx_range
-from dihal_fast.train.runlog import RunLog
 from dihal_fast.tasks.registry import build_task
+from dihal_fast.train.settings import LoopSettings
+from dihal_fast.train.trainer import TrainingJob, fit, prepare_deepspeed, resume_point, training_session
 
 logger = logging.getLogger(__name__)
 
+CONFIG_NAME = "config.json"
+# The checkpoint layout before the shared training loop: refused with a message (see check_layout).
+LEGACY_POINTER = "latest.json"
 
-def compute_loss(model, kernel, context, target, config: RunConfig, generator: torch.Generator):
-    """The objective matching the model type."""
+
+def compute_loss(model, kernel, context, target, objective: ObjectiveConfig, generator: torch.Generator):
+    """The objective matching the model type: ``(loss, parts)``."""
     if isinstance(model, HCDLM):
-        return hcdlm_loss(model, kernel, context, target, config.objective, generator)
+        return hcdlm_loss(model, kernel, context, target, objective, generator)
     if isinstance(model, MDMNet):
         return mdm_loss(model, context, target, generator)
     if isinstance(model, ARNet):
@@ -37,99 +40,92 @@ def compute_loss(model, kernel, context, target, config: RunConfig, generator: t
     raise TypeError(f"no objective for {type(model).__name__}")
 
 
-def warmup_lr(lr: float, warmup_steps: int, step: int) -> float:
-    """Linear warm-up over ``warmup_steps``, then constant."""
-    return lr * min(1.0, (step + 1) / max(1, warmup_steps))
+class RunObjective(nn.Module):
+    """A model with its loss: ``forward(context, target, generator)`` -> the loss parts, ``"loss"`` a tensor."""
+
+    def __init__(self, model: nn.Module, kernel, objective: ObjectiveConfig):
+        super().__init__()
+        self.model, self.kernel, self.objective = model, kernel, objective
+
+    def forward(self, context: torch.Tensor, target: torch.Tensor, generator: torch.Generator) -> dict:
+        loss, parts = compute_loss(self.model, self.kernel, context, target, self.objective, generator)
+        return {**parts, "loss": loss}
 
 
-@torch.no_grad()
-def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float, step: int) -> None:
-    """EMA with warm-up: the effective decay is ``min(decay, (1 + step) / (10 + step))``."""
-    rate = min(decay, (1 + step) / (10 + step))
-    for e, p in zip(ema.parameters(), model.parameters()):
-        e.lerp_(p, 1 - rate)
+def loop_settings(train: TrainConfig, device: str) -> LoopSettings:
+    """The shared loop's view of an HC-DLM run: warm-up, then a constant rate (lr_floor 1)."""
+    return LoopSettings(steps=train.steps, batch_size=train.batch_size, lr=train.lr, warmup_steps=train.warmup_steps,
+                        lr_floor=1.0, weight_decay=train.weight_decay, grad_clip=train.grad_clip, ema_decay=train.ema,
+                        seed=train.seed, device=device, log_every=train.log_every, save_every=train.checkpoint_every,
+                        max_minutes=train.max_minutes, budget_clock=train.budget_clock)
 
 
-def _check_resume(run_dir: Path, config: RunConfig) -> None:
-    saved_path = run_dir / "config.json"
-    if saved_path.is_file():
-        saved = RunConfig.load(saved_path)
-        for part in ("task", "model", "objective"):
-            if getattr(saved, part) != getattr(config, part):
-                raise ValueError(f"{run_dir} holds a run with a different {part} configuration; "
-                                 f"use a new --out directory (saved: {getattr(saved, part)})")
+def check_layout(run_dir: Path) -> None:
+    """Refuse a run written by the checkpoint layout before the shared loop (``latest.json``, ``ckpt-*/state.pt``)."""
+    if (run_dir / LEGACY_POINTER).is_file():
+        raise ValueError(f"{run_dir} was written by an earlier dihal_fast (ckpt-*/state.pt and latest.json); this version "
+                         "reads checkpoints/step_*/ only: train it again into a new --out")
 
 
-def train(run_dir: str | Path, config: RunConfig) -> dict:
-    """Train (or resume) the run in ``run_dir``, holding its lock; returns a summary with the final step and loss."""
+class RunJob(TrainingJob):
+    """One HC-DLM / MDM / Latent DM / AR run: task batches from a seeded Python RNG, noise from a torch Generator."""
+
+    resumable = frozenset({"train"})  # steps, budget, device, threads may change between sessions
+
+    def __init__(self, config: RunConfig, run_dir: Path, device: torch.device, rank: int):
+        tc = config.train
+        seed_everything(tc.seed)
+        self.task = build_task(config.task, run_dir, tc.seed)
+        model = build_model(self.task.spec, config.model).to(device)
+        self.parameters = count_parameters(model)
+        self.objective = RunObjective(model, make_kernel(config.model.kernel, self.task.spec.target_vocab), config.objective)
+        self.settings = loop_settings(tc, str(device))
+        self.configs = {CONFIG_NAME: config.to_dict()}
+        self.name = f"train {config.model.kind}"
+        self.batch_size = tc.batch_size
+        self.task_rng = random.Random(tc.seed + rank)
+        self.generator = torch.Generator(device).manual_seed(tc.seed + rank)
+
+    def batch(self, step: int, engine) -> dict:
+        context, target = (t.to(engine.device) for t in self.task.train_batch(self.task_rng, self.batch_size))
+        return {"context": context, "target": target, "generator": self.generator}
+
+    def stream_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        version, internal, gauss = self.task_rng.getstate()
+        return ({"task_rng": [version, list(internal), gauss], "generator_device": self.generator.device.type},
+                {"generator": self.generator.get_state()})
+
+    def load_stream_state(self, plain: dict, tensors: dict[str, torch.Tensor]) -> None:
+        saved = plain.get("generator_device", "cpu")
+        if saved != self.generator.device.type:
+            raise ValueError(f"this run was trained on {saved}; resume it with --device {saved} "
+                             f"(its noise stream cannot move to {self.generator.device.type})")
+        version, internal, gauss = plain["task_rng"]
+        self.task_rng.setstate((version, tuple(internal), gauss))
+        self.generator.set_state(tensors["generator"])
+
+
+def train(run_dir: str | os.PathLike, config: RunConfig, deepspeed_config: str | os.PathLike | None = None) -> dict:
+    """Train (or resume) the run in ``run_dir``, holding its lock; returns a summary with the final step and loss.
+
+    With ``deepspeed_config`` the DeepSpeed ZeRO engine is used (launch several processes with torchrun).
+    """
     with run_directory(run_dir, f"dihal hcdlm train --model {config.model.kind}") as folder:
-        return _train(folder, config)
-
-
-def _train(run_dir: Path, config: RunConfig) -> dict:
-    _check_resume(run_dir, config)
-    tc = config.train
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
-    device = resolve_device(tc.device)
-    seed_everything(tc.seed)
-    task = build_task(config.task, run_dir, tc.seed)
-    model = build_model(task.spec, config.model).to(device)
-    ema = copy.deepcopy(model).requires_grad_(False)
-    kernel = make_kernel(config.model.kernel, task.spec.target_vocab)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-    task_rng, generator = random.Random(tc.seed), torch.Generator(device).manual_seed(tc.seed)
-    step, elapsed = 0, 0.0
-    folder = latest_checkpoint(run_dir)
-    if folder is not None:
-        state = load_state(folder)
-        saved_device = state.get("generator_device", "cpu")
-        if saved_device != device.type:
-            raise ValueError(f"{folder} was trained on {saved_device}; resume it with --device {saved_device} "
-                             f"(its noise stream cannot move to {device.type})")
-        load_weights(model, folder / "model.safetensors")
-        load_weights(ema, folder / "ema.safetensors")
-        optimizer.load_state_dict(state["optimizer"])
-        task_rng.setstate(state["task_rng"])
-        generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        step, elapsed = state["step"], state["elapsed_s"]
-        logger.info("resuming %s from step %d", run_dir, step)
-    log = RunLog(run_dir / "train_log.jsonl")
-    log.truncate_after(step)  # rows a killed run wrote past its last checkpoint are written again
-    config.save(run_dir / "config.json")
-    n_params = count_parameters(model)
-    logger.info("%s on %s: %d parameters, %d steps, %s", config.model.kind, config.task.name, n_params, tc.steps, device)
-    budget_s = tc.max_minutes * 60
-    parts: dict[str, float] = {}
-    clock = time.process_time if tc.budget_clock == "cpu" else time.perf_counter
-    started = clock() - elapsed
-    model.train()
-    with progress_bar(total=tc.steps, initial=step, desc=f"train {config.model.kind}", dynamic_ncols=True) as bar:
-        while step < tc.steps and not (budget_s and clock() - started >= budget_s):
-            with nvtx_range("hcdlm_train_step"):
-                context, target = (t.to(device) for t in task.train_batch(task_rng, tc.batch_size))
-                loss, parts = compute_loss(model, kernel, context, target, config, generator)
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"non-finite loss {float(loss)} at step {step}: {parts}")
-                for group in optimizer.param_groups:
-                    group["lr"] = warmup_lr(tc.lr, tc.warmup_steps, step)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if tc.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-                optimizer.step()
-                update_ema(ema, model, tc.ema, step)
-            step += 1
-            bar.update()
-            bar.set_postfix(loss=f"{parts['loss']:.4f}")
-            if step % tc.log_every == 0 or step == tc.steps:
-                record = {"step": step, f"{tc.budget_clock}_s": round(clock() - started, 2), "lr": optimizer.param_groups[0]["lr"], **parts}
-                log.append(record)
-            if step % tc.checkpoint_every == 0:
-                save_checkpoint(run_dir, step, config, model, ema, optimizer, task_rng, generator, clock() - started)
-    elapsed = clock() - started
-    if latest_checkpoint(run_dir) is None or load_state(latest_checkpoint(run_dir))["step"] != step:
-        save_checkpoint(run_dir, step, config, model, ema, optimizer, task_rng, generator, elapsed)
-    logger.info("stopped at step %d after %.1f s of %s time (loss %s)", step, elapsed, tc.budget_clock, parts.get("loss"))
-    return {"step": step, "elapsed_s": elapsed, "parameters": n_params, **parts}
+        check_layout(folder)
+        tc = config.train
+        if tc.threads:
+            torch.set_num_threads(tc.threads)
+        device = resolve_device(tc.device)
+        ds_config, world = prepare_deepspeed(deepspeed_config, loop_settings(tc, str(device)))
+        with training_session(ds_config, loop_settings(tc, str(device))) as (rank, _, session_device):
+            job = RunJob(config, folder, torch.device(session_device), rank)
+            engine_kind = "deepspeed" if ds_config is not None else "torch"
+            checkpoint = resume_point(folder, job, engine_kind, world, resume=None)
+            if rank == 0:
+                config.save(folder / CONFIG_NAME)
+            logger.info("%s on %s: %d parameters, %d steps, %s", config.model.kind, config.task.name, job.parameters,
+                        tc.steps, session_device)
+            run = fit(job, folder, ds_config, checkpoint)
+            logger.info("stopped at step %d after %.1f s of %s time (loss %s)", run.step, run.elapsed_s, tc.budget_clock,
+                        run.values.get("loss"))
+            return {"step": run.step, "elapsed_s": run.elapsed_s, "parameters": job.parameters, **run.values}

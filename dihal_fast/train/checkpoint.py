@@ -1,9 +1,19 @@
-"""Checkpoints of a bridge training run: ``RUN/checkpoints/step_NNNNNNNN/`` holding the engine's state
-(weights, optimizer, LR schedule; ZeRO partitions under DeepSpeed), the EMA, every rank's RNG state, the
-step (which is also the data position) and the configs; ``RUN/checkpoints/latest`` names the newest.
+"""The one checkpoint layout of every training family (backbone, bridge, HC-DLM)::
+
+    RUN/checkpoints/step_NNNNNNNN/
+        weights.safetensors        the trainable parameters, full values (gathered under ZeRO-3)
+        ema.safetensors            their EMA (when the run keeps one)
+        engine/                    optimizer + LR schedule (ZeRO partitions under DeepSpeed)
+        rng_rank<R>.safetensors    torch (and CUDA) random state of rank R
+        rng_rank<R>.json           NumPy and Python random state of rank R
+        stream.json, stream.safetensors   the family's own data / noise streams (rank 0)
+        <name>.json                the family's configs (e.g. train_config.json), compared on resume
+        state.json                 step, engine, world size, training time so far
+    RUN/checkpoints/latest         the name of the newest complete checkpoint
 
 A checkpoint is written into a hidden temporary folder and renamed when complete, so a crash leaves the
-previous one intact; resuming checks everything it can before any training starts.
+previous one intact; resuming checks everything it can before any training starts. Nothing is pickled:
+tensors are safetensors, the rest JSON (the optimizer state goes through ``torch.load(weights_only=True)``).
 """
 from __future__ import annotations
 
@@ -11,6 +21,7 @@ import json
 import random
 import re
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -18,16 +29,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
-from dihal_fast.train.config import TrainConfig
 from dihal_fast.train.ema import EMA
 from dihal_fast.train.engines import load_checked
 
-# Fields that may change between a run and its resumption (they do not change what a step computes).
-RESUMABLE_CHANGES = {"steps", "log_every", "eval_every", "save_every", "keep_checkpoints", "device"}
+WEIGHTS, EMA_WEIGHTS = "weights.safetensors", "ema.safetensors"
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
-    return run_dir / "checkpoints"
+    return Path(run_dir) / "checkpoints"
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -49,21 +58,40 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path
 
 
-def check_resumable(path: Path, config: TrainConfig, engine_kind: str, world_size: int) -> int:
-    """Validate a checkpoint against this run before anything is built; returns its step."""
-    state = read_json(path / "state.json", "checkpoint state")
-    saved = TrainConfig.from_dict(read_json(path / "train_config.json", "checkpoint train config")).to_dict()
-    differing = sorted(k for k in saved if k not in RESUMABLE_CHANGES and saved[k] != config.to_dict()[k])
-    if differing:
-        raise ValueError(f"checkpoint {path} was written with different settings for {differing}; resume with the "
-                         "same settings or start a new --out directory")
+def checkpoint_state(path: Path) -> dict:
+    """``state.json`` of a checkpoint: step, engine, world size, training seconds, the family's stream state."""
+    return read_json(path / "state.json", "checkpoint state")
+
+
+def check_resumable(path: Path, configs: dict[str, dict], resumable: Iterable[str], engine_kind: str, world_size: int,
+                    steps: int) -> int:
+    """Validate a checkpoint against this run before anything is built; returns its step.
+
+    ``configs`` are this run's configs by file name; a field that differs from the saved one refuses the
+    resume unless its name is in ``resumable`` (fields that do not change what a step computes).
+    """
+    state = checkpoint_state(path)
+    allowed = set(resumable)
+    for name, config in configs.items():
+        saved = read_json(path / name, "checkpoint config")
+        differing = sorted(k for k in set(saved) | set(config) if k not in allowed and saved.get(k) != config.get(k))
+        if differing:
+            sections = [k for k in differing if isinstance(config.get(k), dict)]
+            which = f" (a different {' and '.join(sections)} configuration)" if sections else ""
+            fields = [f"{k}.{f}" for k in sections for f in sorted(set(saved.get(k) or {}) | set(config[k]))
+                      if (saved.get(k) or {}).get(f) != config[k].get(f)]
+            raise ValueError(f"checkpoint {path} was written with different settings for {fields or differing}{which}; "
+                             "resume with the same settings or start a new --out directory")
     if state.get("engine") != engine_kind:
         raise ValueError(f"checkpoint {path} was written by the {state.get('engine')!r} engine, this run uses {engine_kind!r}")
     if state.get("world_size") != world_size:
         raise ValueError(f"checkpoint {path} was written by {state.get('world_size')} processes; resume with the same number, not {world_size}")
-    if not isinstance(state.get("step"), int) or not 0 < state["step"] <= config.steps:
-        raise ValueError(f"checkpoint {path} has step {state.get('step')!r}, outside 1..{config.steps} (--steps)")
-    for name in ("ema.safetensors", "engine"):
+    if not isinstance(state.get("step"), int) or not 0 < state["step"] <= steps:
+        raise ValueError(f"checkpoint {path} has step {state.get('step')!r}, outside 1..{steps} (--steps)")
+    if not (path / WEIGHTS).exists() and (path / "engine" / "trainable.safetensors").exists():
+        raise ValueError(f"checkpoint {path} was written by an earlier dihal_fast (weights in engine/trainable.safetensors); "
+                         "this version cannot resume it: train again into a new --out")
+    for name in (WEIGHTS, "engine"):
         if not (path / name).exists():
             raise ValueError(f"checkpoint {path} is incomplete: {name} is missing")
     return state["step"]
@@ -88,8 +116,9 @@ def _set_rng_state(tensors: dict, plain: dict) -> None:
     random.setstate((version, tuple(state), gauss))
 
 
-def save_checkpoint(run_dir: Path, step: int, engine, ema: EMA, config: TrainConfig, bridge_config: dict) -> Path:
-    """Write checkpoint ``step`` (collective under DeepSpeed), point ``latest`` at it, prune old ones."""
+def save_checkpoint(run_dir: Path, step: int, engine, ema: EMA | None, configs: dict[str, dict], keep: int,
+                    elapsed_s: float = 0.0, stream: tuple[dict, dict[str, torch.Tensor]] = ({}, {})) -> Path:
+    """Write checkpoint ``step`` (collective under DeepSpeed), point ``latest`` at it, prune all but ``keep``."""
     root = checkpoints_dir(run_dir)
     name = f"step_{step:08d}"
     tmp, final = root / f".tmp_{name}", root / name
@@ -98,32 +127,57 @@ def save_checkpoint(run_dir: Path, step: int, engine, ema: EMA, config: TrainCon
         tmp.mkdir(parents=True)
     engine.barrier()
     engine.save(tmp / "engine")
+    with engine.full_parameters() as named:
+        if engine.rank == 0:
+            save_file({n: p.detach().contiguous().cpu() for n, p in named}, str(tmp / WEIGHTS))
     tensors, plain = _rng_state()
     save_file(tensors, str(tmp / f"rng_rank{engine.rank}.safetensors"))
     atomic_write_json(tmp / f"rng_rank{engine.rank}.json", plain)
     if engine.rank == 0:
-        save_file(ema.state_dict(), str(tmp / "ema.safetensors"))
-        atomic_write_json(tmp / "train_config.json", config.to_dict())
-        atomic_write_json(tmp / "bridge_config.json", bridge_config)
-        atomic_write_json(tmp / "state.json", {"step": step, "engine": engine.kind, "world_size": engine.world_size})
+        if ema is not None:
+            save_file(ema.state_dict(), str(tmp / EMA_WEIGHTS))
+        stream_plain, stream_tensors = stream
+        atomic_write_json(tmp / "stream.json", stream_plain)
+        save_file({k: v.contiguous() for k, v in stream_tensors.items()}, str(tmp / "stream.safetensors"))
+        for file_name, config in configs.items():
+            atomic_write_json(tmp / file_name, config)
+        atomic_write_json(tmp / "state.json", {"step": step, "engine": engine.kind, "world_size": engine.world_size,
+                                               "elapsed_s": elapsed_s})
     engine.barrier()
     if engine.rank == 0:
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         atomic_write_bytes(root / "latest", name.encode())
-        for old in sorted(p for p in root.glob("step_*") if p.is_dir())[: -config.keep_checkpoints]:
+        for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
             shutil.rmtree(old)
     engine.barrier()
     return final
 
 
-def load_checkpoint(path: Path, engine, ema: EMA) -> int:
-    """Restore engine, EMA and this rank's RNG from ``path``; returns the step to continue from."""
-    step = read_json(path / "state.json", "checkpoint state")["step"]
+def load_weights(path: Path, use_ema: bool = False) -> dict[str, torch.Tensor]:
+    """The trainable parameters (or their EMA) saved in checkpoint ``path``; a damaged file is a ValueError."""
+    return load_checked(path / (EMA_WEIGHTS if use_ema else WEIGHTS), lambda p: load_file(str(p)))
+
+
+def load_checkpoint(path: Path, engine, ema: EMA | None) -> tuple[int, dict, tuple[dict, dict]]:
+    """Restore weights, engine, EMA and this rank's RNG from ``path``.
+
+    Returns the step to continue from, the saved ``state.json`` and the family's stream state.
+    """
+    state = checkpoint_state(path)
+    weights = load_weights(path)
+    with engine.full_parameters() as named, torch.no_grad():
+        names = [n for n, _ in named]
+        if sorted(weights) != sorted(names) or any(weights[n].shape != p.shape for n, p in named):
+            raise ValueError(f"checkpoint {path} holds parameters {sorted(weights)[:4]}..., not this run's {names[:4]}...")
+        for n, p in named:
+            p.copy_(weights[n])
     engine.load(path / "engine")
-    ema.load_state_dict(load_checked(path / "ema.safetensors", lambda p: load_file(str(p))))
+    if ema is not None:
+        ema.load_state_dict(load_checked(path / EMA_WEIGHTS, lambda p: load_file(str(p))))
     tensors = load_checked(path / f"rng_rank{engine.rank}.safetensors", lambda p: load_file(str(p)))
     plain = load_checked(path / f"rng_rank{engine.rank}.json", lambda p: json.loads(p.read_text()))
     _set_rng_state(tensors, plain)
-    return step
-
+    stream = (load_checked(path / "stream.json", lambda p: json.loads(p.read_text())),
+              load_checked(path / "stream.safetensors", lambda p: load_file(str(p))))
+    return state["step"], state, stream

@@ -11,6 +11,7 @@ from typing import Any
 
 from dihal_fast.bridge import PREDICTIONS, SAMPLERS, SCHEDULES, BridgeConfig
 from dihal_fast.bridge.serial import DictConfig
+from dihal_fast.train.settings import LoopSettings
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -31,7 +32,7 @@ class TrainConfig(DictConfig):
     steps: int = _opt(300, "optimizer steps in total")
     lr: float = _opt(3e-3, "peak AdamW learning rate")
     weight_decay: float = _opt(0.0, "AdamW weight decay")
-    warmup_steps: int = _opt(20, "linear warm-up steps, then cosine decay to a tenth of the peak")
+    warmup_steps: int = _opt(20, "linear warm-up steps ((step + 1) / warmup), then cosine decay to a tenth of the peak")
     grad_clip: float = _opt(1.0, "clip the global gradient norm to this value (0 = off)")
     ema_decay: float = _opt(0.999, "EMA decay of the exported bridge weights (with warm-up (1+s)/(10+s))")
     # loss
@@ -69,6 +70,13 @@ class TrainConfig(DictConfig):
         if self.w_diff + self.w_rec + self.w_lm + self.w_kd == 0:
             raise ValueError("all loss weights are 0: nothing to train")
         self.bridge_options(hidden_size=8)  # validates the overrides
+
+    def loop_settings(self, device: str | None = None) -> LoopSettings:
+        """The shared loop's view of a bridge run (cosine to a tenth of the peak rate after warm-up)."""
+        return LoopSettings(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
+                            lr_floor=0.1, weight_decay=self.weight_decay, grad_clip=self.grad_clip, ema_decay=self.ema_decay,
+                            seed=self.seed, device=device or self.device, log_every=self.log_every,
+                            save_every=self.save_every, keep_checkpoints=self.keep_checkpoints)
 
     def bridge_options(self, hidden_size: int, layer: int = 1) -> BridgeConfig:
         """The BridgeConfig these overrides give for a backbone of width ``hidden_size``."""

@@ -4,7 +4,7 @@ Only the trainable parameters (the bridge, plus the retained layers with ``train
 optimizer, and that optimizer is torch's AdamW, so no DeepSpeed op is ever compiled (the optional
 shared-memory communication op is switched off too; gloo carries CPU collectives). A DeepSpeed config is
 checked before anything starts: asking for a GPU-only feature on a CPU machine, an optimizer or scheduler
-section (this trainer owns both), or batch settings that contradict the TrainConfig are clear errors.
+section (this trainer owns both), or batch settings that contradict the loop settings are clear errors.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from dihal_fast.common import read_json
-from dihal_fast.train.config import TrainConfig
 from dihal_fast.train.engines import make_optimizer, trainable_parameters
+from dihal_fast.train.settings import LoopSettings
 
 logger = logging.getLogger(__name__)
 _TAG = "engine"
@@ -42,12 +42,12 @@ def world_size_from_env() -> int:
     return int(value)
 
 
-def load_deepspeed_config(path: str | os.PathLike, config: TrainConfig, cuda: bool | None = None) -> dict:
+def load_deepspeed_config(path: str | os.PathLike, settings: LoopSettings, cuda: bool | None = None) -> dict:
     """Read and check a DeepSpeed JSON config; returns it with the batch/clipping keys filled in."""
-    return check_deepspeed_config(read_json(path, "DeepSpeed config"), config, torch.cuda.is_available() if cuda is None else cuda, str(path))
+    return check_deepspeed_config(read_json(path, "DeepSpeed config"), settings, torch.cuda.is_available() if cuda is None else cuda, str(path))
 
 
-def check_deepspeed_config(ds: dict, config: TrainConfig, cuda: bool, name: str = "DeepSpeed config") -> dict:
+def check_deepspeed_config(ds: dict, settings: LoopSettings, cuda: bool, name: str = "DeepSpeed config") -> dict:
     """Validate ``ds`` against this trainer and machine; fill ``train_micro_batch_size_per_gpu`` etc."""
     if not isinstance(ds, dict):
         raise ValueError(f"{name} must be a JSON object, got {type(ds).__name__}")
@@ -64,16 +64,16 @@ def check_deepspeed_config(ds: dict, config: TrainConfig, cuda: bool, name: str 
         _reject_gpu_only(ds, zero, name)
     world = world_size_from_env()
     expected = {
-        "train_micro_batch_size_per_gpu": config.batch_size,
+        "train_micro_batch_size_per_gpu": settings.batch_size,
         "gradient_accumulation_steps": 1,
-        "train_batch_size": config.batch_size * world,
-        "gradient_clipping": config.grad_clip,
+        "train_batch_size": settings.batch_size * world,
+        "gradient_clipping": settings.grad_clip,
     }
     for key, value in expected.items():
         given = ds.get(key, "auto")
         if given != "auto" and given != value:
             raise ValueError(f"{name}: {key} = {given!r} contradicts the training settings ({value!r}: --batch-size "
-                             f"{config.batch_size} per process x {world} processes, --grad-clip {config.grad_clip}, no "
+                             f"{settings.batch_size} per process x {world} processes, --grad-clip {settings.grad_clip}, no "
                              "gradient accumulation); remove the key or set it to \"auto\"")
         ds[key] = value
     ds.setdefault("steps_per_print", 10**9)
@@ -130,15 +130,15 @@ class DeepSpeedEngine:
 
     kind = "deepspeed"
 
-    def __init__(self, objective: nn.Module, config: TrainConfig, ds_config: dict):
+    def __init__(self, objective: nn.Module, settings: LoopSettings, ds_config: dict):
         import deepspeed
 
-        self.config, self.stage = config, ds_config.get("zero_optimization", {}).get("stage", 0)
+        self.settings, self.stage = settings, ds_config.get("zero_optimization", {}).get("stage", 0)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         cuda = torch.cuda.is_available()
         self.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
         named = trainable_parameters(objective)
-        optimizer, scheduler = make_optimizer([p for _, p in named], config)
+        optimizer, scheduler = make_optimizer(named, settings)
         self.engine, _, _, self.scheduler = deepspeed.initialize(
             model=objective, optimizer=optimizer, lr_scheduler=scheduler, model_parameters=[p for _, p in named], config=ds_config,
         )

@@ -1,36 +1,34 @@
 """Two training engines behind one interface: a plain torch loop and DeepSpeed ZeRO.
 
 An engine owns the objective module, the optimizer (torch AdamW over the trainable parameters only) and
-the LR schedule (linear warm-up, cosine decay to a tenth). ``engine(**inputs)`` runs the objective,
+the LR schedule (:func:`~dihal_fast.train.settings.lr_factor`). ``engine(**inputs)`` runs the objective,
 ``backward(loss)`` and ``step()`` update (with gradient clipping), ``save(dir)`` / ``load(dir)`` hold the
-engine's part of a checkpoint, ``full_parameters()`` yields the trainable parameters with their full
-values (ZeRO-3 gathers them), ``barrier()`` waits for the other processes.
+engine's optimizer state, ``full_parameters()`` yields the trainable parameters with their full values
+(ZeRO-3 gathers them), ``barrier()`` waits for the other processes. The weights themselves are written
+by :mod:`dihal_fast.train.checkpoint`, the same way for both engines.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dihal_fast.train.config import TrainConfig
+from dihal_fast.train.settings import LoopSettings, lr_factor
 
 
-def make_optimizer(parameters: list[nn.Parameter], config: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """Torch AdamW (no compiled op needed anywhere) and the warm-up + cosine schedule."""
-    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
-
-    def factor(step: int) -> float:
-        if step < config.warmup_steps:
-            return (step + 1) / (config.warmup_steps + 1)
-        progress = min(1.0, (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps))
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+def make_optimizer(named: list[tuple[str, nn.Parameter]], settings: LoopSettings
+                   ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """Torch AdamW (no compiled op needed anywhere) and the warm-up + cosine schedule of :func:`lr_factor`."""
+    parameters = [p for _, p in named]
+    groups: list = parameters
+    if settings.decay_matrices_only:
+        groups = [{"params": [p for p in parameters if p.ndim >= 2], "weight_decay": settings.weight_decay},
+                  {"params": [p for p in parameters if p.ndim < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, settings))
 
 
 def trainable_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -54,11 +52,11 @@ class TorchEngine:
     kind = "torch"
     rank, world_size = 0, 1
 
-    def __init__(self, objective: nn.Module, config: TrainConfig):
-        self.module, self.config = objective, config
+    def __init__(self, objective: nn.Module, settings: LoopSettings):
+        self.module, self.settings = objective, settings
         self.named = trainable_parameters(objective)
-        self.optimizer, self.scheduler = make_optimizer([p for _, p in self.named], config)
-        self.device = torch.device(config.device)
+        self.optimizer, self.scheduler = make_optimizer(self.named, settings)
+        self.device = torch.device(settings.device)
 
     def __call__(self, **inputs):
         return self.module(**inputs)
@@ -69,7 +67,7 @@ class TorchEngine:
     def step(self) -> float:
         """Clip, update, advance the schedule, zero the gradients; returns the gradient norm before clipping."""
         parameters = [p for _, p in self.named]
-        limit = self.config.grad_clip if self.config.grad_clip > 0 else float("inf")
+        limit = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(parameters, limit)
         self.optimizer.step()
         self.scheduler.step()
@@ -78,6 +76,7 @@ class TorchEngine:
 
     @property
     def lr(self) -> float:
+        """The rate the next :meth:`step` applies."""
         return self.scheduler.get_last_lr()[0]
 
     @contextlib.contextmanager
@@ -86,18 +85,10 @@ class TorchEngine:
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        save_file({name: p.detach().contiguous().cpu() for name, p in self.named}, str(directory / "trainable.safetensors"))
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, directory / "optimizer.pt")
 
     def load(self, directory: Path) -> None:
-        weights = load_checked(directory / "trainable.safetensors", lambda p: load_file(str(p)))
         state = load_checked(directory / "optimizer.pt", lambda p: torch.load(p, map_location="cpu", weights_only=True))
-        names = [name for name, _ in self.named]
-        if sorted(weights) != sorted(names):
-            raise ValueError(f"checkpoint {directory} holds parameters {sorted(weights)[:4]}..., not this run's {names[:4]}...")
-        with torch.no_grad():
-            for name, p in self.named:
-                p.copy_(weights[name])
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])

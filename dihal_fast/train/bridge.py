@@ -1,0 +1,206 @@
+"""``train_bridge``: train (or resume) a bridge replacing backbone layers ``1..layer`` and export the hybrid.
+
+The bridge is a :class:`~dihal_fast.train.trainer.TrainingJob` of the shared loop; this module holds
+only what is the bridge's: the checks before any weights load, the teacher targets of each batch,
+validation with the EMA weights, and the export. Run directory::
+
+    train_config.json, bridge_config.json   the configs (also inside every checkpoint)
+    log.jsonl, loss_curve.png                training log and its plot
+    checkpoints/step_NNNNNNNN/, latest       checkpoints (see dihal_fast.train.checkpoint)
+    validation.json                          validation history and the final report
+    hybrid/                                  the exported HybridLM (EMA weights)
+    result.json                              the summary train_bridge returns
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dihal_fast.bridge import BridgeConfig
+from dihal_fast.common import atomic_write_json, read_json, seed_everything
+from dihal_fast.common.models import load_causal_lm, resolve_model_dir
+from dihal_fast.corpus import corpus_files
+from dihal_fast.hybrid import HybridLM, backbone_targets
+from dihal_fast.hybrid.slicing import check_family, check_layer
+from dihal_fast.train.checkpoint import check_resumable, latest_checkpoint
+from dihal_fast.train.config import TrainConfig
+from dihal_fast.train.data import Blocks, batch_indices, load_blocks, step_generator
+from dihal_fast.train.objective import BridgeObjective
+from dihal_fast.train.runlog import RunLog
+from dihal_fast.train.statistics import target_statistics
+from dihal_fast.train.trainer import LOG_NAME, TrainingJob, TrainingRun, fit, prepare_deepspeed, training_session
+from dihal_fast.train.validation import validation_bridge_loss
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepInfo:
+    """What a ``callback`` sees after each optimizer step."""
+
+    step: int
+    losses: dict[str, float]
+    engine: object
+
+
+# Fields that may change between a run and its resumption (they do not change what a step computes).
+RESUMABLE_CHANGES = frozenset({"steps", "log_every", "eval_every", "save_every", "keep_checkpoints", "device"})
+CONFIG_NAME, BRIDGE_CONFIG_NAME = "train_config.json", "bridge_config.json"
+
+
+def _preflight(model_dir, layer: int, corpus, out_dir: Path, config: TrainConfig, deepspeed_config, resume: bool):
+    """Every check that needs no model weights: fails fast, before any process group or training."""
+    from transformers import AutoConfig
+
+    model_dir = resolve_model_dir(model_dir)
+    backbone_config = AutoConfig.from_pretrained(model_dir)
+    check_family(backbone_config)
+    check_layer(backbone_config, layer)
+    corpus_files(corpus)
+    ds_config, world = prepare_deepspeed(deepspeed_config, config.loop_settings())
+    checkpoint = latest_checkpoint(out_dir)
+    if checkpoint is not None and not resume:
+        raise ValueError(f"{out_dir} already holds a training run (checkpoint {checkpoint.name}); pass --resume to continue it or use a new --out")
+    if checkpoint is not None:
+        check_resumable(checkpoint, {CONFIG_NAME: config.to_dict()}, RESUMABLE_CHANGES,
+                        "deepspeed" if ds_config is not None else "torch", world, config.steps)
+        read_json(checkpoint / BRIDGE_CONFIG_NAME, "checkpoint bridge config")
+    elif resume:
+        logger.info("--resume: no checkpoint in %s yet, starting at step 0", out_dir)
+    return model_dir, ds_config, checkpoint
+
+
+def export_hybrid(backbone, tokenizer, layer: int, bridge_config: BridgeConfig, model_dir: Path, train_upper: bool,
+                  weights: dict[str, torch.Tensor]) -> HybridLM:
+    """A fresh HybridLM (plain modules, whatever the engine) carrying ``weights`` (EMA of the trainable parameters)."""
+    options = {k: v for k, v in bridge_config.to_dict().items() if k not in ("hidden_size", "condition_size", "layer")}
+    hybrid = HybridLM.from_backbone(backbone, layer, options, tokenizer, model_dir, freeze_upper=not train_upper)
+    prefix = "hybrid."
+    state = {name[len(prefix):]: value for name, value in weights.items()}
+    missing = set(state) - {name for name, _ in hybrid.named_parameters()}
+    if missing:
+        raise ValueError(f"exported weights name unknown parameters: {sorted(missing)[:4]}")
+    hybrid.load_state_dict(state, strict=False)
+    return hybrid.to(next(backbone.parameters()).device).eval()
+
+
+def train_bridge(model_dir: str | os.PathLike | None, layer: int, corpus: str | os.PathLike, out_dir: str | os.PathLike,
+                 config: TrainConfig | None = None, deepspeed_config: str | os.PathLike | None = None, resume: bool = False,
+                 val_corpus: str | os.PathLike | None = None, callback: Callable[[StepInfo], None] | None = None) -> dict:
+    """Train a bridge for hidden state ``layer`` of ``model_dir`` (None = shipped backbone) on ``corpus``.
+
+    Returns the summary also written to ``out_dir/result.json``: ``bridge_loss`` (validation, EMA weights),
+    the validation report, ``hybrid_dir`` and timings. With ``deepspeed_config`` the DeepSpeed engine is
+    used (launch several processes with torchrun); otherwise one process with plain torch.
+    """
+    config = config or TrainConfig()
+    out_dir = Path(out_dir)
+    model_dir, ds_config, checkpoint = _preflight(model_dir, layer, corpus, out_dir, config, deepspeed_config, resume)
+    with training_session(ds_config, config.loop_settings()) as (rank, _, device):
+        backbone, tokenizer = load_causal_lm(model_dir, config.dtype, device)
+        backbone.requires_grad_(False)
+        blocks = load_blocks(tokenizer, corpus, config.seq_len, config.val_blocks, config.max_train_tokens, val_corpus)
+        bridge_config = _bridge_config(checkpoint, backbone, blocks, layer, config)
+        if rank == 0:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(out_dir / CONFIG_NAME, config.to_dict())
+            atomic_write_json(out_dir / BRIDGE_CONFIG_NAME, bridge_config.to_dict())
+        seed_everything(config.seed)
+        export = functools.partial(export_hybrid, backbone, tokenizer, layer, bridge_config, model_dir, config.train_upper)
+        job = BridgeJob(BridgeObjective(export({}).train(), config), config, bridge_config, backbone, blocks, export,
+                        device, rank, callback)
+        if rank == 0 and checkpoint is not None and (out_dir / "validation.json").is_file():
+            start = read_json(checkpoint / "state.json", "checkpoint state")["step"]
+            job.history = [h for h in read_json(out_dir / "validation.json")["history"] if h["step"] <= start]
+        began = time.perf_counter()
+        run = fit(job, out_dir, ds_config, checkpoint)
+        return job.finish(run, time.perf_counter() - began)
+
+
+class BridgeJob(TrainingJob):
+    """Bridge training: teacher targets per batch, periodic validation with the EMA weights, the final export."""
+
+    resumable = RESUMABLE_CHANGES
+
+    def __init__(self, objective: BridgeObjective, config: TrainConfig, bridge_config: BridgeConfig, backbone,
+                 blocks: Blocks, export: Callable[[dict], HybridLM], device: str, rank: int,
+                 callback: Callable[[StepInfo], None] | None):
+        self.objective, self.config, self.backbone, self.blocks, self.export = objective, config, backbone, blocks, export
+        self.settings = config.loop_settings(device)
+        self.configs = {CONFIG_NAME: config.to_dict()}
+        self.derived = {BRIDGE_CONFIG_NAME: bridge_config.to_dict()}
+        self.layer, self.rank, self.callback = bridge_config.layer, rank, callback
+        self.name = f"bridge layer {self.layer}"
+        self.history: list[dict] = []
+
+    def batch(self, step: int, engine) -> dict:
+        config = self.config
+        rows = batch_indices(step, self.blocks.train.shape[0], config.batch_size, engine.world_size, self.rank, config.seed)
+        ids = self.blocks.train[rows].to(engine.device)
+        hidden, teacher_logits = backbone_targets(self.backbone, ids, self.layer)
+        randoms = engine.module.random_inputs(*ids.shape, step_generator(config.seed, step, self.rank))
+        return {"input_ids": ids, "target_hidden": hidden, "teacher_logits": teacher_logits if config.w_kd > 0 else None,
+                **{k: v.to(engine.device) for k, v in randoms.items()}}
+
+    def after_step(self, step: int, values: dict[str, float], run: TrainingRun) -> dict:
+        if not (self.config.eval_every and step % self.config.eval_every == 0 and step < self.config.steps):
+            return {}
+        report = self._validate(run, step)
+        if not report:
+            return {}
+        self.history.append(report)
+        return {"val_bridge_loss": report["bridge_loss"]}
+
+    def step_done(self, step: int, run: TrainingRun) -> None:
+        if self.callback is not None:
+            self.callback(StepInfo(step, run.values, run.engine))
+
+    def _validate(self, run: TrainingRun, step: int, export_dir: Path | None = None) -> dict:
+        """Rank 0 validates (and optionally saves) a fresh hybrid with the EMA weights; the others wait."""
+        report: dict = {}
+        if self.rank == 0:
+            hybrid = self.export(run.ema_weights())
+            report = {"step": step, "layer": hybrid.config.layer,
+                      **validation_bridge_loss(hybrid, self.backbone, self.blocks.val, self.config.batch_size, seed=self.config.seed)}
+            logger.info("step %d: validation bridge loss %.4f, hybrid PPL %.2f vs backbone %.2f", step,
+                        report["bridge_loss"], report["hybrid_ppl"], report["backbone_ppl"])
+            if export_dir is not None:
+                hybrid.save_pretrained(export_dir)
+        run.engine.barrier()
+        return report
+
+    def finish(self, run: TrainingRun, seconds: float) -> dict:
+        """Final validation and export (EMA weights), ``validation.json``, the loss curve and ``result.json``."""
+        out_dir = run.run_dir
+        final = self._validate(run, self.config.steps, export_dir=out_dir / "hybrid")
+        if self.rank != 0:
+            return {}
+        history = self.history + [final]
+        atomic_write_json(out_dir / "validation.json", {"history": history, "final": final})
+        RunLog(out_dir / LOG_NAME).plot(out_dir / "loss_curve.png", f"bridge for hidden state {final['layer']}",
+                                        [(h["step"], h["bridge_loss"]) for h in history])
+        result = {
+            "layer": final["layer"], "steps": self.config.steps, "bridge_loss": final["bridge_loss"], "validation": final,
+            "hybrid_dir": str(out_dir / "hybrid"), "engine": run.engine.kind, "world_size": run.engine.world_size,
+            "train_seconds_this_run": seconds, "last_checkpoint_step": run.step,
+        }
+        atomic_write_json(out_dir / "result.json", result)
+        return result
+
+
+def _bridge_config(checkpoint: Path | None, backbone, blocks: Blocks, layer: int, config: TrainConfig) -> BridgeConfig:
+    """The checkpoint's bridge config when resuming, else the options with fresh target statistics."""
+    if checkpoint is not None:
+        return BridgeConfig.from_dict(read_json(checkpoint / BRIDGE_CONFIG_NAME, "checkpoint bridge config"))
+    bridge_config = config.bridge_options(backbone.config.hidden_size, layer)
+    mean, std, condition_rms = target_statistics(backbone, blocks.train[: config.stats_blocks], layer, config.batch_size)
+    bridge_config.target_mean, bridge_config.target_std = [float(v) for v in mean], std
+    bridge_config.condition_rms = condition_rms
+    return bridge_config

@@ -1,0 +1,233 @@
+"""The one training loop of the package: the backbone, the bridge and HC-DLM each describe their run as a
+:class:`TrainingJob` (an objective module, a batch per step, their configs) and call :func:`fit`.
+
+``fit`` owns what every family needs the same way: the engine (plain torch or DeepSpeed ZeRO), the LR
+schedule, gradient clipping, the EMA, the JSONL log, checkpoints and exact resume, an optional time
+budget (wall-clock or process CPU time, for equal-time comparisons), thread governance on shared
+machines, the progress bar, NVTX ranges, and a clean stop on SIGTERM (the last checkpoint is kept).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dihal_fast.common.progress import progress_bar
+from dihal_fast.cpu_threads import poll_threads
+from dihal_fast.profiling import nvtx_range
+from dihal_fast.train.checkpoint import check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
+from dihal_fast.train.ema import EMA
+from dihal_fast.train.engines import TorchEngine
+from dihal_fast.train.runlog import RunLog
+from dihal_fast.train.settings import LoopSettings
+
+logger = logging.getLogger(__name__)
+
+LOG_NAME = "log.jsonl"
+
+
+class TrainingJob:
+    """What a family tells :func:`fit`. Subclasses set the attributes and override :meth:`batch`.
+
+    ``objective(**batch)`` returns a dict of losses whose ``"loss"`` is minimised (tensors or floats);
+    ``configs`` are saved in every checkpoint by file name and compared on resume, except the fields in
+    ``resumable``; ``derived`` configs (computed from data, e.g. target statistics) are saved, not compared.
+    """
+
+    name: str = "train"
+    objective: nn.Module
+    settings: LoopSettings
+    configs: dict[str, dict]
+    derived: dict[str, dict] = {}
+    resumable: frozenset[str] = frozenset()
+
+    def batch(self, step: int, engine) -> dict:
+        """Keyword inputs of the objective at optimizer step ``step`` (0-based) on ``engine.device``."""
+        raise NotImplementedError
+
+    def stream_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The family's own random streams (JSON part, tensor part), saved with each checkpoint."""
+        return {}, {}
+
+    def load_stream_state(self, plain: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what :meth:`stream_state` returned."""
+
+    def after_step(self, step: int, values: dict[str, float], run: TrainingRun) -> dict:
+        """Extra log fields after optimizer step ``step`` (1-based); a non-empty dict logs the step."""
+        return {}
+
+    def on_checkpoint(self, step: int, run: TrainingRun) -> None:
+        """Called on every rank after checkpoint ``step`` is written (e.g. to export a model)."""
+
+    def step_done(self, step: int, run: TrainingRun) -> None:
+        """Called at the very end of optimizer step ``step`` (1-based), after its log line and checkpoint."""
+
+
+@dataclass
+class TrainingRun:
+    """The state of a run inside :func:`fit`, handed to the job's hooks and returned at the end."""
+
+    engine: object
+    ema: EMA | None
+    run_dir: Path
+    step: int = 0
+    elapsed_s: float = 0.0
+    values: dict[str, float] = field(default_factory=dict)
+    log: RunLog | None = None
+
+    def ema_weights(self) -> dict[str, torch.Tensor]:
+        """The EMA of the trainable parameters (or, without an EMA, their current values), on the CPU."""
+        if self.ema is not None:
+            return self.ema.state_dict()
+        with self.engine.full_parameters() as named:
+            return {n: p.detach().float().cpu().clone() for n, p in named}
+
+
+def make_engine(objective: nn.Module, settings: LoopSettings, ds_config: dict | None):
+    """A DeepSpeed engine when ``ds_config`` is given (inside :func:`training_session`), else plain torch."""
+    if ds_config is None:
+        return TorchEngine(objective.to(settings.device), settings)
+    from dihal_fast.train.deepspeed_engine import DeepSpeedEngine
+
+    return DeepSpeedEngine(objective, settings, ds_config)
+
+
+def prepare_deepspeed(deepspeed_config: str | os.PathLike | None, settings: LoopSettings) -> tuple[dict | None, int]:
+    """The checked DeepSpeed config (or None) and the world size; refuses several processes without DeepSpeed."""
+    if deepspeed_config is not None:
+        from dihal_fast.train.deepspeed_engine import load_deepspeed_config, world_size_from_env
+
+        return load_deepspeed_config(deepspeed_config, settings), world_size_from_env()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        raise ValueError(f"launched with WORLD_SIZE={world} but without --deepspeed; multi-process training uses DeepSpeed")
+    return None, 1
+
+
+@contextlib.contextmanager
+def training_session(ds_config: dict | None, settings: LoopSettings) -> Iterator[tuple[int, int, str]]:
+    """``(rank, world_size, device)``: a DeepSpeed process group when ``ds_config`` is given, else one process."""
+    if ds_config is None:
+        yield 0, 1, settings.device
+        return
+    from dihal_fast.train.deepspeed_engine import distributed_session
+
+    cuda = torch.cuda.is_available()
+    with distributed_session(cuda) as (rank, world):
+        yield rank, world, f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else settings.device
+
+
+def resume_point(run_dir: Path, job: TrainingJob, engine_kind: str, world_size: int, resume: bool | None) -> Path | None:
+    """The checkpoint to continue from, checked against the job; ``resume=None`` continues whenever one exists."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is not None and resume is False:
+        raise ValueError(f"{run_dir} already holds a training run (checkpoint {checkpoint.name}); pass --resume to continue it or use a new --out")
+    if checkpoint is None:
+        if resume:
+            logger.info("--resume: no checkpoint in %s yet, starting at step 0", run_dir)
+        return None
+    check_resumable(checkpoint, job.configs, job.resumable, engine_kind, world_size, job.settings.steps)
+    return checkpoint
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill PID``) raises KeyboardInterrupt, so that a run stops between steps, keeping its checkpoint."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def fit(job: TrainingJob, run_dir: str | os.PathLike, ds_config: dict | None = None, checkpoint: Path | None = None,
+        stop_at: int | None = None, progress: bool = True) -> TrainingRun:
+    """Train ``job`` in ``run_dir`` from ``checkpoint`` (see :func:`resume_point`) up to its ``steps``,
+    its time budget, or ``stop_at`` optimizer steps (as if interrupted, with a checkpoint)."""
+    settings, run_dir = job.settings, Path(run_dir)
+    engine = make_engine(job.objective.train(), settings, ds_config)
+    ema = None
+    if settings.ema_decay > 0:
+        with engine.full_parameters() as named:
+            ema = EMA(named, settings.ema_decay)
+    run = TrainingRun(engine, ema, run_dir)
+    if checkpoint is not None:
+        run.step, state, stream = load_checkpoint(checkpoint, engine, ema)
+        run.elapsed_s = float(state.get("elapsed_s", 0.0))
+        job.load_stream_state(*stream)
+        logger.info("resumed %s from step %d", run_dir, run.step)
+    if engine.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        run.log = RunLog(run_dir / LOG_NAME)
+        run.log.truncate_after(run.step)  # rows a killed run wrote past its last checkpoint are written again
+    end = settings.steps if stop_at is None else min(settings.steps, stop_at)
+    with _sigterm_as_interrupt():
+        try:
+            _loop(job, run, end, progress)
+        except KeyboardInterrupt:
+            logger.warning("interrupted at step %d; the last checkpoint in %s is kept (rerun to resume)", run.step, run_dir)
+            raise
+    return run
+
+
+def _loop(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> None:
+    settings, engine = job.settings, run.engine
+    clock: Callable[[], float] = time.process_time if settings.budget_clock == "cpu" else time.perf_counter
+    budget_s = settings.max_minutes * 60
+    started, saved_at = clock() - run.elapsed_s, run.step
+    bar = progress_bar(total=end, initial=run.step, desc=job.name, unit="step", disable=not progress or engine.rank != 0,
+                       dynamic_ncols=True)
+    while run.step < end and not (budget_s and clock() - started >= budget_s):
+        poll_threads()
+        step = run.step
+        inputs = job.batch(step, engine)
+        with nvtx_range(f"{job.name}_step"):
+            losses = engine(**inputs)
+            loss = losses["loss"]
+            if not math.isfinite(float(loss.detach())):
+                raise FloatingPointError(f"non-finite loss {float(loss.detach())} at step {step}: "
+                                         f"{ {k: float(v.detach()) if isinstance(v, torch.Tensor) else v for k, v in losses.items()} }")
+            lr = engine.lr
+            engine.backward(loss)
+            grad_norm = engine.step()
+        if run.ema is not None:
+            with engine.full_parameters() as named:
+                run.ema.update(named, step)
+        run.step = step + 1
+        run.values = {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v) for k, v in losses.items()}
+        run.elapsed_s = clock() - started
+        bar.update(1)
+        bar.set_postfix(loss=f"{run.values['loss']:.4f}")
+        extra = job.after_step(run.step, run.values, run)
+        if run.log is not None and (run.step % settings.log_every == 0 or run.step == settings.steps or extra):
+            run.log.append({"step": run.step, **run.values, "lr": lr, "grad_norm": grad_norm,
+                            "elapsed_s": round(run.elapsed_s, 3), **extra})
+        if run.step % settings.save_every == 0 or run.step == end:
+            _save(job, run)
+            saved_at = run.step
+        job.step_done(run.step, run)
+    bar.close()
+    if saved_at != run.step:  # stopped by the time budget between checkpoints
+        _save(job, run)
+
+
+def _save(job: TrainingJob, run: TrainingRun) -> None:
+    save_checkpoint(run.run_dir, run.step, run.engine, run.ema, {**job.configs, **job.derived}, job.settings.keep_checkpoints,
+                    run.elapsed_s, job.stream_state())
+    job.on_checkpoint(run.step, run)
