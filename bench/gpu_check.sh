@@ -51,7 +51,7 @@ echo "build seconds: $(( $(date +%s) - start ))"
 
 echo "== CUDA tests"
 status=0
-DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py tests/test_profiling.py || status=$?
+DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider tests/test_geometry_kernels.py tests/test_cuda_build.py tests/test_profiling.py || status=$?
 
 echo "== kernel timings"
 "$PY" bench/bench_gpu.py || status=$?

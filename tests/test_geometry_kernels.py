@@ -1,16 +1,85 @@
-"""Compiled kernels against the NumPy float64 reference, on fresh random inputs of every kind."""
+"""Geometry kernels against the NumPy float64 reference, on one backend x dtype grid.
+
+Backends (the ``backend`` fixture): ``reference`` (the dispatch path around :mod:`dihal_fast.reference`),
+``cpu`` (the C++ kernels) and ``cuda`` (the GPU kernels, marked ``gpu``; skipped with the reason from
+``build_info()`` where no device is usable, turned into failures with DIHAL_REQUIRE_GPU=1 as
+bench/gpu_check.sh does); ``compiled_backend`` drops the reference column where it would compare the
+reference with itself. kNN has a fourth column, ``cuda-emulated``: the CUDA pipeline's candidate lists
+and certification compiled into the CPU module and run on the host, so their logic is tested on every
+machine; the largest eigenvalue has ``cuda-on-host``, the CUDA backend's torch Lanczos on CPU tensors.
+Dtypes: every input dtype the API accepts (float16, bfloat16, float32, float64). The build and
+availability reporting of the CUDA module are tested in ``test_cuda_build.py``.
+
+Tolerances are per backend where the kernels round differently (the CUDA kNN returns distances of
+low-precision rows to 2e-3); each is the one its test had before the CPU and GPU files were merged.
+"""
 from __future__ import annotations
+
+import functools
+import os
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dihal_fast as df
+from dihal_fast import _native
 from dihal_fast import reference as ref
+from dihal_fast.geometry import backend_cuda
+from dihal_fast.geometry.backends import get_backend, symmetrize_upper
+from dihal_fast.geometry.inputs import as_matrix
 
-BACKENDS = ["cpu", "reference"]
+DTYPES = ["float16", "bfloat16", "float32", "float64"]
+REQUIRE_GPU = os.environ.get("DIHAL_REQUIRE_GPU") == "1"
+GRID = ["reference", "cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# A function-scoped fixture under @given is fine here: the backend name is the same for every example.
+GIVEN_WITH_BACKEND = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _require(backend: str) -> None:
+    """Skip (or, for ``cuda`` under DIHAL_REQUIRE_GPU=1, fail) with the backend's own reason when it cannot run."""
+    info = df.build_info()["backends"][backend]
+    reason = None if info["available"] else f"backend {backend!r} cannot run here: {info['reason']}"
+    if reason is None:
+        try:
+            get_backend(backend, "cuda" if backend == "cuda" else "cpu")
+        except df.BackendUnavailable as exc:
+            reason = str(exc)
+    if reason is not None:
+        if REQUIRE_GPU and backend == "cuda":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture(params=GRID)
+def backend(request) -> str:
+    _require(request.param)
+    return request.param
+
+
+@pytest.fixture(params=GRID[1:])
+def compiled_backend(request) -> str:
+    """The compiled backends only: for checks whose reference column would compare the reference with itself."""
+    _require(request.param)
+    return request.param
+
+
+@pytest.fixture(params=GRID + ["cuda-emulated"])
+def knn_backend(request) -> str:
+    if request.param == "cuda-emulated":
+        _require("cpu")
+        if not hasattr(_native.core(), "emulate_cuda_knn"):
+            pytest.skip("this build's CPU module has no host emulation of the CUDA kNN")
+    else:
+        _require(request.param)
+    return request.param
+
+
+def on_backend(X, backend: str):
+    """``X`` where ``backend`` reads it: a CUDA tensor for ``cuda``, unchanged for the host backends."""
+    return torch.as_tensor(X).cuda() if backend == "cuda" else X
 
 
 def low_rank(n: int, D: int, rank: int = 6, noise: float = 0.05, seed: int = 0, offset: float = 3.0) -> np.ndarray:
@@ -20,6 +89,17 @@ def low_rank(n: int, D: int, rank: int = 6, noise: float = 0.05, seed: int = 0, 
     return X + offset * rng.normal(size=D)
 
 
+def gaussian(n: int, D: int, seed: int = 0, rank: int | None = None) -> np.ndarray:
+    """Standard normal rows (float64, torch's generator), or rank-``rank`` rows plus 1 % noise."""
+    g = torch.Generator().manual_seed(seed)
+    if rank is None:
+        X = torch.randn(n, D, generator=g, dtype=torch.float64)
+    else:
+        X = torch.randn(n, rank, generator=g, dtype=torch.float64) @ torch.randn(rank, D, generator=g, dtype=torch.float64)
+        X += 0.01 * torch.randn(n, D, generator=g, dtype=torch.float64)
+    return X.numpy()
+
+
 def as_dtype(X: np.ndarray, dtype: str):
     """``X`` rounded to ``dtype``: NumPy for float16/32/64, a torch tensor for bfloat16."""
     if dtype == "bfloat16":
@@ -27,15 +107,46 @@ def as_dtype(X: np.ndarray, dtype: str):
     return X.astype(dtype)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
-@pytest.mark.parametrize("n,D,k", [(257, 33, 16), (90, 7, 5), (40, 129, 1)])
-def test_knn_matches_reference(dtype, n, D, k):
-    X = as_dtype(low_rank(n, D, seed=n + D), dtype)
-    idx, d2 = df.knn(X, k)
+def column_major(X):
+    """The same matrix with column-major strides (NumPy or torch)."""
+    return X.T.contiguous().T if isinstance(X, torch.Tensor) else np.asfortranarray(X)
+
+
+def _check_certified_rows(X, idx, d2, flags, k: int) -> None:
+    """Rows the emulated CUDA kNN certified (``flags == 0``) equal the reference; the GPU recomputes the others exactly."""
+    ref_idx, ref_d2 = ref.knn(X, k)
+    ok = flags == 0
+    np.testing.assert_array_equal(idx[ok], ref_idx[ok])
+    np.testing.assert_allclose(d2[ok], ref_d2[ok], rtol=1e-12, atol=1e-300)
+
+
+# ---------------------------------------------------------------- kNN
+KNN_CASES = [("low_rank", 257, 33, 16), ("low_rank", 90, 7, 5), ("low_rank", 40, 129, 1),
+             ("gaussian", 517, 67, 16), ("gaussian", 300, 9, 200), ("gaussian", 41, 3, 40)]
+CUDA_KNN_RTOL = {"float32": 1e-5, "float64": 1e-12, "float16": 2e-3, "bfloat16": 2e-3}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind,n,D,k", KNN_CASES)
+def test_knn_matches_reference(knn_backend, dtype, kind, n, D, k):
+    rows = low_rank(n, D, seed=n + D) if kind == "low_rank" else gaussian(n, D)
+    X = as_dtype(rows, dtype)
     ridx, rd2 = ref.knn(X, k)
-    np.testing.assert_array_equal(idx, ridx)
-    assert d2.dtype == (np.float64 if dtype == "float64" else np.float32)
-    np.testing.assert_allclose(d2, rd2, rtol=1e-6 if dtype != "float64" else 1e-12)
+    if knn_backend == "cuda-emulated":
+        if dtype not in ("float32", "float64"):
+            pytest.skip("the host emulation takes float32/float64 rows (the CUDA kernels read float16/bfloat16 on the device)")
+        idx, d2, flags = _native.core().emulate_cuda_knn(X, k, 128, 96, 6)
+        _check_certified_rows(X, idx, d2, flags, k)
+        return
+    X = on_backend(X, knn_backend)
+    for view in (X, column_major(X)):  # contiguous and column-major strides
+        idx, d2 = df.knn(view, k, backend=knn_backend)
+        np.testing.assert_array_equal(idx, ridx)
+        assert d2.dtype == (np.float64 if dtype == "float64" else np.float32)
+        if knn_backend == "cuda":
+            np.testing.assert_allclose(d2, rd2, rtol=CUDA_KNN_RTOL[dtype], atol=1e-12)
+        else:
+            np.testing.assert_allclose(d2, rd2, rtol=1e-6 if dtype != "float64" else 1e-12)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -50,75 +161,244 @@ def test_knn_rowwise_and_symmetric_passes_agree(dtype):
         np.testing.assert_allclose(d2, rd2, rtol=1e-12)
 
 
-def test_knn_duplicate_rows_ties_to_lower_index():
-    rng = np.random.default_rng(1)
-    base = rng.normal(size=(30, 12))
-    X = np.concatenate([base, base[:10], base[:10], base[:5]]).astype(np.float32)  # many exact ties
-    rng.shuffle(X)
-    idx, d2 = df.knn(X, 4)
-    ridx, rd2 = ref.knn(X, 4)
+def _tied_rows(kind: str) -> np.ndarray:
+    rng = np.random.default_rng({"shuffled_duplicates": 1, "grid": 3, "repeated": 3}[kind])
+    if kind == "shuffled_duplicates":
+        base = rng.normal(size=(30, 12))
+        X = np.concatenate([base, base[:10], base[:10], base[:5]]).astype(np.float32)  # many exact ties
+        rng.shuffle(X)
+        return X
+    if kind == "grid":
+        return rng.integers(-2, 3, size=(400, 4)).astype(np.float32)
+    rng.integers(-2, 3, size=(400, 4))  # the draws of "grid" first: the same rows as before the merge
+    return np.repeat(rng.standard_normal((100, 8)), 3, axis=0)
+
+
+@pytest.mark.parametrize("kind,k", [("shuffled_duplicates", 4), ("grid", 7), ("repeated", 7)])
+def test_knn_ties_to_lower_index(backend, kind, k):
+    X = _tied_rows(kind)
+    idx, d2 = df.knn(on_backend(X, backend), k, backend=backend)
+    ridx, rd2 = ref.knn(X, k)
     np.testing.assert_array_equal(idx, ridx)
-    np.testing.assert_array_equal(d2, rd2.astype(np.float32))
+    if kind == "shuffled_duplicates" and backend != "cuda":
+        np.testing.assert_array_equal(d2, rd2.astype(np.float32))
 
 
-def test_knn_large_offset_small_gaps():
+def test_knn_large_offset_small_gaps(backend):
     """Clusters far from the origin with tiny within-cluster gaps: float32 GEMM alone would misorder."""
     rng = np.random.default_rng(2)
     centres = 1e3 * rng.normal(size=(20, 64))
     X = (np.repeat(centres, 25, axis=0) + 1e-2 * rng.normal(size=(500, 64))).astype(np.float32)
-    np.testing.assert_array_equal(df.knn(X, 8)[0], ref.knn(X, 8)[0])
+    np.testing.assert_array_equal(df.knn(on_backend(X, backend), 8, backend=backend)[0], ref.knn(X, 8)[0])
 
 
+@pytest.mark.gpu
+def test_gpu_knn_on_a_side_stream_and_cuvs():
+    _require("cuda")
+    X = torch.from_numpy(gaussian(700, 33, seed=4)).float().cuda()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        idx, _ = df.knn(X, 10, backend="cuda")
+    np.testing.assert_array_equal(idx, ref.knn(X, 10)[0])
+    if not df.build_info()["backends"]["cuvs"]["available"]:
+        pytest.skip("cuVS is not compiled into this build")
+    np.testing.assert_array_equal(df.knn(X, 10, backend="cuvs")[0], ref.knn(X, 10)[0])
+
+
+@given(
+    n=st.integers(2, 70),
+    D=st.integers(1, 9),
+    kind=st.sampled_from(["normal", "duplicates", "grid", "low_rank"]),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    data=st.data(),
+)
+def test_emulated_cuda_knn_blocks_and_splits(n, D, kind, dtype, data):
+    """The CUDA kNN's host emulation on every block size and split of the reference rows."""
+    k = data.draw(st.integers(1, n - 1))
+    query_block, ref_block = data.draw(st.integers(1, n)), data.draw(st.integers(1, n))
+    splits = data.draw(st.integers(1, 8))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    if kind == "duplicates":
+        X = np.repeat(rng.standard_normal((max(1, n // 3), D)), 3, axis=0)[:n]
+        X = np.concatenate([X, rng.standard_normal((n - len(X), D))])
+    elif kind == "grid":
+        X = rng.integers(-2, 3, size=(n, D)).astype(float)
+    elif kind == "low_rank":
+        X = rng.standard_normal((n, 1)) @ rng.standard_normal((1, D)) * 100 + 1e3
+    else:
+        X = rng.standard_normal((n, D)) * 10.0 ** rng.uniform(-3, 3)
+    X = np.ascontiguousarray(X, dtype=dtype)
+    idx, d2, flags = _native.core().emulate_cuda_knn(X, k, query_block, ref_block, splits)
+    _check_certified_rows(X, idx, d2, flags, k)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_emulated_cuda_knn_certifies_generic_data(dtype):
+    X = np.random.default_rng(1).standard_normal((400, 24)).astype(dtype)
+    idx, d2, flags = _native.core().emulate_cuda_knn(X, 16, 128, 96, 6)
+    assert flags.sum() == 0, "the candidate lists should certify continuous random data"
+    _check_certified_rows(X, idx, d2, flags, 16)
+
+
+# ---------------------------------------------------------------- the proxies
 @pytest.mark.parametrize("layout", ["strided", "fortran", "torch_strided", "torch_transposed"])
-def test_non_contiguous_inputs(layout):
+def test_non_contiguous_inputs(backend, layout):
     X = low_rank(120, 40, seed=3)
+    if backend == "cuda" and not layout.startswith("torch"):
+        pytest.skip("NumPy arrays live on the host: the cuda backend reads CUDA tensors")
+    base = torch.from_numpy(X) if backend != "cuda" else torch.from_numpy(X).cuda()
     view = {
         "strided": lambda: X[::2, ::2],
         "fortran": lambda: np.asfortranarray(X),
-        "torch_strided": lambda: torch.from_numpy(X)[1::2, ::3],
-        "torch_transposed": lambda: torch.from_numpy(np.ascontiguousarray(X.T)).T,
+        "torch_strided": lambda: base[1::2, ::3],
+        "torch_transposed": lambda: base.T.contiguous().T,
     }[layout]()
     dense = ref.to_float64(view)
-    np.testing.assert_array_equal(df.knn(view, 6)[0], ref.knn(dense, 6)[0])
-    got, want = df.geometry_proxies(view, k=6, n_pairs=500), ref.geometry_proxies(dense, k=6, n_pairs=500)
+    np.testing.assert_array_equal(df.knn(view, 6, backend=backend)[0], ref.knn(dense, 6)[0])
+    got, want = df.geometry_proxies(view, k=6, n_pairs=500, backend=backend), ref.geometry_proxies(dense, k=6, n_pairs=500)
     for key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-9)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_geometry_proxies_match_reference(dtype, backend):
-    X = as_dtype(low_rank(300, 48, seed=4), dtype)
-    got = df.geometry_proxies(X, k=16, n_pairs=2000, seed=7, backend=backend)
-    want = ref.geometry_proxies(X, k=16, n_pairs=2000, seed=7)
+# (rows, proxy keyword arguments, relative tolerance)
+PROXY_CASES = {
+    "low_rank_300x48": (lambda: low_rank(300, 48, seed=4), dict(k=16, n_pairs=2000, seed=7), 1e-9),
+    "rank8_600x64": (lambda: gaussian(600, 64, seed=6, rank=8), dict(k=16, n_pairs=2000), 1e-8),  # dense eigensolver on GPU
+    "rank8_600x300": (lambda: gaussian(600, 300, seed=6, rank=8), dict(k=16, n_pairs=2000), 1e-8),  # Lanczos on GPU
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _proxy_case(case: str, dtype: str):
+    """(rows in ``dtype``, keyword arguments, tolerance, reference proxies): computed once for all backends."""
+    rows, kwargs, rel = PROXY_CASES[case]
+    X = as_dtype(rows(), dtype)
+    return X, kwargs, rel, ref.geometry_proxies(X, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(PROXY_CASES))
+def test_geometry_proxies_match_reference(backend, dtype, case):
+    X, kwargs, rel, want = _proxy_case(case, dtype)
+    got = df.geometry_proxies(on_backend(X, backend), backend=backend, **kwargs)
     assert set(got) == {"m_curv", "m_mono", "k_eff"}
     for key in want:
-        assert got[key] == pytest.approx(want[key], rel=1e-9), key
+        assert got[key] == pytest.approx(want[key], rel=rel, abs=0), key  # no absolute floor: as assert_allclose
 
 
-def test_single_proxies_agree_with_combined():
-    X = low_rank(200, 30, seed=5).astype(np.float32)
-    combined = df.geometry_proxies(X, k=8, ridge=1e-2, n_pairs=1000, seed=3)
-    assert df.curvature_proxy(X, k=8) == pytest.approx(combined["m_curv"], rel=1e-12)
-    assert df.monotonicity_proxy(X, ridge=1e-2, n_pairs=1000, seed=3) == pytest.approx(combined["m_mono"], rel=1e-12)
-    assert df.effective_rank(X) == pytest.approx(combined["k_eff"], rel=1e-12)
+def test_single_proxies_agree_with_combined(backend):
+    X = on_backend(low_rank(200, 30, seed=5).astype(np.float32), backend)
+    combined = df.geometry_proxies(X, k=8, ridge=1e-2, n_pairs=1000, seed=3, backend=backend)
+    assert df.curvature_proxy(X, k=8, backend=backend) == pytest.approx(combined["m_curv"], rel=1e-12)
+    assert df.monotonicity_proxy(X, ridge=1e-2, n_pairs=1000, seed=3, backend=backend) == pytest.approx(combined["m_mono"], rel=1e-12)
+    assert df.effective_rank(X, backend=backend) == pytest.approx(combined["k_eff"], rel=1e-12)
 
 
-def test_duplicate_rows_give_finite_proxies():
+def test_duplicate_rows_give_finite_proxies(backend):
     rng = np.random.default_rng(6)
     X = np.repeat(rng.normal(size=(10, 16)), 20, axis=0)  # every neighbourhood is one point: lambda = 0
-    got = df.geometry_proxies(X, k=16, n_pairs=3000)
+    got = df.geometry_proxies(on_backend(X, backend), k=16, n_pairs=3000, backend=backend)
     want = ref.geometry_proxies(X, k=16, n_pairs=3000)
     assert all(np.isfinite(v) and v > 0 for v in got.values())
     for key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-9)
 
 
-def test_rank_one_data():
+def test_rank_one_data(backend):
     rng = np.random.default_rng(7)
     X = np.outer(rng.normal(size=150), rng.normal(size=20))
-    assert df.effective_rank(X) == pytest.approx(1.0, rel=1e-9)
-    assert df.geometry_proxies(X, k=4)["k_eff"] == pytest.approx(ref.effective_rank(X), rel=1e-9)
+    assert df.effective_rank(on_backend(X, backend), backend=backend) == pytest.approx(1.0, rel=1e-9)
+    assert df.geometry_proxies(on_backend(X, backend), k=4, backend=backend)["k_eff"] == pytest.approx(ref.effective_rank(X), rel=1e-9)
+
+
+@GIVEN_WITH_BACKEND
+@given(
+    n=st.integers(2, 40),
+    D=st.integers(1, 24),
+    k_frac=st.floats(0, 1),
+    dtype=st.sampled_from(["float32", "float64"]),
+    seed=st.integers(0, 2**16),
+)
+def test_property_knn_and_proxies(backend, n, D, k_frac, dtype, seed):
+    k = 1 + int(k_frac * (n - 2))
+    X = np.random.default_rng(seed).normal(size=(n, D)).astype(dtype)
+    idx, d2 = df.knn(on_backend(X, backend), k, backend=backend)
+    ridx, rd2 = ref.knn(X, k)
+    assert idx.shape == (n, k) and idx.dtype == np.int64
+    np.testing.assert_array_equal(idx, ridx)  # continuous random data: no exact ties
+    np.testing.assert_allclose(d2, rd2, rtol=1e-6, atol=1e-12)
+    got = df.geometry_proxies(on_backend(X, backend), k=k, n_pairs=200, seed=seed, backend=backend)
+    want = ref.geometry_proxies(X, k=k, n_pairs=200, seed=seed)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-7), key
+
+
+# ---------------------------------------------------------------- backend operations
+def _ops(backend: str):
+    return get_backend(backend, "cuda" if backend == "cuda" else "cpu")
+
+
+def _prepared(X, backend: str):
+    """``X`` as the public functions hand it to ``backend`` (host: C-contiguous float32/float64)."""
+    return as_matrix(on_backend(X, backend), allow_cuda=backend == "cuda").data
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("k", [16, 70])
+def test_local_top_eigenvalues_match_reference(compiled_backend, dtype, k):
+    X = as_dtype(gaussian(300, 40, seed=5, rank=5), dtype)
+    idx, _ = ref.knn(X, k)
+    got = _ops(compiled_backend).local_top_eigenvalues(_prepared(X, compiled_backend), idx)
+    np.testing.assert_allclose(got, ref.local_top_eigenvalues(X, idx), rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_streaming_covariance_update(backend, dtype):
+    rows = as_dtype(gaussian(5000, 96, seed=7, rank=10), dtype) + 3.0  # the offset added in the input dtype
+    X = _prepared(rows, backend)
+    D = X.shape[1]
+    if backend == "cuda":
+        mean = torch.zeros(D, dtype=torch.float64, device="cuda")
+        M = torch.zeros((D, D), dtype=torch.float64, device="cuda")
+    else:
+        mean, M = np.zeros(D), np.zeros((D, D))
+    count, bounds = 0, [0, 1, 1700, 1701, 4000, X.shape[0]]
+    for start, stop in zip(bounds, bounds[1:]):
+        count = _ops(backend).covariance_update(X[start:stop], count, mean, M)
+    assert count == X.shape[0]
+    cov = symmetrize_upper(ref.to_float64(M)) / count
+    want = np.cov(ref.to_float64(rows), rowvar=False, bias=True)
+    tol = {"float64": 1e-10, "float32": 1e-5}.get(dtype, 2e-3)
+    assert np.linalg.norm(cov - want) <= tol * np.linalg.norm(want)
+    np.testing.assert_allclose(ref.to_float64(mean), ref.to_float64(rows).mean(0), rtol=1e-10, atol=1e-10)
+    # host state: the same update through NumPy arrays
+    host = df.StreamingCovariance(D, backend=backend).update(ref.to_float64(rows).astype(np.float32))
+    assert np.linalg.norm(host.covariance - want) <= 1e-5 * np.linalg.norm(want)
+
+
+def _cuda_lanczos_on_host():
+    """The CUDA backend's Lanczos (plain torch) on CPU tensors: runs without a GPU."""
+    ops = backend_cuda.CudaBackend.__new__(backend_cuda.CudaBackend)
+    ops._torch = torch
+    return ops
+
+
+@pytest.mark.parametrize("D,rank", [(300, 300), (400, 5), (500, 1), (700, 3)])
+@pytest.mark.parametrize("solver", GRID + ["cuda-on-host"])
+def test_top_eigenvalue_matches_eigvalsh(solver, D, rank):
+    """Largest eigenvalue of PSD matrices, including the Lanczos breakdowns of low-rank ones."""
+    if solver == "cuda-on-host":
+        ops, device = _cuda_lanczos_on_host(), "cpu"
+    else:
+        _require(solver)
+        ops, device = _ops(solver), "cuda" if solver == "cuda" else "cpu"
+    A = torch.randn(D, rank, generator=torch.Generator().manual_seed(D), dtype=torch.float64)
+    C = A @ A.T / rank
+    single = torch.zeros(D, D, dtype=torch.float64)
+    single[3, 3] = 2.0
+    as_input = (lambda M: M.to(device)) if solver.startswith("cuda") else (lambda M: M.numpy())
+    assert ops.top_eigenvalue(as_input(C)) == pytest.approx(float(torch.linalg.eigvalsh(C)[-1]), rel=1e-12)
+    assert ops.top_eigenvalue(as_input(single)) == pytest.approx(2.0, rel=1e-12)
 
 
 def test_top_eigenvalue_small_and_lanczos():
@@ -137,27 +417,16 @@ def test_top_eigenvalue_small_and_lanczos():
     assert 1 <= iterations <= 200
 
 
-@given(
-    n=st.integers(2, 40),
-    D=st.integers(1, 24),
-    k_frac=st.floats(0, 1),
-    dtype=st.sampled_from(["float32", "float64"]),
-    seed=st.integers(0, 2**16),
-)
-def test_property_knn_and_proxies(n, D, k_frac, dtype, seed):
-    k = 1 + int(k_frac * (n - 2))
-    X = np.random.default_rng(seed).normal(size=(n, D)).astype(dtype)
-    idx, d2 = df.knn(X, k)
-    ridx, rd2 = ref.knn(X, k)
-    assert idx.shape == (n, k) and idx.dtype == np.int64
-    np.testing.assert_array_equal(idx, ridx)  # continuous random data: no exact ties
-    np.testing.assert_allclose(d2, rd2, rtol=1e-6, atol=1e-12)
-    got = df.geometry_proxies(X, k=k, n_pairs=200, seed=seed)
-    want = ref.geometry_proxies(X, k=k, n_pairs=200, seed=seed)
-    for key in want:
-        assert got[key] == pytest.approx(want[key], rel=1e-7), key
+def test_emulated_jacobi_matches_eigvalsh():
+    """The Jacobi eigensolver of the CUDA local-curvature kernel, on the host."""
+    rng = np.random.default_rng(2)
+    for m in (1, 2, 5, 17, 64):
+        B = rng.standard_normal((m, 3))
+        A = B @ B.T  # PSD, rank <= 3
+        np.testing.assert_allclose(_native.core().jacobi_top_eigenvalue(A), np.linalg.eigvalsh(A)[-1], rtol=1e-12)
 
 
+# ---------------------------------------------------------------- real hidden states
 def _hidden_states(model_dir, texts: list[str]) -> list[np.ndarray]:
     """Every layer's hidden states (padding and the first position dropped) of a local checkpoint."""
     from dihal_fast.common.models import load_causal_lm
@@ -177,7 +446,7 @@ def real_text(shared_data) -> list[str]:
     return [t for t in text if len(t) > 200][:12]
 
 
-def test_proxies_on_hidden_states_of_a_transformers_model(tiny_checkpoints, real_text):
+def test_proxies_on_hidden_states_of_a_transformers_model(compiled_backend, tiny_checkpoints, real_text):
     """Kernels against the reference on real activations: the shipped backbone when present, else a tiny Llama."""
     from dihal_fast.backbone import DEFAULT_MODEL_DIR
 
@@ -186,13 +455,13 @@ def test_proxies_on_hidden_states_of_a_transformers_model(tiny_checkpoints, real
     assert len(layers) >= 3
     for H in (layers[1], layers[-1]):
         H = H[:400]
-        np.testing.assert_array_equal(df.knn(H, 16)[0], ref.knn(H, 16)[0])
-        got = df.geometry_proxies(H, n_pairs=3000)
+        np.testing.assert_array_equal(df.knn(on_backend(H, compiled_backend), 16, backend=compiled_backend)[0], ref.knn(H, 16)[0])
+        got = df.geometry_proxies(on_backend(H, compiled_backend), n_pairs=3000, backend=compiled_backend)
         want = ref.geometry_proxies(H, n_pairs=3000)
         for key in want:
             assert got[key] == pytest.approx(want[key], rel=1e-8), key
         half = torch.from_numpy(H).to(torch.bfloat16)
-        got16 = df.geometry_proxies(half, n_pairs=3000)
+        got16 = df.geometry_proxies(on_backend(half, compiled_backend), n_pairs=3000, backend=compiled_backend)
         want16 = ref.geometry_proxies(half, n_pairs=3000)
         for key in want16:
             assert got16[key] == pytest.approx(want16[key], rel=1e-8), key

@@ -1,0 +1,109 @@
+"""The CUDA build: what was compiled, availability reporting, the errors of unusable GPU setups and the
+wheel variants (all run on any machine). The CUDA kernels themselves are tested against
+``dihal_fast.reference`` in the backend x dtype grid of ``test_geometry_kernels.py``."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import dihal_fast as df
+from dihal_fast import _native
+from dihal_fast.geometry import backend_cuda
+from dihal_fast.geometry.backends import get_backend
+
+torch = pytest.importorskip("torch")
+
+CUDA_INFO = df.build_info()["backends"]["cuda"]
+
+
+def _cuda_module():
+    module, reason = _native._load("_cuda")
+    if module is None:
+        pytest.skip(f"the CUDA module is not compiled into this build ({reason})")
+    return module
+
+
+# ---------------------------------------------------------------- build and availability (any machine)
+def test_cuda_module_compiled_when_nvcc_present():
+    nvcc = shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")
+    if not nvcc or os.environ.get("DIHAL_CUDA") == "OFF":
+        pytest.skip("no nvcc on this machine (or DIHAL_CUDA=OFF): the CUDA module is not expected")
+    assert CUDA_INFO["compiled"], CUDA_INFO["reason"]
+    assert "80" in CUDA_INFO["cuda_architectures"] and "90" in CUDA_INFO["cuda_architectures"]
+    assert isinstance(CUDA_INFO["cuvs_compiled"], bool)
+
+
+def test_unavailable_backend_reports_a_reason():
+    if CUDA_INFO["available"]:
+        pytest.skip("a CUDA device is usable here")
+    assert CUDA_INFO["reason"], "an unavailable backend must say why"
+    if CUDA_INFO["compiled"]:
+        assert CUDA_INFO["devices"] == 0
+
+
+@pytest.mark.parametrize("backend", ["cuda", "cuvs"])
+def test_asking_for_an_unavailable_gpu_backend_raises(backend):
+    if CUDA_INFO["available"]:
+        pytest.skip("a CUDA device is usable here")
+    X = np.random.default_rng(0).standard_normal((20, 4))
+    with pytest.raises(df.BackendUnavailable, match="CUDA"):
+        df.knn(X, 3, backend=backend)
+    with pytest.raises(df.BackendUnavailable, match="CUDA"):
+        get_backend(backend)
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (7, 5)])
+def test_unusable_gpu_setups_say_what_is_missing(monkeypatch, capability):
+    # A GPU that torch sees, but no cuBLAS anywhere (9.0) or an architecture we do not build for (7.5).
+    module = _cuda_module()
+    if module.build_info()["cublas_loaded"]:
+        pytest.skip("cuBLAS is already loaded in this process")
+    monkeypatch.setattr(_native, "cuda_module", lambda: module)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args: capability)
+    monkeypatch.setattr(backend_cuda, "_library_candidates", lambda *a: ["/nonexistent/libcublas.so.13"])
+    with pytest.raises(df.BackendUnavailable) as err:
+        backend_cuda.create("cuda")
+    if capability >= (8, 0):
+        assert "nvidia-cublas" in str(err.value) and "/nonexistent/libcublas.so.13" in str(err.value)
+    else:
+        assert "sm_75" in str(err.value)
+
+
+def test_cuvs_backend_without_cuvs_says_what_to_install():
+    module = _cuda_module()
+    if module.build_info()["cuvs_compiled"]:
+        pytest.skip("this build has cuVS")
+    with pytest.raises(df.BackendUnavailable, match="libcuvs"):
+        backend_cuda._load_cuvs(module)
+
+
+def test_library_candidates_try_sonames_first():
+    candidates = backend_cuda._library_candidates("libcublas", (13, 12), ("cu13/lib",))
+    assert candidates[:2] == ["libcublas.so.13", "libcublas.so.12"]
+
+
+@pytest.mark.parametrize("variant", ["cpu", "cu12", "cu13"])
+def test_wheel_variants_rewrite_pyproject(variant):
+    import importlib.util
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("wheel_variant", root / "csrc" / "cuda" / "wheel_variant.py")
+    wheel_variant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wheel_variant)
+    original = (root / "pyproject.toml").read_text()
+    text = wheel_variant.apply(original, variant)
+    assert wheel_variant.apply(text, variant) == text  # idempotent: cibuildwheel runs it once per Python
+    project = tomllib.loads(text)["project"]
+    base = tomllib.loads(original)["project"]
+    if variant == "cpu":
+        assert project == base
+    else:
+        assert project["name"] == f"dihal_fast_{variant}"
+        assert project["dependencies"][: len(base["dependencies"])] == base["dependencies"]
+        assert any(dep.startswith("nvidia-cublas") for dep in project["dependencies"])
