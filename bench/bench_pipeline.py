@@ -41,10 +41,10 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from dihal_fast.cli.evaluate import corpus_or_default
+    from dihal_fast.common.assets import corpus_or_default
     from dihal_fast.evaluate.harness import EvalSettings
-    from dihal_fast.evaluate.run import evaluate_hybrid
-    from dihal_fast.evaluate.sweep import SweepSettings, run_sweep, sweep_controls
+    from dihal_fast.pipeline import EvaluateConfig, SweepConfig, SweepSettings, evaluate
+    from dihal_fast.pipeline import sweep as run_sweep
 
     corpus = corpus_or_default(args.corpus)
     out = Path(args.out)
@@ -52,16 +52,16 @@ def main() -> None:
                              score_sample=args.score_sample, max_tokens=args.max_tokens, seq_len=args.seq_len,
                              val_blocks=args.val_blocks)
     start = time.perf_counter()
-    sweep = run_sweep(args.model, corpus, out / "sweep", settings)
+    sweep = run_sweep(SweepConfig(model=args.model, corpus=corpus, settings=settings), out / "sweep")
     sweep_s = time.perf_counter() - start
     selected = next(r for r in sweep["layers"] if r["layer"] == sweep["selected_layer"])
-    evaluation = evaluate_hybrid(
-        selected["hybrid_dir"], corpus, out / "evaluate",
-        EvalSettings(seq_len=settings.seq_len, eval_blocks=settings.val_blocks, n_samples=args.n_samples,
-                     max_new_tokens=args.max_new_tokens),
-        evaluator_path=args.model, controls=None if args.no_controls else sweep_controls(out / "sweep"),
-        diffusion_lm_steps=None if args.no_controls else args.budget_steps,
-    )
+    evaluation = evaluate(EvaluateConfig(
+        hybrid=selected["hybrid_dir"], corpus=corpus, evaluator=args.model,
+        sweep=None if args.no_controls else str(out / "sweep"),
+        diffusion_lm_steps=0 if args.no_controls else args.budget_steps,
+        settings=EvalSettings(seq_len=settings.seq_len, eval_blocks=settings.val_blocks, n_samples=args.n_samples,
+                              max_new_tokens=args.max_new_tokens),
+    ), out / "evaluate")
     speed_rows = _speed_by_nfe(selected["hybrid_dir"], args.model, args.n_samples, args.max_new_tokens)
     total_s = time.perf_counter() - start
 
@@ -110,7 +110,7 @@ def _speed_by_nfe(hybrid_dir: str, model: str | None, n_samples: int, new_tokens
 
     import torch
 
-    from dihal_fast.evaluate.metrics import tokens_per_second
+    from dihal_fast.common.metrics import tokens_per_second
     from dihal_fast.evaluate.models import load_lm
 
     def speed(lm, nfe):

@@ -6,6 +6,8 @@ names are re-exported by :mod:`dihal_fast.backbone`.
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
@@ -33,3 +35,10 @@ def default_corpus() -> Path:
             f"the shipped default corpus is missing from {DEFAULT_CORPUS}; reinstall dihal_fast or pass --corpus PATH"
         )
     return DEFAULT_CORPUS
+
+
+def corpus_or_default(corpus: Sequence[str | os.PathLike] | None) -> list[str]:
+    """The corpus paths a stage was given, or the shipped corpus when none were."""
+    if corpus:
+        return [str(path) for path in corpus]
+    return [str(default_corpus())]

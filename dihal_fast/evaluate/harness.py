@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 from dihal_fast.common import metrics
-from dihal_fast.evaluate.generation import Generation
+from dihal_fast.common.options import option
 from dihal_fast.common.sampling import PROTOCOL as SAMPLING_PROTOCOL
+from dihal_fast.evaluate.generation import Generation
 from dihal_fast.evaluate.scoring import GEN_PPL_PROTOCOL, generative_perplexity, teacher_forced
 
 logger = logging.getLogger(__name__)
@@ -22,14 +23,14 @@ TIMING_REPEATS = 3  # identical sampling calls per model; tokens/s comes from th
 class EvalSettings:
     """What is measured and how much of it (saved in the report)."""
 
-    seq_len: int = 128
-    eval_blocks: int = 32
-    batch_size: int = 8
-    n_samples: int = 16
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    nfe: int | None = None
-    seed: int = 0
+    seq_len: int = option(128, "tokens per held-out block")
+    eval_blocks: int = option(32, "held-out blocks (the corpus tail) for NLL/PPL/KL")
+    batch_size: int = option(8, "blocks per forward pass")
+    n_samples: int = option(16, "samples per model for Gen PPL, entropy, diversity, speed")
+    max_new_tokens: int = option(64, "tokens per sample")
+    temperature: float = option(1.0, "sampling temperature")
+    nfe: int | None = option(None, "denoising steps of hybrid bridges (default: each hybrid's own)")
+    seed: int = option(0, "random seed")
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "eval_blocks", "batch_size", "n_samples", "max_new_tokens"):

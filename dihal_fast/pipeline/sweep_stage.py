@@ -1,17 +1,25 @@
-"""The layer sweep: a fixed-budget bridge per candidate layer, its validation bridge loss, and how well the
-geometry score predicted it (``RUN/sweep.json``, ``RUN/sweep.png``)."""
+"""The sweep stage: a fixed-budget bridge per candidate layer, its validation bridge loss, and how well the
+geometry score predicted it.
+
+``sweep(SweepConfig(...), out)`` runs locate with repeated score runs, trains a bridge per layer with one
+budget, and writes ``out/sweep.json`` and ``out/sweep.png``; reruns reuse finished layers.
+"""
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.options import option
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.evaluate.correlation import plot_sweep, score_loss_correlations
-from dihal_fast.evaluate.stages import ensure_locate, ensure_replace
+from dihal_fast.pipeline.locate_stage import LocateConfig
+from dihal_fast.pipeline.reports import SweepReport
+from dihal_fast.pipeline.reuse import ensure_locate, ensure_replace
 
 logger = logging.getLogger(__name__)
 
@@ -20,14 +28,14 @@ logger = logging.getLogger(__name__)
 class SweepSettings:
     """Budget and sizes of a sweep (saved in ``sweep.json``)."""
 
-    budget_steps: int = 200
-    score_repeats: int = 30
-    score_sample: int = 500
-    max_tokens: int | None = 40960
-    seq_len: int = 128
-    batch_size: int = 8
-    val_blocks: int = 16
-    seed: int = 0
+    budget_steps: int = option(200, "bridge training steps per layer")
+    score_repeats: int = option(30, "repeated score runs (subsamples)")
+    score_sample: int = option(500, "tokens per score run")
+    max_tokens: int | None = option(40960, "tokens locate reads from the corpus")
+    seq_len: int = option(128, "tokens per block (locate and training)")
+    batch_size: int = option(8, "blocks per bridge training step")
+    val_blocks: int = option(16, "held-out blocks (corpus tail) for the bridge loss")
+    seed: int = option(0, "random seed")
 
     def train_config(self):
         """The bridge training configuration every layer gets (the same budget for all)."""
@@ -37,19 +45,37 @@ class SweepSettings:
                            val_blocks=self.val_blocks, seed=self.seed)
 
 
-def run_sweep(model: str | None, corpus: list[str], out: str | Path, settings: SweepSettings,
-              layers: list[int] | None = None) -> dict:
-    """Locate (repeated scores), train a bridge per layer with one budget, correlate score and bridge loss."""
+@dataclass
+class SweepConfig:
+    """The model, the corpus, the candidate layers and the :class:`SweepSettings`."""
+
+    model: str | None = option(None, "HF causal-LM checkpoint directory (default: the shipped backbone)")
+    corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
+    layers: list[int] | None = option(None, "candidate layers (default 1..L-1)")
+    settings: SweepSettings = field(default_factory=SweepSettings, metadata={"help": "budget and sizes"})
+
+    def locate_config(self) -> LocateConfig:
+        """The locate run that gives the repeated scores."""
+        s = self.settings
+        return LocateConfig(model=self.model, corpus=corpus_or_default(self.corpus), max_tokens=s.max_tokens,
+                            repeats=s.score_repeats, sample_size=s.score_sample, seq_len=s.seq_len,
+                            layers=self.layers or None, seed=s.seed)
+
+
+def sweep(config: SweepConfig, out: str | Path) -> SweepReport:
+    """Locate (repeated scores), train a bridge per layer with one budget, correlate score and bridge loss;
+    in run directory ``out``, holding its lock."""
+    from dihal_fast.common.rundir import run_directory
+
+    with run_directory(out, "dihal sweep"):
+        return SweepReport(Path(out), _sweep(config, Path(out)))
+
+
+def _sweep(config: SweepConfig, out: Path) -> dict:
     from dihal_fast.train.validation import BRIDGE_LOSS_PROTOCOL
 
-    out = Path(out)
-    options = ["--repeats", settings.score_repeats, "--sample-size", settings.score_sample,
-               "--seq-len", settings.seq_len, "--seed", settings.seed]
-    if settings.max_tokens is not None:
-        options += ["--max-tokens", settings.max_tokens]
-    if layers:
-        options += ["--layers", *layers]
-    locate = ensure_locate(out / "locate", model, corpus, options)
+    settings, corpus, model = config.settings, corpus_or_default(config.corpus), config.model
+    locate = ensure_locate(out / "locate", config.locate_config())
     candidates = list(locate["candidate_layers"])
     score_runs = np.asarray(locate["per_repeat"]["score"], dtype=np.float64)
     score_rows = {row["layer"]: row["score"] for row in locate["layers"]}

@@ -1,7 +1,8 @@
 """The end-to-end main job: locate -> replace -> evaluate -> generate, then ``report.md`` / ``report.json``.
 
-Every stage writes into its own folder of the run directory and is skipped when its output is there,
-so an interrupted demo continues where it stopped (bridge training resumes from its checkpoint)."""
+``demo(DemoConfig(), out)`` runs every stage in its own folder of run directory ``out``; a stage whose output
+is there is skipped, so an interrupted demo continues where it stopped (bridge training resumes from its
+checkpoint)."""
 from __future__ import annotations
 
 import logging
@@ -10,10 +11,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.options import option
 from dihal_fast.cpu_threads import poll_threads
 from dihal_fast.evaluate import report as md
 from dihal_fast.evaluate.harness import EvalSettings
-from dihal_fast.evaluate.stages import ensure_locate, ensure_replace
+from dihal_fast.pipeline.evaluate_stage import EvaluateConfig, run_evaluation
+from dihal_fast.pipeline.generate_stage import GenerateConfig, generate
+from dihal_fast.pipeline.locate_stage import LocateConfig
+from dihal_fast.pipeline.reports import DemoReport
+from dihal_fast.pipeline.reuse import ensure_locate, ensure_replace
 
 logger = logging.getLogger(__name__)
 
@@ -24,29 +31,49 @@ PROMPTS = ("It was a bright cold day in April, and", "The President said that", 
 class DemoSettings:
     """Sizes of the demo, chosen to finish in about 15 minutes on 2 CPU cores with the shipped backbone."""
 
-    locate_max_tokens: int = 16384
-    locate_repeats: int = 5
-    locate_sample: int = 1000
-    seq_len: int = 128
-    train_steps: int = 200
-    batch_size: int = 8
-    val_blocks: int = 32
-    diffusion_lm: bool = True
-    seed: int = 0
-    evaluation: EvalSettings = field(default_factory=lambda: EvalSettings(eval_blocks=32, n_samples=16, max_new_tokens=64))
+    locate_max_tokens: int = option(16384, "tokens locate reads")
+    locate_repeats: int = option(5, "repeated subsamples for the proxies")
+    locate_sample: int = option(1000, "tokens per subsample")
+    seq_len: int = option(128, "tokens per block (locate, training, evaluation)")
+    train_steps: int = option(200, "bridge training steps (the Diffusion-LM control gets the same budget)")
+    batch_size: int = option(8, "blocks per bridge training step")
+    val_blocks: int = option(32, "corpus-tail blocks held out from bridge training (validation)")
+    diffusion_lm: bool = option(True, "train and evaluate the Diffusion-LM-like control")
+    n_samples: int = option(16, "samples per model for the sample metrics")
+    max_new_tokens: int = option(64, "tokens per sample")
+    eval_blocks: int = option(32, "corpus-tail blocks for NLL/PPL/KL (at most --val-blocks, so never trained on)")
+    seed: int = option(0, "random seed")
 
     def __post_init__(self) -> None:
-        if self.evaluation.seq_len != self.seq_len or self.evaluation.eval_blocks > self.val_blocks:
+        if self.eval_blocks > self.val_blocks:
             raise ValueError(
-                f"the evaluation blocks must lie in the tail the bridge never trains on: need the same seq-len "
-                f"({self.evaluation.seq_len} vs {self.seq_len}) and eval-blocks <= val-blocks "
-                f"({self.evaluation.eval_blocks} vs {self.val_blocks})")
+                f"the evaluation blocks must lie in the tail the bridge never trains on: need eval-blocks <= "
+                f"val-blocks ({self.eval_blocks} vs {self.val_blocks})")
+
+    @property
+    def evaluation(self) -> EvalSettings:
+        """The evaluation settings: this demo's block length, held-out blocks, samples and seed."""
+        return EvalSettings(seq_len=self.seq_len, eval_blocks=self.eval_blocks, n_samples=self.n_samples,
+                            max_new_tokens=self.max_new_tokens, seed=self.seed)
+
+    def locate_config(self, model: str | None, corpus: list[str]) -> LocateConfig:
+        return LocateConfig(model=model, corpus=corpus, max_tokens=self.locate_max_tokens, repeats=self.locate_repeats,
+                            sample_size=self.locate_sample, seq_len=self.seq_len, seed=self.seed)
 
     def train_config(self):
         from dihal_fast.train.config import TrainConfig
 
         return TrainConfig(steps=self.train_steps, seq_len=self.seq_len, batch_size=self.batch_size,
                            val_blocks=self.val_blocks, seed=self.seed)
+
+
+@dataclass
+class DemoConfig:
+    """The backbone, the corpus and the :class:`DemoSettings`."""
+
+    model: str | None = option(None, "HF causal-LM checkpoint directory (default: the shipped backbone)")
+    corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
+    settings: DemoSettings = field(default_factory=DemoSettings, metadata={"help": "sizes of the demo"})
 
 
 class StageClock:
@@ -67,38 +94,40 @@ class StageClock:
         return result
 
 
-def run_demo(out: str | Path, model: str | None, corpus: list[str], settings: DemoSettings) -> dict:
-    """Run (or resume) the whole pipeline in ``out`` and write ``report.md``, ``report.json``, ``samples.json``."""
-    from dihal_fast.cli.generate import generate_texts
-    from dihal_fast.evaluate.models import load_lm
-    from dihal_fast.evaluate.run import evaluate_hybrid
+def demo(config: DemoConfig, out: str | Path) -> DemoReport:
+    """Seed everything with ``settings.seed``, then run (or resume) the whole pipeline in run directory ``out``
+    (holding its lock) and write ``report.md``, ``report.json`` and ``samples.json``."""
+    from dihal_fast.common import seed_everything
+    from dihal_fast.common.rundir import run_directory
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    seed_everything(config.settings.seed)
+    with run_directory(out, "dihal demo"):
+        return DemoReport(Path(out), _demo(config.model, corpus_or_default(config.corpus), config.settings, Path(out)))
+
+
+def _demo(model: str | None, corpus: list[str], settings: DemoSettings, out: Path) -> dict:
     clock = StageClock(out / "timings.json")
-    options = ["--max-tokens", settings.locate_max_tokens, "--repeats", settings.locate_repeats,
-               "--sample-size", settings.locate_sample, "--seq-len", settings.seq_len, "--seed", settings.seed]
-    locate = clock.run("locate", lambda: ensure_locate(out / "locate", model, corpus, options),
+    locate = clock.run("locate", lambda: ensure_locate(out / "locate", settings.locate_config(model, corpus)),
                        (out / "locate" / "locate.json").is_file())
     layer = locate["selected_layer"]
     train = clock.run("replace", lambda: ensure_replace(out / "replace", model, layer, corpus, settings.train_config()),
                       (out / "replace" / "result.json").is_file())
-    evaluation = clock.run("evaluate", lambda: evaluate_hybrid(
-        train["hybrid_dir"], corpus, out / "evaluate", settings.evaluation, evaluator_path=model,
-        diffusion_lm_steps=settings.train_steps if settings.diffusion_lm else None),
-        (out / "evaluate" / "evaluate.json").is_file())
+    evaluate = EvaluateConfig(hybrid=train["hybrid_dir"], corpus=corpus, evaluator=model, settings=settings.evaluation,
+                              diffusion_lm_steps=settings.train_steps if settings.diffusion_lm else 0)
+    evaluation = clock.run("evaluate", lambda: dict(run_evaluation(evaluate, out / "evaluate").data),
+                           (out / "evaluate" / "evaluate.json").is_file())
 
-    def generate() -> dict:
+    def generate_samples() -> dict:
         if (out / "samples.json").is_file():
             return read_json(out / "samples.json", "demo samples")
-        hybrid = load_lm(train["hybrid_dir"])
-        samples = generate_texts(hybrid, list(PROMPTS), 2, 48, seed=settings.seed)
-        atomic_write_json(out / "samples.json", samples)
-        return samples
+        prompts = GenerateConfig(model=str(train["hybrid_dir"]), prompt=list(PROMPTS), n_samples=2, max_new_tokens=48,
+                                 seed=settings.seed)
+        return dict(generate(prompts, out / "samples.json").data)
 
-    samples = clock.run("generate", generate, (out / "samples.json").is_file())
+    samples = clock.run("generate", generate_samples, (out / "samples.json").is_file())
     summary = {
-        "model": locate["model"], "corpus": corpus, "settings": asdict(settings), "selected_layer": layer,
+        "model": locate["model"], "corpus": corpus, "settings": {**asdict(settings), "evaluation": asdict(settings.evaluation)},
+        "selected_layer": layer,
         "locate": {k: locate[k] for k in ("n_tokens", "n_layers", "candidate_layers", "layers", "selected_layer")},
         "replace": {k: train.get(k) for k in ("layer", "steps", "bridge_loss", "validation", "hybrid_dir")},
         "evaluate": {k: v for k, v in evaluation.items() if k != "samples"},

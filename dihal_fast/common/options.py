@@ -1,0 +1,105 @@
+"""Command-line options generated from a stage's configuration dataclass.
+
+Each field carries its help text in ``metadata["help"]`` (write fields with :func:`option`);
+:func:`add_dataclass_options` turns the fields into ``--flags`` and :func:`dataclass_from_options`
+builds the configuration back from the parsed arguments, so the ``dihal`` command and the Python API
+cannot drift apart. A field becomes:
+
+- ``sample_size: int`` -> ``--sample-size N`` (``int``, ``float``, ``str``; ``X | None`` too);
+- ``keep_first: bool`` -> ``--keep-first`` / ``--no-keep-first``;
+- ``layers: list[int] | None`` -> ``--layers L [L ...]`` (with ``action="append"``: a repeatable flag);
+- a field without a default -> a required flag;
+- a nested dataclass -> the flags of its own fields (flattened), built back into the nested object;
+  ``metadata["options"] = (add, build)`` hands a nested config to its own flag functions instead.
+
+``metadata`` may also give ``choices`` and ``metavar``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any
+
+MISSING = dataclasses.MISSING
+
+
+def option(default: Any = MISSING, help: str = "", **metadata: Any) -> Any:
+    """A dataclass field with its command-line help (``default`` omitted: a required option)."""
+    if not help:
+        raise ValueError("every option needs a help text")
+    return dataclasses.field(default=default, metadata={"help": help, **metadata})
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except ``None`` ones (their help says what unset means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def _unwrap(hint: Any) -> tuple[Any, bool]:
+    """``(element type, is a list)`` of an annotation, with ``| None`` removed."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    if typing.get_origin(hint) is list:
+        return typing.get_args(hint)[0], True
+    return hint, False
+
+
+def _default(spec: dataclasses.Field, defaults: Any) -> Any:
+    if defaults is not None:
+        return getattr(defaults, spec.name)
+    if spec.default_factory is not MISSING:
+        return spec.default_factory()
+    return None if spec.default is MISSING else spec.default
+
+
+def add_dataclass_options(parser: argparse.ArgumentParser, cls: type, exclude: tuple[str, ...] = (),
+                          defaults: Any = None) -> None:
+    """Add a flag for every init field of dataclass ``cls`` (except ``exclude``); ``defaults`` is an
+    instance whose values replace the field defaults (used for nested configurations)."""
+    hints = typing.get_type_hints(cls)
+    for spec in dataclasses.fields(cls):
+        if not spec.init or spec.name in exclude:
+            continue
+        kind, many = _unwrap(hints[spec.name])
+        default = _default(spec, defaults)
+        if "options" in spec.metadata:
+            spec.metadata["options"][0](parser)
+            continue
+        if dataclasses.is_dataclass(kind):
+            add_dataclass_options(parser, kind, defaults=default)
+            continue
+        flag = "--" + spec.name.replace("_", "-")
+        extra = {key: spec.metadata[key] for key in ("choices", "metavar") if key in spec.metadata}
+        required = defaults is None and spec.default is MISSING and spec.default_factory is MISSING
+        if kind is bool:
+            parser.add_argument(flag, dest=spec.name, action=argparse.BooleanOptionalAction, default=default,
+                                help=spec.metadata["help"])
+            continue
+        if many and spec.metadata.get("action") == "append":
+            extra["action"] = "append"
+        elif many:
+            extra["nargs"] = "+"
+        parser.add_argument(flag, dest=spec.name, type=kind, default=default, required=required,
+                            help=spec.metadata["help"], **extra)
+
+
+def dataclass_from_options(cls: type, args: argparse.Namespace, **given: Any) -> Any:
+    """The ``cls`` instance that the flags of :func:`add_dataclass_options` describe; ``given`` fields
+    are taken as they are instead of from ``args``."""
+    hints = typing.get_type_hints(cls)
+    values = dict(given)
+    for spec in dataclasses.fields(cls):
+        if not spec.init or spec.name in values:
+            continue
+        kind = _unwrap(hints[spec.name])[0]
+        if "options" in spec.metadata:
+            values[spec.name] = spec.metadata["options"][1](args)
+        elif dataclasses.is_dataclass(kind):
+            values[spec.name] = dataclass_from_options(kind, args)
+        else:
+            values[spec.name] = getattr(args, spec.name)
+    return cls(**values)

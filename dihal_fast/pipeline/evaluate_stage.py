@@ -1,0 +1,57 @@
+"""The evaluate stage: a hybrid against its backbone (and same-budget controls) with a named protocol.
+
+``evaluate(EvaluateConfig(hybrid=...), out)`` scores both on the held-out tail of the corpus, samples from
+both, optionally adds the oracle / worst layers of a sweep and the Diffusion-LM-like control, and writes
+``out/evaluate.json`` (finished sections in ``out/sections`` are reused).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.options import option
+from dihal_fast.evaluate.harness import EvalSettings
+from dihal_fast.pipeline.reports import EvaluateReport
+
+
+@dataclass
+class EvaluateConfig:
+    """The hybrid, the corpus, the evaluator LM, the controls and the :class:`EvalSettings`."""
+
+    hybrid: str = option(help="hybrid directory or `dihal replace` run directory")
+    corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
+    sweep: str | None = option(None, "a `dihal sweep` run: also evaluate its lowest- and highest-bridge-loss layers "
+                               "(oracle, worst)")
+    diffusion_lm_steps: int = option(0, "train the Diffusion-LM-like control for this many steps (0 = skip; use the "
+                                     "hybrid's budget)")
+    evaluator: str | None = option(None, "causal LM scoring the samples (Gen PPL); default: the shipped backbone")
+    evaluator_dtype: str = option("float32", "dtype of the evaluator LM (recorded in the report)",
+                                  choices=["float32", "bfloat16", "float16", "float64"])
+    retokenise: bool = option(False, "allow an evaluator whose tokenizer differs from the hybrid's (samples are "
+                              "decoded and retokenised)")
+    settings: EvalSettings = field(default_factory=EvalSettings, metadata={"help": "what is measured and how much"})
+
+
+def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
+    """Seed the global RNGs with ``settings.seed`` (a hybrid's bridge draws its noise seed from torch's
+    global generator), then :func:`run_evaluation`."""
+    from dihal_fast.common import seed_everything
+
+    seed_everything(config.settings.seed)
+    return run_evaluation(config, out)
+
+
+def run_evaluation(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
+    """The evaluation in run directory ``out`` (holding its lock), leaving the global RNG streams as they
+    are: ``dihal demo`` evaluates this way after its earlier stages, as it always has."""
+    from dihal_fast.common.rundir import run_directory
+    from dihal_fast.evaluate.run import evaluate_hybrid
+    from dihal_fast.pipeline.sweep_stage import sweep_controls
+
+    controls = sweep_controls(config.sweep) if config.sweep else None
+    with run_directory(out, "dihal evaluate"):
+        report = evaluate_hybrid(config.hybrid, corpus_or_default(config.corpus), out, config.settings,
+                                 config.evaluator, config.retokenise, controls, config.diffusion_lm_steps,
+                                 config.evaluator_dtype)
+    return EvaluateReport(Path(out), report)

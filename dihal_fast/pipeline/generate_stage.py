@@ -1,0 +1,79 @@
+"""The generate stage: samples from a hybrid or a plain backbone, every token drawn in float64.
+
+``generate(GenerateConfig(model=..., prompt=[...]), out=None)`` samples ``n_samples`` continuations of
+every prompt and, with ``out``, writes them with their protocol as JSON.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from dihal_fast.common.options import option
+from dihal_fast.pipeline.reports import GenerateReport
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerateConfig:
+    """The model, the prompts and the sampling settings."""
+
+    model: str | None = option(None, "hybrid directory, replace run directory or HF checkpoint directory "
+                               "(default: the shipped backbone)")
+    prompt: list[str] | None = option(None, "prompt text; repeat the option for several prompts (default: one empty "
+                                      "prompt)", action="append")
+    n_samples: int = option(3, "samples per prompt")
+    max_new_tokens: int = option(48, "tokens generated after the prompt")
+    nfe: int | None = option(None, "denoising steps of a hybrid's bridge (default: the hybrid's own setting)")
+    temperature: float = option(1.0, "sampling temperature (0 = greedy)")
+    top_k: int | None = option(None, "sample only among the k most likely tokens")
+    seed: int = option(0, "random seed")
+    device: str = option("cpu", "torch device")
+
+
+def generate_texts(lm, prompts: list[str], n_samples: int, max_new_tokens: int, temperature: float = 1.0,
+                   top_k: int | None = None, nfe: int | None = None, seed: int = 0) -> dict:
+    """Samples for every prompt: ``{"samples": [{prompt, text, token_ids}], "tokens_per_s", "seconds"}``."""
+    import torch
+
+    from dihal_fast.common.metrics import tokens_per_second
+
+    generator = torch.Generator().manual_seed(seed)
+    samples, seconds, n_tokens = [], 0.0, 0
+    for prompt in prompts:
+        ids = torch.tensor([lm.prompt_ids(prompt)], device=next(lm.model.parameters()).device)
+        out = lm.sample(ids.expand(n_samples, -1), max_new_tokens, temperature, top_k, nfe, generator)
+        seconds += out.seconds
+        n_tokens += out.tokens.numel()
+        for row in out.tokens.tolist():
+            samples.append({"prompt": prompt, "text": lm.tokenizer.decode(row, skip_special_tokens=True), "token_ids": row})
+    return {"samples": samples, "seconds": seconds, "tokens_per_s": tokens_per_second(n_tokens, seconds)}
+
+
+def generate(config: GenerateConfig, out: str | Path | None = None) -> GenerateReport:
+    """Sample from ``config.model``; with ``out`` (a file, checked before any work) also write the samples,
+    the settings and the protocol there as JSON."""
+    import torch
+
+    from dihal_fast.common import atomic_write_json
+    from dihal_fast.common.rundir import check_output_file
+    from dihal_fast.common.sampling import PROTOCOL
+    from dihal_fast.evaluate.models import load_lm
+
+    torch.manual_seed(config.seed)
+    if config.n_samples < 1:
+        raise ValueError(f"--n-samples must be >= 1, got {config.n_samples}")
+    if out is not None:
+        out = check_output_file(out)
+    lm = load_lm(config.model, device=config.device)
+    logger.info("sampling %d x %d tokens from the %s at %s", config.n_samples, config.max_new_tokens, lm.kind, lm.path)
+    result = generate_texts(lm, list(config.prompt or [""]), config.n_samples, config.max_new_tokens,
+                            config.temperature, config.top_k, config.nfe, config.seed)
+    report = {"model": str(lm.path), "kind": lm.kind, "seed": config.seed, "nfe": config.nfe,
+              "temperature": config.temperature, "top_k": config.top_k,
+              "protocol": "no early stop at EOS; prompt = start-of-document token + prompt tokens; tokens/s = "
+              f"generated tokens / wall time of the sampling calls; {PROTOCOL}", **result}
+    if out is not None:
+        atomic_write_json(out, report)
+    return GenerateReport(out, report)

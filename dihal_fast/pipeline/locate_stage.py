@@ -1,0 +1,199 @@
+"""The locate stage: stream every layer's geometry out of a causal LM and pick the insertion layer l*.
+
+``locate(LocateConfig(...), out)`` collects (one forward pass per batch, every hidden state streamed into an
+exact covariance and a uniform token sample per layer; multi-process under torchrun), estimates the proxies
+on repeated subsamples, scores the layers and writes ``out/locate.json`` and ``out/geometry.png``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.models import DTYPES
+from dihal_fast.common.options import option
+from dihal_fast.geometry import BACKENDS
+from dihal_fast.geometry.backends import PRECISIONS
+from dihal_fast.pipeline.reports import LocateReport
+from dihal_fast.select import DEFAULT_REPEATS, DEFAULT_SAMPLE_SIZE
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LocateConfig:
+    """Model, corpus, collection and estimation settings of one locate run (errors name the ``dihal locate``
+    flag of the field: ``sample_size`` is ``--sample-size``)."""
+
+    model: str | None = option(None, "local Hugging Face causal-LM checkpoint directory (default: the shipped backbone)",
+                               metavar="DIR")
+    corpus: list[str] | None = option(None, ".txt / .jsonl files, directories of them or a saved dataset (default: the "
+                                      "shipped corpus)", metavar="PATH")
+    max_tokens: int | None = option(None, "tokens to read over all processes, in whole blocks (default: the whole corpus)",
+                                    metavar="N")
+    repeats: int = option(DEFAULT_REPEATS, "subsamples per layer for the proxies")
+    sample_size: int = option(DEFAULT_SAMPLE_SIZE, "tokens per subsample (n)")
+    reservoir_size: int | None = option(None, "tokens kept per layer for the subsamples (default: repeats x sample size)",
+                                        metavar="N")
+    k: int = option(16, "neighbours for the local curvature proxy")
+    n_pairs: int = option(10000, "pairs for the monotonicity proxy")
+    ridge: float = option(1e-3, "relative ridge of the monotonicity precision")
+    seq_len: int = option(128, "tokens per block (sequence length)")
+    batch_size: int = option(8, "blocks per forward pass")
+    layers: list[int] | None = option(None, "candidate hidden-state indices (default 1..L-1; 0 is the embedding output)",
+                                      metavar="L")
+    keep_first: bool = option(False, "keep the first position of each block (attention sink)")
+    resume: bool = option(False, "continue the collection checkpointed in the run directory")
+    checkpoint_every: int = option(100, "batches between checkpoints")
+    max_batches: int | None = option(None, "stop after this many batches of this call (checkpointed; `dihal locate` "
+                                     "exits with status 3; continue with --resume)", metavar="N")
+    save_shards: bool = option(False, "also write the sampled vectors per layer to RUN/shards")
+    dtype: str = option("float32", "model dtype (hidden states keep it)", choices=sorted(DTYPES))
+    device: str = option("auto", "torch device for the model: auto (cuda if present), cpu, cuda, cuda:1")
+    backend: str = option("auto", "geometry kernel backend for the proxies", choices=BACKENDS)
+    precision: str = option("float64", "products of the proxies: float64 (exact) or float32 (faster on CPU, error far "
+                            "below the spread between repeats; see dihal_fast.geometry_proxies)", choices=PRECISIONS)
+    seed: int = option(0, "seed of the token sample, the subsamples and the pairs")
+
+
+def locate(config: LocateConfig, out: str | Path) -> LocateReport:
+    """Run (or, with ``config.resume``, continue) locate into run directory ``out``, holding its lock.
+
+    Under torchrun every process calls this; rank 0 writes the report and returns it.
+    """
+    from dihal_fast.collect import distributed_session
+    from dihal_fast.common import resolve_device
+    from dihal_fast.common.rundir import run_directory
+
+    device = str(resolve_device(config.device))
+    with run_directory(out, "dihal locate"), distributed_session(device) as (rank, world):
+        return _locate(config, Path(out), device, rank, world)
+
+
+def _candidate_layers(model_dir: Path, layers: list[int] | None) -> tuple[list[int], int]:
+    from transformers import AutoConfig
+
+    try:
+        n_layers = AutoConfig.from_pretrained(model_dir).num_hidden_layers
+    except Exception as exc:  # transformers raises several types for an unusable config
+        raise ValueError(f"could not read the model config in {model_dir}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(n_layers, int) or n_layers < 3:
+        raise ValueError(f"{model_dir}/config.json: need num_hidden_layers >= 3 to compare layers 1..L-1, got {n_layers!r}")
+    if layers is None:
+        return list(range(1, n_layers)), n_layers
+    bad = [l for l in layers if not 1 <= l <= n_layers - 1]
+    if bad:
+        raise ValueError(f"--layers {bad} out of range: candidates are hidden-state indices 1..{n_layers - 1} "
+                         f"(0 is the embedding output, {n_layers} the final normed output)")
+    return sorted(set(layers)), n_layers
+
+
+def _saved_reservoir_size(out: Path, resume: bool) -> int | None:
+    """On ``--resume`` without ``--reservoir-size``: the size the run was started with (so that a
+    changed ``--repeats``/``--sample-size`` only changes the selection, not the collection)."""
+    from dihal_fast.common import read_json
+
+    path = out / "collect" / "config.json"
+    if not (resume and path.is_file()):
+        return None
+    saved = read_json(path, "collection config")
+    return saved.get("reservoir_size") if isinstance(saved, dict) else None
+
+
+def _check_sizes(cfg: LocateConfig, reservoir_size: int) -> None:
+    for name in ("repeats", "sample_size", "k", "n_pairs", "seq_len", "batch_size", "checkpoint_every"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.sample_size > reservoir_size:
+        raise ValueError(f"--sample-size {cfg.sample_size} exceeds --reservoir-size {reservoir_size}")
+    if not cfg.k < cfg.sample_size:
+        raise ValueError(f"--k {cfg.k} must be smaller than --sample-size {cfg.sample_size}")
+    if cfg.max_tokens is not None:
+        usable = (cfg.max_tokens // cfg.seq_len) * (cfg.seq_len - (0 if cfg.keep_first else 1))
+        if cfg.sample_size > usable:
+            raise ValueError(f"--sample-size {cfg.sample_size} exceeds the {usable} tokens that --max-tokens "
+                             f"{cfg.max_tokens} yields (blocks of {cfg.seq_len}, first position excluded)")
+
+
+def _stream_geometry(statistics) -> list[dict]:
+    """Full-stream facts per hidden state: exact k_eff, trace and mean norm from the streamed covariance."""
+    from dihal_fast.geometry.backends import get_backend
+
+    ops = get_backend("auto")
+    rows = []
+    for layer, cov in statistics.covariances.items():
+        sigma = cov.covariance
+        trace = float(np.trace(sigma))
+        top = ops.top_eigenvalue(sigma) if trace > 0 else 0.0
+        rows.append({"layer": layer, "k_eff": trace / top if top > 0 else None, "trace": trace,
+                     "mean_norm": float(np.linalg.norm(cov.mean))})
+    return rows
+
+
+def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) -> LocateReport:
+    """Collect, estimate, select, and (on rank 0) write the report and the plot."""
+    from dihal_fast.collect import CollectConfig, collect, write_shards
+    from dihal_fast.common import atomic_write_json
+    from dihal_fast.common.models import resolve_model_dir
+    from dihal_fast.select import estimate_geometry, plot_geometry
+
+    start = time.perf_counter()
+    model_dir = resolve_model_dir(cfg.model)
+    candidates, n_layers = _candidate_layers(model_dir, cfg.layers)
+    reservoir_size = cfg.reservoir_size or _saved_reservoir_size(out, cfg.resume) or cfg.repeats * cfg.sample_size
+    _check_sizes(cfg, reservoir_size)
+    config = CollectConfig(
+        model=str(model_dir.resolve()), corpus=[str(Path(p).resolve()) for p in corpus_or_default(cfg.corpus)],
+        seq_len=cfg.seq_len, batch_size=cfg.batch_size,
+        max_tokens=cfg.max_tokens, reservoir_size=reservoir_size, keep_first=cfg.keep_first, dtype=cfg.dtype,
+        seed=cfg.seed, world_size=world, device=device, checkpoint_every=cfg.checkpoint_every,
+    )
+    result = collect(config, out, resume=cfg.resume, max_batches=cfg.max_batches)
+    if not result.complete:
+        logger.info("collection stopped after %d blocks; rerun with --resume to continue", result.n_blocks)
+        return LocateReport(out, complete=False)
+    available = min(result.n_tokens, reservoir_size)
+    if cfg.sample_size > available:
+        raise ValueError(f"--sample-size {cfg.sample_size} exceeds the {result.n_tokens} tokens collected "
+                         f"({result.n_blocks} blocks); lower it or collect more tokens")
+    if rank != 0:
+        return LocateReport(out)
+    reservoir = result.statistics.reservoir.sorted()
+    meta = {"model": config.model, "corpus": config.corpus, "seed": config.seed, "seq_len": config.seq_len}
+    if cfg.save_shards:
+        write_shards(reservoir, out / "shards", meta)
+    select_start = time.perf_counter()
+    estimate = estimate_geometry(
+        {l: reservoir.layer_vectors(l) for l in candidates}, candidates, repeats=cfg.repeats,
+        sample_size=cfg.sample_size, k=cfg.k, ridge=cfg.ridge, n_pairs=cfg.n_pairs, seed=cfg.seed,
+        backend=cfg.backend, precision=cfg.precision, progress=True,
+    )
+    select_s = time.perf_counter() - select_start
+    best = estimate.selected_layer
+    summary = estimate.summary()
+    plot_geometry(estimate, out / "geometry.png", title=f"{Path(config.model).name}: selected layer {best}")
+    timings = {**result.timings, "select_s": select_s, "total_s": time.perf_counter() - start}
+    report = {
+        "model": config.model,
+        "corpus": config.corpus,
+        "n_tokens": result.n_tokens,
+        "n_blocks": result.n_blocks,
+        "n_layers": n_layers,
+        "hidden_size": result.hidden_size,
+        "candidate_layers": candidates,
+        "layers": summary,
+        "selected_layer": best,
+        "selected_score": next(row["score"] for row in summary if row["layer"] == best),
+        "per_repeat": {name: values.tolist() for name, values in estimate.values.items()},
+        "stream": _stream_geometry(result.statistics),
+        "config": {"collect": config.to_dict(), "select": estimate.config, "world_size": world},
+        "timings": timings,
+    }
+    atomic_write_json(out / "locate.json", report)
+    logger.info("selected layer %d (score %.3f); wrote %s and %s", best, report["selected_score"]["mean"],
+                out / "locate.json", out / "geometry.png")
+    return LocateReport(out, report)

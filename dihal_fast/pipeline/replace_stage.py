@@ -1,0 +1,71 @@
+"""The replace stage: layers 1..l* of a causal LM replaced by a trained conditional diffusion bridge.
+
+``replace(ReplaceConfig(layer=...), out)`` trains the bridge (:func:`dihal_fast.train.train_bridge`, plain
+torch or DeepSpeed ZeRO) and exports ``out/hybrid`` (``HybridLM.from_pretrained``).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.options import option
+from dihal_fast.pipeline.reports import ReplaceReport
+from dihal_fast.train.config import TrainConfig, add_config_arguments, config_from_args
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplaceConfig:
+    """Which layer of which model, on which corpus, and the bridge training run (exactly one of ``layer``
+    and ``from_locate``)."""
+
+    model: str | None = option(None, "local Hugging Face causal-LM checkpoint (default: the shipped backbone, or "
+                               "locate.json's model with --from-locate)")
+    layer: int | None = option(None, "hidden state l* to rebuild (1..L-1); layers 1..l* are replaced")
+    from_locate: str | None = option(None, "take l* from RUN/locate.json (selected_layer) written by dihal locate",
+                                     metavar="RUN")
+    corpus: list[str] | None = option(None, ".txt / .jsonl files, directories of them or a saved dataset (default: "
+                                      "the shipped corpus)")
+    val_corpus: str | None = option(None, "held-out corpus for validation (default: the tail of --corpus)")
+    deepspeed: str | None = option(None, "DeepSpeed JSON config (ZeRO stage 0-3, bf16); see examples/ds_*.json",
+                                   metavar="CFG")
+    resume: bool = option(False, "continue from the newest checkpoint in the run directory")
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={
+        "help": "bridge training options", "options": (add_config_arguments, config_from_args)})
+
+    def __post_init__(self) -> None:
+        if (self.layer is None) == (self.from_locate is None):
+            raise ValueError("give exactly one of --layer and --from-locate (layer or from_locate)")
+
+
+def _from_locate(run: str) -> tuple[int, str | None]:
+    from dihal_fast.common import read_json
+
+    report = read_json(Path(run) / "locate.json", "locate report (dihal locate --out RUN)")
+    layer = report.get("selected_layer") if isinstance(report, dict) else None
+    if not isinstance(layer, int):
+        raise ValueError(f"{Path(run) / 'locate.json'} has no integer 'selected_layer'")
+    return layer, report.get("model")
+
+
+def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
+    """Train the bridge for ``config``'s layer in run directory ``out`` (holding its lock) and export the
+    hybrid; every process of a DeepSpeed job calls this and gets the summary."""
+    from dihal_fast.common.rundir import run_directory
+    from dihal_fast.train import train_bridge
+
+    layer, model = config.layer, config.model
+    if config.from_locate is not None:
+        layer, located_model = _from_locate(config.from_locate)
+        if model is None:
+            model = located_model
+        elif located_model and Path(model).resolve() != Path(located_model).resolve():
+            logger.warning("--model %s differs from the model %s that dihal locate measured", model, located_model)
+        logger.info("layer %d from %s", layer, Path(config.from_locate) / "locate.json")
+    with run_directory(out, "dihal replace"):
+        result = train_bridge(model, layer, corpus_or_default(config.corpus), out, config.train,
+                              deepspeed_config=config.deepspeed, resume=config.resume, val_corpus=config.val_corpus)
+    return ReplaceReport(Path(out), result)
