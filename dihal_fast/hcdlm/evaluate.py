@@ -126,7 +126,7 @@ def evaluate_text(run: LoadedRun, n_samples: int, cfg: SampleConfig, evaluator_d
     with ``reference`` texts, the same numbers for real data as a yardstick."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dihal_fast.evaluate.metrics import mean_unigram_entropy
+    from dihal_fast.common.metrics import mean_unigram_entropy
     from dihal_fast.evaluate.scoring import generative_perplexity
 
     contexts = torch.zeros(n_samples, 0, dtype=torch.long)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from dihal_fast.evaluate.sampling import sample_categorical
+from dihal_fast.common.sampling import sample_categorical
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet
 from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel

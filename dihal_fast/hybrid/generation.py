@@ -1,6 +1,6 @@
 """Autoregressive sampling from a HybridLM with both caches: each new token costs one position in the
 bridge's context encoder, ``nfe`` denoiser evaluations on that position, and one position through the
-retained layers' KV cache. Tokens are drawn in float64 (:func:`dihal_fast.evaluate.sample_categorical`)."""
+retained layers' KV cache. Tokens are drawn in float64 (:func:`dihal_fast.common.sampling.sample_categorical`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
