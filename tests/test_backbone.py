@@ -19,7 +19,9 @@ from dihal_fast.backbone.corpus import read_text_file, split_tail
 from dihal_fast.backbone.data import WindowSampler
 from dihal_fast.backbone.evaluate import stream_nll
 from dihal_fast.backbone.tokenizer import encode_documents, train_tokenizer
-from dihal_fast.backbone.train import lr_factor, train_backbone
+from dihal_fast.backbone.train import train_backbone
+from dihal_fast.train.checkpoint import latest_checkpoint
+from dihal_fast.train.settings import lr_factor
 from dihal_fast.cli import main
 
 WORDS = "the a little big red dog cat girl boy saw ran to park home and then was happy sad with her his".split()
@@ -118,7 +120,7 @@ def test_window_sampler_is_a_function_of_the_step():
 
 
 def test_lr_schedule_warmup_then_cosine():
-    cfg = TrainConfig(corpus=["x"], steps=110, warmup_steps=10, min_lr_ratio=0.1)
+    cfg = TrainConfig(corpus=["x"], steps=110, warmup_steps=10, min_lr_ratio=0.1).loop_settings()
     assert lr_factor(0, cfg) == pytest.approx(0.1) and lr_factor(9, cfg) == pytest.approx(1.0)
     assert lr_factor(10, cfg) == pytest.approx(1.0) and lr_factor(60, cfg) == pytest.approx(0.55)
     assert lr_factor(110, cfg) == pytest.approx(0.1)
@@ -146,7 +148,7 @@ def test_tiny_training_lowers_the_loss(tiny_texts, tmp_path):
     import json
 
     report = train_backbone(tiny_config(tiny_texts, steps=30), tmp_path / "run", progress=False)
-    records = [json.loads(line) for line in (tmp_path / "run" / "training_log.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     val = [r["val_loss"]["toy"] for r in records if "val_loss" in r]
     assert val[-1] < val[0] - 1.0
     row = report["validation"]["toy"]
@@ -162,7 +164,7 @@ def test_resume_equals_uninterrupted(tiny_texts, tmp_path):
 
     train_backbone(tiny_config(tiny_texts), tmp_path / "full", progress=False)
     train_backbone(tiny_config(tiny_texts), tmp_path / "split", stop_at=10, progress=False)
-    assert (tmp_path / "split" / "resume" / "trainer_state.pt").exists()
+    assert latest_checkpoint(tmp_path / "split").name == "step_00000010"
     report = train_backbone(tiny_config(tiny_texts), tmp_path / "split", resume=True, progress=False)
     assert report["steps_completed"] == 20
     full, split = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("full", "split"))
@@ -171,7 +173,7 @@ def test_resume_equals_uninterrupted(tiny_texts, tmp_path):
         assert torch.equal(full[name], split[name]), name
     timing = ("tokens_per_s", "elapsed_s")
     logs = [[{k: v for k, v in json.loads(line).items() if k not in timing}
-             for line in (tmp_path / d / "training_log.jsonl").read_text().splitlines()] for d in ("full", "split")]
+             for line in (tmp_path / d / "log.jsonl").read_text().splitlines()] for d in ("full", "split")]
     assert logs[0] == logs[1] and len(logs[0]) == 2 + 4  # train loss at steps 10, 20; validation every 5
 
 
@@ -184,9 +186,9 @@ def test_resume_may_replan_the_number_of_steps(tiny_texts, tmp_path):
     report = train_backbone(tiny_config(tiny_texts, steps=15), out, resume=True, progress=False)
     assert report["steps_completed"] == report["steps_planned"] == 15
     assert json.loads((out / "train_config.json").read_text())["steps"] == 15
-    assert '"event": "steps changed from 20 to 15"' in (out / "training_log.jsonl").read_text()
+    assert '"event": "steps changed from 20 to 15"' in (out / "log.jsonl").read_text()
     assert (out / "tokens.npz").stat().st_mtime_ns == cached  # the token cache was reused
-    lrs = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    lrs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["lr"] for r in lrs if "lr" in r][-1] == pytest.approx(1e-2 * 0.1)  # annealed to min at the new end
 
 
@@ -259,3 +261,19 @@ def test_info_prints_perplexities(capsys):
     assert "LlamaForCausalLM" in out and "parameters:" in out and "gutenberg_nltk" in out
     assert main(["backbone", "info", "--model", "/no/such/dir"]) == 2
     assert "no checkpoint at /no/such/dir" in capsys.readouterr().err
+
+
+def test_deepspeed_zero1_run_equals_plain_torch(tiny_texts, tmp_path):
+    """The backbone trains through the shared loop's DeepSpeed engine too (one process, gloo, ZeRO-1)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    train_backbone(tiny_config(tiny_texts, steps=3), tmp_path / "plain", progress=False)
+    train_backbone(tiny_config(tiny_texts, steps=3), tmp_path / "zero", progress=False, deepspeed_config=tmp_path / "ds.json")
+    plain, zero = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("plain", "zero"))
+    assert plain.keys() == zero.keys()
+    for name in plain:
+        torch.testing.assert_close(zero[name], plain[name], rtol=1e-5, atol=1e-6)
+    assert json.loads((latest_checkpoint(tmp_path / "zero") / "state.json").read_text())["engine"] == "deepspeed"

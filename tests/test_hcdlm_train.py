@@ -224,3 +224,17 @@ def test_configs_saved_before_new_fields_keep_their_meaning(tmp_path):
     old = RunConfig.from_dict(data)
     assert not old.model.slot_head and old.objective.slot_aux_weight == 0 and old.objective.exposure_share == 0
     assert RunConfig.from_dict(RunConfig().to_dict()) == RunConfig()
+
+
+def test_deepspeed_zero2_step_equals_a_plain_torch_step(tmp_path):
+    """HC-DLM trains through the shared loop's DeepSpeed engine too (one process, gloo, ZeRO-2)."""
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    train(tmp_path / "plain", _config(2))
+    summary = train(tmp_path / "zero", _config(2), deepspeed_config=tmp_path / "ds.json")
+    assert summary["step"] == 2
+    plain = load_file(latest_checkpoint(tmp_path / "plain") / "weights.safetensors")
+    zero = load_file(latest_checkpoint(tmp_path / "zero") / "weights.safetensors")
+    assert plain.keys() == zero.keys() and len(plain) > 10
+    for name in plain:
+        torch.testing.assert_close(zero[name], plain[name], rtol=1e-5, atol=1e-6)
+    assert json.loads((latest_checkpoint(tmp_path / "zero") / "state.json").read_text())["engine"] == "deepspeed"

@@ -4,6 +4,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from dihal_fast.train.settings import LoopSettings
+
+LOG_EVERY = 10  # optimizer steps between training-loss log lines
+
 
 @dataclass
 class ModelConfig:
@@ -63,6 +67,13 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def loop_settings(self, device: str = "cpu") -> LoopSettings:
+        """The shared loop's view: AdamW (0.9, 0.95) with decay on matrices only, cosine to ``min_lr_ratio``."""
+        return LoopSettings(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
+                            lr_floor=self.min_lr_ratio, weight_decay=self.weight_decay, betas=(0.9, 0.95),
+                            decay_matrices_only=True, grad_clip=self.grad_clip, seed=self.seed, device=device,
+                            log_every=LOG_EVERY, save_every=self.checkpoint_every, keep_checkpoints=1)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:

@@ -71,7 +71,7 @@ def write_training_report(out: Path, model, tokenizer, cfg, corpus, train_ids, v
         "train_config": cfg.to_dict(),
     }
     atomic_write_json(out / REPORT_NAME, report)
-    plot_training_curve(out / "training_log.jsonl", out / "training_curve.png")
+    plot_training_curve(out / "log.jsonl", out / "training_curve.png")
     return report
 
 

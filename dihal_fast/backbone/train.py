@@ -1,29 +1,27 @@
-"""Training loop of the backbone: AdamW, warmup + cosine LR, gradient clipping, checkpoints and exact resume.
+"""The backbone as a :class:`~dihal_fast.train.trainer.TrainingJob`: corpus, tokenizer, next-token loss,
+periodic validation and the ``from_pretrained`` export; the loop, AdamW, warm-up + cosine LR, clipping,
+checkpoints, exact resume and DeepSpeed are the shared ones of :mod:`dihal_fast.train`.
 
 Run directory layout (``--out``)::
 
     config.json, model.safetensors, tokenizer*.json   the model (``from_pretrained`` layout, float32)
     train_config.json                                  the TrainConfig of the run
-    training_log.jsonl, training_curve.png             per-step loss / LR, periodic validation loss
+    log.jsonl, training_curve.png                      per-step loss / LR, periodic validation loss
     training_report.json                               final per-split PPL vs unigram / bigram baselines
-    resume/                                            model + optimizer + scheduler + RNG + step
+    checkpoints/                                       the shared checkpoint layout (dihal_fast.train.checkpoint)
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import random
-import shutil
-import signal
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from dihal_fast.backbone.config import TrainConfig
 from dihal_fast.backbone.corpus import default_valid_files, read_text_file, sha256_file, split_tail
@@ -31,12 +29,14 @@ from dihal_fast.backbone.data import WindowSampler
 from dihal_fast.backbone.evaluate import autocast_context, stream_nll
 from dihal_fast.backbone.model import build_model, resolve_precision
 from dihal_fast.common import atomic_write_json, read_json, seed_everything
+from dihal_fast.train.checkpoint import check_resumable, latest_checkpoint
+from dihal_fast.train.trainer import TrainingJob, TrainingRun, fit, prepare_deepspeed, training_session
 
 logger = logging.getLogger(__name__)
 
 MODEL_MARKERS = ("config.json", "model.safetensors", "tokenizer.json", "train_config.json")
-RESUME_DIR = "resume"
-LOG_EVERY = 10
+LEGACY_RESUME_DIR = "resume"  # the checkpoint folder before the shared training loop
+CONFIG_NAME = "train_config.json"
 
 
 @dataclass
@@ -109,7 +109,10 @@ def check_out_dir(out: Path, cfg: TrainConfig, resume: bool) -> tuple[bool, int 
         saved_steps = saved.steps if saved.steps != cfg.steps else None
     elif resume and held:
         raise ValueError(f"--resume: {out} holds a model ({', '.join(held)}) but no train_config.json; not a backbone run")
-    return resume and (out / RESUME_DIR / "trainer_state.pt").exists(), saved_steps
+    if resume and (out / LEGACY_RESUME_DIR / "trainer_state.pt").exists():
+        raise ValueError(f"--resume: {out} was checkpointed by an earlier dihal_fast ({LEGACY_RESUME_DIR}/trainer_state.pt); "
+                         "this version cannot continue it: train again into a new --out")
+    return resume and latest_checkpoint(out) is not None, saved_steps
 
 
 def encode_corpus(out: Path, tokenizer, corpus: Corpus) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -130,98 +133,72 @@ def encode_corpus(out: Path, tokenizer, corpus: Corpus) -> tuple[np.ndarray, dic
     return train_ids, valid_ids
 
 
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to 1, then cosine decay to ``min_lr_ratio`` at ``cfg.steps``."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+class NextTokenObjective(nn.Module):
+    """Mean next-token cross-entropy of a causal LM (under autocast at the run's precision)."""
+
+    def __init__(self, model: nn.Module, precision: str, device: str):
+        super().__init__()
+        self.model, self.precision, self.device = model, precision, device
+
+    def forward(self, batch: torch.Tensor) -> dict:
+        with autocast_context(self.precision, self.device):
+            logits = self.model(input_ids=batch[:, :-1]).logits
+        return {"loss": torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())}
 
 
-def make_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices (embeddings included), none on norm gains."""
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+class BackboneJob(TrainingJob):
+    """Windows of the token stream per step, validation every ``eval_every`` steps, the model exported at checkpoints."""
 
+    resumable = frozenset({"steps"})  # check_out_dir compared the rest (nested model fields included)
 
-def save_checkpoint(out: Path, model, optimizer, scheduler, step: int, elapsed_s: float) -> None:
-    """Write ``out/resume`` atomically (a new directory renamed over the old one)."""
-    from safetensors.torch import save_model
+    def __init__(self, cfg: TrainConfig, model: nn.Module, tokenizer, train_ids: np.ndarray, valid_ids: dict[str, np.ndarray],
+                 out: Path, precision: str, device: str, end: int):
+        self.cfg, self.model, self.tokenizer, self.valid_ids, self.out, self.precision = cfg, model, tokenizer, valid_ids, out, precision
+        self.objective = NextTokenObjective(model, precision, device)
+        self.settings = cfg.loop_settings(device)
+        self.configs = {CONFIG_NAME: cfg.to_dict()}
+        self.name, self.end = "backbone", end
+        self.sampler = WindowSampler(train_ids, cfg.model.seq_len, cfg.batch_size, cfg.seed)
+        self.window_start, self.window_tokens = time.perf_counter(), 0
 
-    tmp, final, old = out / f"{RESUME_DIR}.tmp", out / RESUME_DIR, out / f"{RESUME_DIR}.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    state = {
-        "step": step,
-        "elapsed_s": elapsed_s,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "torch_rng": torch.get_rng_state(),
-        "python_rng": random.getstate(),
-    }
-    torch.save(state, tmp / "trainer_state.pt")
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    def batch(self, step: int, engine) -> dict:
+        batch = self.sampler.batch(step).to(engine.device)
+        self.window_tokens += batch[:, 1:].numel()
+        return {"batch": batch}
 
+    def after_step(self, step: int, values: dict[str, float], run: TrainingRun) -> dict:
+        if step % self.settings.log_every and step != self.end:
+            return {}
+        now = time.perf_counter()
+        extra = {"epoch": self.sampler.epoch_of(step), "tokens_per_s": self.window_tokens / (now - self.window_start)}
+        self.window_start, self.window_tokens = now, 0
+        return extra
 
-def load_checkpoint(out: Path, model, optimizer, scheduler) -> tuple[int, float]:
-    """Restore model, optimizer, scheduler and RNG from ``out/resume``; returns (step, elapsed seconds)."""
-    from safetensors.torch import load_model
+    def step_done(self, step: int, run: TrainingRun) -> None:
+        if (step % self.cfg.eval_every == 0 or step == self.end) and run.log is not None:
+            val = {name: _mean_nll(self.model, ids, self.cfg, self.precision) for name, ids in self.valid_ids.items()}
+            run.log.append({"step": step, "val_loss": val, "elapsed_s": run.elapsed_s})
+            logger.info("step %d: train loss %.3f, val loss %s", step, run.values["loss"], {k: round(v, 3) for k, v in val.items()})
 
-    folder = out / RESUME_DIR
-    load_model(model, str(folder / "model.safetensors"))
-    state = torch.load(folder / "trainer_state.pt", weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["torch_rng"])
-    random.setstate(state["python_rng"])
-    return int(state["step"]), float(state["elapsed_s"])
-
-
-def truncate_log(path: Path, step: int) -> None:
-    """Drop log records after ``step`` (written by an interrupted run past its last checkpoint)."""
-    if path.exists():
-        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        path.write_text("".join(line + "\n" for line in keep))
-
-
-@contextmanager
-def sigterm_as_interrupt():
-    """Turn SIGTERM (e.g. ``kill PID``) into KeyboardInterrupt so the loop can checkpoint before exiting."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def on_checkpoint(self, step: int, run: TrainingRun) -> None:
+        if run.engine.rank == 0:
+            self.model.save_pretrained(str(self.out))
 
 
 def train_backbone(
     cfg: TrainConfig, out: str | Path, resume: bool = False, stop_at: int | None = None,
-    device: str = "cpu", command: str = "", progress: bool = True,
+    device: str = "cpu", command: str = "", progress: bool = True, deepspeed_config: str | os.PathLike | None = None,
 ) -> dict:
     """Train (or continue) a backbone run in ``out``; returns the training report of the finished segment.
 
     ``stop_at`` ends this invocation after that many optimizer steps (as if interrupted, with a
-    checkpoint); the LR schedule always follows ``cfg.steps``.
+    checkpoint); the LR schedule always follows ``cfg.steps``. With ``deepspeed_config`` the DeepSpeed
+    ZeRO engine trains (launch several processes with torchrun).
     """
     from transformers import PreTrainedTokenizerFast
 
     from dihal_fast.backbone.report import write_training_report
     from dihal_fast.backbone.tokenizer import train_tokenizer
-    from dihal_fast.common.progress import progress_bar
 
     out = Path(out)
     resolve_valid(cfg)
@@ -230,85 +207,37 @@ def train_backbone(
         raise ValueError(f"--stop-at must be >= 1, got {stop_at}")
     corpus = load_corpus(cfg)
     has_checkpoint, saved_steps = check_out_dir(out, cfg, resume)
-    out.mkdir(parents=True, exist_ok=True)
-    precision = resolve_precision(cfg.precision, device)
-    seed_everything(cfg.seed)
-
-    if (out / "tokenizer.json").exists() and resume:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(out))
-    else:
-        logger.info("training a byte-level BPE tokenizer (vocab %d) on %d documents", cfg.model.vocab_size, len(corpus.train_texts))
-        tokenizer = train_tokenizer(corpus.train_texts, cfg.model.vocab_size)
-        tokenizer.save_pretrained(str(out))
-        atomic_write_json(out / "train_config.json", cfg.to_dict())
-    train_ids, valid_ids = encode_corpus(out, tokenizer, corpus)
-    logger.info("tokens: train %d, valid %s", len(train_ids), {k: len(v) for k, v in valid_ids.items()})
-
-    model = build_model(cfg.model, tokenizer).to(device)
-    optimizer = make_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
-    sampler = WindowSampler(train_ids, cfg.model.seq_len, cfg.batch_size, cfg.seed)
-    step, elapsed = 0, 0.0
-    log_path = out / "training_log.jsonl"
-
-    def log(record: dict) -> None:
-        with open(log_path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
-
-    if has_checkpoint:
-        step, elapsed = load_checkpoint(out, model, optimizer, scheduler)
-        truncate_log(log_path, step)
-        logger.info("resumed %s at step %d (%.0f s of training so far)", out, step, elapsed)
-    if saved_steps is not None:
-        logger.warning("--steps changed from %d to %d: the cosine schedule is re-planned from step %d", saved_steps, cfg.steps, step)
-        log({"step": step, "event": f"steps changed from {saved_steps} to {cfg.steps}"})
-        atomic_write_json(out / "train_config.json", cfg.to_dict())
-    end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
-
-    def quick_eval() -> dict[str, float]:
-        return {name: _mean_nll(model, ids, cfg, precision) for name, ids in valid_ids.items()}
-
-    model.train()
-    bar = progress_bar(total=end, initial=step, desc="backbone", unit="step", disable=not progress, dynamic_ncols=True)
-    started = time.perf_counter() - elapsed
-    window_start, window_tokens = time.perf_counter(), 0
-    try:
-        with sigterm_as_interrupt():
-            while step < end:
-                batch = sampler.batch(step).to(device)
-                with autocast_context(precision, device):
-                    logits = model(input_ids=batch[:, :-1]).logits
-                loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-                loss.backward()
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                scheduler.step()
-                step += 1
-                window_tokens += batch[:, 1:].numel()
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}")
-                if step % LOG_EVERY == 0 or step == end:
-                    now = time.perf_counter()
-                    log({"step": step, "loss": loss.item(), "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-                         "epoch": sampler.epoch_of(step), "tokens_per_s": window_tokens / (now - window_start),
-                         "elapsed_s": now - started})
-                    window_start, window_tokens = now, 0
-                if step % cfg.eval_every == 0 or step == end:
-                    val = quick_eval()
-                    log({"step": step, "val_loss": val, "elapsed_s": time.perf_counter() - started})
-                    logger.info("step %d: train loss %.3f, val loss %s", step, loss.item(), {k: round(v, 3) for k, v in val.items()})
-                if step % cfg.checkpoint_every == 0 or step == end:
-                    save_checkpoint(out, model, optimizer, scheduler, step, time.perf_counter() - started)
-                    model.save_pretrained(str(out))
-    except KeyboardInterrupt:
-        bar.close()
-        logger.warning("interrupted at step %d; the last checkpoint in %s/%s is kept (resume with --resume)", step, out, RESUME_DIR)
-        raise
-    bar.close()
-    return write_training_report(
-        out, model, tokenizer, cfg, corpus, train_ids, valid_ids, step, time.perf_counter() - started, precision, command
-    )
+    ds_config, world = prepare_deepspeed(deepspeed_config, cfg.loop_settings(device))
+    checkpoint = latest_checkpoint(out) if has_checkpoint else None
+    if checkpoint is not None:
+        check_resumable(checkpoint, {CONFIG_NAME: cfg.to_dict()}, BackboneJob.resumable,
+                        "deepspeed" if ds_config is not None else "torch", world, cfg.steps)
+    with training_session(ds_config, cfg.loop_settings(device)) as (rank, _, device):
+        out.mkdir(parents=True, exist_ok=True)
+        precision = resolve_precision(cfg.precision, device)
+        seed_everything(cfg.seed)
+        if (out / "tokenizer.json").exists() and resume:
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(str(out))
+        else:
+            logger.info("training a byte-level BPE tokenizer (vocab %d) on %d documents", cfg.model.vocab_size, len(corpus.train_texts))
+            tokenizer = train_tokenizer(corpus.train_texts, cfg.model.vocab_size)
+            if rank == 0:
+                tokenizer.save_pretrained(str(out))
+                atomic_write_json(out / CONFIG_NAME, cfg.to_dict())
+        train_ids, valid_ids = encode_corpus(out, tokenizer, corpus)
+        logger.info("tokens: train %d, valid %s", len(train_ids), {k: len(v) for k, v in valid_ids.items()})
+        model = build_model(cfg.model, tokenizer).to(device)
+        end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
+        job = BackboneJob(cfg, model, tokenizer, train_ids, valid_ids, out, precision, device, end)
+        if saved_steps is not None and rank == 0:
+            logger.warning("--steps changed from %d to %d: the cosine schedule is re-planned from the last checkpoint", saved_steps, cfg.steps)
+            with (out / "log.jsonl").open("a") as log:
+                log.write(json.dumps({"step": json.loads((checkpoint / "state.json").read_text())["step"],
+                                      "event": f"steps changed from {saved_steps} to {cfg.steps}"}) + "\n")
+            atomic_write_json(out / CONFIG_NAME, cfg.to_dict())
+        run = fit(job, out, ds_config, checkpoint, stop_at=stop_at, progress=progress)
+        return write_training_report(out, model, tokenizer, cfg, corpus, train_ids, valid_ids, run.step, run.elapsed_s,
+                                     precision, command)
 
 
 def _mean_nll(model, ids: np.ndarray, cfg: TrainConfig, precision: str) -> float:

@@ -203,9 +203,9 @@ def _loop(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> None:
             if not math.isfinite(float(loss.detach())):
                 raise FloatingPointError(f"non-finite loss {float(loss.detach())} at step {step}: "
                                          f"{ {k: float(v.detach()) if isinstance(v, torch.Tensor) else v for k, v in losses.items()} }")
-            lr = engine.lr
             engine.backward(loss)
             grad_norm = engine.step()
+            lr = engine.lr  # the rate after this step's schedule update (at the end: the final rate)
         if run.ema is not None:
             with engine.full_parameters() as named:
                 run.ema.update(named, step)
