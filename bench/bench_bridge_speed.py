@@ -33,8 +33,8 @@ VARIANTS = {
 def train(out: Path, options: dict, steps: int) -> Path:
     """The hybrid directory of a finished (or now trained) run in ``out``."""
     from dihal_fast.backbone import default_corpus
-    from dihal_fast.train import train_bridge
-    from dihal_fast.train.config import TrainConfig
+    from dihal_fast.replace import train_bridge
+    from dihal_fast.replace.config import TrainConfig
 
     if not (out / "result.json").is_file():
         train_bridge(None, 1, default_corpus(), out, TrainConfig(steps=steps, bridge=options), resume=True)

@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 from dihal_fast.hybrid import HybridLM
-from dihal_fast.train import TrainConfig, train_bridge
-from dihal_fast.train.config import add_config_arguments, config_from_args
+from dihal_fast.replace import TrainConfig, train_bridge
+from dihal_fast.replace.config import add_config_arguments, config_from_args
 from dihal_fast.train.deepspeed_engine import check_deepspeed_config
-from dihal_fast.train.objective import kd_loss, lm_loss
+from dihal_fast.replace.objective import kd_loss, lm_loss
 
 WORDS = ("the cat dog bird sat ran on under a mat tree house red blue small big and then it was happy sad day night "
          "girl boy saw with to").split()
@@ -233,7 +233,7 @@ def test_one_deepspeed_zero2_step_equals_one_plain_torch_step(tiny_checkpoints, 
 
 WORKER = """
 import sys, torch
-from dihal_fast.train import TrainConfig, train_bridge
+from dihal_fast.replace import TrainConfig, train_bridge
 model, corpus, out, ds = sys.argv[1:5]
 config = TrainConfig(seq_len=16, batch_size=2, val_blocks=2, stats_blocks=4, steps=3, save_every=2, log_every=1,
                      bridge={"width": 32, "heads": 2, "context_layers": 1, "time_dim": 16})

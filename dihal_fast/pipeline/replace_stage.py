@@ -1,6 +1,6 @@
 """The replace stage: layers 1..l* of a causal LM replaced by a trained conditional diffusion bridge.
 
-``replace(ReplaceConfig(layer=...), out)`` trains the bridge (:func:`dihal_fast.train.train_bridge`, plain
+``replace(ReplaceConfig(layer=...), out)`` trains the bridge (:func:`dihal_fast.replace.train_bridge`, plain
 torch or DeepSpeed ZeRO) and exports ``out/hybrid`` (``HybridLM.from_pretrained``).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from dihal_fast.common.assets import corpus_or_default
 from dihal_fast.common.options import option
 from dihal_fast.pipeline.reports import ReplaceReport
-from dihal_fast.train.config import TrainConfig, add_config_arguments, config_from_args
+from dihal_fast.replace.config import TrainConfig, add_config_arguments, config_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
     """Train the bridge for ``config``'s layer in run directory ``out`` (holding its lock) and export the
     hybrid; every process of a DeepSpeed job calls this and gets the summary."""
     from dihal_fast.common.rundir import run_directory
-    from dihal_fast.train import train_bridge
+    from dihal_fast.replace import train_bridge
 
     layer, model = config.layer, config.model
     if config.from_locate is not None:

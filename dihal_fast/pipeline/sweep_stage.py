@@ -39,7 +39,7 @@ class SweepSettings:
 
     def train_config(self):
         """The bridge training configuration every layer gets (the same budget for all)."""
-        from dihal_fast.train.config import TrainConfig
+        from dihal_fast.replace.config import TrainConfig
 
         return TrainConfig(steps=self.budget_steps, seq_len=self.seq_len, batch_size=self.batch_size,
                            val_blocks=self.val_blocks, seed=self.seed)
@@ -72,7 +72,7 @@ def sweep(config: SweepConfig, out: str | Path) -> SweepReport:
 
 
 def _sweep(config: SweepConfig, out: Path) -> dict:
-    from dihal_fast.train.validation import BRIDGE_LOSS_PROTOCOL
+    from dihal_fast.replace.validation import BRIDGE_LOSS_PROTOCOL
 
     settings, corpus, model = config.settings, corpus_or_default(config.corpus), config.model
     locate = ensure_locate(out / "locate", config.locate_config())
@@ -93,7 +93,7 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
         "selected_layer": locate["selected_layer"], "predicted_layer": correlations["predicted_layer"],
         "observed_best_layer": correlations["observed_best_layer"],
         "selected_in_best_third": correlations["predicted_loss_rank_fraction"] <= 1 / 3,
-        "protocol": {"correlation": correlations["protocol"], "bridge_loss": "validation (corpus tail) bridge loss of dihal_fast.train: " + BRIDGE_LOSS_PROTOCOL,
+        "protocol": {"correlation": correlations["protocol"], "bridge_loss": "validation (corpus tail) bridge loss of dihal_fast.replace: " + BRIDGE_LOSS_PROTOCOL,
                      "scores": f"locate with {settings.score_repeats} repeats of {settings.score_sample} tokens",
                      "budget": f"{settings.budget_steps} bridge training steps per layer (same for every layer)"},
     }

@@ -1,8 +1,11 @@
-"""The one training machinery of the package (:mod:`~dihal_fast.train.trainer`: loop, plain-torch and DeepSpeed
-ZeRO engines, one LR schedule, EMA, checkpoints, logs) and the bridge family on it (``train_bridge``: the
-weighted DiHAL objective, teacher targets, validation bridge loss)."""
-from dihal_fast.train.config import TrainConfig
-from dihal_fast.train.bridge import StepInfo, export_hybrid, train_bridge
-from dihal_fast.train.validation import BRIDGE_LOSS_PROTOCOL, validation_bridge_loss
+"""The one training machinery of the package, used by the backbone, the bridge and HC-DLM alike.
 
-__all__ = ["BRIDGE_LOSS_PROTOCOL", "StepInfo", "TrainConfig", "export_hybrid", "train_bridge", "validation_bridge_loss"]
+A family describes its run as a :class:`~dihal_fast.train.trainer.TrainingJob` (objective module, batch
+per step, configs) with :class:`~dihal_fast.train.settings.LoopSettings`, and calls
+:func:`~dihal_fast.train.trainer.fit`: plain-torch or DeepSpeed ZeRO engine, one LR schedule, one EMA,
+one checkpoint layout, the JSONL log, exact resume and time budgets.
+"""
+from dihal_fast.train.settings import LoopSettings, lr_factor
+from dihal_fast.train.trainer import TrainingJob, TrainingRun, fit
+
+__all__ = ["LoopSettings", "TrainingJob", "TrainingRun", "fit", "lr_factor"]

@@ -30,13 +30,13 @@ from dihal_fast.corpus import corpus_files
 from dihal_fast.hybrid import HybridLM, backbone_targets
 from dihal_fast.hybrid.slicing import check_family, check_layer
 from dihal_fast.train.checkpoint import check_resumable, latest_checkpoint
-from dihal_fast.train.config import TrainConfig
-from dihal_fast.train.data import Blocks, batch_indices, load_blocks, step_generator
-from dihal_fast.train.objective import BridgeObjective
+from dihal_fast.replace.config import TrainConfig
+from dihal_fast.replace.data import Blocks, batch_indices, load_blocks, step_generator
+from dihal_fast.replace.objective import BridgeObjective
 from dihal_fast.train.runlog import RunLog
-from dihal_fast.train.statistics import target_statistics
+from dihal_fast.replace.statistics import target_statistics
 from dihal_fast.train.trainer import LOG_NAME, TrainingJob, TrainingRun, fit, prepare_deepspeed, training_session
-from dihal_fast.train.validation import validation_bridge_loss
+from dihal_fast.replace.validation import validation_bridge_loss
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dihal_fast.hybrid import HybridLM
-from dihal_fast.train.config import TrainConfig
+from dihal_fast.replace.config import TrainConfig
 
 
 def kd_loss(teacher_logits: Tensor, student_logits: Tensor, temperature: float) -> Tensor:
