@@ -76,6 +76,10 @@ double top_eigenvalue_small(double* A, int m);
 template <typename T>
 double max_abs(const T* X, int64_t size);
 
+// ||a - b||^2 with the differences and the sum in float64 (vectorised for the CPU it runs on).
+double sqdist_exact(const float* a, const float* b, int64_t len);
+double sqdist_exact(const double* a, const double* b, int64_t len);
+
 // Threads used by the OpenMP kernels.
 int num_threads();
 

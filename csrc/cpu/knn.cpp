@@ -26,16 +26,37 @@ using List = kl::CandidateList<T, int64_t>;
 constexpr int64_t kQueryBlock = 256;
 constexpr int64_t kRefBlock = 2048;
 
+// The approximate distances na + norms[b] - 2 g[b] of one tile row that are below thr_row or below
+// thr_cols[b] (when thr_cols is given): their positions b to flagged[] and values to dist[], in
+// order; returns their count. Most columns enter no list, so this vectorised filter does the bulk
+// of the scan and the list insertions see only the few that pass.
 template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default")))
-double exact_sqdist(const T* a, const T* b, int64_t D) {
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t c = 0; c < D; ++c) {
-    const double d = double(a[c]) - double(b[c]);
-    s += d * d;
+int64_t flag_candidates(const T* g, const T* norms, const T* thr_cols, int64_t nj, T na, T thr_row, T* dist,
+                        int32_t* flagged) {
+  constexpr int64_t kChunk = 64;
+  T d[kChunk];
+  int64_t count = 0;
+  for (int64_t b0 = 0; b0 < nj; b0 += kChunk) {
+    const int64_t len = std::min(kChunk, nj - b0);
+    int any = 0;
+#pragma omp simd
+    for (int64_t b = 0; b < len; ++b) d[b] = na + norms[b0 + b] - T(2) * g[b0 + b];
+    if (thr_cols) {
+#pragma omp simd reduction(| : any)
+      for (int64_t b = 0; b < len; ++b) any |= int(d[b] < thr_row) | int(d[b] < thr_cols[b0 + b]);
+    } else {
+#pragma omp simd reduction(| : any)
+      for (int64_t b = 0; b < len; ++b) any |= int(d[b] < thr_row);
+    }
+    if (!any) continue;
+    for (int64_t b = 0; b < len; ++b)
+      if (d[b] < thr_row || (thr_cols && d[b] < thr_cols[b0 + b])) {
+        dist[count] = d[b];
+        flagged[count++] = int32_t(b0 + b);
+      }
   }
-  return s;
+  return count;
 }
 
 // Sorts (distance, index) pairs by distance, then index, and keeps the first k.
@@ -98,7 +119,8 @@ void symmetric_candidates(const kl::Scaled<T>& s, int64_t n, int64_t D, Candidat
     CandidateSets<T>& mine = own[size_t(omp_get_thread_num())];
     mine = CandidateSets<T>(n, out.cap);
     std::vector<T> thr(size_t(n), kl::infinity<T>());  // cached thresholds of mine
-    std::vector<T> tile(size_t(B) * size_t(B));
+    std::vector<T> tile(size_t(B) * size_t(B)), dist(static_cast<size_t>(B));
+    std::vector<int32_t> flagged(static_cast<size_t>(B));
     const auto offer = [&](int64_t row, T d, int64_t col) {
       const List<T> l = mine.list(row);
       l.insert(d, col);
@@ -114,53 +136,93 @@ void symmetric_candidates(const kl::Scaled<T>& s, int64_t n, int64_t D, Candidat
         const int64_t row = i0 + a;
         const T* g = tile.data() + a * nj;
         const T na = s.norms[row];
-        for (int64_t b = 0; b < nj; ++b) {
-          const int64_t col = j0 + b;
-          if (diagonal && col == row) continue;
-          const T d = na + s.norms[col] - T(2) * g[b];
+        // Vector pass: the columns that may enter either list, judged with the thresholds as they
+        // are now (they only decrease, so this is a superset), then the offers in column order as
+        // a plain scan would make them.
+        const int64_t count = flag_candidates(g, s.norms.data() + j0, diagonal ? nullptr : thr.data() + j0, nj, na,
+                                              thr[size_t(row)], dist.data(), flagged.data());
+        for (int64_t f = 0; f < count; ++f) {
+          const int64_t col = j0 + flagged[size_t(f)];
+          if (col == row) continue;
+          const T d = dist[size_t(f)];
           if (d < thr[size_t(row)]) offer(row, d, col);
           if (!diagonal && d < thr[size_t(col)]) offer(col, d, row);
         }
       }
     }
   }
-  // Merge the threads' lists row by row.
-#pragma omp parallel for schedule(static) if(parallel)
-  for (int64_t row = 0; row < n; ++row) {
-    const List<T> merged = out.list(row);
-    for (auto& mine : own) {
-      const List<T> l = mine.list(row);
-      for (int c = 0; c < l.cap && l.idx[c] >= 0; ++c)
-        if (l.dist[c] < merged.threshold()) merged.insert(l.dist[c], l.idx[c]);
+  // Merge the threads' sorted lists row by row: the cap smallest by distance, ties to the lower
+  // thread (what inserting thread 0's list, then thread 1's, ... would keep). One thread: no merge.
+  if (own.size() == 1) {
+    std::swap(out, own[0]);
+    return;
+  }
+#pragma omp parallel if(parallel)
+  {
+    std::vector<int> cursor(own.size());
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < n; ++row) {
+      const List<T> merged = out.list(row);
+      std::fill(cursor.begin(), cursor.end(), 0);
+      for (int c = 0; c < merged.cap; ++c) {
+        int best = -1;
+        T best_d = kl::infinity<T>();
+        for (size_t t = 0; t < own.size(); ++t) {
+          const List<T> l = own[t].list(row);
+          if (cursor[t] < l.cap && l.idx[cursor[t]] >= 0 && (best < 0 || l.dist[cursor[t]] < best_d)) {
+            best = int(t);
+            best_d = l.dist[cursor[t]];
+          }
+        }
+        if (best < 0) break;  // every list is exhausted; the rest of merged stays empty
+        const List<T> l = own[size_t(best)].list(row);
+        merged.dist[c] = best_d;
+        merged.idx[c] = l.idx[cursor[size_t(best)]++];
+      }
     }
   }
 }
 
 // Exact re-rank in float64 of each row's candidates, certified against the rounding bound
 // (rel x (||x_i||^2 + max_j ||x_j||^2), distances in units of `unit2` times the exact ones);
-// otherwise exact brute force.
+// otherwise exact brute force. The candidates come sorted by approximate distance, so the exact
+// distances are computed in that order and stop at the first candidate whose approximate distance
+// minus the bound exceeds the k-th exact one found: neither it nor any later candidate nor any
+// rejected point (approximate distances at least its own) can be among the k nearest. This is the
+// certificate of knn_logic::certified with that candidate's distance as the threshold, and the
+// answer is the one a re-rank of every candidate gives (usually after k + 1 or k + 2 of them).
 template <typename T, typename DT>
 void rerank(const T* X, int64_t n, int64_t D, int64_t k, CandidateSets<DT>& sets, const DT* norms, double max_norm2,
             double rel, double unit2, int64_t* out_idx, double* out_d2) {
   const int64_t cap = sets.cap;
-#pragma omp parallel if(parallel_worth(double(n) * double(cap) * double(D)))
+  const auto less = [](const auto& x, const auto& y) { return x.first < y.first || (x.first == y.first && x.second < y.second); };
+#pragma omp parallel if(parallel_worth(double(n) * double(k + 2) * double(D)))
   {
     std::vector<std::pair<double, int64_t>> pairs;
 #pragma omp for schedule(dynamic, 16)
     for (int64_t i = 0; i < n; ++i) {
       const T* xi = X + i * D;
       const List<DT> list = sets.list(i);
-      pairs.clear();
-      for (int c = 0; c < list.cap && list.idx[c] >= 0; ++c) pairs.emplace_back(exact_sqdist(xi, X + list.idx[c] * D, D), list.idx[c]);
-      sort_pairs(pairs, k);
       const double bound = kl::distance_bound(rel, double(norms[i]), max_norm2);
-      if (int64_t(pairs.size()) < k ||
-          !kl::certified(cap == n - 1, pairs[size_t(k - 1)].first * unit2, double(list.threshold()), bound)) {
+      pairs.clear();
+      bool certified = false;
+      for (int c = 0; c < list.cap && list.idx[c] >= 0; ++c) {
+        if (int64_t(pairs.size()) >= k && pairs[size_t(k - 1)].first * unit2 < double(list.dist[c]) - bound) {
+          certified = true;
+          break;
+        }
+        const std::pair<double, int64_t> p(sqdist_exact(xi, X + list.idx[c] * D, D), list.idx[c]);
+        pairs.insert(std::upper_bound(pairs.begin(), pairs.end(), p, less), p);  // kept sorted
+      }
+      certified = certified || (int64_t(pairs.size()) >= k &&
+                                kl::certified(cap == n - 1, pairs[size_t(k - 1)].first * unit2,
+                                              double(list.threshold()), bound));
+      if (!certified) {
         pairs.clear();
         for (int64_t j = 0; j < n; ++j)
-          if (j != i) pairs.emplace_back(exact_sqdist(xi, X + j * D, D), j);
-        sort_pairs(pairs, k);
+          if (j != i) pairs.emplace_back(sqdist_exact(xi, X + j * D, D), j);
       }
+      sort_pairs(pairs, k);
       for (int64_t c = 0; c < k; ++c) {
         out_idx[i * k + c] = pairs[size_t(c)].second;
         out_d2[i * k + c] = pairs[size_t(c)].first;
