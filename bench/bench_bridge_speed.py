@@ -34,10 +34,10 @@ def train(out: Path, options: dict, steps: int) -> Path:
     """The hybrid directory of a finished (or now trained) run in ``out``."""
     from dihal_fast.backbone import default_corpus
     from dihal_fast.replace import train_bridge
-    from dihal_fast.replace.config import TrainConfig
+    from dihal_fast.replace.config import BridgeTrainConfig
 
     if not (out / "result.json").is_file():
-        train_bridge(None, 1, default_corpus(), out, TrainConfig(steps=steps, bridge=options), resume=True)
+        train_bridge(None, 1, default_corpus(), out, BridgeTrainConfig(steps=steps, bridge=options), resume=True)
     return out / "hybrid"
 
 

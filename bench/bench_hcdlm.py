@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import report, table  # noqa: E402
 
 from dihal_fast.common import atomic_write_json  # noqa: E402
-from dihal_fast.hcdlm.config import ModelConfig, ObjectiveConfig, RunConfig, SampleConfig, TrainConfig  # noqa: E402
+from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file, generated_sudoku, text_windows  # noqa: E402
 from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run  # noqa: E402
 from dihal_fast.hcdlm.plots import plot_accuracy_vs_steps  # noqa: E402
@@ -91,13 +91,13 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
     encoder, denoiser, predictor = (int(b) for b in args.blocks.split(","))
     if kind in ("mdm", "ar"):  # HC-DLM-only options off, so a baseline's saved config claims no slot head
         objective = {**objective, "slot_aux_weight": 0.0}
-    model_cfg = ModelConfig(kind=kind, kernel=kernel, hidden=args.hidden, heads=4, latents=latents, encoder_blocks=encoder,
-                            slot_head=kind not in ("mdm", "ar"),
-                            denoiser_blocks=denoiser, predictor_blocks=predictor)
+    model_cfg = HCDLMModelConfig(kind=kind, kernel=kernel, hidden=args.hidden, heads=4, latents=latents, encoder_blocks=encoder,
+                                 slot_head=kind not in ("mdm", "ar"),
+                                 denoiser_blocks=denoiser, predictor_blocks=predictor)
     return RunConfig(task=task_cfg, model=model_cfg, objective=ObjectiveConfig(**objective),
-                     train=TrainConfig(steps=10**7, batch_size=args.batch_size, lr=args.lr, max_minutes=args.minutes, seed=seed,
-                                       budget_clock=args.clock, threads=args.threads, checkpoint_every=200, log_every=50,
-                                       device=args.device))
+                     train=HCDLMTrainConfig(steps=10**7, batch_size=args.batch_size, lr=args.lr, max_minutes=args.minutes, seed=seed,
+                                            budget_clock=args.clock, threads=args.threads, checkpoint_every=200, log_every=50,
+                                            device=args.device))
 
 
 def eval_examples(task: str, run, args: argparse.Namespace, split: str = "test") -> list:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dihal_fast.backbone import default_corpus, default_model_dir
 from dihal_fast.backbone.baselines import best_bigram_perplexity, bigram_perplexity, unigram_perplexity
-from dihal_fast.backbone.config import ModelConfig, TrainConfig
+from dihal_fast.backbone.config import BackboneModelConfig, BackboneTrainConfig
 from dihal_fast.backbone.corpus import read_text_file, split_tail
 from dihal_fast.backbone.data import WindowSampler
 from dihal_fast.backbone.evaluate import stream_nll
@@ -45,12 +45,12 @@ def tiny_texts(tmp_path_factory) -> dict[str, Path]:
     return files
 
 
-def tiny_config(files: dict[str, Path], steps: int = 20, **overrides) -> TrainConfig:
-    model = ModelConfig(vocab_size=320, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seq_len=32)
+def tiny_config(files: dict[str, Path], steps: int = 20, **overrides) -> BackboneTrainConfig:
+    model = BackboneModelConfig(vocab_size=320, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seq_len=32)
     base = dict(corpus=[str(files["train"])], valid=[str(files["valid"])], model=model, steps=steps, batch_size=4,
                 lr=1e-2, warmup_steps=3, eval_every=5, eval_windows=4, checkpoint_every=5, precision="fp32")
     base.update(overrides)
-    return TrainConfig(**base)
+    return BackboneTrainConfig(**base)
 
 
 # --- tokenizer ------------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ def test_window_sampler_is_a_function_of_the_step():
 
 
 def test_lr_schedule_warmup_then_cosine():
-    cfg = TrainConfig(corpus=["x"], steps=110, warmup_steps=10, min_lr_ratio=0.1).loop_settings()
+    cfg = BackboneTrainConfig(corpus=["x"], steps=110, warmup_steps=10, min_lr_ratio=0.1).loop_settings()
     assert lr_factor(0, cfg) == pytest.approx(0.1) and lr_factor(9, cfg) == pytest.approx(1.0)
     assert lr_factor(10, cfg) == pytest.approx(1.0) and lr_factor(60, cfg) == pytest.approx(0.55)
     assert lr_factor(110, cfg) == pytest.approx(0.1)
@@ -130,8 +130,8 @@ def test_stream_nll_scores_every_token_once(tokenizer):
     from dihal_fast.backbone.model import build_model
 
     torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=len(tokenizer), hidden_size=32, num_layers=2, num_heads=2,
-                                    intermediate_size=64, seq_len=64), tokenizer)
+    model = build_model(BackboneModelConfig(vocab_size=len(tokenizer), hidden_size=32, num_layers=2, num_heads=2,
+                                            intermediate_size=64, seq_len=64), tokenizer)
     ids = encode_documents(tokenizer, [english_like(5, 20)])[:41]
     assert len(ids) == 41
     total, count = stream_nll(model, ids, seq_len=40)  # one window: the whole stream

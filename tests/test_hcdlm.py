@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from dihal_fast.hcdlm.config import ModelConfig, ObjectiveConfig, RunConfig, SampleConfig
+from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.layers import SlotPositions, count_parameters
 from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet, build_model
 from dihal_fast.hcdlm.objective import hcdlm_loss
@@ -37,7 +37,7 @@ def _batch(task, n=6, seed=0):
 def test_shapes_and_sampling(kind, which, sudoku4):
     torch.manual_seed(0)
     task = sudoku4 if which == "sudoku" else CountdownTask((3,), target_len=14)
-    model = build_model(task.spec, ModelConfig(kind=kind, latents=2, **TINY)).eval()
+    model = build_model(task.spec, HCDLMModelConfig(kind=kind, latents=2, **TINY)).eval()
     context, target = _batch(task)
     loss, parts = compute_loss(model, make_kernel("uniform", task.spec.target_vocab), context, target, RunConfig().objective, torch.Generator().manual_seed(0))
     assert loss.dim() == 0 and torch.isfinite(loss) and parts["loss"] == pytest.approx(loss.item())
@@ -47,7 +47,7 @@ def test_shapes_and_sampling(kind, which, sudoku4):
 
 
 def test_hcdlm_module_shapes(sudoku4):
-    cfg = ModelConfig(latents=3, **TINY)
+    cfg = HCDLMModelConfig(latents=3, **TINY)
     model = HCDLM(sudoku4.spec, cfg)
     context, target = _batch(sudoku4, 5)
     mean, logvar = model.encoder(target, context)
@@ -62,7 +62,7 @@ def test_hcdlm_module_shapes(sudoku4):
 @pytest.mark.parametrize("kind", KINDS)
 def test_loss_decreases(kind, sudoku4):
     torch.manual_seed(0)
-    model = build_model(sudoku4.spec, ModelConfig(kind=kind, **TINY))
+    model = build_model(sudoku4.spec, HCDLMModelConfig(kind=kind, **TINY))
     kernel = make_kernel("uniform", sudoku4.spec.target_vocab)
     context, target = _batch(sudoku4, 16)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -78,10 +78,10 @@ def test_loss_decreases(kind, sudoku4):
 
 
 def test_baselines_match_the_parameter_budget(sudoku4):
-    cfg = ModelConfig(hidden=64, heads=4)
+    cfg = HCDLMModelConfig(hidden=64, heads=4)
     budget = count_parameters(build_model(sudoku4.spec, cfg))
     for kind in ("latent", "mdm", "ar"):
-        assert abs(count_parameters(build_model(sudoku4.spec, ModelConfig(kind=kind, hidden=64, heads=4))) - budget) < 0.15 * budget
+        assert abs(count_parameters(build_model(sudoku4.spec, HCDLMModelConfig(kind=kind, hidden=64, heads=4))) - budget) < 0.15 * budget
 
 
 @pytest.mark.parametrize("kernel_cls", [UniformKernel, AbsorbingKernel])
@@ -159,7 +159,7 @@ def test_objective_and_sampler_numbers_are_unchanged(sudoku4):
     """Fixed-seed loss, last latent and tokens recorded with the code before the flow schedule was shared."""
     context, target = _batch(sudoku4)
     torch.manual_seed(0)
-    model = build_model(sudoku4.spec, ModelConfig(kind="hcdlm", kernel="uniform", latents=2, **TINY))
+    model = build_model(sudoku4.spec, HCDLMModelConfig(kind="hcdlm", kernel="uniform", latents=2, **TINY))
     kernel = make_kernel("uniform", 4)
     loss, _ = hcdlm_loss(model, kernel, context, target, ObjectiveConfig(exposure_share=0.5, latent_drop=0.1),
                          torch.Generator().manual_seed(3))
@@ -179,7 +179,7 @@ def test_objective_and_sampler_numbers_are_unchanged(sudoku4):
 def test_sampler_follows_algorithm_2(sudoku4):
     """Recorded steps obey x_{t-1} = x_t - (x_t - x_hat_0)/t, levels go N..1, scaffolds are re-noised."""
     torch.manual_seed(0)
-    model = HCDLM(sudoku4.spec, ModelConfig(kernel="absorbing", **TINY)).eval()
+    model = HCDLM(sudoku4.spec, HCDLMModelConfig(kernel="absorbing", **TINY)).eval()
     context, _ = _batch(sudoku4, 3)
     trace = []
     sample_hcdlm(model, AbsorbingKernel(4), context, SampleConfig(steps=5), torch.Generator().manual_seed(0),
@@ -194,7 +194,7 @@ def test_sampler_follows_algorithm_2(sudoku4):
 
 def test_classifier_free_guidance_combination(sudoku4):
     torch.manual_seed(0)
-    model = HCDLM(sudoku4.spec, ModelConfig(**TINY)).eval()
+    model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY)).eval()
     kernel = UniformKernel(4)
     context, target = _batch(sudoku4, 4)
     x_t, s = torch.randn(4, 1, 8), torch.full((4,), 0.5)
@@ -210,7 +210,7 @@ def test_classifier_free_guidance_combination(sudoku4):
 @pytest.mark.parametrize("order", ["prob", "margin"])
 def test_mdm_unmasks_on_schedule(order, sudoku4):
     torch.manual_seed(0)
-    model = MDMNet(sudoku4.spec, ModelConfig(**TINY), blocks=1).eval()
+    model = MDMNet(sudoku4.spec, HCDLMModelConfig(**TINY), blocks=1).eval()
     context, _ = _batch(sudoku4, 3)
     out = sample_mdm(model, context, SampleConfig(steps=4, order=order))
     assert not bool((out == model.mask_id).any())
@@ -222,7 +222,7 @@ def test_mdm_unmasks_on_schedule(order, sudoku4):
 
 
 def test_objective_parts_and_detach(sudoku4):
-    model = HCDLM(sudoku4.spec, ModelConfig(**TINY))
+    model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY))
     context, target = _batch(sudoku4, 4)
     from dihal_fast.hcdlm.objective import hcdlm_loss
 
@@ -241,7 +241,7 @@ def test_token_term_trains_denoiser_and_predictor(sudoku4, weighting, exposure):
     from dihal_fast.hcdlm.objective import hcdlm_loss
 
     torch.manual_seed(0)
-    model = HCDLM(sudoku4.spec, ModelConfig(**TINY))
+    model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY))
     context, target = _batch(sudoku4, 4)
     cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, lambda_cont=0, mask_aux_weight=0, slot_aux_weight=0, token_weighting=weighting,
                           exposure_share=exposure)
@@ -261,8 +261,8 @@ def test_slot_auxiliary_reaches_only_the_denoiser(sudoku4):
     context, target = _batch(sudoku4, 4)
     cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, lambda_cont=0, lambda_token=0, mask_aux_weight=0, slot_aux_weight=1.0)
     with pytest.raises(ValueError, match="slot head"):
-        hcdlm_loss(HCDLM(sudoku4.spec, ModelConfig(**TINY, slot_head=False)), UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
-    model = HCDLM(sudoku4.spec, ModelConfig(**TINY))
+        hcdlm_loss(HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY, slot_head=False)), UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
+    model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY))
     loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
     loss.backward()
     assert parts["loss"] == pytest.approx(parts["slot_aux"]) and parts["slot_aux"] > 0
@@ -293,7 +293,7 @@ def test_entropy_term_sums_latent_dimensions():
 
 def test_ar_model_is_causal(sudoku4):
     torch.manual_seed(0)
-    model = ARNet(sudoku4.spec, ModelConfig(**TINY), blocks=1).eval()
+    model = ARNet(sudoku4.spec, HCDLMModelConfig(**TINY), blocks=1).eval()
     context, target = _batch(sudoku4, 2)
     prefix = torch.cat([torch.full((2, 1), model.bos_id), target[:, :-1]], dim=1)
     changed = prefix.clone()
@@ -328,7 +328,7 @@ def test_slot_positions_share_group_vectors(sudoku4):
 def test_denoiser_reads_every_slot(sudoku4):
     """x_hat_0 depends on the scaffold token at every position (the slot read-out), from initialisation."""
     torch.manual_seed(0)
-    model = HCDLM(sudoku4.spec, ModelConfig(**TINY))
+    model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY))
     context, target = _batch(sudoku4, 1)
     x_t, s = torch.randn(1, 1, TINY["latent_dim"]), torch.tensor([0.5])
     base = model.denoiser(x_t, target, s, context)

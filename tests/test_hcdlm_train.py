@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from dihal_fast.cli import main
-from dihal_fast.hcdlm.config import ModelConfig, RunConfig, TrainConfig
+from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, RunConfig
 from dihal_fast.hcdlm.trainer import train
 from dihal_fast.tasks.registry import TaskConfig
 from dihal_fast.train.checkpoint import latest_checkpoint
@@ -21,8 +21,8 @@ TINY = ["--hidden", "32", "--heads", "2", "--encoder-blocks", "1", "--denoiser-b
 
 def _config(steps: int, kind: str = "hcdlm") -> RunConfig:
     return RunConfig(task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=30),
-                     model=ModelConfig(kind=kind, hidden=32, heads=2, encoder_blocks=1, denoiser_blocks=1, predictor_blocks=1, latent_dim=8),
-                     train=TrainConfig(steps=steps, batch_size=8, log_every=1, checkpoint_every=3, warmup_steps=2))
+                     model=HCDLMModelConfig(kind=kind, hidden=32, heads=2, encoder_blocks=1, denoiser_blocks=1, predictor_blocks=1, latent_dim=8),
+                     train=HCDLMTrainConfig(steps=steps, batch_size=8, log_every=1, checkpoint_every=3, warmup_steps=2))
 
 
 @pytest.mark.parametrize("kind", ["hcdlm", "mdm"])

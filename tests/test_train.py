@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from dihal_fast.hybrid import HybridLM
-from dihal_fast.replace import TrainConfig, train_bridge
+from dihal_fast.replace import BridgeTrainConfig, train_bridge
 from dihal_fast.replace.config import add_config_arguments, config_from_args
 from dihal_fast.train.deepspeed_engine import check_deepspeed_config
 from dihal_fast.replace.objective import kd_loss, lm_loss
@@ -37,10 +37,10 @@ def corpus(tmp_path_factory):
     return path
 
 
-def _config(**overrides) -> TrainConfig:
-    options = dict(seq_len=16, batch_size=4, val_blocks=4, stats_blocks=8, steps=4, save_every=2, log_every=1, lr=3e-3,
+def _config(**overrides) -> BridgeTrainConfig:
+    options = dict(seq_len=16, batch_size=4, val_blocks=4, stats_blocks=8, steps=4, checkpoint_every=2, log_every=1, lr=3e-3,
                    warmup_steps=2, bridge={"width": 32, "heads": 2, "context_layers": 1, "time_dim": 16})
-    return TrainConfig(**{**options, **overrides})
+    return BridgeTrainConfig(**{**options, **overrides})
 
 
 def test_distillation_and_lm_losses_match_their_formulas():
@@ -60,12 +60,12 @@ def test_distillation_and_lm_losses_match_their_formulas():
 def test_config_options_round_trip_through_the_command_line():
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
-    assert config_from_args(parser.parse_args([])) == TrainConfig()
+    assert config_from_args(parser.parse_args([])) == BridgeTrainConfig()
     config = config_from_args(parser.parse_args(["--steps", "7", "--w-kd", "0", "--train-upper", "--bridge-nfe", "3",
                                                  "--bridge-schedule", "flow", "--bridge-prediction", "velocity"]))
     assert (config.steps, config.w_kd, config.train_upper) == (7, 0.0, True)
     assert config.bridge == {"nfe": 3, "schedule": "flow", "prediction": "velocity"}
-    assert TrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert BridgeTrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     assert all(action.help for action in parser._actions if action.dest != "help")
 
 
@@ -78,7 +78,7 @@ def test_config_options_round_trip_through_the_command_line():
 ])
 def test_train_config_rejects_bad_values(bad, match):
     with pytest.raises(ValueError, match=match):
-        TrainConfig(**bad)
+        BridgeTrainConfig(**bad)
 
 
 @pytest.mark.parametrize("ds,match", [
@@ -103,7 +103,7 @@ def test_deepspeed_config_gets_batch_and_clipping_filled_in():
 
 
 def test_training_lowers_the_validation_bridge_loss_and_exports_a_working_hybrid(tiny_checkpoints, corpus, tmp_path):
-    result = train_bridge(tiny_checkpoints["llama"], 1, corpus, tmp_path / "run", _config(steps=40, eval_every=20, save_every=20))
+    result = train_bridge(tiny_checkpoints["llama"], 1, corpus, tmp_path / "run", _config(steps=40, eval_every=20, checkpoint_every=20))
     history = json.loads((tmp_path / "run" / "validation.json").read_text())["history"]
     assert [h["step"] for h in history] == [20, 40]
     # A fresh bridge predicts the mean (bridge loss ~1); training must explain a real share of the variance.
@@ -139,7 +139,7 @@ class _Crash(Exception):
 
 
 def test_kill_and_resume_equals_an_uninterrupted_run(tiny_checkpoints, corpus, tmp_path):
-    config = _config(steps=6, save_every=3)
+    config = _config(steps=6, checkpoint_every=3)
     model = tiny_checkpoints["qwen3"]
     train_bridge(model, 2, corpus, tmp_path / "straight", config)
 
@@ -161,6 +161,24 @@ def test_kill_and_resume_equals_an_uninterrupted_run(tiny_checkpoints, corpus, t
     assert steps == [1, 2, 3, 4, 5, 6]
     reports = [json.loads((tmp_path / run / "result.json").read_text())["bridge_loss"] for run in ("straight", "resumed")]
     assert reports[0] == reports[1]
+
+
+def test_a_checkpoint_with_the_old_save_every_key_resumes(tiny_checkpoints, corpus, tmp_path):
+    """Checkpoints written before ``save_every`` became ``checkpoint_every`` still resume."""
+    config = _config(steps=2, checkpoint_every=1)
+
+    def crash(info):
+        if info.step == 2:
+            raise _Crash
+
+    with pytest.raises(_Crash):
+        train_bridge(tiny_checkpoints["llama"], 1, corpus, tmp_path, config, callback=crash)
+    saved = tmp_path / "checkpoints" / "step_00000001" / "train_config.json"
+    old = json.loads(saved.read_text())
+    old["save_every"] = old.pop("checkpoint_every")
+    saved.write_text(json.dumps(old))
+    assert BridgeTrainConfig.from_dict(old) == config
+    assert train_bridge(tiny_checkpoints["llama"], 1, corpus, tmp_path, config, resume=True)["hybrid_dir"]
 
 
 @pytest.mark.parametrize("pointer, problem", [("", "is empty"), ("\n", "is empty"), ("../..", "holds '../..'")])
@@ -233,10 +251,10 @@ def test_one_deepspeed_zero2_step_equals_one_plain_torch_step(tiny_checkpoints, 
 
 WORKER = """
 import sys, torch
-from dihal_fast.replace import TrainConfig, train_bridge
+from dihal_fast.replace import BridgeTrainConfig, train_bridge
 model, corpus, out, ds = sys.argv[1:5]
-config = TrainConfig(seq_len=16, batch_size=2, val_blocks=2, stats_blocks=4, steps=3, save_every=2, log_every=1,
-                     bridge={"width": 32, "heads": 2, "context_layers": 1, "time_dim": 16})
+config = BridgeTrainConfig(seq_len=16, batch_size=2, val_blocks=2, stats_blocks=4, steps=3, checkpoint_every=2, log_every=1,
+                           bridge={"width": 32, "heads": 2, "context_layers": 1, "time_dim": 16})
 def dump(info):
     if info.step == config.steps:
         with info.engine.full_parameters() as named:

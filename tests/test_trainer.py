@@ -35,7 +35,7 @@ class RegressionJob(TrainingJob):
         torch.manual_seed(0)
         self.objective = Regression()
         self.settings = LoopSettings(steps=steps, batch_size=8, lr=lr, warmup_steps=2, ema_decay=0.9, log_every=1,
-                                     save_every=3, **settings)
+                                     checkpoint_every=3, **settings)
         self.configs = {"config.json": {"lr": lr}}
         self.resumable = frozenset()
         self.generator = torch.Generator().manual_seed(1)

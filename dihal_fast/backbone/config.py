@@ -4,23 +4,24 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from dihal_fast.common.options import option
 from dihal_fast.train.settings import LoopSettings
 
 LOG_EVERY = 10  # optimizer steps between training-loss log lines
 
 
 @dataclass
-class ModelConfig:
+class BackboneModelConfig:
     """Shape of the Llama-architecture backbone (RoPE, RMSNorm, SwiGLU)."""
 
-    vocab_size: int = 4096
-    hidden_size: int = 256
-    num_layers: int = 8
-    num_heads: int = 4
-    intermediate_size: int = 688
-    seq_len: int = 256
-    rope_theta: float = 10000.0
-    tie_embeddings: bool = True
+    vocab_size: int = option(4096, "BPE vocabulary size (incl. 3 special tokens)")
+    hidden_size: int = option(256, "model width", flag="--hidden")
+    num_layers: int = option(8, "transformer layers", flag="--layers")
+    num_heads: int = option(4, "attention heads (hidden / heads must be even: RoPE)", flag="--heads")
+    intermediate_size: int = option(688, "SwiGLU inner width", flag="--intermediate")
+    seq_len: int = option(256, "tokens per training sequence (also the model's context)")
+    rope_theta: float = option(10000.0, "RoPE base frequency")
+    tie_embeddings: bool = option(True, "share the input embedding matrix with the LM head")
 
     def validate(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "seq_len"):
@@ -33,25 +34,26 @@ class ModelConfig:
 
 
 @dataclass
-class TrainConfig:
+class BackboneTrainConfig:
     """Everything that determines a training run, so that ``--resume`` can check it is the same run."""
 
-    corpus: list[str] = field(default_factory=list)
-    valid: list[str] = field(default_factory=list)
-    valid_fraction: float = 0.05
-    model: ModelConfig = field(default_factory=ModelConfig)
-    steps: int = 3000
-    batch_size: int = 16
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
-    precision: str = "auto"
-    eval_every: int = 200
-    eval_windows: int = 16
-    checkpoint_every: int = 200
+    corpus: list[str] = option(default_factory=list, help="UTF-8 training text files", required=True)
+    valid: list[str] = option(default_factory=list, help="held-out UTF-8 text files (one validation split each)")
+    valid_fraction: float = option(0.05, "tail fraction held out per file when no valid files exist")
+    model: BackboneModelConfig = field(default_factory=BackboneModelConfig)
+    steps: int = option(3000, "total optimizer steps (the LR schedule spans these)")
+    batch_size: int = option(16, "sequences per step")
+    lr: float = option(2e-3, "peak learning rate")
+    min_lr_ratio: float = option(0.1, "final LR as a fraction of the peak")
+    warmup_steps: int = option(100, "linear warmup steps")
+    weight_decay: float = option(0.1, "AdamW weight decay on matrices")
+    grad_clip: float = option(1.0, "gradient-norm clipping threshold")
+    seed: int = option(0, "seed of initialisation and data order")
+    precision: str = option("auto", "bf16 autocast or fp32; auto = bf16 on CUDA or AMX CPUs, fp32 otherwise",
+                            choices=("auto", "fp32", "bf16"))
+    eval_every: int = option(200, "steps between quick validation estimates")
+    eval_windows: int = option(16, "windows per split in the quick estimates")
+    checkpoint_every: int = option(200, "steps between checkpoints")
 
     def validate(self) -> None:
         self.model.validate()
@@ -73,16 +75,16 @@ class TrainConfig:
         return LoopSettings(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
                             lr_floor=self.min_lr_ratio, weight_decay=self.weight_decay, betas=(0.9, 0.95),
                             decay_matrices_only=True, grad_clip=self.grad_clip, seed=self.seed, device=device,
-                            log_every=LOG_EVERY, save_every=self.checkpoint_every, keep_checkpoints=1)
+                            log_every=LOG_EVERY, checkpoint_every=self.checkpoint_every, keep_checkpoints=1)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+    def from_dict(cls, data: dict[str, Any]) -> BackboneTrainConfig:
         known = {f.name for f in fields(cls)}
         kwargs = {key: value for key, value in data.items() if key in known}
-        kwargs["model"] = ModelConfig(**data.get("model", {}))
+        kwargs["model"] = BackboneModelConfig(**data.get("model", {}))
         return cls(**kwargs)
 
-    def differences(self, other: TrainConfig, ignore: tuple[str, ...] = ()) -> list[str]:
+    def differences(self, other: BackboneTrainConfig, ignore: tuple[str, ...] = ()) -> list[str]:
         """Human-readable ``field: mine != theirs`` lines (nested model fields flattened)."""
         mine, theirs = _flatten(self.to_dict()), _flatten(other.to_dict())
         return [f"{key}: {mine.get(key)!r} != {theirs.get(key)!r}" for key in sorted(set(mine) | set(theirs))

@@ -1,12 +1,12 @@
-"""The backbone model: a ``LlamaForCausalLM`` built from :class:`ModelConfig`, and precision choice."""
+"""The backbone model: a ``LlamaForCausalLM`` built from :class:`BackboneModelConfig`, and precision choice."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from dihal_fast.backbone.config import ModelConfig
+from dihal_fast.backbone.config import BackboneModelConfig
 
 
-def build_model(cfg: ModelConfig, tokenizer):
+def build_model(cfg: BackboneModelConfig, tokenizer):
     """A randomly initialised ``LlamaForCausalLM`` (RoPE, RMSNorm, SwiGLU) matching ``tokenizer``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 

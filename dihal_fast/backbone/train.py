@@ -5,7 +5,7 @@ checkpoints, exact resume and DeepSpeed are the shared ones of :mod:`dihal_fast.
 Run directory layout (``--out``)::
 
     config.json, model.safetensors, tokenizer*.json   the model (``from_pretrained`` layout, float32)
-    train_config.json                                  the TrainConfig of the run
+    train_config.json                                  the BackboneTrainConfig of the run
     log.jsonl, training_curve.png                      per-step loss / LR, periodic validation loss
     training_report.json                               final per-split PPL vs unigram / bigram baselines
     checkpoints/                                       the shared checkpoint layout (dihal_fast.train.checkpoint)
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dihal_fast.backbone.config import TrainConfig
+from dihal_fast.backbone.config import BackboneTrainConfig
 from dihal_fast.backbone.corpus import default_valid_files, read_text_file, sha256_file, split_tail
 from dihal_fast.backbone.data import WindowSampler
 from dihal_fast.backbone.evaluate import autocast_context, stream_nll
@@ -57,7 +57,7 @@ def split_name(path: Path) -> str:
     return path.stem
 
 
-def load_corpus(cfg: TrainConfig) -> Corpus:
+def load_corpus(cfg: BackboneTrainConfig) -> Corpus:
     """Read and check every file; held-out splits are the ``valid`` files or the tail of each corpus file."""
     corpus = Corpus()
     train_paths = [Path(p) for p in cfg.corpus]
@@ -78,13 +78,13 @@ def _provenance(path: Path, role: str) -> dict:
     return {"path": str(path), "role": role, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
-def resolve_valid(cfg: TrainConfig) -> None:
+def resolve_valid(cfg: BackboneTrainConfig) -> None:
     """Fill ``cfg.valid`` with the sibling ``*.valid.txt`` files when none were given and all exist."""
     if not cfg.valid:
         cfg.valid = [str(p) for p in default_valid_files([Path(p) for p in cfg.corpus]) or []]
 
 
-def check_out_dir(out: Path, cfg: TrainConfig, resume: bool) -> tuple[bool, int | None]:
+def check_out_dir(out: Path, cfg: BackboneTrainConfig, resume: bool) -> tuple[bool, int | None]:
     """Refuse to overwrite a different model in ``out``.
 
     Returns (whether there is a checkpoint to resume from, the saved ``steps`` when ``--resume`` asks
@@ -99,7 +99,7 @@ def check_out_dir(out: Path, cfg: TrainConfig, resume: bool) -> tuple[bool, int 
         )
     saved_steps = None
     if resume and (out / "train_config.json").exists():
-        saved = TrainConfig.from_dict(read_json(out / "train_config.json", "training config"))
+        saved = BackboneTrainConfig.from_dict(read_json(out / "train_config.json", "training config"))
         diffs = saved.differences(cfg, ignore=("steps",))
         if diffs:
             raise ValueError(
@@ -151,7 +151,7 @@ class BackboneJob(TrainingJob):
 
     resumable = frozenset({"steps"})  # check_out_dir compared the rest (nested model fields included)
 
-    def __init__(self, cfg: TrainConfig, model: nn.Module, tokenizer, train_ids: np.ndarray, valid_ids: dict[str, np.ndarray],
+    def __init__(self, cfg: BackboneTrainConfig, model: nn.Module, tokenizer, train_ids: np.ndarray, valid_ids: dict[str, np.ndarray],
                  out: Path, precision: str, device: str, end: int):
         self.cfg, self.model, self.tokenizer, self.valid_ids, self.out, self.precision = cfg, model, tokenizer, valid_ids, out, precision
         self.objective = NextTokenObjective(model, precision, device)
@@ -186,7 +186,7 @@ class BackboneJob(TrainingJob):
 
 
 def train_backbone(
-    cfg: TrainConfig, out: str | Path, resume: bool = False, stop_at: int | None = None,
+    cfg: BackboneTrainConfig, out: str | Path, resume: bool = False, stop_at: int | None = None,
     device: str = "cpu", command: str = "", progress: bool = True, deepspeed_config: str | os.PathLike | None = None,
 ) -> dict:
     """Train (or continue) a backbone run in ``out``; returns the training report of the finished segment.
@@ -240,7 +240,7 @@ def train_backbone(
                                      precision, command)
 
 
-def _mean_nll(model, ids: np.ndarray, cfg: TrainConfig, precision: str) -> float:
+def _mean_nll(model, ids: np.ndarray, cfg: BackboneTrainConfig, precision: str) -> float:
     nll, count = stream_nll(model, ids, cfg.model.seq_len, max_windows=cfg.eval_windows, precision=precision)
     return nll / count
 

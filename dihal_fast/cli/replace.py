@@ -1,5 +1,5 @@
 """``dihal replace`` (alias ``dihal train``): a thin shell over :func:`dihal_fast.pipeline.replace` (flags from
-``ReplaceConfig`` and its ``TrainConfig``)."""
+``ReplaceConfig`` and its ``BridgeTrainConfig``)."""
 from __future__ import annotations
 
 import argparse

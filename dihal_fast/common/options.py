@@ -12,7 +12,15 @@ cannot drift apart. A field becomes:
 - a nested dataclass -> the flags of its own fields (flattened), built back into the nested object;
   ``metadata["options"] = (add, build)`` hands a nested config to its own flag functions instead.
 
-``metadata`` may also give ``choices`` and ``metavar``.
+``metadata`` may also give ``choices``, ``metavar`` and:
+
+- ``flag``: the option string(s) instead of ``--field-name`` (a tuple: the first is the name shown, the
+  others are aliases, e.g. an older spelling); the parsed value keeps the field's name as ``dest``;
+- ``type``: a function that parses the whole value (e.g. ``"3,4"`` -> ``[3, 4]``), instead of the field's
+  type (for a list field: one argument instead of ``nargs="+"``);
+- ``cli_default``: the flag's default when it is not the field's, typically ``None`` for "the command
+  decides" (the help text says what, and the command resolves it before building the config);
+- ``required``: whether the flag must be given, when that is not what the field's default says.
 """
 from __future__ import annotations
 
@@ -25,18 +33,27 @@ from typing import Any
 MISSING = dataclasses.MISSING
 
 
-def option(default: Any = MISSING, help: str = "", **metadata: Any) -> Any:
-    """A dataclass field with its command-line help (``default`` omitted: a required option)."""
+def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING, **metadata: Any) -> Any:
+    """A dataclass field with its command-line help (``default`` and ``default_factory`` omitted: a required
+    option); ``metadata`` holds the keys listed in the module docstring."""
     if not help:
         raise ValueError("every option needs a help text")
-    return dataclasses.field(default=default, metadata={"help": help, **metadata})
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={"help": help, **metadata})
+
+
+def comma_integers(text: str) -> list[int]:
+    """``"3,4"`` -> ``[3, 4]`` (a ``metadata["type"]`` for list fields written with commas; ``""`` -> ``[]``)."""
+    try:
+        return [int(value) for value in text.split(",") if value.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except ``None`` ones (their help says what unset means)."""
+    """Shows defaults, except ``None`` ones (their help says what unset means) and those of required flags."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        return action.help if action.default is None else super()._get_help_string(action)
+        return action.help if action.default is None or action.required else super()._get_help_string(action)
 
 
 def _unwrap(hint: Any) -> tuple[Any, bool]:
@@ -72,18 +89,27 @@ def add_dataclass_options(parser: argparse.ArgumentParser, cls: type, exclude: t
         if dataclasses.is_dataclass(kind):
             add_dataclass_options(parser, kind, defaults=default)
             continue
-        flag = "--" + spec.name.replace("_", "-")
+        flags = spec.metadata.get("flag", "--" + spec.name.replace("_", "-"))
+        flags = (flags,) if isinstance(flags, str) else tuple(flags)
+        if "cli_default" in spec.metadata:
+            default = spec.metadata["cli_default"]
         extra = {key: spec.metadata[key] for key in ("choices", "metavar") if key in spec.metadata}
-        required = defaults is None and spec.default is MISSING and spec.default_factory is MISSING
+        if "flag" in spec.metadata and "choices" not in extra:
+            extra.setdefault("metavar", flags[0].lstrip("-").replace("-", "_").upper())
+        required = spec.metadata.get("required", defaults is None and spec.default is MISSING
+                                     and spec.default_factory is MISSING)
         if kind is bool:
-            parser.add_argument(flag, dest=spec.name, action=argparse.BooleanOptionalAction, default=default,
-                                help=spec.metadata["help"])
+            extra.pop("metavar", None)
+            parser.add_argument(*flags, dest=spec.name, action=argparse.BooleanOptionalAction, default=default,
+                                required=required, help=spec.metadata["help"])
             continue
-        if many and spec.metadata.get("action") == "append":
+        if "type" in spec.metadata:
+            kind = spec.metadata["type"]
+        elif many and spec.metadata.get("action") == "append":
             extra["action"] = "append"
         elif many:
             extra["nargs"] = "+"
-        parser.add_argument(flag, dest=spec.name, type=kind, default=default, required=required,
+        parser.add_argument(*flags, dest=spec.name, type=kind, default=default, required=required,
                             help=spec.metadata["help"], **extra)
 
 

@@ -4,9 +4,9 @@ scaffold read out of it at every step), with MDM, Latent DM and AR baselines in 
 Entry points: :func:`train` (a run directory from a :class:`RunConfig`), :func:`load_run` +
 :func:`evaluate_examples` / :func:`evaluate_text` / :func:`readout_by_step`, and the ``dihal hcdlm`` command.
 """
-from dihal_fast.hcdlm.config import ModelConfig, ObjectiveConfig, RunConfig, SampleConfig, TrainConfig
+from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run, readout_by_step
 from dihal_fast.hcdlm.trainer import train
 
-__all__ = ["ModelConfig", "ObjectiveConfig", "RunConfig", "SampleConfig", "TrainConfig", "accuracy_vs_steps",
+__all__ = ["HCDLMModelConfig", "HCDLMTrainConfig", "ObjectiveConfig", "RunConfig", "SampleConfig", "accuracy_vs_steps",
            "evaluate_examples", "evaluate_text", "load_run", "readout_by_step", "train"]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.common.options import option
 from dihal_fast.tasks.registry import TaskConfig
 
 MODEL_KINDS = ("hcdlm", "latent", "mdm", "ar")
@@ -14,22 +15,25 @@ REMASKS = ("auto", "random", "confidence")
 
 
 @dataclass
-class ModelConfig:
+class HCDLMModelConfig:
     """Architecture. Baselines use ``hidden``/``heads`` and as many blocks as fit the HC-DLM budget."""
 
-    kind: str = "hcdlm"
-    hidden: int = 64
-    heads: int = 4
+    kind: str = option("hcdlm", "hcdlm, mdm (masked diffusion), latent (Latent DM: no token scaffold) or ar",
+                       flag="--model", choices=MODEL_KINDS)
+    hidden: int = option(64, "transformer width of every module")
+    heads: int = option(4, "attention heads")
     # The solving is the denoiser's: at width 64 the encoder reconstructs 100 % within a few hundred steps.
-    encoder_blocks: int = 1
-    denoiser_blocks: int = 6
-    predictor_blocks: int = 1
-    latents: int = 1  # M continuous latent vectors
-    latent_dim: int = 64  # d, size of each latent vector
-    kernel: str = "uniform"  # discrete forward kernel of the token scaffold
-    dropout: float = 0.0
-    baseline_blocks: int = 0  # 0 = as many as match the HC-DLM parameter count
-    slot_head: bool = True  # a training-only per-slot token head on the denoiser (for ObjectiveConfig.slot_aux_weight)
+    encoder_blocks: int = option(1, "blocks of the encoder q(x0|k0)")
+    denoiser_blocks: int = option(6, "DiT blocks of the denoiser")
+    predictor_blocks: int = option(1, "blocks of the token predictor p(k0|x0)")
+    latents: int = option(1, "M, number of continuous latent vectors")
+    latent_dim: int = option(64, "d, size of each latent vector")
+    kernel: str = option("uniform", "discrete forward kernel of the token scaffold", choices=KERNELS)
+    dropout: float = option(0.0, "dropout rate")
+    baseline_blocks: int = option(0, "blocks of MDM/AR (0 = match the HC-DLM parameter count)")
+    slot_head: bool = option(True, "a training-only per-slot token head on the denoiser, needed by --slot-aux-weight "
+                             "(not in the paper); the command line's default is on exactly when --slot-aux-weight > 0",
+                             cli_default=None)
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -59,32 +63,33 @@ class ObjectiveConfig:
     ``detach_latents`` and the exposure-robust share ``exposure_share``.
     """
 
-    lambda_recon: float = 1.0
-    lambda_ent: float = 8e-3
-    lambda_cont: float = 0.5
-    # Per-step token term: CE of the predictor read from the denoiser's x_hat_0, trained through both.
-    lambda_token: float = 1.0
-    # "all": mean CE over every position (the uniform kernel's bound); "schedule": CE on the corrupted
-    # positions weighted by 1/s (the absorbing kernel's masked-diffusion ELBO weighting).
-    token_weighting: str = "all"
-    # omega_t of the continuous term: "none" (1) or "min_snr" (min(SNR(s), 5) / 5, SNR = ((1-s)/s)^2).
-    cont_weighting: str = "none"
-    mask_aux_weight: float = 0.2
-    mask_aux_rate: float = 0.15
-    scaffold_drop: float = 0.2  # share of scaffolds replaced by random tokens (classifier-free guidance)
-    timesteps: int = 1000  # T; one t ~ U{1..T} per example
-    # Stop the regression term's gradient into the encoder. Without it, small CPU runs collapse the
-    # latents to a constant (regression -> 0, reconstruction stuck at copying the givens).
-    detach_latents: bool = True
-    # Share of each batch whose (x_t, k_t) are built from the model's own no-grad prediction at a higher
-    # noise level (exposure to its own samples; ours, not the paper's). 0 = off.
-    exposure_share: float = 1.0
-    # Share of examples whose x_t carries no signal (pure noise, level s kept): trains the scaffold -> x_hat_0
-    # path, which a denoiser that can copy x_t's signal otherwise never learns (ours, not the paper's). 0 = off.
-    latent_drop: float = 0.0
-    # Weight of a training-only CE of a per-slot head on the denoiser's slot states (deep supervision, ours):
-    # a direct signal per cell, where the token term reaches the slots only through the M x d latent. 0 = off.
-    slot_aux_weight: float = 1.0
+    lambda_recon: float = option(1.0, "weight of the token reconstruction CE")
+    lambda_ent: float = option(8e-3, "weight of the encoder's E[log q] (entropy regulariser)")
+    lambda_cont: float = option(0.5, "weight of the latent x0-regression")
+    lambda_token: float = option(1.0, "weight of the per-step token term -log p(k0 | x_hat_0(x_t, k_t, t)), trained "
+                                 "through denoiser and predictor (0 = off)")
+    token_weighting: str = option("all", "per-step token term: 'all' positions (mean CE, the uniform kernel's bound) or "
+                                  "'schedule' (corrupted positions weighted by 1/s, the masked-diffusion ELBO)",
+                                  choices=TOKEN_WEIGHTINGS)
+    cont_weighting: str = option("none", "omega_t of the latent regression: 'none' (1) or 'min_snr' (min(SNR, 5) / 5, "
+                                 "SNR = ((1-s)/s)^2)", choices=CONT_WEIGHTINGS)
+    mask_aux_weight: float = option(0.2, "weight of the auxiliary CE that encodes k0 with --mask-aux-rate of its tokens "
+                                    "set to [MASK] and scores the masked positions (0 = off)")
+    mask_aux_rate: float = option(0.15, "share of tokens masked in the auxiliary term, in [0, 1]")
+    scaffold_drop: float = option(0.2, "share of scaffolds replaced by random tokens (the unconditional branch of "
+                                  "classifier-free guidance)")
+    timesteps: int = option(1000, "T, number of noise levels; one t ~ U{1..T} per example, s = t / T")
+    # Without detached latents, small CPU runs collapse the latents to a constant (regression -> 0,
+    # reconstruction stuck at copying the givens).
+    detach_latents: bool = option(True, "stop the latent regression's gradient into the encoder")
+    exposure_share: float = option(1.0, "share of each batch whose x_t and scaffold are built from the model's own "
+                                   "no-grad prediction at a higher noise level (not in the paper; 0 = the paper's training)")
+    # Trains the scaffold -> x_hat_0 path, which a denoiser that can copy x_t's signal otherwise never learns.
+    latent_drop: float = option(0.0, "share of examples whose x_t carries no signal (pure noise, level s kept; not in "
+                                "the paper; 0 = off)")
+    # A direct signal per cell, where the token term reaches the slots only through the M x d latent.
+    slot_aux_weight: float = option(1.0, "weight of a training-only CE of a per-slot token head on the denoiser's slot "
+                                    "states (deep supervision, not in the paper; 0 = no head, the paper's model)")
 
     def __post_init__(self) -> None:
         if self.token_weighting not in TOKEN_WEIGHTINGS:
@@ -99,21 +104,26 @@ class ObjectiveConfig:
 
 
 @dataclass
-class TrainConfig:
-    steps: int = 10000
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 100
-    grad_clip: float = 1.0
-    ema: float = 0.999
-    seed: int = 0
-    max_minutes: float = 0.0  # training-time budget; 0 = run all steps
-    budget_clock: str = "wall"  # "wall" or "cpu" (process CPU time: fair on a shared, oversubscribed machine)
-    log_every: int = 25
-    checkpoint_every: int = 250
-    threads: int = 0  # torch threads; 0 = leave torch's default
-    device: str = "auto"  # auto (cuda when torch sees one), cpu, cuda, cuda:N
+class HCDLMTrainConfig:
+    """Optimisation and bookkeeping of an HC-DLM run (AdamW, linear warm-up, then a constant rate)."""
+
+    steps: int = option(10000, "optimizer steps in total")
+    batch_size: int = option(64, "examples per step")
+    lr: float = option(1e-3, "AdamW learning rate (constant after the warm-up)")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    warmup_steps: int = option(100, "linear warm-up steps ((step + 1) / warmup of the rate)")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
+    ema_decay: float = option(0.999, "EMA decay of the evaluation weights (with warm-up (1+s)/(10+s); 0 = no EMA)",
+                              flag=("--ema-decay", "--ema"))
+    seed: int = option(0, "random seed (data, noise, initialisation)")
+    max_minutes: float = option(0.0, "stop after this much training time (0 = no limit)")
+    budget_clock: str = option("wall", "what --max-minutes measures: wall-clock or process CPU time (fair on a shared, "
+                               "oversubscribed machine)", choices=("wall", "cpu"))
+    log_every: int = option(25, "steps between lines of log.jsonl")
+    checkpoint_every: int = option(250, "steps between checkpoints (a final one is always written)")
+    threads: int = option(0, "torch CPU threads (0 = torch default)")
+    device: str = option("auto", "auto (cuda when torch sees one), cpu, cuda or cuda:N; a run resumes on the device "
+                         "type it started on")
 
     def __post_init__(self) -> None:
         if self.budget_clock not in ("wall", "cpu"):
@@ -124,16 +134,18 @@ class TrainConfig:
 class SampleConfig:
     """How to generate: steps for diffusion models, guidance, re-masking, MDM order, temperature."""
 
-    steps: int = 50
-    cfg_weight: float = 0.0  # 0 = no guidance; the paper samples with 2.75
-    # Which scaffold tokens are re-noised each step: "random" (each with prob. s), "confidence" (the
-    # round(s L) least confident), or "auto" = the paper's rule (uniform: random; absorbing: confidence).
-    remask: str = "auto"
-    order: str = "margin"  # MDM unmasking order: "prob" (top-probability) or "margin"
-    temperature: float = 0.0  # 0 = argmax tokens (puzzles); 1 = sample (text), always in float64
-    batch_size: int = 128
-    # HC-DLM: replace x_hat_0 by the encoder mean of its own argmax tokens at every step (ours, not the paper's).
-    clamp: bool = False
+    steps: int = option(50, "sampling steps (diffusion models)")
+    cfg_weight: float = option(0.0, "classifier-free guidance weight on the scaffold (0 = off; paper 2.75)")
+    remask: str = option("auto", "HC-DLM: which scaffold tokens are re-noised each step: random (each with prob. s), "
+                         "confidence (the round(s L) least confident), auto (the paper's: random for the uniform kernel, "
+                         "confidence for absorbing)", choices=REMASKS)
+    order: str = option("margin", "MDM unmasking order: top-probability or top-probability margin",
+                        choices=("prob", "margin"))
+    temperature: float = option(0.0, "token sampling temperature, float64 (0 = argmax); the command line's default is 0 "
+                                "for puzzles and 1 for text", cli_default=None)
+    batch_size: int = option(128, "examples per sampling batch")
+    clamp: bool = option(False, "HC-DLM: replace x_hat_0 at every step by the encoder mean of its argmax tokens (not in "
+                         "the paper)")
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -148,23 +160,31 @@ class SampleConfig:
 # so older runs load and resume as they were trained.
 LEGACY = {"model": {"slot_head": False},
           "objective": {"lambda_token": 0.0, "exposure_share": 0.0, "slot_aux_weight": 0.0}}
+# Fields saved under an earlier name: {section: {old name: current name}}.
+RENAMED = {"train": {"ema": "ema_decay"}}
+
+
+def _current_names(section: str, values: dict) -> dict:
+    renamed = RENAMED.get(section, {})
+    return {renamed.get(key, key): value for key, value in values.items()}
 
 
 @dataclass
 class RunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: HCDLMModelConfig = field(default_factory=HCDLMModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: HCDLMTrainConfig = field(default_factory=HCDLMTrainConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunConfig":
-        parts = {"task": TaskConfig, "model": ModelConfig, "objective": ObjectiveConfig, "train": TrainConfig}
+        parts = {"task": TaskConfig, "model": HCDLMModelConfig, "objective": ObjectiveConfig, "train": HCDLMTrainConfig}
         try:
-            return cls(**{name: kind(**{**LEGACY.get(name, {}), **data.get(name, {})}) for name, kind in parts.items()})
+            return cls(**{name: kind(**{**LEGACY.get(name, {}), **_current_names(name, data.get(name, {}))})
+                          for name, kind in parts.items()})
         except TypeError as exc:
             raise ValueError(f"run config has unknown or missing fields: {exc}") from None
 

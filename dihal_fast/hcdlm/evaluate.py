@@ -45,7 +45,7 @@ def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> 
     task = build_task(config.task, for_training=False)
     model = build_model(task.spec, config.model)
     prefix = "model."  # the checkpoint holds the parameters of the model inside its training objective
-    weights = load_weights(folder, use_ema=use_ema and config.train.ema > 0)  # EMA decay 0: the EMA is the weights
+    weights = load_weights(folder, use_ema=use_ema and config.train.ema_decay > 0)  # EMA decay 0: the EMA is the weights
     try:
         model.load_state_dict({name[len(prefix):]: value for name, value in weights.items()})
     except RuntimeError as exc:

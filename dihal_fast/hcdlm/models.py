@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dihal_fast.hcdlm.config import ModelConfig
+from dihal_fast.hcdlm.config import HCDLMModelConfig
 from dihal_fast.hcdlm.layers import Block, ContextEmbedding, SlotPositions, TimeEmbedding, count_parameters, position_table, run_blocks
 from dihal_fast.tasks.base import TaskSpec
 
@@ -58,7 +58,7 @@ class Encoder(nn.Module):
     steps.) The mean is layer-normalised per latent (no affine), the scale of the flow's N(0, I) noise.
     """
 
-    def __init__(self, spec: TaskSpec, cfg: ModelConfig) -> None:
+    def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig) -> None:
         super().__init__()
         self.latents, self.latent_dim = cfg.latents, cfg.latent_dim
         self.slots = TokenSlots(spec, cfg.hidden)
@@ -86,7 +86,7 @@ class Denoiser(nn.Module):
     on 6x6 Sudoku the denoiser never got past copying the scaffold (measured, 4 CPU-minutes).
     """
 
-    def __init__(self, spec: TaskSpec, cfg: ModelConfig, scaffold: bool = True) -> None:
+    def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig, scaffold: bool = True) -> None:
         super().__init__()
         self.scaffold = scaffold
         self.latent_in = nn.Linear(cfg.latent_dim, cfg.hidden)
@@ -122,7 +122,7 @@ class Predictor(nn.Module):
     reconstruction stalls at copying the context.
     """
 
-    def __init__(self, spec: TaskSpec, cfg: ModelConfig) -> None:
+    def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig) -> None:
         super().__init__()
         self.target_len = spec.target_len
         self.expand = nn.Linear(cfg.latents * cfg.latent_dim, spec.target_len * READOUT_RANK)
@@ -145,7 +145,7 @@ class Predictor(nn.Module):
 class HCDLM(nn.Module):
     """Encoder, denoiser and token predictor; ``scaffold=False`` gives the Latent DM baseline."""
 
-    def __init__(self, spec: TaskSpec, cfg: ModelConfig, scaffold: bool = True) -> None:
+    def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig, scaffold: bool = True) -> None:
         super().__init__()
         self.spec, self.cfg, self.scaffold = spec, cfg, scaffold
         self.encoder = Encoder(spec, cfg)
@@ -160,7 +160,7 @@ class HCDLM(nn.Module):
 class MDMNet(nn.Module):
     """Bidirectional transformer predicting clean tokens at every slot from a partly [MASK]ed sequence."""
 
-    def __init__(self, spec: TaskSpec, cfg: ModelConfig, blocks: int) -> None:
+    def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig, blocks: int) -> None:
         super().__init__()
         self.spec = spec
         self.slots = TokenSlots(spec, cfg.hidden)
@@ -180,7 +180,7 @@ class MDMNet(nn.Module):
 class ARNet(nn.Module):
     """Causal transformer over ``[context, BOS, target]``, predicting each target token from the left."""
 
-    def __init__(self, spec: TaskSpec, cfg: ModelConfig, blocks: int) -> None:
+    def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig, blocks: int) -> None:
         super().__init__()
         self.spec = spec
         self.context_embed = nn.Embedding(max(spec.context_vocab, 1), cfg.hidden)
@@ -206,7 +206,7 @@ class ARNet(nn.Module):
         return self.head(h[:, context.shape[1] :])
 
 
-def matched_blocks(spec: TaskSpec, cfg: ModelConfig, kind: str) -> int:
+def matched_blocks(spec: TaskSpec, cfg: HCDLMModelConfig, kind: str) -> int:
     """Blocks a baseline needs to come closest to the HC-DLM parameter count (at least one)."""
     if cfg.baseline_blocks:
         return cfg.baseline_blocks
@@ -216,7 +216,7 @@ def matched_blocks(spec: TaskSpec, cfg: ModelConfig, kind: str) -> int:
     return max(1, round((budget - base) / one))
 
 
-def build_model(spec: TaskSpec, cfg: ModelConfig) -> nn.Module:
+def build_model(spec: TaskSpec, cfg: HCDLMModelConfig) -> nn.Module:
     """The network of ``cfg.kind`` for this task."""
     if cfg.kind == "hcdlm":
         return HCDLM(spec, cfg, scaffold=True)

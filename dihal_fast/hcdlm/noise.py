@@ -6,7 +6,7 @@ the sampler's x0-prediction Euler step is ``x_{t-1} = x_t - (x_t - x_hat_0) / t`
 
 Tokens: ``alpha(s) = 1 - s`` of the tokens are kept; the rest become a uniform random token
 (:class:`UniformKernel`) or [MASK] (:class:`AbsorbingKernel`). "Kernel" here is the Markov transition
-kernel ``q(k_s | k_0)`` of discrete diffusion (D3PM's term, and ``ModelConfig.kernel``), not compiled
+kernel ``q(k_s | k_0)`` of discrete diffusion (D3PM's term, and ``HCDLMModelConfig.kernel``), not compiled
 code: the compiled kernels live in ``csrc/`` and :mod:`dihal_fast.geometry`.
 All random decisions on tokens are drawn from float64 uniforms.
 """

@@ -125,7 +125,7 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
         parts["token"] = token.item()
     if cfg.slot_aux_weight:
         if slot_logits is None:
-            raise ValueError("slot_aux_weight needs a denoiser with a slot head (ModelConfig.slot_head=True)")
+            raise ValueError("slot_aux_weight needs a denoiser with a slot head (HCDLMModelConfig.slot_head=True)")
         slot_aux = token_ce(slot_logits, target)
         loss = loss + cfg.slot_aux_weight * slot_aux
         parts["slot_aux"] = slot_aux.item()

@@ -13,7 +13,7 @@ from torch import nn
 
 from dihal_fast.common import resolve_device, seed_everything
 from dihal_fast.common.rundir import run_directory
-from dihal_fast.hcdlm.config import ObjectiveConfig, RunConfig, TrainConfig
+from dihal_fast.hcdlm.config import HCDLMTrainConfig, ObjectiveConfig, RunConfig
 from dihal_fast.hcdlm.layers import count_parameters
 from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet, build_model
 from dihal_fast.hcdlm.noise import make_kernel
@@ -52,11 +52,11 @@ class RunObjective(nn.Module):
         return {**parts, "loss": loss}
 
 
-def loop_settings(train: TrainConfig, device: str) -> LoopSettings:
+def loop_settings(train: HCDLMTrainConfig, device: str) -> LoopSettings:
     """The shared loop's view of an HC-DLM run: warm-up, then a constant rate (lr_floor 1)."""
     return LoopSettings(steps=train.steps, batch_size=train.batch_size, lr=train.lr, warmup_steps=train.warmup_steps,
-                        lr_floor=1.0, weight_decay=train.weight_decay, grad_clip=train.grad_clip, ema_decay=train.ema,
-                        seed=train.seed, device=device, log_every=train.log_every, save_every=train.checkpoint_every,
+                        lr_floor=1.0, weight_decay=train.weight_decay, grad_clip=train.grad_clip, ema_decay=train.ema_decay,
+                        seed=train.seed, device=device, log_every=train.log_every, checkpoint_every=train.checkpoint_every,
                         max_minutes=train.max_minutes, budget_clock=train.budget_clock)
 
 

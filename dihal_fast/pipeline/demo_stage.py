@@ -61,9 +61,9 @@ class DemoSettings:
                             sample_size=self.locate_sample, seq_len=self.seq_len, seed=self.seed)
 
     def train_config(self):
-        from dihal_fast.replace.config import TrainConfig
+        from dihal_fast.replace.config import BridgeTrainConfig
 
-        return TrainConfig(steps=self.train_steps, seq_len=self.seq_len, batch_size=self.batch_size,
+        return BridgeTrainConfig(steps=self.train_steps, seq_len=self.seq_len, batch_size=self.batch_size,
                            val_blocks=self.val_blocks, seed=self.seed)
 
 

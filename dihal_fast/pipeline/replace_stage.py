@@ -12,7 +12,7 @@ from pathlib import Path
 from dihal_fast.common.assets import corpus_or_default
 from dihal_fast.common.options import option
 from dihal_fast.pipeline.reports import ReplaceReport
-from dihal_fast.replace.config import TrainConfig, add_config_arguments, config_from_args
+from dihal_fast.replace.config import BridgeTrainConfig, add_config_arguments, config_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class ReplaceConfig:
     deepspeed: str | None = option(None, "DeepSpeed JSON config (ZeRO stage 0-3, bf16); see examples/ds_*.json",
                                    metavar="CFG")
     resume: bool = option(False, "continue from the newest checkpoint in the run directory")
-    train: TrainConfig = field(default_factory=TrainConfig, metadata={
+    train: BridgeTrainConfig = field(default_factory=BridgeTrainConfig, metadata={
         "help": "bridge training options", "options": (add_config_arguments, config_from_args)})
 
     def __post_init__(self) -> None:

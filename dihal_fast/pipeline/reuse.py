@@ -29,7 +29,7 @@ def ensure_locate(out: Path, config) -> dict:
 
 def ensure_replace(out: Path, model: str | Path | None, layer: int, corpus: list[str], config) -> dict:
     """The bridge training summary (``bridge_loss``, ``hybrid_dir``, ...) for ``layer`` in ``out``, with
-    ``config`` (a :class:`~dihal_fast.replace.config.TrainConfig`): read from ``out/result.json`` when the run
+    ``config`` (a :class:`~dihal_fast.replace.config.BridgeTrainConfig`): read from ``out/result.json`` when the run
     finished, else trained by :func:`~dihal_fast.pipeline.replace` (resuming from its latest checkpoint)."""
     from dihal_fast.pipeline.replace_stage import ReplaceConfig, replace
 

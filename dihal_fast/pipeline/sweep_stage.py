@@ -39,9 +39,9 @@ class SweepSettings:
 
     def train_config(self):
         """The bridge training configuration every layer gets (the same budget for all)."""
-        from dihal_fast.replace.config import TrainConfig
+        from dihal_fast.replace.config import BridgeTrainConfig
 
-        return TrainConfig(steps=self.budget_steps, seq_len=self.seq_len, batch_size=self.batch_size,
+        return BridgeTrainConfig(steps=self.budget_steps, seq_len=self.seq_len, batch_size=self.batch_size,
                            val_blocks=self.val_blocks, seed=self.seed)
 
 

@@ -1,60 +1,61 @@
-"""TrainConfig: everything that determines a bridge training run (saved as JSON next to every checkpoint).
+"""BridgeTrainConfig: everything that determines a bridge training run (saved as JSON next to every checkpoint).
 
 Each field carries its command-line help in ``metadata["help"]``; :func:`add_config_arguments` turns the
-dataclass into ``dihal replace`` options, so the CLI and the Python API cannot drift apart.
+dataclass into ``dihal replace`` options (:mod:`dihal_fast.common.options`), so the CLI and the Python API
+cannot drift apart.
 """
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields
 
 from dihal_fast.bridge import PREDICTIONS, SAMPLERS, SCHEDULES, BridgeConfig
 from dihal_fast.bridge.serial import DictConfig
+from dihal_fast.common.options import add_dataclass_options, dataclass_from_options, option
 from dihal_fast.train.settings import LoopSettings
 
-
-def _opt(default: Any, help: str, **extra: Any) -> Any:
-    return field(default=default, metadata={"help": help, **extra})
+# Keys saved under an earlier name by runs of earlier versions: {old name: current name}.
+RENAMED = {"save_every": "checkpoint_every"}
 
 
 @dataclass
-class TrainConfig(DictConfig):
+class BridgeTrainConfig(DictConfig):
     """Data, optimisation, loss weights, bridge architecture and bookkeeping of one bridge training run."""
 
     # data
-    seq_len: int = _opt(128, "tokens per training block")
-    batch_size: int = _opt(8, "blocks per optimizer step on each process")
-    val_blocks: int = _opt(32, "held-out blocks for validation (the corpus tail, or the first blocks of --val-corpus)")
-    max_train_tokens: int = _opt(0, "read at most this many training tokens from the corpus (0 = all)")
-    stats_blocks: int = _opt(64, "training blocks used for the teacher's mean/std of h_l (target normalisation)")
+    seq_len: int = option(128, "tokens per training block")
+    batch_size: int = option(8, "blocks per optimizer step on each process")
+    val_blocks: int = option(32, "held-out blocks for validation (the corpus tail, or the first blocks of --val-corpus)")
+    max_train_tokens: int = option(0, "read at most this many training tokens from the corpus (0 = all)")
+    stats_blocks: int = option(64, "training blocks used for the teacher's mean/std of h_l (target normalisation)")
     # optimisation
-    steps: int = _opt(300, "optimizer steps in total")
-    lr: float = _opt(3e-3, "peak AdamW learning rate")
-    weight_decay: float = _opt(0.0, "AdamW weight decay")
-    warmup_steps: int = _opt(20, "linear warm-up steps ((step + 1) / warmup), then cosine decay to a tenth of the peak")
-    grad_clip: float = _opt(1.0, "clip the global gradient norm to this value (0 = off)")
-    ema_decay: float = _opt(0.999, "EMA decay of the exported bridge weights (with warm-up (1+s)/(10+s))")
+    steps: int = option(300, "optimizer steps in total")
+    lr: float = option(3e-3, "peak AdamW learning rate")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    warmup_steps: int = option(20, "linear warm-up steps ((step + 1) / warmup), then cosine decay to a tenth of the peak")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
+    ema_decay: float = option(0.999, "EMA decay of the exported bridge weights (with warm-up (1+s)/(10+s))")
     # loss
-    w_diff: float = _opt(1.0, "weight of the diffusion loss (MSE on the prediction target at a random t)")
-    w_rec: float = _opt(1.0, "weight of the variance-normalised reconstruction MSE of the sampled h_l")
-    w_lm: float = _opt(0.1, "weight of next-token cross-entropy through the retained layers")
-    w_kd: float = _opt(1.0, "weight of KL(teacher || hybrid) of next-token distributions")
-    kd_temperature: float = _opt(1.0, "softmax temperature of the distillation loss (loss scaled by T^2)")
+    w_diff: float = option(1.0, "weight of the diffusion loss (MSE on the prediction target at a random t)")
+    w_rec: float = option(1.0, "weight of the variance-normalised reconstruction MSE of the sampled h_l")
+    w_lm: float = option(0.1, "weight of next-token cross-entropy through the retained layers")
+    w_kd: float = option(1.0, "weight of KL(teacher || hybrid) of next-token distributions")
+    kd_temperature: float = option(1.0, "softmax temperature of the distillation loss (loss scaled by T^2)")
     # model
-    train_upper: bool = _opt(False, "also train the retained decoder layers and final norm (default: frozen)")
-    dtype: str = _opt("float32", "dtype of the backbone (teacher) and retained layers", choices=("float32", "bfloat16", "float16"))
+    train_upper: bool = option(False, "also train the retained decoder layers and final norm (default: frozen)")
+    dtype: str = option("float32", "dtype of the backbone (teacher) and retained layers", choices=("float32", "bfloat16", "float16"))
     bridge: dict = field(default_factory=dict, metadata={"help": "overrides of BridgeConfig options (see --bridge-*)"})
     # bookkeeping
-    seed: int = _opt(0, "seed of initialisation, data order and diffusion noise")
-    device: str = _opt("cpu", "device for plain-torch training (DeepSpeed uses cuda:LOCAL_RANK when CUDA is present)")
-    log_every: int = _opt(10, "steps between JSONL log lines")
-    eval_every: int = _opt(0, "steps between validations (0 = only at the end)")
-    save_every: int = _opt(100, "steps between checkpoints (a final one is always written)")
-    keep_checkpoints: int = _opt(2, "newest checkpoints kept on disk")
+    seed: int = option(0, "seed of initialisation, data order and diffusion noise")
+    device: str = option("cpu", "device for plain-torch training (DeepSpeed uses cuda:LOCAL_RANK when CUDA is present)")
+    log_every: int = option(10, "steps between JSONL log lines")
+    eval_every: int = option(0, "steps between validations (0 = only at the end)")
+    checkpoint_every: int = option(100, "steps between checkpoints (a final one is always written)",
+                                   flag=("--checkpoint-every", "--save-every"))
+    keep_checkpoints: int = option(2, "newest checkpoints kept on disk")
 
     def __post_init__(self) -> None:
-        positive = ("seq_len", "batch_size", "val_blocks", "stats_blocks", "steps", "log_every", "save_every", "keep_checkpoints")
+        positive = ("seq_len", "batch_size", "val_blocks", "stats_blocks", "steps", "log_every", "checkpoint_every", "keep_checkpoints")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -76,7 +77,14 @@ class TrainConfig(DictConfig):
         return LoopSettings(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
                             lr_floor=0.1, weight_decay=self.weight_decay, grad_clip=self.grad_clip, ema_decay=self.ema_decay,
                             seed=self.seed, device=device or self.device, log_every=self.log_every,
-                            save_every=self.save_every, keep_checkpoints=self.keep_checkpoints)
+                            checkpoint_every=self.checkpoint_every, keep_checkpoints=self.keep_checkpoints)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> BridgeTrainConfig:
+        """A saved config, with keys of earlier versions (:data:`RENAMED`) read under their current names."""
+        if isinstance(data, dict):
+            data = {RENAMED.get(key, key): value for key, value in data.items()}
+        return super().from_dict(data)
 
     def bridge_options(self, hidden_size: int, layer: int = 1) -> BridgeConfig:
         """The BridgeConfig these overrides give for a backbone of width ``hidden_size``."""
@@ -106,17 +114,8 @@ _NOT_OPTIONS = {"bridge"}
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--seq-len``, ``--lr``, ... for every TrainConfig field and ``--bridge-width``, ... for the bridge."""
-    for spec in fields(TrainConfig):
-        if spec.name in _NOT_OPTIONS:
-            continue
-        flag = "--" + spec.name.replace("_", "-")
-        default = spec.default if spec.default is not MISSING else None
-        if isinstance(default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=spec.metadata["help"])
-        else:
-            parser.add_argument(flag, type=type(default), default=default, choices=spec.metadata.get("choices"),
-                                help=spec.metadata["help"])
+    """``--seq-len``, ``--lr``, ... for every BridgeTrainConfig field and ``--bridge-width``, ... for the bridge."""
+    add_dataclass_options(parser, BridgeTrainConfig, exclude=tuple(_NOT_OPTIONS))
     defaults = {f.name: f.default for f in fields(BridgeConfig)}
     for name, help_text in BRIDGE_OPTIONS.items():
         choices = {"schedule": sorted(SCHEDULES), "prediction": list(PREDICTIONS), "sampler": sorted(SAMPLERS)}.get(name)
@@ -124,9 +123,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                             default=defaults[name], choices=choices, help=help_text)
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The TrainConfig that the options of :func:`add_config_arguments` describe."""
-    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name not in _NOT_OPTIONS}
+def config_from_args(args: argparse.Namespace) -> BridgeTrainConfig:
+    """The BridgeTrainConfig that the options of :func:`add_config_arguments` describe."""
     defaults = {f.name: f.default for f in fields(BridgeConfig)}
     bridge = {name: getattr(args, "bridge_" + name) for name in BRIDGE_OPTIONS if getattr(args, "bridge_" + name) != defaults[name]}
-    return TrainConfig(**values, bridge=bridge)
+    return dataclass_from_options(BridgeTrainConfig, args, bridge=bridge)

@@ -30,7 +30,7 @@ from dihal_fast.corpus import corpus_files
 from dihal_fast.hybrid import HybridLM, backbone_targets
 from dihal_fast.hybrid.slicing import check_family, check_layer
 from dihal_fast.train.checkpoint import check_resumable, latest_checkpoint
-from dihal_fast.replace.config import TrainConfig
+from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.replace.data import Blocks, batch_indices, load_blocks, step_generator
 from dihal_fast.replace.objective import BridgeObjective
 from dihal_fast.train.runlog import RunLog
@@ -50,12 +50,13 @@ class StepInfo:
     engine: object
 
 
-# Fields that may change between a run and its resumption (they do not change what a step computes).
-RESUMABLE_CHANGES = frozenset({"steps", "log_every", "eval_every", "save_every", "keep_checkpoints", "device"})
+# Fields that may change between a run and its resumption (they do not change what a step computes);
+# save_every is checkpoint_every's name in checkpoints of earlier versions.
+RESUMABLE_CHANGES = frozenset({"steps", "log_every", "eval_every", "checkpoint_every", "save_every", "keep_checkpoints", "device"})
 CONFIG_NAME, BRIDGE_CONFIG_NAME = "train_config.json", "bridge_config.json"
 
 
-def _preflight(model_dir, layer: int, corpus, out_dir: Path, config: TrainConfig, deepspeed_config, resume: bool):
+def _preflight(model_dir, layer: int, corpus, out_dir: Path, config: BridgeTrainConfig, deepspeed_config, resume: bool):
     """Every check that needs no model weights: fails fast, before any process group or training."""
     from transformers import AutoConfig
 
@@ -92,7 +93,7 @@ def export_hybrid(backbone, tokenizer, layer: int, bridge_config: BridgeConfig, 
 
 
 def train_bridge(model_dir: str | os.PathLike | None, layer: int, corpus: str | os.PathLike, out_dir: str | os.PathLike,
-                 config: TrainConfig | None = None, deepspeed_config: str | os.PathLike | None = None, resume: bool = False,
+                 config: BridgeTrainConfig | None = None, deepspeed_config: str | os.PathLike | None = None, resume: bool = False,
                  val_corpus: str | os.PathLike | None = None, callback: Callable[[StepInfo], None] | None = None) -> dict:
     """Train a bridge for hidden state ``layer`` of ``model_dir`` (None = shipped backbone) on ``corpus``.
 
@@ -100,7 +101,7 @@ def train_bridge(model_dir: str | os.PathLike | None, layer: int, corpus: str | 
     the validation report, ``hybrid_dir`` and timings. With ``deepspeed_config`` the DeepSpeed engine is
     used (launch several processes with torchrun); otherwise one process with plain torch.
     """
-    config = config or TrainConfig()
+    config = config or BridgeTrainConfig()
     out_dir = Path(out_dir)
     model_dir, ds_config, checkpoint = _preflight(model_dir, layer, corpus, out_dir, config, deepspeed_config, resume)
     with training_session(ds_config, config.loop_settings()) as (rank, _, device):
@@ -129,7 +130,7 @@ class BridgeJob(TrainingJob):
 
     resumable = RESUMABLE_CHANGES
 
-    def __init__(self, objective: BridgeObjective, config: TrainConfig, bridge_config: BridgeConfig, backbone,
+    def __init__(self, objective: BridgeObjective, config: BridgeTrainConfig, bridge_config: BridgeConfig, backbone,
                  blocks: Blocks, export: Callable[[dict], HybridLM], device: str, rank: int,
                  callback: Callable[[StepInfo], None] | None):
         self.objective, self.config, self.backbone, self.blocks, self.export = objective, config, backbone, blocks, export
@@ -195,7 +196,7 @@ class BridgeJob(TrainingJob):
         return result
 
 
-def _bridge_config(checkpoint: Path | None, backbone, blocks: Blocks, layer: int, config: TrainConfig) -> BridgeConfig:
+def _bridge_config(checkpoint: Path | None, backbone, blocks: Blocks, layer: int, config: BridgeTrainConfig) -> BridgeConfig:
     """The checkpoint's bridge config when resuming, else the options with fresh target statistics."""
     if checkpoint is not None:
         return BridgeConfig.from_dict(read_json(checkpoint / BRIDGE_CONFIG_NAME, "checkpoint bridge config"))

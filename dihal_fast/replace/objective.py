@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dihal_fast.hybrid import HybridLM
-from dihal_fast.replace.config import TrainConfig
+from dihal_fast.replace.config import BridgeTrainConfig
 
 
 def kd_loss(teacher_logits: Tensor, student_logits: Tensor, temperature: float) -> Tensor:
@@ -34,7 +34,7 @@ def lm_loss(logits: Tensor, input_ids: Tensor) -> Tensor:
 class BridgeObjective(nn.Module):
     """Wraps a HybridLM; ``forward`` returns a dict of the weighted total (``loss``) and each term."""
 
-    def __init__(self, hybrid: HybridLM, config: TrainConfig):
+    def __init__(self, hybrid: HybridLM, config: BridgeTrainConfig):
         super().__init__()
         self.hybrid, self.config = hybrid, config
 

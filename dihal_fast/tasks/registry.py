@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from dihal_fast.common.options import comma_integers, option
 from dihal_fast.tasks.countdown_task import CountdownTask
+from dihal_fast.tasks.sudoku_grade import DIFFICULTIES
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool, parse_box
 from dihal_fast.common.models import load_tokenizer
 from dihal_fast.tasks.text_task import TextTask, tokenize_files
@@ -18,16 +20,22 @@ TASKS = ("sudoku", "countdown", "text")
 class TaskConfig:
     """Everything needed to rebuild a task (saved in every run's config)."""
 
-    name: str = "sudoku"
-    sudoku_box: str = "2x3"  # 6x6: learnable in CPU-minutes; "3x3" is the paper's 9x9 (GPU scale)
-    sudoku_pool: int = 3000
-    sudoku_train_difficulty: str = "singles"
-    countdown_numbers: list[int] = field(default_factory=lambda: [3, 4])
-    countdown_target_len: int = 0  # 0 = room for the largest problem
-    text_files: list[str] = field(default_factory=list)
-    text_len: int = 64
-    text_max_chars: int = 0  # 0 = whole files
-    tokenizer_dir: str = ""
+    name: str = option("sudoku", "task to train on", flag="--task", choices=TASKS, required=True)
+    # 6x6 is learnable in CPU-minutes; "3x3" is the paper's 9x9 (GPU scale).
+    sudoku_box: str = option("2x3", "Sudoku box shape: 3x3 (9x9 grid), 2x3 (6x6) or 2x2 (4x4)")
+    sudoku_pool: int = option(3000, "generated training puzzles (augmented by symmetries)")
+    sudoku_train_difficulty: str = option("singles", "grade of the training puzzles", flag="--sudoku-difficulty",
+                                          choices=tuple(DIFFICULTIES))
+    countdown_numbers: list[int] = option(default_factory=lambda: [3, 4], help="numbers per training problem, e.g. 3,4",
+                                          type=comma_integers, metavar="N,N,...")
+    countdown_target_len: int = option(0, "solution length in characters (0 = room for the largest problem)",
+                                       flag="--countdown-len")
+    text_files: list[str] = option(default_factory=list, help="training text files of the text task; the command "
+                                   "line's default is the shipped corpus", cli_default=None)
+    text_len: int = option(64, "tokens per text sample")
+    text_max_chars: int = option(0, "read at most this many characters per file (0 = all)")
+    tokenizer_dir: str = option("", "checkpoint whose tokenizer the text task uses; the command line's default is the "
+                                "shipped backbone", flag="--backbone", cli_default=None, metavar="DIR")
 
     def __post_init__(self) -> None:
         if self.name not in TASKS:

@@ -20,6 +20,8 @@ from dihal_fast.tasks.sudoku import (
 )
 
 GRADES = ("singles", "advanced", "search")
+# The difficulties a training pool can ask for, and the grades each accepts.
+DIFFICULTIES = {"singles": ("singles",), "advanced": ("advanced",), "search": ("search",), "hard": ("advanced", "search")}
 
 
 def _bits(mask: int) -> list[int]:
@@ -183,12 +185,11 @@ def generate(rng: random.Random, geo: Geometry, difficulty: str = "singles", max
     ``singles``: clues removed while singles still solve it (unique by construction).
     ``advanced`` / ``search`` / ``hard`` (either): minimal unique puzzles, drawn until the grade matches.
     """
-    wanted = {"singles": ("singles",), "advanced": ("advanced",), "search": ("search",), "hard": ("advanced", "search")}
-    if difficulty not in wanted:
-        raise ValueError(f"difficulty must be one of {sorted(wanted)}, got {difficulty!r}")
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {sorted(DIFFICULTIES)}, got {difficulty!r}")
     for _ in range(max_tries):
         solution = random_solution(rng, geo)
         puzzle = _remove_clues(solution, rng, geo, keep_singles=difficulty == "singles")
-        if grade(puzzle, geo)[0] in wanted[difficulty]:
+        if grade(puzzle, geo)[0] in DIFFICULTIES[difficulty]:
             return puzzle, solution
     raise RuntimeError(f"no {difficulty!r} {geo.n}x{geo.n} puzzle in {max_tries} tries; this grid size may not have any")

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 
 CLOCKS = ("wall", "cpu")
+# The help of every command's --deepspeed option (the file is read by train.trainer.prepare_deepspeed).
+DEEPSPEED_HELP = "DeepSpeed JSON config (ZeRO stage 0-3, bf16); see examples/ds_*.json"
 
 
 @dataclass(frozen=True)
@@ -29,13 +31,13 @@ class LoopSettings:
     seed: int = 0
     device: str = "cpu"
     log_every: int = 10
-    save_every: int = 100
+    checkpoint_every: int = 100
     keep_checkpoints: int = 2
     max_minutes: float = 0.0  # stop after this much training time (0 = run all steps)
     budget_clock: str = "wall"  # what max_minutes measures: "wall" or "cpu" (process CPU time)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "log_every", "save_every", "keep_checkpoints"):
+        for name in ("steps", "batch_size", "log_every", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0 or self.warmup_steps < 0 or not 0.0 <= self.lr_floor <= 1.0:

@@ -218,7 +218,7 @@ def _loop(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> None:
         if run.log is not None and (run.step % settings.log_every == 0 or run.step == settings.steps or extra):
             run.log.append({"step": run.step, **run.values, "lr": lr, "grad_norm": grad_norm,
                             "elapsed_s": round(run.elapsed_s, 3), **extra})
-        if run.step % settings.save_every == 0 or run.step == end:
+        if run.step % settings.checkpoint_every == 0 or run.step == end:
             _save(job, run)
             saved_at = run.step
         job.step_done(run.step, run)
