@@ -68,9 +68,14 @@ void gram_pair_quotients(const T* X, int64_t n, int64_t D, const double* G, doub
 // float32 copy of S (the Lanczos recurrence stays in float64).
 double top_eigenvalue_psd(const double* S, int64_t D, double rel_tol, int* iterations, bool float32_work = false);
 
-// Largest eigenvalue of a small symmetric m x m matrix (Householder tridiagonalisation and
-// Sturm bisection; A is overwritten).
+// Largest eigenvalue of a small symmetric m x m matrix (Householder tridiagonalisation, then
+// top_eigenvalue_tridiagonal; A is overwritten).
 double top_eigenvalue_small(double* A, int m);
+
+// Largest eigenvalue of the symmetric tridiagonal matrix with diagonal d[m] and off-diagonal e[m-1]
+// (Laguerre's iteration from above, finished by Sturm bisection where it converges slowly), to
+// about 2 eps max|Gershgorin bounds|.
+double top_eigenvalue_tridiagonal(const double* d, const double* e, int m);
 
 // Largest |x| over a dense array in one read-only pass; NaN if any element is NaN, inf if any is inf.
 template <typename T>
