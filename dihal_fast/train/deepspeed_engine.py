@@ -120,9 +120,21 @@ def distributed_session(cuda: bool) -> Iterator[tuple[int, int]]:
             dist.barrier()
         finally:
             dist.destroy_process_group()
+            _forget_deepspeed_groups()
     finally:
         for key in added:
             os.environ.pop(key, None)
+
+
+def _forget_deepspeed_groups() -> None:
+    """Drop the process groups DeepSpeed caches in ``deepspeed.utils.groups`` (e.g. its clone of the world
+    group): after ``destroy_process_group`` they are stale, and a second session in the same process (two
+    trainings from one Python program) would fail with "Group ... is not registered"."""
+    from deepspeed.utils import groups
+
+    for name, value in list(vars(groups).items()):
+        if name.startswith("_") and name[1:].isupper() and (value is None or isinstance(value, dict) or isinstance(value, dist.ProcessGroup)):
+            setattr(groups, name, {} if isinstance(value, dict) else None)
 
 
 class DeepSpeedEngine:
