@@ -44,10 +44,11 @@ template <typename T>
 void pair_quotients(const T* X, int64_t n, int64_t D, const double* mean, const double* S, double lam,
                     const int64_t* pi, const int64_t* pj, int64_t n_pairs, double* out, bool float32_work);
 
-// In-place Cholesky A = L L^T of a symmetric positive definite D x D row-major matrix (lower triangle
-// read and written), right-looking by 256-wide blocks so that the panel solves and the trailing
-// updates run on the OpenMP threads. Returns LAPACK's info (0, or the failing column + 1).
-int parallel_cholesky(double* A, int64_t D);
+// In-place Cholesky A = L L^T of a symmetric positive definite D x D matrix (lower triangle read and
+// written), row-major, or column-major when column_major (the same memory then holds L^T row-major),
+// right-looking by 256-wide blocks so that the panel solves and the trailing updates run on the
+// OpenMP threads. Returns LAPACK's info (0, or the failing column + 1).
+int parallel_cholesky(double* A, int64_t D, bool column_major = false);
 
 // The n x n Gram matrix G = Xc Xc^T (full, float64) of the rows of X centred at their mean, products
 // in float32 when float32_work. For n < D it replaces the D x D covariance: Sigma = Xc^T Xc / n has

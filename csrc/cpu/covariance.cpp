@@ -43,8 +43,9 @@ void shift_rows(const T* X, int64_t rows, int64_t D, const double* shift, W* Y, 
   }
 }
 
+// assign: M holds no co-moment yet (count 0, contents undefined): the first block writes it.
 template <typename T, typename W>
-void covariance_update_in(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* M) {
+void covariance_update_in(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* M, bool assign = false) {
   if (n <= 0) return;
   const int64_t block = block_rows(D, sizeof(W));
   std::vector<W> shifted(size_t(std::min(block, n)) * size_t(D));
@@ -74,7 +75,10 @@ void covariance_update_in(const T* X, int64_t n, int64_t D, int64_t* count, doub
       const double oa = offset[a] * nb, da = delta[a] * w;
       double* Ma = M + a * D;
       const W* Ga = gram.data() + a * D;
-      for (int64_t b = a; b < D; ++b) Ma[b] += double(Ga[b]) - oa * offset[b] + da * delta[b];
+      if (assign && r0 == 0)
+        for (int64_t b = a; b < D; ++b) Ma[b] = double(Ga[b]) - oa * offset[b] + da * delta[b];
+      else
+        for (int64_t b = a; b < D; ++b) Ma[b] += double(Ga[b]) - oa * offset[b] + da * delta[b];
     }
     for (int64_t c = 0; c < D; ++c) mean[c] += delta[c] * (nb / ntot);
     *count += rows;
@@ -94,15 +98,21 @@ void covariance(const T* X, int64_t n, int64_t D, bool float32_work, double* mea
   DIHAL_NVTX_RANGE("dihal/covariance");
   int64_t count = 0;
   std::fill(mean, mean + D, 0.0);
-  std::fill(cov, cov + D * D, 0.0);
   if (float32_work)
-    covariance_update_in<T, float>(X, n, D, &count, mean, cov);
+    covariance_update_in<T, float>(X, n, D, &count, mean, cov, true);
   else
-    covariance_update_in<T, double>(X, n, D, &count, mean, cov);
-#pragma omp parallel for schedule(dynamic, 16) if(parallel_worth(double(D) * double(D)))
-  for (int64_t a = 0; a < D; ++a) {
-    cov[a * D + a] /= double(n);
-    for (int64_t b = a + 1; b < D; ++b) cov[b * D + a] = cov[a * D + b] /= double(n);
+    covariance_update_in<T, double>(X, n, D, &count, mean, cov, true);
+  // Divide by n and mirror the upper triangle, by B x B blocks (a cache-friendly transpose).
+  constexpr int64_t B = 128;
+  const int64_t nb = (D + B - 1) / B;
+#pragma omp parallel for schedule(dynamic, 1) if(parallel_worth(double(D) * double(D)))
+  for (int64_t t = 0; t < nb * (nb + 1) / 2; ++t) {
+    int64_t I = 0, rest = t;  // t-th block (I, J), J >= I, row by row
+    while (rest >= nb - I) rest -= nb - I++;
+    const int64_t a0 = I * B, b0 = (I + rest) * B;
+    const int64_t a1 = std::min(a0 + B, D), b1 = std::min(b0 + B, D);
+    for (int64_t a = a0; a < a1; ++a)
+      for (int64_t b = std::max(a, b0); b < b1; ++b) cov[b * D + a] = cov[a * D + b] /= double(n);
   }
 }
 

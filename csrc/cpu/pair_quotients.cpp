@@ -37,17 +37,8 @@ void whitened_quotients(const T* X, int64_t D, const double* mean, const std::ve
   }
 #pragma omp parallel for schedule(static) if(parallel_worth(double(n_pairs) * double(D)))
   for (int64_t p = 0; p < n_pairs; ++p) {
-    const T* xi = X + pi[p] * D;
-    const T* xj = X + pj[p] * D;
-    const W* yi = Y.data() + slot[pi[p]] * D;
-    const W* yj = Y.data() + slot[pj[p]] * D;
-    double num = 0.0, den = 0.0;
-    for (int64_t c = 0; c < D; ++c) {
-      const double dx = double(xi[c]) - double(xj[c]);
-      const double dy = double(yi[c]) - double(yj[c]);
-      den += dx * dx;
-      num += dy * dy;
-    }
+    const double den = sqdist_exact(X + pi[p] * D, X + pj[p] * D, D);
+    const double num = sqdist_exact(Y.data() + slot[pi[p]] * D, Y.data() + slot[pj[p]] * D, D);
     out[p] = den > 0.0 ? num / den : std::numeric_limits<double>::quiet_NaN();
   }
 }
