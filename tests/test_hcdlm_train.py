@@ -238,3 +238,23 @@ def test_deepspeed_zero2_step_equals_a_plain_torch_step(tmp_path):
     for name in plain:
         torch.testing.assert_close(zero[name], plain[name], rtol=1e-5, atol=1e-6)
     assert json.loads((latest_checkpoint(tmp_path / "zero") / "state.json").read_text())["engine"] == "deepspeed"
+
+
+def test_eval_and_solve_are_python_functions(tmp_path):
+    """What `dihal hcdlm eval` / `solve` print comes from library functions other programs can call."""
+    from dihal_fast.hcdlm import SampleConfig, evaluate_run, solve_puzzle
+
+    run = _tiny_sudoku_run(tmp_path)
+    solution = solve_puzzle(run, "1.3..2.1..2.....", SampleConfig(steps=2))
+    assert len(solution.text.splitlines()) == 5 and set(solution.checks) >= {"correct", "valid"}
+    assert solve_puzzle(run, "11..............") is None  # two 1s in a row: no solution exists
+    with pytest.raises(ValueError):
+        solve_puzzle(run, "1.3..2.1..2....")  # 15 cells
+    from dihal_fast.tasks.sudoku import geometry, parse_grid, solve_all
+
+    puzzle = parse_grid("1.3..2.1..2.....", geometry(2, 2))
+    (grid,) = solve_all(puzzle, geometry(2, 2), limit=1)
+    csv = tmp_path / "one.csv"
+    csv.write_text(f"puzzle,solution\n{''.join(map(str, puzzle))},{''.join(map(str, grid))}\n")
+    report = evaluate_run(run, csv, tmp_path / "eval.json", SampleConfig(steps=2), steps_sweep=(), diagnostics=False)
+    assert report["n"] == 1 and json.loads((tmp_path / "eval.json").read_text())["accuracy"] == report["accuracy"]

@@ -102,87 +102,32 @@ def _sample_config(args: argparse.Namespace, text: bool):
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from dihal_fast.common import atomic_write_json
-    from dihal_fast.common.rundir import check_output_file
-    from dihal_fast.hcdlm.eval_data import examples_from_file, text_windows
-    from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run
-    from dihal_fast.hcdlm.plots import plot_accuracy_vs_steps
+    from dihal_fast.common import read_json
+    from dihal_fast.hcdlm.report import evaluate_run
 
-    check_output_file(args.out)
-    run = load_run(args.run_dir, use_ema=not args.raw_weights, device=args.device)
-    is_text = run.config.task.name == "text"
-    cfg = _sample_config(args, is_text)
-    if is_text:
-        reference = text_windows(run.task, args.data, args.samples)
-        report = evaluate_text(run, args.samples, cfg, _backbone_dir(args.evaluator), reference, args.seed)
-        print(f"{run.config.model.kind} text: gen_ppl {report['gen_ppl']:.2f}, entropy {report['entropy']:.3f} "
+    saved = args.run_dir / "config.json"  # the default temperature depends on the run's task
+    text = saved.is_file() and read_json(saved, "run config").get("task", {}).get("name") == "text"
+    report = evaluate_run(args.run_dir, args.data, args.out, _sample_config(args, text), limit=args.limit, steps_sweep=tuple(args.steps_sweep),
+                          samples=args.samples, evaluator=args.evaluator, diagnostics=not args.no_diagnostics,
+                          seed=args.seed, raw_weights=args.raw_weights, device=args.device)
+    if "gen_ppl" in report:
+        print(f"{report['model']} text: gen_ppl {report['gen_ppl']:.2f}, entropy {report['entropy']:.3f} "
               f"(data: {report['data_reference']['gen_ppl']:.2f}, {report['data_reference']['entropy']:.3f})")
     else:
-        examples = examples_from_file(run.task, args.data, args.limit)
-        logger.info("evaluating %s (step %d) on %d examples from %s", run.config.model.kind, run.step, len(examples), args.data)
-        report = evaluate_examples(run, examples, cfg, args.seed)
-        sweep = [s for s in args.steps_sweep if s != cfg.steps]
-        if sweep:
-            rows = accuracy_vs_steps(run, examples, sweep, cfg, args.seed)
-            main_row = {"steps": cfg.steps, "accuracy": report["accuracy"], "groups": report["groups"], "seconds_per_batch": report["seconds_per_batch"]}
-            report["accuracy_vs_steps"] = sorted(rows + [main_row], key=lambda r: r["steps"])
-            plot = args.out.with_suffix(".steps.png")
-            plot_accuracy_vs_steps({run.config.model.kind: report["accuracy_vs_steps"]}, plot, f"{run.config.task.name}: {args.data.name}")
-            report["plot"] = str(plot)
-        if not args.no_diagnostics:
-            report.update(_diagnostics(args, run, examples, cfg, report))
-        print(f"{run.config.model.kind} on {args.data.name}: accuracy {report['accuracy']:.4f} (n={report['n']})")
-    report.update({"run": str(args.run_dir), "step": run.step, "data": str(args.data), "model": run.config.model.kind})
-    atomic_write_json(args.out, report)
+        print(f"{report['model']} on {args.data.name}: accuracy {report['accuracy']:.4f} (n={report['n']})")
     return 0
 
 
-def _diagnostics(args: argparse.Namespace, run, examples: list, cfg, report: dict) -> dict:
-    """Raw vs EMA weights at the main settings and, for latent models, the read-out after every step (JSON + PNG)."""
-    from dihal_fast.hcdlm.evaluate import evaluate_examples, load_run, readout_by_step
-    from dihal_fast.hcdlm.plots import plot_readout_by_step
-
-    used, other = ("raw", "ema") if args.raw_weights else ("ema", "raw")
-    other_run = load_run(args.run_dir, use_ema=args.raw_weights, device=args.device)
-    other_report = evaluate_examples(other_run, examples, cfg, args.seed, show=0)
-    out = {"weights": {used: {"accuracy": report["accuracy"], "groups": report["groups"]},
-                       other: {"accuracy": other_report["accuracy"], "groups": other_report["groups"]}}}
-    logger.info("weights: %s %.4f, %s %.4f", used, report["accuracy"], other, other_report["accuracy"])
-    if run.config.model.kind in ("hcdlm", "latent"):
-        rows = readout_by_step(run, examples, cfg, args.seed)
-        plot = plot_readout_by_step(rows, args.out.with_suffix(".readout.png"), f"{run.config.model.kind}: read-out after each step")
-        out.update({"readout_by_step": rows, "readout_plot": str(plot)})
-        logger.info("read-out accuracy: first step %.4f, last step %.4f", rows[0]["accuracy"], rows[-1]["accuracy"])
-    return out
-
-
 def run_solve(args: argparse.Namespace) -> int:
-    import torch
+    from dihal_fast.hcdlm.report import solve_puzzle
 
-    from dihal_fast.hcdlm.evaluate import load_run, sample_targets
-    from dihal_fast.tasks.countdown import parse_problem, solve as solve_countdown
-    from dihal_fast.tasks.sudoku import format_grid, parse_grid, solve_all
-
-    run = load_run(args.run_dir, use_ema=not args.raw_weights, device=args.device)
-    name = run.config.task.name
-    if name == "text":
-        raise ValueError("'solve' is for Sudoku and Countdown runs; this run was trained on text")
-    if name == "sudoku":
-        puzzle = parse_grid(args.puzzle, run.task.geo)
-        exact = solve_all(puzzle, run.task.geo, limit=1)
-        if not exact:
-            print("no solution")
-            return 0
-        example = run.task.example(puzzle, exact[0], "input")
-    else:
-        problem = parse_problem(args.puzzle)
-        if solve_countdown(problem) is None:
-            print("no solution")
-            return 0
-        example = run.task.example(problem, "input")
-    target, _ = sample_targets(run, torch.tensor([example.context]), _sample_config(args, False), args.seed)
-    flags = run.task.score(example, target[0])
-    print(run.task.render(target[0]) if name == "countdown" else format_grid(run.task.grid(target[0]), pretty=True, geo=run.task.geo))
+    solution = solve_puzzle(args.run_dir, args.puzzle, _sample_config(args, False), seed=args.seed,
+                            raw_weights=args.raw_weights, device=args.device)
+    if solution is None:
+        print("no solution")
+        return 0
+    print(solution.text)
+    flags = solution.checks
     checks = ", ".join(f"{k}={('yes' if v else 'no') if isinstance(v, bool) else f'{100 * v:.0f}%'}" for k, v in flags.items() if k != "correct")
     print(f"check: {'correct' if flags['correct'] else 'WRONG'} ({checks})")
     return 0

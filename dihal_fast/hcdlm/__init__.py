@@ -1,12 +1,15 @@
 """HC-DLM: a hierarchical continuous diffusion LM (continuous latent carried across steps, a token
 scaffold read out of it at every step), with MDM, Latent DM and AR baselines in the same harness.
 
-Entry points: :func:`train` (a run directory from a :class:`RunConfig`), :func:`load_run` +
+Entry points: :func:`train` (a run directory from a :class:`RunConfig`), :func:`evaluate_run` and
+:func:`solve_puzzle` (what ``dihal hcdlm eval`` / ``solve`` do), :func:`load_run` +
 :func:`evaluate_examples` / :func:`evaluate_text` / :func:`readout_by_step`, and the ``dihal hcdlm`` command.
 """
 from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run, readout_by_step
+from dihal_fast.hcdlm.report import Solution, evaluate_run, solve_puzzle
 from dihal_fast.hcdlm.trainer import train
 
-__all__ = ["HCDLMModelConfig", "HCDLMTrainConfig", "ObjectiveConfig", "RunConfig", "SampleConfig", "accuracy_vs_steps",
-           "evaluate_examples", "evaluate_text", "load_run", "readout_by_step", "train"]
+__all__ = ["HCDLMModelConfig", "HCDLMTrainConfig", "ObjectiveConfig", "RunConfig", "SampleConfig", "Solution",
+           "accuracy_vs_steps", "evaluate_examples", "evaluate_run", "evaluate_text", "load_run", "readout_by_step",
+           "solve_puzzle", "train"]
