@@ -60,7 +60,7 @@ def weighted_median(values: np.ndarray, counts: np.ndarray) -> float:
     ends = np.cumsum(counts[order])
     total = int(ends[-1])
     lo, hi = np.searchsorted(ends, [(total - 1) // 2, total // 2], side="right")
-    return float((values[order[lo]] + values[order[hi]]) / 2)
+    return float(values[order[lo]] / 2 + values[order[hi]] / 2)  # halves first: no overflow near the float64 limit
 
 
 def covariance(X) -> tuple[np.ndarray, np.ndarray]:

@@ -89,7 +89,7 @@ def _m_mono(matrix: Matrix, ops: Any, moments: _Moments, ridge: float, n_pairs: 
     keep = ~np.isnan(q)
     if not keep.any():
         raise ValueError(f"all {n_pairs} sampled pairs are identical rows; m_mono is undefined")
-    return weighted_median(q[keep], counts[keep])
+    return _representable("m_mono", weighted_median(q[keep], counts[keep]), moments.trace / D)
 
 
 def _m_curv(matrix: Matrix, ops: Any, moments: _Moments, k: int, precision: str) -> float:
@@ -98,7 +98,16 @@ def _m_curv(matrix: Matrix, ops: Any, moments: _Moments, k: int, precision: str)
     with nvtx_range("local_eigen"):
         lam = np.asarray(ops.local_top_eigenvalues(matrix.data, idx, precision))
     eps = 1e-12 * moments.trace / matrix.shape[1]
-    return float(np.median(1.0 / np.maximum(lam, eps)))
+    return _representable("m_curv", float(np.median(1.0 / np.maximum(lam, eps))), moments.trace / matrix.shape[1])
+
+
+def _representable(name: str, value: float, variance: float) -> float:
+    """``value``, or a ValueError when it overflows float64: m_mono and m_curv scale as 1 / variance, so rows
+    whose per-dimension variance is near the smallest float64 (e.g. values ~1e-154) have no finite proxy."""
+    if not np.isfinite(value):
+        raise ValueError(f"{name} overflows float64 for these rows (mean per-dimension variance {variance:.3g}); "
+                         "rescale X (the proxies scale as 1 / scale^2)")
+    return value
 
 
 def effective_rank(X: Any, backend: str = "auto", precision: str = DEFAULT_PRECISION) -> float:
