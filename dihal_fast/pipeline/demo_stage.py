@@ -16,7 +16,7 @@ from dihal_fast.common.options import option
 from dihal_fast.cpu_threads import poll_threads
 from dihal_fast.evaluate import report as md
 from dihal_fast.evaluate.harness import EvalSettings
-from dihal_fast.pipeline.evaluate_stage import EvaluateConfig, run_evaluation
+from dihal_fast.pipeline.evaluate_stage import EvaluateConfig, evaluate as evaluate_stage
 from dihal_fast.pipeline.generate_stage import GenerateConfig, generate
 from dihal_fast.pipeline.locate_stage import LocateConfig
 from dihal_fast.pipeline.reports import DemoReport
@@ -112,9 +112,11 @@ def _demo(model: str | None, corpus: list[str], settings: DemoSettings, out: Pat
     layer = locate["selected_layer"]
     train = clock.run("replace", lambda: ensure_replace(out / "replace", model, layer, corpus, settings.train_config()),
                       (out / "replace" / "result.json").is_file())
-    evaluate = EvaluateConfig(hybrid=train["hybrid_dir"], corpus=corpus, evaluator=model, settings=settings.evaluation,
-                              diffusion_lm_steps=settings.train_steps if settings.diffusion_lm else 0)
-    evaluation = clock.run("evaluate", lambda: dict(run_evaluation(evaluate, out / "evaluate").data),
+    evaluation_config = EvaluateConfig(hybrid=train["hybrid_dir"], corpus=corpus, evaluator=model, settings=settings.evaluation,
+                                       diffusion_lm_steps=settings.train_steps if settings.diffusion_lm else 0)
+    # The evaluate stage seeds the global RNGs itself, so its numbers do not depend on whether the
+    # earlier stages ran in this invocation or were reused from a previous one.
+    evaluation = clock.run("evaluate", lambda: dict(evaluate_stage(evaluation_config, out / "evaluate").data),
                            (out / "evaluate" / "evaluate.json").is_file())
 
     def generate_samples() -> dict:

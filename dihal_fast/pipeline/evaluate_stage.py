@@ -34,21 +34,15 @@ class EvaluateConfig:
 
 
 def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
-    """Seed the global RNGs with ``settings.seed`` (a hybrid's bridge draws its noise seed from torch's
-    global generator), then :func:`run_evaluation`."""
+    """The evaluation in run directory ``out`` (holding its lock), after seeding the global RNGs with
+    ``settings.seed`` (a hybrid's bridge draws its noise seed from torch's global generator), so that the
+    numbers do not depend on what ran before in the same process (e.g. ``dihal demo`` resuming a run)."""
     from dihal_fast.common import seed_everything
-
-    seed_everything(config.settings.seed)
-    return run_evaluation(config, out)
-
-
-def run_evaluation(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
-    """The evaluation in run directory ``out`` (holding its lock), leaving the global RNG streams as they
-    are: ``dihal demo`` evaluates this way after its earlier stages, as it always has."""
     from dihal_fast.common.rundir import run_directory
     from dihal_fast.evaluate.run import evaluate_hybrid
     from dihal_fast.pipeline.sweep_stage import sweep_controls
 
+    seed_everything(config.settings.seed)
     controls = sweep_controls(config.sweep) if config.sweep else None
     with run_directory(out, "dihal evaluate"):
         report = evaluate_hybrid(config.hybrid, corpus_or_default(config.corpus), out, config.settings,
