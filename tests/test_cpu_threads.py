@@ -9,7 +9,7 @@ from dihal_fast.cpu_threads import CpuSample, ThreadGovernor, choose_threads, ot
 
 
 @pytest.mark.parametrize(("cores", "other", "expected"), [
-    (2, 0.0, 2), (2, 0.2, 2), (2, 0.3, 1), (2, 1.0, 1), (2, 3.5, 1), (4, 1.0, 3), (4, 1.3, 2), (1, 0.0, 1),
+    (2, 0.0, 2), (2, 0.2, 2), (2, 0.45, 2), (2, 0.6, 1), (2, 1.0, 1), (2, 3.5, 1), (4, 1.0, 3), (4, 1.6, 2), (1, 0.0, 1),
 ])
 def test_choose_threads_leaves_the_busy_cores(cores, other, expected):
     assert choose_threads(cores, other) == expected
