@@ -29,8 +29,8 @@ from dihal_fast.backbone.data import WindowSampler
 from dihal_fast.backbone.evaluate import autocast_context, stream_nll
 from dihal_fast.backbone.model import build_model, resolve_precision
 from dihal_fast.common import atomic_write_json, read_json, seed_everything
-from dihal_fast.train.checkpoint import check_resumable, latest_checkpoint
-from dihal_fast.train.trainer import TrainingJob, TrainingRun, fit, prepare_deepspeed, training_session
+from dihal_fast.train.checkpoint import latest_checkpoint
+from dihal_fast.train.trainer import TrainingJob, TrainingRun, fit, prepare_deepspeed, resume_point, training_session
 
 logger = logging.getLogger(__name__)
 
@@ -207,12 +207,13 @@ def train_backbone(
         raise ValueError(f"--stop-at must be >= 1, got {stop_at}")
     corpus = load_corpus(cfg)
     has_checkpoint, saved_steps = check_out_dir(out, cfg, resume)
-    ds_config, world = prepare_deepspeed(deepspeed_config, cfg.loop_settings(device))
-    checkpoint = latest_checkpoint(out) if has_checkpoint else None
-    if checkpoint is not None:
-        check_resumable(checkpoint, {CONFIG_NAME: cfg.to_dict()}, BackboneJob.resumable,
-                        "deepspeed" if ds_config is not None else "torch", world, cfg.steps)
-    with training_session(ds_config, cfg.loop_settings(device)) as (rank, _, device):
+    settings = cfg.loop_settings(device)
+    ds_config, world = prepare_deepspeed(deepspeed_config, settings)
+    checkpoint = None
+    if has_checkpoint:
+        checkpoint = resume_point(out, {CONFIG_NAME: cfg.to_dict()}, BackboneJob.resumable, cfg.steps,
+                                  "deepspeed" if ds_config is not None else "torch", world, resume=True)
+    with training_session(ds_config, settings) as (rank, _, device):
         out.mkdir(parents=True, exist_ok=True)
         precision = resolve_precision(cfg.precision, device)
         seed_everything(cfg.seed)

@@ -115,12 +115,12 @@ def train(run_dir: str | os.PathLike, config: RunConfig, deepspeed_config: str |
         tc = config.train
         if tc.threads:
             torch.set_num_threads(tc.threads)
-        device = resolve_device(tc.device)
-        ds_config, world = prepare_deepspeed(deepspeed_config, loop_settings(tc, str(device)))
-        with training_session(ds_config, loop_settings(tc, str(device))) as (rank, _, session_device):
+        settings = loop_settings(tc, str(resolve_device(tc.device)))
+        ds_config, world = prepare_deepspeed(deepspeed_config, settings)
+        with training_session(ds_config, settings) as (rank, _, session_device):
             job = RunJob(config, folder, torch.device(session_device), rank)
             engine_kind = "deepspeed" if ds_config is not None else "torch"
-            checkpoint = resume_point(folder, job, engine_kind, world, resume=None)
+            checkpoint = resume_point(folder, job.configs, job.resumable, tc.steps, engine_kind, world, resume=None)
             if rank == 0:
                 config.save(folder / CONFIG_NAME)
             logger.info("%s on %s: %d parameters, %d steps, %s", config.model.kind, config.task.name, job.parameters,

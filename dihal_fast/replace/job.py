@@ -29,13 +29,12 @@ from dihal_fast.common.models import load_causal_lm, resolve_model_dir
 from dihal_fast.corpus import corpus_files
 from dihal_fast.hybrid import HybridLM, backbone_targets
 from dihal_fast.hybrid.slicing import check_family, check_layer
-from dihal_fast.train.checkpoint import check_resumable, latest_checkpoint
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.replace.data import Blocks, batch_indices, load_blocks, step_generator
 from dihal_fast.replace.objective import BridgeObjective
 from dihal_fast.train.runlog import RunLog
 from dihal_fast.replace.statistics import target_statistics
-from dihal_fast.train.trainer import LOG_NAME, TrainingJob, TrainingRun, fit, prepare_deepspeed, training_session
+from dihal_fast.train.trainer import LOG_NAME, TrainingJob, TrainingRun, fit, prepare_deepspeed, resume_point, training_session
 from dihal_fast.replace.validation import validation_bridge_loss
 
 logger = logging.getLogger(__name__)
@@ -66,15 +65,10 @@ def _preflight(model_dir, layer: int, corpus, out_dir: Path, config: BridgeTrain
     check_layer(backbone_config, layer)
     corpus_files(corpus)
     ds_config, world = prepare_deepspeed(deepspeed_config, config.loop_settings())
-    checkpoint = latest_checkpoint(out_dir)
-    if checkpoint is not None and not resume:
-        raise ValueError(f"{out_dir} already holds a training run (checkpoint {checkpoint.name}); pass --resume to continue it or use a new --out")
+    checkpoint = resume_point(out_dir, {CONFIG_NAME: config.to_dict()}, RESUMABLE_CHANGES, config.steps,
+                              "deepspeed" if ds_config is not None else "torch", world, resume)
     if checkpoint is not None:
-        check_resumable(checkpoint, {CONFIG_NAME: config.to_dict()}, RESUMABLE_CHANGES,
-                        "deepspeed" if ds_config is not None else "torch", world, config.steps)
         read_json(checkpoint / BRIDGE_CONFIG_NAME, "checkpoint bridge config")
-    elif resume:
-        logger.info("--resume: no checkpoint in %s yet, starting at step 0", out_dir)
     return model_dir, ds_config, checkpoint
 
 
