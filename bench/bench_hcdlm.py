@@ -62,6 +62,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--val-n", type=int, default=150, help="validation problems per group, used only to pick sampler settings")
     p.add_argument("--seeds", default="0", help="comma-separated training seeds per model (tables show mean +- std)")
     p.add_argument("--steps-list", default="5,10,25,50", help="sampling steps for the accuracy-vs-steps curve")
+    p.add_argument("--sample-steps", default="50",
+                   help="sampling-step candidates, chosen on validation with the other sampler settings (the paper: 50)")
     p.add_argument("--cfg-weight", type=float, default=2.75, help="guidance weight among HC-DLM's validation candidates (0 = never)")
     p.add_argument("--text-len", type=int, default=64, help="text: tokens per sample")
     p.add_argument("--text-latents", type=int, default=4, help="text: HC-DLM latent vectors M")
@@ -125,13 +127,20 @@ def run_name(model: str, seed: int) -> str:
 
 
 def sampler_candidates(model: str, args: argparse.Namespace) -> list[dict]:
-    """Sampler settings tried on the validation split (never on the test problems)."""
-    if model == "mdm":
-        return [{"order": "margin"}, {"order": "prob"}]
+    """Sampler settings tried on the validation split (never on the test problems); AR has no steps to choose."""
     if model == "ar":
         return [{}]
-    weights = [0.0] + ([args.cfg_weight] if args.cfg_weight and model != "latent" else [])
-    return [{"cfg_weight": w, "clamp": c} for w in weights for c in (False, True)]
+    if model == "mdm":
+        options = [{"order": "margin"}, {"order": "prob"}]
+    else:
+        weights = [0.0] + ([args.cfg_weight] if args.cfg_weight and model != "latent" else [])
+        options = [{"cfg_weight": w, "clamp": c} for w in weights for c in (False, True)]
+    return [{**option, "steps": steps} for steps in int_list(args.sample_steps) for option in options]
+
+
+def int_list(text: str) -> list[int]:
+    """``"5,10,25"`` -> ``[5, 10, 25]``."""
+    return [int(s) for s in text.split(",") if s]
 
 
 def pick_sampler(run, model: str, val: list, base: SampleConfig, args: argparse.Namespace) -> tuple[dict, list[dict]]:
@@ -208,9 +217,9 @@ def pooled(row: dict, key: str) -> float:
 
 
 def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
-    """Train every model x seed, pick its sampler on validation, score the test split with it."""
-    steps_list = [int(s) for s in args.steps_list.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    """Train every model x seed, pick its sampler (steps included) on validation, score the test split with it."""
+    steps_list = sorted(set(int_list(args.steps_list)) | set(int_list(args.sample_steps)))
+    seeds = int_list(args.seeds)
     base = SampleConfig(steps=max(steps_list), batch_size=200)
     results, examples = {}, []
     for model in models:
@@ -222,8 +231,9 @@ def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
             examples, val = eval_examples(task, run, args), eval_examples(task, run, args, "validation")
             chosen, tried = pick_sampler(run, model, val, base, args)
             curve = accuracy_vs_steps(run, examples, steps_list, replace(base, **chosen))
+            main_row = next(row for row in curve if row["steps"] == chosen.get("steps", max(steps_list)))
             runs.append({"seed": seed, "train": summary, "sampler": tried, "chosen": chosen,
-                         "curve": curve, "groups": curve[-1]["groups"], "accuracy": curve[-1]["accuracy"]})
+                         "curve": curve, "groups": main_row["groups"], "accuracy": main_row["accuracy"]})
             logging.info("%s/%s seed %d: %s", task, model, seed, {g: round(v["accuracy"], 4) for g, v in runs[-1]["groups"].items()})
         results[model] = {"runs": runs, "train": runs[0]["train"], "curve": runs[0]["curve"], "groups": runs[0]["groups"]}
     timing = {}
@@ -274,7 +284,7 @@ def render(task: str, out: dict, args: argparse.Namespace) -> str:
         text += table(["steps", "HC-DLM s", "MDM s", "HC-DLM / MDM"], [[s, round(t_h[s], 3), round(t_m[s], 3), round(t_h[s] / t_m[s], 2)] for s in steps_list])
         text += "\n\nMDM skips steps that reveal no token, so beyond L steps (L = target tokens) its cost stops growing."
     text += f"\n\nTest: {args.eval_n} problems per group; sampler settings picked per run on {args.val_n} separate validation problems " \
-            f"per group. Main accuracies at {max(steps_list)} steps, argmax tokens, EMA weights, HC-DLM M=1 (blocks " \
+            f"per group, sampling steps among {args.sample_steps}. Main accuracies at the chosen steps, argmax tokens, EMA weights, HC-DLM M=1 (blocks " \
             f"encoder,denoiser,predictor = {args.blocks}; confidence re-masking for the absorbing kernel); plot: `{out['plot']}`."
     return text
 
@@ -289,7 +299,7 @@ def main() -> int:
     if args.train_only:
         for task in [t for t in args.tasks.split(",") if t]:
             for model in models:
-                for seed in (int(s) for s in args.seeds.split(",")):
+                for seed in int_list(args.seeds):
                     train(args.out / task / run_name(model, seed), run_config(task, model, args, seed))
         return 0
     for task in [t for t in args.tasks.split(",") if t]:
