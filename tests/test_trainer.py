@@ -54,7 +54,7 @@ class RegressionJob(TrainingJob):
 
 def _train(run_dir, steps: int, stop_at: int | None = None, lr: float = 0.3):
     job = RegressionJob(steps, lr)
-    checkpoint = resume_point(run_dir, job.configs, job.resumable, steps, "torch", 1, resume=None)
+    checkpoint = resume_point(run_dir, job.configs, job.resumable, steps, None, 1, resume=None)
     return fit(job, run_dir, checkpoint=checkpoint, stop_at=stop_at, progress=False)
 
 
@@ -84,7 +84,7 @@ def test_a_changed_config_is_refused_before_training(tmp_path):
         _train(tmp_path, 6, lr=0.1)
     with pytest.raises(ValueError, match="already holds a training run"):
         job = RegressionJob(6)
-        resume_point(tmp_path, job.configs, job.resumable, 6, "torch", 1, resume=False)
+        resume_point(tmp_path, job.configs, job.resumable, 6, None, 1, resume=False)
 
 
 def test_time_budget_stops_with_a_checkpoint(tmp_path):

@@ -211,8 +211,8 @@ def train_backbone(
     ds_config, world = prepare_deepspeed(deepspeed_config, settings)
     checkpoint = None
     if has_checkpoint:
-        checkpoint = resume_point(out, {CONFIG_NAME: cfg.to_dict()}, BackboneJob.resumable, cfg.steps,
-                                  "deepspeed" if ds_config is not None else "torch", world, resume=True)
+        checkpoint = resume_point(out, {CONFIG_NAME: cfg.to_dict()}, BackboneJob.resumable, cfg.steps, ds_config, world,
+                                  resume=True)
     with training_session(ds_config, settings) as (rank, _, device):
         out.mkdir(parents=True, exist_ok=True)
         precision = resolve_precision(cfg.precision, device)

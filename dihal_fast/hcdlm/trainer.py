@@ -119,8 +119,7 @@ def train(run_dir: str | os.PathLike, config: RunConfig, deepspeed_config: str |
         ds_config, world = prepare_deepspeed(deepspeed_config, settings)
         with training_session(ds_config, settings) as (rank, _, session_device):
             job = RunJob(config, folder, torch.device(session_device), rank)
-            engine_kind = "deepspeed" if ds_config is not None else "torch"
-            checkpoint = resume_point(folder, job.configs, job.resumable, tc.steps, engine_kind, world, resume=None)
+            checkpoint = resume_point(folder, job.configs, job.resumable, tc.steps, ds_config, world, resume=None)
             if rank == 0:
                 config.save(folder / CONFIG_NAME)
             logger.info("%s on %s: %d parameters, %d steps, %s", config.model.kind, config.task.name, job.parameters,

@@ -126,11 +126,11 @@ def training_session(ds_config: dict | None, settings: LoopSettings) -> Iterator
         yield rank, world, f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else settings.device
 
 
-def resume_point(run_dir: Path, configs: dict[str, dict], resumable: Iterable[str], steps: int, engine_kind: str,
+def resume_point(run_dir: Path, configs: dict[str, dict], resumable: Iterable[str], steps: int, ds_config: dict | None,
                  world_size: int, resume: bool | None) -> Path | None:
-    """The checkpoint to continue from, checked against this run's ``configs`` (see
-    :func:`~dihal_fast.train.checkpoint.check_resumable`); ``resume=None`` continues whenever one exists.
-    Needs no job, so a family can call it before it loads any weights."""
+    """The checkpoint to continue from, checked against this run's ``configs`` and engine (DeepSpeed when
+    ``ds_config`` is given, as in :func:`make_engine`; see :func:`~dihal_fast.train.checkpoint.check_resumable`);
+    ``resume=None`` continues whenever one exists. Needs no job, so a family can call it before it loads any weights."""
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is not None and resume is False:
         raise ValueError(f"{run_dir} already holds a training run (checkpoint {checkpoint.name}); pass --resume to continue it or use a new --out")
@@ -138,7 +138,7 @@ def resume_point(run_dir: Path, configs: dict[str, dict], resumable: Iterable[st
         if resume:
             logger.info("--resume: no checkpoint in %s yet, starting at step 0", run_dir)
         return None
-    check_resumable(checkpoint, configs, resumable, engine_kind, world_size, steps)
+    check_resumable(checkpoint, configs, resumable, "deepspeed" if ds_config is not None else "torch", world_size, steps)
     return checkpoint
 
 
