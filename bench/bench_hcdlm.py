@@ -184,7 +184,7 @@ def bench_text(models: list[str], args: argparse.Namespace) -> dict:
     """Gen PPL (shipped backbone as evaluator) and entropy of samples from each model, and of real text."""
     from dihal_fast.backbone import default_model_dir
 
-    steps = max(int(s) for s in args.steps_list.split(","))
+    steps = max(int_list(args.steps_list))
     results, reference = {}, None
     for model in models:
         run_dir = args.out / "text" / model
