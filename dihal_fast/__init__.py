@@ -9,13 +9,14 @@ The fast geometry proxies (stable public API, see DESIGN.md)::
 
 Pipeline stages live in sub-packages (collect, select, bridge, hybrid, train, evaluate, hcdlm,
 tasks) and behind the ``dihal`` command line.
-"""
-from dihal_fast.cpu_threads import configure_openmp
 
-configure_openmp()  # before torch or the compiled core loads libgomp; see dihal_fast.cpu_threads
-from dihal_fast._native import BackendUnavailable, build_info  # noqa: E402
-from dihal_fast._version import __version__  # noqa: E402
-from dihal_fast.geometry import (  # noqa: E402
+Importing the package changes nothing in the process environment. The ``dihal`` command bounds libgomp's
+spin-wait before torch loads (:func:`dihal_fast.cpu_threads.configure_openmp`); a library user who shares
+the CPU with other busy processes can call that function before ``import torch`` to get the same.
+"""
+from dihal_fast._native import BackendUnavailable, build_info
+from dihal_fast._version import __version__
+from dihal_fast.geometry import (
     StreamingCovariance,
     curvature_proxy,
     effective_rank,

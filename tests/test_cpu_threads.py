@@ -104,3 +104,14 @@ def test_configure_openmp_bounds_the_spin_and_honours_a_pinned_count(monkeypatch
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # a user's wait policy is left alone
     cpu_threads.configure_openmp()
     assert "GOMP_SPINCOUNT" not in cpu_threads.os.environ
+
+
+def test_the_library_import_leaves_the_environment_alone_and_the_command_bounds_the_spin():
+    import subprocess
+    import sys
+
+    code = ("import os; os.environ.pop('GOMP_SPINCOUNT', None); os.environ.pop('OMP_WAIT_POLICY', None); "
+            "import dihal_fast; print(os.environ.get('GOMP_SPINCOUNT')); "
+            "import dihal_fast.cli; print(os.environ.get('GOMP_SPINCOUNT'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["None", str(cpu_threads.SPIN_COUNT)]

@@ -12,7 +12,9 @@ import logging
 import sys
 
 from dihal_fast._version import __version__
-from dihal_fast.cpu_threads import govern_threads
+from dihal_fast.cpu_threads import configure_openmp, govern_threads
+
+configure_openmp()  # the command's own process, before torch or the compiled core loads libgomp
 
 # Sub-command modules, in the order they appear in --help.
 COMMANDS = ["info", "backbone", "generate", "locate", "replace", "hcdlm", "evaluate", "sweep", "demo"]
