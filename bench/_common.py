@@ -1,18 +1,34 @@
-"""Shared benchmark plumbing: timing, the machine's GEMM rate, markdown tables, RESULTS.md."""
+"""Shared benchmark plumbing: timing, the machine's GEMM rate, markdown tables, and the result records.
+
+Every bench script ends with ``report(title, body, question=..., figures=..., targets=...)``: it prints
+the body and writes ``bench/results/<question>.json`` (overwritten by each run: the latest figures are
+the current ones, the history stays in git). ``python bench/render_results.py`` regenerates
+``bench/README.md`` from those records.
+"""
 from __future__ import annotations
 
 import datetime
+import json
+import math
 import os
 import platform
+import re
 import shlex
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+RESULTS_DIR = BENCH / "results"
+REQUIRED = ("question", "title", "command", "commit", "machine", "date", "figures", "targets", "body")
+STATUSES = ("met", "missed", "reported")
+NOT_RECORDED = "not recorded"
 
 
 def best_time(fn: Callable[[], object], repeat: int = 3, warmup: int = 1) -> float:
@@ -64,11 +80,129 @@ def table(header: list[str], rows: list[list[object]]) -> str:
     return "\n".join(lines)
 
 
-def report(title: str, body: str) -> None:
-    """Print ``body`` and append it to bench/RESULTS.md with the exact command and machine."""
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:])
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    text = f"\n## {title}\n\n`{command}` ({stamp}; {machine()})\n\n{body}\n"
-    print(text)
-    with RESULTS.open("a") as handle:
-        handle.write(text)
+def rows_figure(header: Sequence[str], rows: Sequence[Sequence[object]]) -> dict[str, list]:
+    """A table as structured figures for a record: ``{"columns": [...], "rows": [[...], ...]}``."""
+    return {"columns": list(header), "rows": [list(row) for row in rows]}
+
+
+def target(text: str, measured: object, met: bool | None) -> dict[str, str]:
+    """One stated target: its text, the measured value, and ``met``/``missed`` (``None``: reported only)."""
+    status = "reported" if met is None else ("met" if met else "missed")
+    return {"target": text, "measured": str(measured), "status": status}
+
+
+def command_line() -> str:
+    """The exact command of this run, the script's path relative to the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    shown = os.path.relpath(script, REPO) if script.is_relative_to(REPO) else str(script)
+    return "python " + " ".join(shlex.quote(a) for a in [shown] + sys.argv[1:])
+
+
+def commit() -> str:
+    """``git rev-parse HEAD``, with ``+dirty`` when tracked code (package, kernels, bench) differs from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", "dihal_fast", "csrc", "bench",
+                    ":(exclude)bench/results", ":(exclude)bench/README.md")
+    except (OSError, subprocess.CalledProcessError):
+        return NOT_RECORDED
+    return head + ("+dirty" if dirty else "")
+
+
+def question_key(title: str) -> str:
+    """A record key for callers that name no question: the title's words, lower case, joined by ``_``."""
+    return "_".join(re.findall(r"[a-z0-9]+", title.lower()))[:60] or "untitled"
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with NumPy scalars/arrays, tuples and paths made JSON types; non-finite floats as strings."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return jsonable(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"figure value {value!r} of type {type(value).__name__} is not a number, string, list or dict")
+
+
+def validate(record: Mapping[str, Any], where: str) -> None:
+    """Raise ValueError naming ``where`` unless ``record`` has every field, non-empty, with known statuses."""
+    missing = [key for key in REQUIRED if key not in record]
+    if missing:
+        raise ValueError(f"{where}: record lacks {', '.join(missing)} (expected fields: {', '.join(REQUIRED)})")
+    empty = [key for key in ("question", "title", "command", "commit", "machine", "date", "body")
+             if not isinstance(record[key], str) or not record[key].strip()]
+    if empty:
+        raise ValueError(f"{where}: {', '.join(empty)} must be non-empty strings (use {NOT_RECORDED!r} when unknown)")
+    if not isinstance(record["figures"], dict):
+        raise ValueError(f"{where}: figures must be a dict, got {type(record['figures']).__name__}")
+    for item in record["targets"]:
+        if set(item) != {"target", "measured", "status"} or item["status"] not in STATUSES:
+            raise ValueError(f"{where}: target {item!r} needs target/measured/status with status in {STATUSES}")
+
+
+def write_record(record: Mapping[str, Any], results_dir: Path | None = None) -> Path:
+    """Write ``record`` to ``<results_dir>/<question>.json`` (replacing the previous run's); return the path."""
+    record = jsonable(record)
+    validate(record, f"record {record.get('question')!r}")
+    directory = RESULTS_DIR if results_dir is None else results_dir
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{record['question']}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """One record, checked: ValueError naming the file when it is not valid JSON or lacks a field."""
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    validate(record, str(path))
+    if record["question"] != path.stem:
+        raise ValueError(f"{path}: question {record['question']!r} does not match the file name")
+    return record
+
+
+def report(
+    title: str,
+    body: str,
+    *,
+    question: str | None = None,
+    figures: Mapping[str, Any] | None = None,
+    targets: Sequence[Mapping[str, str]] = (),
+    results_dir: Path | None = None,
+) -> Path:
+    """Print ``body`` and write it as the latest record of ``question`` with the command, commit and machine.
+
+    ``figures`` holds the numbers as data (scalars and ``rows_figure`` tables), ``targets`` the stated
+    targets (``target(...)``). Without ``question`` the key is derived from ``title``.
+    """
+    record = {
+        "question": question or question_key(title),
+        "title": title,
+        "command": command_line(),
+        "commit": commit(),
+        "machine": machine(),
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "figures": dict(figures or {}),
+        "targets": [dict(t) for t in targets],
+        "body": body.strip(),
+    }
+    path = write_record(record, results_dir)
+    print(f"\n## {title}\n\n`{record['command']}` ({record['date']}; {record['machine']}; {record['commit']})\n\n{body}\n")
+    print(f"record: {path}  (re-render bench/README.md: python bench/render_results.py)")
+    return path

@@ -1,0 +1,269 @@
+"""Regenerate bench/README.md from the records in bench/results/ (one section per question).
+
+Each bench script writes its latest figures as ``bench/results/<question>.json`` (see ``_common.report``);
+this renderer turns every record into one section: what it measures, the data, the command, the latest
+figures, the targets and whether they are met. Nothing else goes into the document, so it never tells
+its own history (that stays in git), and the same records always give the same bytes.
+
+    python bench/render_results.py           # rewrite bench/README.md
+    python bench/render_results.py --check   # exit 1 when bench/README.md is not what the records give
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import BENCH, RESULTS_DIR, read_record  # noqa: E402
+
+DOCUMENT = BENCH / "README.md"
+
+
+@dataclass(frozen=True)
+class Question:
+    """What one record answers: its heading, the group it belongs to, the question and the data."""
+
+    title: str
+    group: str
+    measures: str
+    data: str
+
+
+GEOMETRY, PIPELINE, HCDLM = "Geometry kernels and locate", "DiHAL pipeline", "HC-DLM"
+
+# Display order. A script that writes a new question key adds its entry here (the test fails on a record
+# whose key is missing).
+QUESTIONS: dict[str, Question] = {
+    "knn_vs_faiss": Question(
+        "kNN: dihal_fast vs FAISS", GEOMETRY,
+        "How fast is exact kNN (`dihal_fast.knn`, float32 GEMM with a float64 re-rank) against FAISS "
+        "`IndexFlatL2`, and how close does it come to the floor of its distance product (2 n^2 D flops at the "
+        "machine's float32 GEMM rate)? Also checks that both return the same neighbour sets.",
+        "n = 20,000 low-rank-plus-noise float32 rows (rank 32 + 0.1 noise), D = 256, k = 16, seed 0.",
+    ),
+    "covariance_throughput": Question(
+        "StreamingCovariance.update throughput", GEOMETRY,
+        "How close does one `StreamingCovariance.update` (a SYRK, b D (D + 1) flops, float64 merge) come to the "
+        "machine's sgemm rate, and how does it compare with NumPy float64 X^T X and `torch.cov` (float32 end to end)?",
+        "16,384 standard-normal float32 rows (+3 offset) per update at D = 1,024, 2,048 and 4,096, seed 0.",
+    ),
+    "proxies_vs_sklearn": Question(
+        "geometry_proxies vs a hand-written sklearn + NumPy pipeline", GEOMETRY,
+        "How fast is `geometry_proxies` (float64 exact path and float32 path) against the pipeline a researcher "
+        "would write by hand (scikit-learn brute-force kNN, NumPy eigh / inverse / batched local Gram "
+        "eigenvalues), with the same numbers? And is the float32 path's error small next to the spread of each "
+        "proxy between repeated subsamples?",
+        "3,000 low-rank-plus-noise float32 rows (`bench_proxies.data`: rank 64, noise 0.05, an offset) at "
+        "D = 1,024 and 4,096; k = 16, ridge 1e-3, 10,000 pairs; 5 subsamples for the spread.",
+    ),
+    "cost_curves": Question(
+        "Cost curves: knn, geometry_proxies, StreamingCovariance.update against n and D", GEOMETRY,
+        "How does the cost of the three kernels and their peers grow with n (at D = 256) and with D (at "
+        "n = 3,000)? The fitted exponent is the slope of log time against log size over the three largest sizes.",
+        "`bench_proxies.data` rows, k = 16; n in 1,000-30,000, D in 256-4,096; slow peers on the smaller sizes only.",
+    ),
+    "collection": Question(
+        "Streaming collection: memory vs tokens, throughput vs the bare forward", GEOMETRY,
+        "Does streaming collection keep memory flat in the number of tokens (peak RSS of 10 N tokens over N, "
+        "fresh processes) and how much slower is a collection step than the bare forward pass on the same batches?",
+        "The shipped backbone, `gutenberg_nltk.train.txt`, seq_len 256, batch 8, reservoir 3,000 tokens per layer, "
+        "float32, CPU, 1 torch thread.",
+    ),
+    "locate_nvtx": Question(
+        "NVTX ranges of a locate pass", GEOMETRY,
+        "Where does a `dihal locate` pass spend its time, stage by stage (`dihal/<stage>` NVTX ranges; self-timed "
+        "when `nsys` is not on the PATH)?",
+        "The shipped backbone on its corpus, 4,096 tokens, 2 repeats x 1,000-token samples, 2,000 pairs, CPU.",
+    ),
+    "locate_scaling": Question(
+        "dihal locate cost against model size, extrapolated to 32 x 4096", GEOMETRY,
+        "What does `dihal locate` cost (collection CPU time per token, selection CPU time, peak RSS) as the model "
+        "grows, and what do fitted cost models predict for a 32-layer, 4,096-wide (7B-class) model?",
+        "Random Llama checkpoints 8 x 256, 8 x 1,024, 8 x 2,048 and 16 x 1,024 (SwiGLU width 2.69 x D), "
+        "12,288 tokens of the shipped corpus, default repeats (10 x 3,000), float32 model, children on 1 thread.",
+    ),
+    "thread_contention": Question(
+        "Thread behaviour beside a busy neighbour", GEOMETRY,
+        "Does a busy neighbour process make the CPU pipeline collapse, and does the default thread setting (the "
+        "`dihal` command's governor and the bounded libgomp spin-wait) stay near the idle 1-thread time?",
+        "`dihal replace --layer 1 --steps 60` on the shipped backbone and 10 calls of `geometry_proxies` on "
+        "3,000 x 1,024 float32 rows, each in a fresh process, alone and beside one `while True: pass` process.",
+    ),
+    "pipeline_targets": Question(
+        "DiHAL pipeline targets: layer sweep and evaluation", PIPELINE,
+        "Does the pipeline meet its paper-level targets on the shipped backbone: does the geometry score rank "
+        "the layers as the bridge losses do (Spearman >= 0.8, selected layer in the best third), and is the "
+        "hybrid's PPL within 1.25x of the backbone's?",
+        "The shipped backbone and corpus; 7 candidate layers with 60 bridge steps each (batch 8 x 128 tokens); "
+        "scores from 30 runs of 500 tokens; evaluation on 16 held-out blocks, 16 samples of 64 tokens; 1 thread.",
+    ),
+    "demo": Question(
+        "dihal demo on the shipped backbone", PIPELINE,
+        "What do the defaults give end to end (`dihal demo`: locate, replace, evaluate, generate) and how long "
+        "does it take?",
+        "The shipped backbone and corpus, seed 0, the demo's defaults (200 bridge steps, Diffusion-LM control "
+        "with the same budget).",
+    ),
+    "bridge_speed": Question(
+        "Bridge cost at generation: tokens/s and PPL together", PIPELINE,
+        "Which bridge keeps up with its backbone: tokens/s and PPL ratio of hybrids with different bridge "
+        "sizes, measured together (target: >= 0.9x the backbone's tokens/s at PPL ratio <= 1.15)?",
+        "Layer 1 of the shipped backbone, 200 training steps per bridge (8 x 128 tokens, seed 0); PPL on the "
+        "demo's 32 held-out blocks; 16 x 64-token sampling calls, backbone and hybrids interleaved, 1 thread.",
+    ),
+    "backbone_perplexity": Question(
+        "Embedded default backbone: validation perplexity vs baselines", PIPELINE,
+        "Is the shipped backbone (`dihal_fast/assets/backbone`) a real language model: its held-out perplexity "
+        "against unigram and bigram baselines; and does bf16 autocast help on this CPU?",
+        "The four shared text corpora (`/work/shared/data/text`, train splits for training, `*.valid.txt` never "
+        "trained on); every token after the first of each split scored once.",
+    ),
+    "hcdlm_sudoku": Question(
+        "HC-DLM vs MDM / Latent DM / AR: 6x6 Sudoku at 10 CPU-minutes", HCDLM,
+        "At the same training time, which model solves more held-out 6x6 Sudoku boards (easy = singles-only, "
+        "the training grade; hard = needs strategies absent from training), and what does sampling cost?",
+        "Fresh generated 6x6 puzzles: 300 easy + 300 hard test boards (generator seed 123), 150 + 150 "
+        "validation boards (seed 7) on which sampler settings are chosen per run; 10 process-CPU-minutes per "
+        "model on one thread, width 64.",
+    ),
+    "hcdlm_sudoku_budget": Question(
+        "HC-DLM vs MDM: 6x6 Sudoku accuracy against the training budget", HCDLM,
+        "Does HC-DLM catch up with MDM on the hard split as the CPU budget grows from 5 to 60 minutes?",
+        "The same 6x6 test and validation puzzles as above; lr 1e-3, one seed, 50 sampling steps.",
+    ),
+    "hcdlm_lr_search": Question(
+        "HC-DLM vs MDM: learning-rate search on 6x6 Sudoku", HCDLM,
+        "Which learning rate does each model prefer at a 5-CPU-minute budget, chosen on the validation split?",
+        "The same 6x6 test and validation puzzles; lr in {3e-4, 1e-3, 3e-3}, one seed each, 50 sampling steps.",
+    ),
+    "hcdlm_sudoku9": Question(
+        "HC-DLM vs MDM: 9x9 Sudoku at 30 CPU-minutes", HCDLM,
+        "Does the comparison hold on 9x9 boards, including the real Kaggle puzzles per rated level?",
+        "Training pool: 3,000 generated singles-grade 9x9 puzzles; test: 150 boards per group (generated easy and "
+        "hard, and the first 150 of each level of `sudoku_kaggle3m_curated5000.csv`), 50 validation boards per group.",
+    ),
+    "hcdlm_countdown": Question(
+        "HC-DLM vs MDM / AR: Countdown CD3 / CD4", HCDLM,
+        "Do the models learn Countdown arithmetic (strict: every number used once; loose; share of true "
+        "equation steps) at CPU budgets?",
+        "`countdown.jsonl` from the shared data: the first 256 CD3 and first 300 CD4 problems as test.",
+    ),
+    "hcdlm_text": Question(
+        "HC-DLM vs MDM / Latent DM / AR: text at 2 CPU-minutes", HCDLM,
+        "Does the text path run end to end, and what do the generative perplexity and entropy look like at a "
+        "tiny budget?",
+        "The first 400k characters of `tinystories.train`; 64 samples of 64 tokens scored under the shipped backbone.",
+    ),
+    "hcdlm_variants": Question(
+        "HC-DLM objective variants on 6x6 Sudoku", HCDLM,
+        "Which objective / architecture choice makes HC-DLM's uniform kernel learn at CPU scale?",
+        "The benchmark's HC-DLM (uniform kernel, width 64, blocks 1/6/1, lr 1e-3, batch 64, 1 thread) per "
+        "variant, scored on the validation split only (150 easy + 150 hard, seed 7), 50 steps, argmax.",
+    ),
+    "gpu_kernels": Question(
+        "CUDA kernels against their floors, torch and cuVS", GEOMETRY,
+        "How fast are the CUDA kernels against their FLOP/byte floors, what a researcher would write in torch, "
+        "and cuVS brute force? (needs a CUDA GPU: `bash bench/gpu_check.sh`)",
+        "Synthetic float32/float64 rows per kernel at the sizes of `bench_gpu.py`.",
+    ),
+}
+
+GROUPS = (GEOMETRY, PIPELINE, HCDLM)
+
+INTRO = """# Benchmarks
+
+Each script in `bench/` answers one question (or one per task) and ends by writing its figures as a
+record, `bench/results/<question>.json`: the command, the commit (`git rev-parse HEAD`, `+dirty` when the
+package, kernels or bench differed from it), the machine (CPU, cores, torch threads, load average), the
+date, the figures as data (scalars and tables), the stated targets with their status, and the markdown
+body the script printed. A new run of the same question replaces its record; earlier runs stay in git.
+This document is generated from the records by `python bench/render_results.py` (tests fail when it
+is edited by hand or not re-rendered after a record changes: `python bench/render_results.py --check`).
+
+Run a bench from the repository root with the venv, e.g. `python bench/bench_knn.py`, then
+`python bench/render_results.py`, and commit the record and this file together. Most numbers here come
+from a 2-core CPU machine shared with other jobs: absolute times move with the load (recorded with each
+run); ratios within one run are what count. Where a record was carried over from the earlier lab
+notebook, its commit reads "not recorded".
+"""
+
+
+def load_records(results_dir: Path = RESULTS_DIR) -> dict[str, dict[str, Any]]:
+    """Every record under ``results_dir``, keyed by question."""
+    return {path.stem: read_record(path) for path in sorted(results_dir.glob("*.json"))}
+
+
+def _order(records: dict[str, dict[str, Any]]) -> list[str]:
+    known = [key for key in QUESTIONS]
+    return known + sorted(key for key in records if key not in QUESTIONS)
+
+
+def _section(key: str, record: dict[str, Any] | None) -> str:
+    question = QUESTIONS.get(key)
+    title = question.title if question else (record or {}).get("title", key)
+    lines = [f"### {title}", ""]
+    if question:
+        lines += [f"**Measures.** {question.measures}", "", f"**Data.** {question.data}", ""]
+    else:
+        lines += [f"**Measures.** Not described yet: add `{key}` to `QUESTIONS` in `bench/render_results.py`.", ""]
+    if record is None:
+        return "\n".join(lines + ["**Latest figures.** No record yet.", ""])
+    lines += [
+        f"**Command.** `{record['command']}`",
+        "",
+        f"**Latest run.** {record['date']}; {record['machine']}; commit {record['commit']} "
+        f"(record [`results/{key}.json`](results/{key}.json)).",
+        "",
+        record["body"],
+        "",
+    ]
+    if record["targets"]:
+        lines += ["**Targets.**", "", "| target | measured | status |", "|---|---|---|"]
+        lines += [f"| {t['target']} | {t['measured']} | {t['status']} |" for t in record["targets"]]
+    else:
+        lines += ["**Targets.** None stated: the figures are reported."]
+    return "\n".join(lines + [""])
+
+
+def render(records: dict[str, dict[str, Any]]) -> str:
+    """The whole document for ``records``: the intro, a contents list, then one section per question."""
+    order = _order(records)
+    by_group: dict[str, list[str]] = {group: [] for group in GROUPS}
+    others = []
+    for key in order:
+        question = QUESTIONS.get(key)
+        (by_group[question.group] if question else others).append(key)
+    if others:
+        by_group["Not yet described"] = others
+    parts = [INTRO]
+    contents = ["## Contents", ""]
+    for group, keys in by_group.items():
+        contents.append(f"- {group}: " + "; ".join(
+            (QUESTIONS[k].title if k in QUESTIONS else records[k]["title"]) for k in keys))
+    parts.append("\n".join(contents) + "\n")
+    for group, keys in by_group.items():
+        parts.append(f"## {group}\n")
+        parts += [_section(key, records.get(key)) for key in keys]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when bench/README.md differs from the records")
+    args = parser.parse_args()
+    text = render(load_records())
+    if args.check:
+        if not DOCUMENT.exists() or DOCUMENT.read_text() != text:
+            print(f"{DOCUMENT} is not what bench/results/ gives: run python bench/render_results.py", file=sys.stderr)
+            return 1
+        return 0
+    DOCUMENT.write_text(text)
+    print(f"wrote {DOCUMENT} ({len(load_records())} records)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
