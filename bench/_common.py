@@ -137,7 +137,7 @@ def jsonable(value: Any) -> Any:
 
 
 def validate(record: Mapping[str, Any], where: str) -> None:
-    """Raise ValueError naming ``where`` unless ``record`` has every field, non-empty, with known statuses."""
+    """Raise ValueError (TypeError for non-dict figures) naming ``where`` unless ``record`` has every field, non-empty, with known statuses."""
     missing = [key for key in REQUIRED if key not in record]
     if missing:
         raise ValueError(f"{where}: record lacks {', '.join(missing)} (expected fields: {', '.join(REQUIRED)})")
@@ -146,7 +146,7 @@ def validate(record: Mapping[str, Any], where: str) -> None:
     if empty:
         raise ValueError(f"{where}: {', '.join(empty)} must be non-empty strings (use {NOT_RECORDED!r} when unknown)")
     if not isinstance(record["figures"], dict):
-        raise ValueError(f"{where}: figures must be a dict, got {type(record['figures']).__name__}")
+        raise TypeError(f"{where}: figures must be a dict, got {type(record['figures']).__name__}")
     for item in record["targets"]:
         if set(item) != {"target", "measured", "status"} or item["status"] not in STATUSES:
             raise ValueError(f"{where}: target {item!r} needs target/measured/status with status in {STATUSES}")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import BENCH, RESULTS_DIR, read_record  # noqa: E402
+from _common import BENCH, RESULTS_DIR, read_record
 
 DOCUMENT = BENCH / "README.md"
 
@@ -214,8 +214,8 @@ def _section(key: str, record: dict[str, Any] | None) -> str:
     lines += [
         f"**Command.** `{record['command']}`",
         "",
-        f"**Latest run.** {record['date']}; {record['machine']}; commit {record['commit']} "
-        f"(record [`results/{key}.json`](results/{key}.json)).",
+        (f"**Latest run.** {record['date']}; {record['machine']}; commit {record['commit']} "
+         f"(record [`results/{key}.json`](results/{key}.json))."),
         "",
         record["body"],
         "",
