@@ -7,10 +7,13 @@ clear line on stderr with exit status 2, never as a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
 import sys
 
+from dihal_fast._native import BackendUnavailable
 from dihal_fast._version import __version__
 from dihal_fast.cpu_threads import configure_openmp, govern_threads
 
@@ -39,26 +42,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``dihal`` command; an expected error is one line on stderr (``DIHAL_DEBUG=1``: the traceback)."""
     from dihal_fast.common.progress import quiet_library_bars
 
-    quiet_library_bars()
-    threads = govern_threads()  # measures the other processes' load while the command loads
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    threads.poll()
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    command = "dihal"
     try:
-        return int(args.func(args) or 0)
-    except (UserError, FileNotFoundError, ValueError, TypeError) as exc:
-        print(f"dihal {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        quiet_library_bars()
+        threads = govern_threads()  # measures the other processes' load while the command loads
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = f"dihal {args.command}"
+        threads.poll()
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            datefmt="%H:%M:%S",
+        )
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a full disk or a closed pipe on stdout is reported here, not at exit
+        return code
     except KeyboardInterrupt:
-        print(f"dihal {args.command}: interrupted", file=sys.stderr)
+        print(f"{command}: interrupted", file=sys.stderr)
         return 130
+    except (UserError, ValueError, TypeError, OSError, BackendUnavailable) as exc:
+        if os.environ.get("DIHAL_DEBUG", "") not in ("", "0"):
+            raise
+        return _report(command, exc)
+
+
+def _report(command: str, exc: BaseException) -> int:
+    """Print ``exc`` as one line; exit status 2 for bad input, 1 for the environment (disk full, closed pipe)."""
+    if isinstance(exc, BrokenPipeError):  # `dihal ... | head`: stdout is gone, Python must not flush it again at exit
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print(f"{command}: error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
+    return 1 if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError) else 2
 
 
 if __name__ == "__main__":

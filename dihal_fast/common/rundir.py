@@ -20,11 +20,14 @@ import json
 import logging
 import os
 import socket
+import stat
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from dihal_fast.common.io import check_directory_target, check_file_target, run_root
 
 logger = logging.getLogger(__name__)
 
@@ -73,25 +76,32 @@ def check_output_file(path: str | os.PathLike, option: str = "--out") -> Path:
 
 
 @contextlib.contextmanager
-def run_directory(path: str | os.PathLike, command: str) -> Iterator[Path]:
+def run_directory(path: str | os.PathLike, command: str, files: tuple[str, ...] = (),
+                  folders: tuple[str, ...] = ()) -> Iterator[Path]:
     """Check and create the run directory ``path`` and hold its lock (rank 0) while the block runs.
 
     ``command`` (e.g. ``"dihal replace"``) is recorded so that a refused second writer can say who
-    holds the directory. Raises ``ValueError`` (``RunDirectoryBusy`` when it is held).
+    holds the directory. ``files`` and ``folders`` are the outputs the command will write (relative
+    to ``path``): one of the wrong kind, or a symbolic link, is refused now, before any work. While the
+    block runs no file below ``path`` is written through a link (see :mod:`dihal_fast.common.io`).
+    Raises ``ValueError`` (``RunDirectoryBusy`` when it is held).
     """
     path = check_run_directory(path)
+    check_outputs(path, files, folders)
     created = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"run directory {path} cannot be created ({exc.strerror})") from None
     if int(os.environ.get("RANK", "0")) != 0:
-        yield path
+        with run_root(path):
+            yield path
         return
     lock_path = path / LOCK_NAME
     fd = _acquire(lock_path, command)
     try:
-        yield path
+        with run_root(path):
+            yield path
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(lock_path)  # while still holding the lock: see _acquire's inode check
@@ -101,14 +111,28 @@ def run_directory(path: str | os.PathLike, command: str) -> Iterator[Path]:
                 path.rmdir()
 
 
+def check_outputs(run_dir: Path, files: tuple[str, ...], folders: tuple[str, ...]) -> None:
+    """A ``ValueError`` now when an output of the command is a link or of the wrong kind (a folder where a file goes)."""
+    for name in files:
+        check_file_target(run_dir / name)
+    for name in folders:
+        check_directory_target(run_dir / name)
+
+
 def _acquire(lock_path: Path, command: str) -> int:
-    """Open, lock and claim ``lock_path``; returns the open descriptor that keeps the lock."""
+    """Open, lock and claim ``lock_path`` (never through a symbolic link); returns the descriptor that keeps the lock."""
     run_dir = lock_path.parent
     while True:
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP or os.path.islink(lock_path):
+                raise ValueError(f"lock file {lock_path} is a symbolic link (to {os.readlink(lock_path)}); refusing to "
+                                 "follow it out of the run directory: remove the link") from None
             raise ValueError(f"run directory {run_dir} is not writable ({exc.strerror})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ValueError(f"lock file {lock_path} is not a regular file; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -149,7 +173,7 @@ def _check_recorded_holder(fd: int, lock_path: Path) -> None:
 def _is_current(fd: int, lock_path: Path) -> bool:
     """Whether ``fd`` is still the file at ``lock_path`` (a releasing holder unlinks it before unlocking)."""
     try:
-        on_disk = os.stat(lock_path)
+        on_disk = os.lstat(lock_path)
     except FileNotFoundError:
         return False
     mine = os.fstat(fd)

@@ -23,7 +23,7 @@ from torch import nn
 
 from dihal_fast.bridge.samplers import DDIM
 from dihal_fast.bridge.schedules import CosineSchedule, Prediction
-from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.cpu_threads import poll_threads
 from dihal_fast.evaluate.generation import Generation
@@ -116,7 +116,7 @@ def train_diffusion_lm(
 
     A finished checkpoint in ``out_dir`` with the same config is loaded instead of retrained.
     """
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save
 
     out_dir = Path(out_dir)
     if blocks.dim() != 2 or blocks.shape[1] != config.seq_len:
@@ -147,7 +147,6 @@ def train_diffusion_lm(
     model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "train_log.json", {"loss": losses})
-    save_file(model.state_dict(), str(out_dir / "model.tmp.safetensors"))
-    (out_dir / "model.tmp.safetensors").replace(out_dir / "model.safetensors")
+    atomic_write_bytes(out_dir / "model.safetensors", save(model.state_dict()))
     atomic_write_json(out_dir / "config.json", asdict(config))  # written last: marks the checkpoint finished
     return model

@@ -1,7 +1,10 @@
 """PNG plots of an HC-DLM evaluation: accuracy against sampling steps, and the read-out after each step."""
 from __future__ import annotations
 
+import io
 from pathlib import Path
+
+from dihal_fast.common import atomic_write_bytes
 
 
 def save_lines(series: dict[str, tuple[list[float], list[float]]], path: str | Path, xlabel: str, ylabel: str, title: str,
@@ -26,11 +29,10 @@ def save_lines(series: dict[str, tuple[list[float], list[float]]], path: str | P
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
     plt.close(fig)
-    return path
+    return atomic_write_bytes(path, buffer.getvalue())
 
 
 def plot_accuracy_vs_steps(curves: dict[str, list[dict]], path: str | Path, title: str = "accuracy vs sampling steps",

@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
+from dihal_fast.common.io import replace_directory, temporary_directory
 from dihal_fast.train.ema import EMA
 from dihal_fast.train.engines import load_checked
 
@@ -121,11 +122,27 @@ def save_checkpoint(run_dir: Path, step: int, engine, ema: EMA | None, configs: 
     """Write checkpoint ``step`` (collective under DeepSpeed), point ``latest`` at it, prune all but ``keep``."""
     root = checkpoints_dir(run_dir)
     name = f"step_{step:08d}"
-    tmp, final = root / f".tmp_{name}", root / name
-    if engine.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+    final = root / name
+    tmp = temporary_directory(final) if engine.rank == 0 else root / f".tmp_{name}"
     engine.barrier()
+    try:
+        _write_checkpoint(tmp, step, engine, ema, configs, elapsed_s, stream)
+    except BaseException:  # a full disk or a kill signal: the previous checkpoint stays the latest, no folder is left
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    engine.barrier()
+    if engine.rank == 0:
+        replace_directory(tmp, final)
+        atomic_write_bytes(root / "latest", name.encode())
+        for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
+            shutil.rmtree(old)
+    engine.barrier()
+    return final
+
+
+def _write_checkpoint(tmp: Path, step: int, engine, ema: EMA | None, configs: dict[str, dict], elapsed_s: float,
+                      stream: tuple[dict, dict[str, torch.Tensor]]) -> None:
+    """Fill the fresh folder ``tmp`` with checkpoint ``step`` (see the module docstring)."""
     engine.save(tmp / "engine")
     with engine.full_parameters() as named:
         if engine.rank == 0:
@@ -143,15 +160,6 @@ def save_checkpoint(run_dir: Path, step: int, engine, ema: EMA | None, configs: 
             atomic_write_json(tmp / file_name, config)
         atomic_write_json(tmp / "state.json", {"step": step, "engine": engine.kind, "world_size": engine.world_size,
                                                "elapsed_s": elapsed_s})
-    engine.barrier()
-    if engine.rank == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        atomic_write_bytes(root / "latest", name.encode())
-        for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
-            shutil.rmtree(old)
-    engine.barrier()
-    return final
 
 
 def load_weights(path: Path, use_ema: bool = False) -> dict[str, torch.Tensor]:

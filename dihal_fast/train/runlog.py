@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from dihal_fast.common import atomic_write_bytes
+from dihal_fast.common.io import append_line
 
 TERMS = ("loss", "diff", "rec", "lm", "kd")
 
@@ -28,8 +29,7 @@ class RunLog:
         return out
 
     def append(self, record: dict) -> None:
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        append_line(self.path, json.dumps(record))
 
     def truncate_after(self, step: int) -> None:
         kept = [r for r in self.records() if r.get("step", 0) <= step]
