@@ -186,8 +186,8 @@ is edited by hand or not re-rendered after a record changes: `python bench/rende
 Run a bench from the repository root with the venv, e.g. `python bench/bench_knn.py`, then
 `python bench/render_results.py`, and commit the record and this file together. Most numbers here come
 from a 2-core CPU machine shared with other jobs: absolute times move with the load (recorded with each
-run); ratios within one run are what count. Where a record was carried over from the earlier lab
-notebook, its commit reads "not recorded".
+run); ratios within one run are what count. A record whose commit or time was not noted when it was
+measured says "not recorded"; commands that start with `cd bench &&` ran inside `bench/`.
 """
 
 
@@ -214,8 +214,8 @@ def _section(key: str, record: dict[str, Any] | None) -> str:
     lines += [
         f"**Command.** `{record['command']}`",
         "",
-        (f"**Latest run.** {record['date']}; {record['machine']}; commit {record['commit']} "
-         f"(record [`results/{key}.json`](results/{key}.json))."),
+        (f"**Latest run.** {record['date']}; {record['machine']}; commit {record['commit']}; "
+         f"record [`results/{key}.json`](results/{key}.json)."),
         "",
         record["body"],
         "",

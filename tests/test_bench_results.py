@@ -1,0 +1,133 @@
+"""Bench records and the generated bench/README.md: round trip, determinism, and the document in sync."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import _common
+import render_results
+
+
+def write(tmp_path: Path, question: str = "knn_vs_faiss", **fields) -> Path:
+    record = {
+        "question": question, "title": "t", "command": "python bench/x.py", "commit": "abc", "machine": "m",
+        "date": "2026-12-01 11:00", "figures": {}, "targets": [], "body": "b",
+    }
+    record.update(fields)
+    path = tmp_path / f"{question}.json"
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_report_round_trip(tmp_path, capsys):
+    figures = {"times": _common.rows_figure(["method", "s"], [["ours", np.float32(1.5)], ["faiss", 3]]),
+               "rate": np.float64(141.0), "agreement": 1.0, "sizes": np.arange(3)}
+    targets = [_common.target("time <= FAISS time", "0.15x", True), _common.target("ratio", 0.6, None)]
+    path = _common.report("kNN: test", "| a |\n|---|\n| 1 |\n", question="knn_vs_faiss", figures=figures,
+                          targets=targets, results_dir=tmp_path)
+    assert path == tmp_path / "knn_vs_faiss.json"
+    record = _common.read_record(path)
+    assert record["figures"] == {"times": {"columns": ["method", "s"], "rows": [["ours", 1.5], ["faiss", 3]]},
+                                 "rate": 141.0, "agreement": 1.0, "sizes": [0, 1, 2]}
+    assert [t["status"] for t in record["targets"]] == ["met", "reported"]
+    assert record["body"] == "| a |\n|---|\n| 1 |"
+    assert record["command"].startswith("python ")
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|not recorded", record["commit"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", record["date"])
+    assert "cores" in record["machine"]
+    assert "| 1 |" in capsys.readouterr().out  # the body is still printed
+
+
+def test_legacy_report_call_writes_a_record(tmp_path):
+    path = _common.report("HC-DLM vs MDM: sudoku (10 cpu-minutes)", "body", results_dir=tmp_path)
+    assert path.name == "hc_dlm_vs_mdm_sudoku_10_cpu_minutes.json"
+    assert _common.read_record(path)["title"] == "HC-DLM vs MDM: sudoku (10 cpu-minutes)"
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                    max_leaves=10))
+def test_jsonable_gives_strict_json(value):
+    text = json.dumps(_common.jsonable({"v": value}), allow_nan=False)
+    assert json.loads(text).keys() == {"v"}
+
+
+def test_unserialisable_figure_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="object"):
+        _common.report("t", "b", question="x", figures={"bad": object()}, results_dir=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"commit": ""}, "commit must be non-empty"),
+    ({"targets": [{"target": "x", "measured": "1", "status": "ok"}]}, "status in"),
+    ({"figures": []}, "figures must be a dict"),
+])
+def test_bad_record_names_the_file(tmp_path, fields, message):
+    path = write(tmp_path, **fields)
+    with pytest.raises((ValueError, TypeError), match=message) as error:
+        _common.read_record(path)
+    assert str(path) in str(error.value)
+
+
+def test_missing_field_and_wrong_name_are_refused(tmp_path):
+    path = write(tmp_path)
+    record = json.loads(path.read_text())
+    del record["machine"]
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="lacks machine"):
+        _common.read_record(path)
+    other = write(tmp_path, question="demo")
+    other.rename(tmp_path / "pipeline_targets.json")
+    with pytest.raises(ValueError, match="does not match the file name"):
+        _common.read_record(tmp_path / "pipeline_targets.json")
+
+
+def test_render_is_deterministic_and_sectioned(tmp_path):
+    write(tmp_path, "demo", body="demo body")
+    write(tmp_path, "knn_vs_faiss", body="knn body", targets=[_common.target("faster", "6.7x", True)])
+    write(tmp_path, "zz_new_question", title="A new question", body="new body")
+    records = render_results.load_records(tmp_path)
+    text = render_results.render(records)
+    assert text == render_results.render(dict(reversed(list(records.items()))))
+    assert text.count("### kNN: dihal_fast vs FAISS") == 1
+    assert text.index("knn body") < text.index("demo body") < text.index("new body")  # registry order, then new
+    assert "| faster | 6.7x | met |" in text
+    assert "add `zz_new_question` to `QUESTIONS`" in text
+
+
+# The checked-in records and document.
+
+RECORDS = sorted((BENCH / "results").glob("*.json"))
+
+
+def test_every_record_is_complete_and_registered():
+    assert RECORDS, "bench/results/ holds no records"
+    for path in RECORDS:
+        record = _common.read_record(path)
+        for field in ("command", "commit", "machine", "date"):
+            assert record[field].strip(), f"{path.name}: empty {field}"
+        assert path.stem in render_results.QUESTIONS, f"{path.name}: add its question to render_results.QUESTIONS"
+
+
+def test_bench_readme_is_the_render_of_the_records():
+    expected = render_results.render(render_results.load_records())
+    actual = (BENCH / "README.md").read_text()
+    assert actual == expected, "bench/README.md is stale or hand-edited: run python bench/render_results.py"
+
+
+def test_plots_the_records_cite_are_in_bench():
+    for path in RECORDS:
+        for name in re.findall(r"\(([\w.-]+\.png)\)", _common.read_record(path)["body"]):
+            assert (BENCH / name).is_file(), f"{path.name} cites {name}, which is not in bench/"
