@@ -109,3 +109,93 @@ def test_one_schedule_warmup_then_cosine_or_constant():
     assert [lr_factor(s, constant) for s in (0, 3, 4, 109)] == [0.25, 1.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="lr_floor"):
         LoopSettings(steps=1, batch_size=1, lr=1.0, warmup_steps=0, lr_floor=1.5)
+
+
+class StreamJob(RegressionJob):
+    """Micro-batch ``i`` holds rows ``i*B .. i*B+B-1`` of one fixed stream (the convention of TrainingJob.batch)."""
+
+    def __init__(self, steps: int, batch_size: int, grad_accum_steps: int, **settings):
+        super().__init__(steps, **settings)
+        self.settings = LoopSettings(steps=steps, batch_size=batch_size, lr=0.3, warmup_steps=2, ema_decay=0.9, log_every=1,
+                                     checkpoint_every=3, grad_accum_steps=grad_accum_steps, **settings)
+        self.configs = {"config.json": {"lr": 0.3, "grad_accum_steps": grad_accum_steps}}
+        self.stream = torch.randn(steps * batch_size * grad_accum_steps, 4, generator=torch.Generator().manual_seed(2))
+
+    def batch(self, step: int, engine) -> dict:
+        b = self.settings.batch_size
+        x = self.stream[step * b:(step + 1) * b].to(engine.device)
+        return {"x": x, "y": x @ self.true}
+
+
+def _weights(run_dir):
+    return load_file(latest_checkpoint(run_dir) / "weights.safetensors")
+
+
+def _log(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("batch_size, accum", [(4, 2), (2, 4), (1, 8)])
+def test_gradient_accumulation_equals_the_large_batch(tmp_path, batch_size, accum):
+    fit(StreamJob(6, 8, 1), tmp_path / "big", progress=False)
+    fit(StreamJob(6, batch_size, accum), tmp_path / "accum", progress=False)
+    big, small = _weights(tmp_path / "big"), _weights(tmp_path / "accum")
+    assert big.keys() == small.keys()
+    for name in big:
+        torch.testing.assert_close(small[name], big[name], rtol=1e-5, atol=1e-6)
+    for a, b in zip(_log(tmp_path / "big"), _log(tmp_path / "accum"), strict=True):
+        assert a["step"] == b["step"] and a["lr"] == b["lr"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5) and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+
+
+def test_accumulated_run_resumes_bit_for_bit_and_refuses_another_accumulation(tmp_path):
+    fit(StreamJob(6, 4, 2), tmp_path / "straight", progress=False)
+    job = StreamJob(6, 4, 2)
+    fit(job, tmp_path / "resumed", stop_at=4, progress=False)
+    checkpoint = resume_point(tmp_path / "resumed", job.configs, job.resumable, 6, None, 1, resume=True)
+    fit(StreamJob(6, 4, 2), tmp_path / "resumed", checkpoint=checkpoint, progress=False)
+    a, b = _weights(tmp_path / "straight"), _weights(tmp_path / "resumed")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    other = StreamJob(6, 2, 4)
+    with pytest.raises(ValueError, match="grad_accum_steps"):
+        resume_point(tmp_path / "resumed", other.configs, other.resumable, 6, None, 1, resume=True)
+
+
+def test_a_run_saved_before_gradient_accumulation_existed_resumes(tmp_path):
+    old = RegressionJob(6)  # its config has no grad_accum_steps
+    fit(old, tmp_path, stop_at=3, progress=False)
+    new = RegressionJob(6)
+    new.configs = {"config.json": {"lr": 0.3, "grad_accum_steps": 1}}
+    assert resume_point(tmp_path, new.configs, new.resumable, 6, None, 1, resume=True).name == "step_00000003"
+    new.configs = {"config.json": {"lr": 0.3, "grad_accum_steps": 2}}
+    with pytest.raises(ValueError, match="grad_accum_steps"):
+        resume_point(tmp_path, new.configs, new.resumable, 6, None, 1, resume=True)
+
+
+def test_deepspeed_accumulation_equals_the_large_plain_torch_batch(tmp_path):
+    pytest.importorskip("deepspeed")
+    from dihal_fast.train.trainer import prepare_deepspeed, training_session
+
+    fit(StreamJob(4, 8, 1), tmp_path / "torch", progress=False)
+    job = StreamJob(4, 4, 2)
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2}))
+    ds_config, _ = prepare_deepspeed(tmp_path / "ds.json", job.settings)
+    assert (ds_config["train_batch_size"], ds_config["gradient_accumulation_steps"]) == (8, 2)
+    with training_session(ds_config, job.settings):
+        fit(job, tmp_path / "ds", ds_config, progress=False)
+    plain, ds = _weights(tmp_path / "torch"), _weights(tmp_path / "ds")
+    for name in plain:
+        torch.testing.assert_close(ds[name], plain[name], rtol=1e-5, atol=1e-6)
+    assert [r["lr"] for r in _log(tmp_path / "ds")] == pytest.approx([r["lr"] for r in _log(tmp_path / "torch")])
+
+
+def test_deepspeed_config_contradicting_the_accumulation_is_refused(tmp_path):
+    from dihal_fast.train.deepspeed_engine import check_deepspeed_config
+
+    settings = LoopSettings(steps=1, batch_size=4, lr=1.0, warmup_steps=0, grad_accum_steps=2)
+    filled = check_deepspeed_config({"train_batch_size": 8}, settings, cuda=False)
+    assert (filled["gradient_accumulation_steps"], filled["train_micro_batch_size_per_gpu"]) == (2, 4)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps = 4 contradicts.*--grad-accum-steps 2"):
+        check_deepspeed_config({"gradient_accumulation_steps": 4}, settings, cuda=False)
+    with pytest.raises(ValueError, match="grad_accum_steps must be >= 1"):
+        LoopSettings(steps=1, batch_size=4, lr=1.0, warmup_steps=0, grad_accum_steps=0)

@@ -5,6 +5,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from dihal_fast.common.devices import DEVICE_HELP
 from dihal_fast.common.options import HelpFormatter, add_dataclass_options, comma_integers, dataclass_from_options
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     add_dataclass_options(p, SampleConfig)
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--raw-weights", action="store_true", help="use the raw weights instead of the EMA")
-    p.add_argument("--device", default="auto", help="auto (cuda when torch sees one), cpu, cuda or cuda:N")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:

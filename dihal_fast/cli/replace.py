@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
+from dihal_fast.common.launch import launcher_env
 from dihal_fast.common.options import HelpFormatter, add_dataclass_options, dataclass_from_options
 
 
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from dihal_fast.pipeline import ReplaceConfig, replace
 
     report = replace(dataclass_from_options(ReplaceConfig, args), args.out)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if launcher_env().rank == 0:
         validation = report["validation"]
         print(json.dumps({k: validation[k] for k in ("layer", "bridge_loss", "hybrid_ppl", "backbone_ppl", "kl")}))
         print(f"hybrid written to {report.hybrid_dir}")

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from dihal_fast.collect.statistics import LayerStatistics
+from dihal_fast.common.launch import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, launcher_env
 
 logger = logging.getLogger(__name__)
 
@@ -31,29 +32,29 @@ def rank_info() -> tuple[int, int]:
 def local_device(device: str) -> str:
     """``device`` with the local rank's GPU index when running several processes on CUDA."""
     if device == "cuda" and rank_info()[1] > 1:
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        return f"cuda:{launcher_env().local_rank}"
     return device
 
 
 @contextlib.contextmanager
 def distributed_session(device: str = "cpu") -> Iterator[tuple[int, int]]:
-    """Join the process group when launched with several processes (``torchrun`` sets ``WORLD_SIZE``).
+    """Join the process group when launched with several processes (torchrun, the deepspeed launcher or
+    ``srun``: :func:`~dihal_fast.common.launch.launcher_env`).
 
     gloo on CPU, nccl on CUDA; ``MASTER_ADDR``/``MASTER_PORT`` default to ``127.0.0.1:29500`` when
     launched by hand with ``RANK``/``WORLD_SIZE`` set. Always ends with ``barrier()`` and
     ``destroy_process_group()``. A single process runs without a process group.
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    launch = launcher_env()  # torchrun / deepspeed / srun variables (see dihal_fast.common.launch)
+    world = launch.world_size
     if world <= 1 or dist.is_initialized():
         yield rank_info()
         return
-    if "RANK" not in os.environ:
-        raise ValueError(f"WORLD_SIZE={world} but RANK is not set; launch with torchrun --nproc_per_node {world}")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
+    os.environ.setdefault("MASTER_ADDR", DEFAULT_MASTER_ADDR)
+    os.environ.setdefault("MASTER_PORT", str(DEFAULT_MASTER_PORT))
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(launch.local_rank)
     dist.init_process_group(backend)
     logger.info("joined process group: rank %d of %d (%s)", dist.get_rank(), world, backend)
     try:

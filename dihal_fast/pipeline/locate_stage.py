@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from dihal_fast.common.assets import corpus_or_default
-from dihal_fast.common.models import DTYPES
+from dihal_fast.common.devices import device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.geometry import BACKENDS
 from dihal_fast.geometry.backends import PRECISIONS
@@ -52,8 +52,9 @@ class LocateConfig:
     max_batches: int | None = option(None, "stop after this many batches of this call (checkpointed; `dihal locate` "
                                      "exits with status 3; continue with --resume)", metavar="N")
     save_shards: bool = option(False, "also write the sampled vectors per layer to RUN/shards")
-    dtype: str = option("float32", "model dtype (hidden states keep it)", choices=sorted(DTYPES))
-    device: str = option("auto", "torch device for the model: auto (cuda if present), cpu, cuda, cuda:1")
+    dtype: str = dtype_option(help="model dtype (hidden states keep it): auto (the checkpoint's own), float32, bfloat16, "
+                              "float16 or float64")
+    device: str = device_option()
     backend: str = option("auto", "geometry kernel backend for the proxies", choices=BACKENDS)
     precision: str = option("float64", "products of the proxies: float64 (exact) or float32 (faster on CPU, error far "
                             "below the spread between repeats; see dihal_fast.geometry_proxies)", choices=PRECISIONS)
@@ -138,6 +139,7 @@ def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) ->
     """Collect, estimate, select, and (on rank 0) write the report and the plot."""
     from dihal_fast.collect import CollectConfig, collect, write_shards
     from dihal_fast.common import atomic_write_json
+    from dihal_fast.common.devices import dtype_name
     from dihal_fast.common.models import resolve_model_dir
     from dihal_fast.select import estimate_geometry, plot_geometry
 
@@ -149,7 +151,7 @@ def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) ->
     config = CollectConfig(
         model=str(model_dir.resolve()), corpus=[str(Path(p).resolve()) for p in corpus_or_default(cfg.corpus)],
         seq_len=cfg.seq_len, batch_size=cfg.batch_size,
-        max_tokens=cfg.max_tokens, reservoir_size=reservoir_size, keep_first=cfg.keep_first, dtype=cfg.dtype,
+        max_tokens=cfg.max_tokens, reservoir_size=reservoir_size, keep_first=cfg.keep_first, dtype=dtype_name(cfg.dtype, model_dir),
         seed=cfg.seed, world_size=world, device=device, checkpoint_every=cfg.checkpoint_every,
     )
     result = collect(config, out, resume=cfg.resume, max_batches=cfg.max_batches)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 
 from dihal_fast.bridge import PREDICTIONS, SAMPLERS, SCHEDULES, BridgeConfig
 from dihal_fast.bridge.serial import DictConfig
+from dihal_fast.common.devices import device_option, dtype_option
 from dihal_fast.common.options import add_dataclass_options, dataclass_from_options, option
 from dihal_fast.train.settings import LoopSettings
 
@@ -24,7 +25,9 @@ class BridgeTrainConfig(DictConfig):
 
     # data
     seq_len: int = option(128, "tokens per training block")
-    batch_size: int = option(8, "blocks per optimizer step on each process")
+    batch_size: int = option(8, "blocks per micro-batch on each process")
+    grad_accum_steps: int = option(1, "micro-batches per optimizer step (gradient accumulation): the effective batch is "
+                                   "--batch-size x this x processes")
     val_blocks: int = option(32, "held-out blocks for validation (the corpus tail, or the first blocks of --val-corpus)")
     max_train_tokens: int = option(0, "read at most this many training tokens from the corpus (0 = all)")
     stats_blocks: int = option(64, "training blocks used for the teacher's mean/std of h_l (target normalisation)")
@@ -43,11 +46,13 @@ class BridgeTrainConfig(DictConfig):
     kd_temperature: float = option(1.0, "softmax temperature of the distillation loss (loss scaled by T^2)")
     # model
     train_upper: bool = option(False, "also train the retained decoder layers and final norm (default: frozen)")
-    dtype: str = option("float32", "dtype of the backbone (teacher) and retained layers", choices=("float32", "bfloat16", "float16"))
+    dtype: str = dtype_option(help="dtype of the backbone (teacher) and retained layers: auto (the checkpoint's own), "
+                              "float32, bfloat16, float16 or float64; saved resolved")
     bridge: dict = field(default_factory=dict, metadata={"help": "overrides of BridgeConfig options (see --bridge-*)"})
     # bookkeeping
     seed: int = option(0, "seed of initialisation, data order and diffusion noise")
-    device: str = option("cpu", "device for plain-torch training (DeepSpeed uses cuda:LOCAL_RANK when CUDA is present)")
+    device: str = device_option(help="device for plain-torch training: auto (cuda when torch sees one), cpu, cuda, cuda:N "
+                                "(DeepSpeed uses cuda:LOCAL_RANK when CUDA is present)")
     log_every: int = option(10, "steps between JSONL log lines")
     eval_every: int = option(0, "steps between validations (0 = only at the end)")
     checkpoint_every: int = option(100, "steps between checkpoints (a final one is always written)",
@@ -55,7 +60,7 @@ class BridgeTrainConfig(DictConfig):
     keep_checkpoints: int = option(2, "newest checkpoints kept on disk")
 
     def __post_init__(self) -> None:
-        positive = ("seq_len", "batch_size", "val_blocks", "stats_blocks", "steps", "log_every", "checkpoint_every", "keep_checkpoints")
+        positive = ("seq_len", "batch_size", "grad_accum_steps", "val_blocks", "stats_blocks", "steps", "log_every", "checkpoint_every", "keep_checkpoints")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -77,7 +82,8 @@ class BridgeTrainConfig(DictConfig):
         return LoopSettings(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
                             lr_floor=0.1, weight_decay=self.weight_decay, grad_clip=self.grad_clip, ema_decay=self.ema_decay,
                             seed=self.seed, device=device or self.device, log_every=self.log_every,
-                            checkpoint_every=self.checkpoint_every, keep_checkpoints=self.keep_checkpoints)
+                            checkpoint_every=self.checkpoint_every, keep_checkpoints=self.keep_checkpoints,
+                            grad_accum_steps=self.grad_accum_steps)
 
     @classmethod
     def from_dict(cls, data: dict) -> BridgeTrainConfig:

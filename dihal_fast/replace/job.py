@@ -13,6 +13,7 @@ validation with the EMA weights, and the export. Run directory::
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -24,7 +25,8 @@ from pathlib import Path
 import torch
 
 from dihal_fast.bridge import BridgeConfig
-from dihal_fast.common import atomic_write_json, read_json, seed_everything
+from dihal_fast.common import atomic_write_json, read_json, resolve_device, seed_everything
+from dihal_fast.common.devices import dtype_name
 from dihal_fast.common.models import load_causal_lm, resolve_model_dir
 from dihal_fast.corpus import corpus_files
 from dihal_fast.hybrid import HybridLM, backbone_targets
@@ -56,10 +58,14 @@ CONFIG_NAME, BRIDGE_CONFIG_NAME = "train_config.json", "bridge_config.json"
 
 
 def _preflight(model_dir, layer: int, corpus, out_dir: Path, config: BridgeTrainConfig, deepspeed_config, resume: bool):
-    """Every check that needs no model weights: fails fast, before any process group or training."""
+    """Every check that needs no model weights: fails fast, before any process group or training.
+
+    Returns the config with ``device`` and ``dtype`` resolved (``auto`` -> cuda or cpu, the checkpoint's dtype),
+    so that the saved config names what ran and a run started with the old defaults resumes."""
     from transformers import AutoConfig
 
     model_dir = resolve_model_dir(model_dir)
+    config = dataclasses.replace(config, device=str(resolve_device(config.device)), dtype=dtype_name(config.dtype, model_dir))
     backbone_config = AutoConfig.from_pretrained(model_dir)
     check_family(backbone_config)
     check_layer(backbone_config, layer)
@@ -69,7 +75,7 @@ def _preflight(model_dir, layer: int, corpus, out_dir: Path, config: BridgeTrain
                               resume)
     if checkpoint is not None:
         read_json(checkpoint / BRIDGE_CONFIG_NAME, "checkpoint bridge config")
-    return model_dir, ds_config, checkpoint
+    return model_dir, config, ds_config, checkpoint
 
 
 def export_hybrid(backbone, tokenizer, layer: int, bridge_config: BridgeConfig, model_dir: Path, train_upper: bool,
@@ -97,7 +103,7 @@ def train_bridge(model_dir: str | os.PathLike | None, layer: int, corpus: str | 
     """
     config = config or BridgeTrainConfig()
     out_dir = Path(out_dir)
-    model_dir, ds_config, checkpoint = _preflight(model_dir, layer, corpus, out_dir, config, deepspeed_config, resume)
+    model_dir, config, ds_config, checkpoint = _preflight(model_dir, layer, corpus, out_dir, config, deepspeed_config, resume)
     with training_session(ds_config, config.loop_settings()) as (rank, _, device):
         backbone, tokenizer = load_causal_lm(model_dir, config.dtype, device)
         backbone.requires_grad_(False)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dihal_fast.common import read_json
+from dihal_fast.common.launch import DEFAULT_MASTER_ADDR, launcher_env
 from dihal_fast.train.engines import make_optimizer, trainable_parameters
 from dihal_fast.train.settings import LoopSettings
 
@@ -35,11 +36,8 @@ def _free_port() -> int:
 
 
 def world_size_from_env() -> int:
-    """``WORLD_SIZE`` as set by torchrun/deepspeed launchers (1 when not launched)."""
-    value = os.environ.get("WORLD_SIZE", "1")
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"WORLD_SIZE must be a positive integer, got {value!r}")
-    return int(value)
+    """The number of processes torchrun, the deepspeed launcher or ``srun`` started (1 when not launched)."""
+    return launcher_env().world_size
 
 
 def load_deepspeed_config(path: str | os.PathLike, settings: LoopSettings, cuda: bool | None = None) -> dict:
@@ -63,18 +61,20 @@ def check_deepspeed_config(ds: dict, settings: LoopSettings, cuda: bool, name: s
     if not cuda:
         _reject_gpu_only(ds, zero, name)
     world = world_size_from_env()
+    accum = settings.grad_accum_steps
     expected = {
         "train_micro_batch_size_per_gpu": settings.batch_size,
-        "gradient_accumulation_steps": 1,
-        "train_batch_size": settings.batch_size * world,
+        "gradient_accumulation_steps": accum,
+        "train_batch_size": settings.batch_size * accum * world,
         "gradient_clipping": settings.grad_clip,
     }
     for key, value in expected.items():
         given = ds.get(key, "auto")
         if given != "auto" and given != value:
             raise ValueError(f"{name}: {key} = {given!r} contradicts the training settings ({value!r}: --batch-size "
-                             f"{settings.batch_size} per process x {world} processes, --grad-clip {settings.grad_clip}, no "
-                             "gradient accumulation); remove the key or set it to \"auto\"")
+                             f"{settings.batch_size} per process x --grad-accum-steps {accum} x {world} processes, "
+                             f"--grad-clip {settings.grad_clip}); set those options instead, or remove the key or set it "
+                             "to \"auto\"")
         ds[key] = value
     ds.setdefault("steps_per_print", 10**9)
     return ds
@@ -107,7 +107,8 @@ def distributed_session(cuda: bool) -> Iterator[tuple[int, int]]:
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # never JIT-compile a DeepSpeed op
-    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": None}
+    launcher_env()  # srun without torchrun: RANK/WORLD_SIZE/... from SLURM's variables
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": DEFAULT_MASTER_ADDR, "MASTER_PORT": None}
     added = [key for key in defaults if key not in os.environ]
     for key in added:
         os.environ[key] = defaults[key] or str(_free_port())
@@ -161,7 +162,12 @@ class DeepSpeedEngine:
         return self.engine(**inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
+        """DeepSpeed's backward (it divides by ``gradient_accumulation_steps``); between accumulation boundaries
+        also DeepSpeed's ``step()``, which there only counts the micro-batch, so that :meth:`step` is called once
+        per optimizer step as with the plain-torch engine."""
         self.engine.backward(loss)
+        if not self.engine.is_gradient_accumulation_boundary():
+            self.engine.step()
 
     def step(self) -> float:
         self.engine.step()

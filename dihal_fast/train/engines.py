@@ -1,8 +1,9 @@
 """Two training engines behind one interface: a plain torch loop and DeepSpeed ZeRO.
 
 An engine owns the objective module, the optimizer (torch AdamW over the trainable parameters only) and
-the LR schedule (:func:`~dihal_fast.train.settings.lr_factor`). ``engine(**inputs)`` runs the objective,
-``backward(loss)`` and ``step()`` update (with gradient clipping), ``save(dir)`` / ``load(dir)`` hold the
+the LR schedule (:func:`~dihal_fast.train.settings.lr_factor`). ``engine(**inputs)`` runs the objective on
+one micro-batch, ``backward(loss)`` accumulates its gradient (divided by ``grad_accum_steps``), ``step()``
+updates once per optimizer step (with gradient clipping), ``save(dir)`` / ``load(dir)`` hold the
 engine's optimizer state, ``full_parameters()`` yields the trainable parameters with their full values
 (ZeRO-3 gathers them), ``barrier()`` waits for the other processes. The weights themselves are written
 by :mod:`dihal_fast.train.checkpoint`, the same way for both engines.
@@ -62,7 +63,8 @@ class TorchEngine:
         return self.module(**inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        """Accumulate the gradient of one micro-batch's ``loss`` (scaled so that the step sees their mean)."""
+        (loss / self.settings.grad_accum_steps if self.settings.grad_accum_steps > 1 else loss).backward()
 
     def step(self) -> float:
         """Clip, update, advance the schedule, zero the gradients; returns the gradient norm before clipping."""

@@ -19,7 +19,7 @@ class LoopSettings:
     """Optimisation and bookkeeping of one training run (derived, never saved on its own)."""
 
     steps: int
-    batch_size: int  # per process; checked against a DeepSpeed config
+    batch_size: int  # per process and micro-batch; checked against a DeepSpeed config
     lr: float
     warmup_steps: int
     lr_floor: float = 0.1  # the cosine ends at lr * lr_floor; 1.0 keeps the rate constant after warm-up
@@ -35,9 +35,11 @@ class LoopSettings:
     keep_checkpoints: int = 2
     max_minutes: float = 0.0  # stop after this much training time (0 = run all steps)
     budget_clock: str = "wall"  # what max_minutes measures: "wall" or "cpu" (process CPU time)
+    # micro-batches per optimizer step: the effective batch is batch_size x grad_accum_steps x world size
+    grad_accum_steps: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "log_every", "checkpoint_every", "keep_checkpoints"):
+        for name in ("steps", "batch_size", "log_every", "checkpoint_every", "keep_checkpoints", "grad_accum_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0 or self.warmup_steps < 0 or not 0.0 <= self.lr_floor <= 1.0:

@@ -21,6 +21,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dihal_fast.common import read_json
+from dihal_fast.common.devices import resolve_device
+from dihal_fast.common.launch import launcher_env
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.cpu_threads import poll_threads
 from dihal_fast.profiling import nvtx_range
@@ -51,7 +54,12 @@ class TrainingJob:
     resumable: frozenset[str] = frozenset()
 
     def batch(self, step: int, engine) -> dict:
-        """Keyword inputs of the objective at optimizer step ``step`` (0-based) on ``engine.device``."""
+        """Keyword inputs of the objective for micro-batch ``step`` (0-based) on ``engine.device``.
+
+        Without gradient accumulation this is the optimizer step; with ``grad_accum_steps = A`` optimizer step
+        ``s`` is made of micro-batches ``s * A .. s * A + A - 1``, called in that order: a job whose batch
+        ``i`` holds rows ``i * B .. i * B + B - 1`` of one stream then trains on the same rows as ``A x B``
+        without accumulation."""
         raise NotImplementedError
 
     def stream_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -107,7 +115,7 @@ def prepare_deepspeed(deepspeed_config: str | os.PathLike | None, settings: Loop
         from dihal_fast.train.deepspeed_engine import load_deepspeed_config, world_size_from_env
 
         return load_deepspeed_config(deepspeed_config, settings), world_size_from_env()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launcher_env().world_size
     if world > 1:
         raise ValueError(f"launched with WORLD_SIZE={world} but without --deepspeed; multi-process training uses DeepSpeed")
     return None, 1
@@ -115,15 +123,16 @@ def prepare_deepspeed(deepspeed_config: str | os.PathLike | None, settings: Loop
 
 @contextlib.contextmanager
 def training_session(ds_config: dict | None, settings: LoopSettings) -> Iterator[tuple[int, int, str]]:
-    """``(rank, world_size, device)``: a DeepSpeed process group when ``ds_config`` is given, else one process."""
+    """``(rank, world_size, device)``: a DeepSpeed process group when ``ds_config`` is given, else one process
+    (on ``settings.device`` resolved: ``auto`` is cuda when torch sees one)."""
     if ds_config is None:
-        yield 0, 1, settings.device
+        yield 0, 1, str(resolve_device(settings.device))
         return
     from dihal_fast.train.deepspeed_engine import distributed_session
 
     cuda = torch.cuda.is_available()
     with distributed_session(cuda) as (rank, world):
-        yield rank, world, f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else settings.device
+        yield rank, world, f"cuda:{launcher_env().local_rank}" if cuda else str(resolve_device(settings.device))
 
 
 def resume_point(run_dir: Path, configs: dict[str, dict], resumable: Iterable[str], steps: int, ds_config: dict | None,
@@ -138,8 +147,22 @@ def resume_point(run_dir: Path, configs: dict[str, dict], resumable: Iterable[st
         if resume:
             logger.info("--resume: no checkpoint in %s yet, starting at step 0", run_dir)
         return None
+    configs = {name: _without_later_defaults(config, checkpoint / name) for name, config in configs.items()}
     check_resumable(checkpoint, configs, resumable, "deepspeed" if ds_config is not None else "torch", world_size, steps)
     return checkpoint
+
+
+# Config fields added after runs were saved without them, with the value such runs used (so that they resume).
+LATER_FIELDS: dict[str, object] = {"grad_accum_steps": 1}
+
+
+def _without_later_defaults(config: dict, saved_path: Path) -> dict:
+    """``config`` less the :data:`LATER_FIELDS` that the saved config lacks and that keep their old value."""
+    if not saved_path.is_file():
+        return config  # check_resumable names the missing file
+    saved = read_json(saved_path, "checkpoint config")
+    return {k: v for k, v in config.items()
+            if not (k in LATER_FIELDS and isinstance(saved, dict) and k not in saved and v == LATER_FIELDS[k])}
 
 
 @contextlib.contextmanager
@@ -199,21 +222,15 @@ def _loop(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> None:
     while run.step < end and not (budget_s and clock() - started >= budget_s):
         poll_threads()
         step = run.step
-        inputs = job.batch(step, engine)
         with nvtx_range(f"{job.name}_step"):
-            losses = engine(**inputs)
-            loss = losses["loss"]
-            if not math.isfinite(float(loss.detach())):
-                raise FloatingPointError(f"non-finite loss {float(loss.detach())} at step {step}: "
-                                         f"{ {k: float(v.detach()) if isinstance(v, torch.Tensor) else v for k, v in losses.items()} }")
-            engine.backward(loss)
+            values = _accumulate(job, engine, step)
             grad_norm = engine.step()
             lr = engine.lr  # the rate after this step's schedule update (at the end: the final rate)
         if run.ema is not None:
             with engine.full_parameters() as named:
                 run.ema.update(named, step)
         run.step = step + 1
-        run.values = {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v) for k, v in losses.items()}
+        run.values = values
         run.elapsed_s = clock() - started
         bar.update(1)
         bar.set_postfix(loss=f"{run.values['loss']:.4f}")
@@ -228,6 +245,22 @@ def _loop(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> None:
     bar.close()
     if saved_at != run.step:  # stopped by the time budget between checkpoints
         _save(job, run)
+
+
+def _accumulate(job: TrainingJob, engine, step: int) -> dict[str, float]:
+    """Forward and backward of optimizer step ``step``'s micro-batches; the mean of each reported value."""
+    accum = job.settings.grad_accum_steps
+    totals: dict[str, float] = {}
+    for micro in range(accum):
+        losses = engine(**job.batch(step * accum + micro, engine))
+        values = {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v) for k, v in losses.items()}
+        if not math.isfinite(values["loss"]):
+            raise FloatingPointError(f"non-finite loss {values['loss']} at step {step}"
+                                     f"{f' (micro-batch {micro})' if accum > 1 else ''}: {values}")
+        engine.backward(losses["loss"])
+        for k, v in values.items():
+            totals[k] = totals.get(k, 0.0) + v
+    return {k: v / accum for k, v in totals.items()} if accum > 1 else totals
 
 
 def _save(job: TrainingJob, run: TrainingRun) -> None:
