@@ -40,9 +40,11 @@ from dihal_fast.tasks.registry import TaskConfig  # noqa: E402
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 LABELS = {"hcdlm": "HC-DLM", "hcdlm_absorbing": "HC-DLM (absorbing)", "hcdlm_paper": "HC-DLM (paper objective)",
           "hcdlm_absorbing_paper": "HC-DLM (absorbing, paper objective)", "mdm": "MDM", "latent": "Latent DM", "ar": "AR"}
-# bench name -> (model kind, scaffold kernel, objective overrides); "paper objective" = without our exposure share
-VARIANTS = {"hcdlm_absorbing": ("hcdlm", "absorbing", {}), "hcdlm_paper": ("hcdlm", "uniform", {"exposure_share": 0.0}),
-            "hcdlm_absorbing_paper": ("hcdlm", "absorbing", {"exposure_share": 0.0})}
+# bench name -> (model kind, scaffold kernel, objective overrides); "paper objective" = without our exposure share,
+# with the paper's scaffold drop for guidance
+PAPER_OBJECTIVE = {"exposure_share": 0.0, "guidance_training": True}
+VARIANTS = {"hcdlm_absorbing": ("hcdlm", "absorbing", {}), "hcdlm_paper": ("hcdlm", "uniform", PAPER_OBJECTIVE),
+            "hcdlm_absorbing_paper": ("hcdlm", "absorbing", PAPER_OBJECTIVE)}
 
 
 def parse_args() -> argparse.Namespace:
@@ -126,14 +128,15 @@ def run_name(model: str, seed: int) -> str:
     return model if seed == 0 else f"{model}-seed{seed}"
 
 
-def sampler_candidates(model: str, args: argparse.Namespace) -> list[dict]:
-    """Sampler settings tried on the validation split (never on the test problems); AR has no steps to choose."""
+def sampler_candidates(model: str, args: argparse.Namespace, guidance: bool = True) -> list[dict]:
+    """Sampler settings tried on the validation split (never on the test problems); AR has no steps to choose,
+    and guidance is tried only on a run trained for it (``guidance``)."""
     if model == "ar":
         return [{}]
     if model == "mdm":
         options = [{"order": "margin"}, {"order": "prob"}]
     else:
-        weights = [0.0] + ([args.cfg_weight] if args.cfg_weight and model != "latent" else [])
+        weights = [0.0] + ([args.cfg_weight] if args.cfg_weight and model != "latent" and guidance else [])
         options = [{"cfg_weight": w, "clamp": c} for w in weights for c in (False, True)]
     return [{**option, "steps": steps} for steps in int_list(args.sample_steps) for option in options]
 
@@ -145,12 +148,13 @@ def int_list(text: str) -> list[int]:
 
 def pick_sampler(run, model: str, val: list, base: SampleConfig, args: argparse.Namespace) -> tuple[dict, list[dict]]:
     """The candidate with the best validation accuracy (ties: the first), and every candidate's score."""
+    candidates = sampler_candidates(model, args, run.config.objective.guidance_training)
     tried = []
-    for option in sampler_candidates(model, args):
+    for option in candidates:
         result = evaluate_examples(run, val, replace(base, **option), show=0)
         tried.append({**option, "val_accuracy": result["accuracy"]})
     best = max(range(len(tried)), key=lambda i: (tried[i]["val_accuracy"], -i))
-    return sampler_candidates(model, args)[best], tried
+    return candidates[best], tried
 
 
 def sampling_seconds(runs: dict, examples: list, steps_list: list[int], batch: int = 64, rounds: int = 3) -> dict:

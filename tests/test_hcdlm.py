@@ -156,12 +156,13 @@ def test_latent_flow_is_the_old_formulas_bit_for_bit():
 
 
 def test_objective_and_sampler_numbers_are_unchanged(sudoku4):
-    """Fixed-seed loss, last latent and tokens recorded with the code before the flow schedule was shared."""
+    """Fixed-seed loss, last latent and tokens recorded with the code before the flow schedule was shared
+    (with the options of that time named: the hard log-variance clamp and the scaffold drop always on)."""
     context, target = _batch(sudoku4)
     torch.manual_seed(0)
-    model = build_model(sudoku4.spec, HCDLMModelConfig(kind="hcdlm", kernel="uniform", latents=2, **TINY))
+    model = build_model(sudoku4.spec, HCDLMModelConfig(kind="hcdlm", kernel="uniform", latents=2, logvar_bound="clamp", **TINY))
     kernel = make_kernel("uniform", 4)
-    loss, _ = hcdlm_loss(model, kernel, context, target, ObjectiveConfig(exposure_share=0.5, latent_drop=0.1),
+    loss, _ = hcdlm_loss(model, kernel, context, target, ObjectiveConfig(exposure_share=0.5, latent_drop=0.1, guidance_training=True),
                          torch.Generator().manual_seed(3))
     assert loss.item() == pytest.approx(5.574204921722412, rel=1e-6, abs=0)
     trace = []
@@ -336,3 +337,98 @@ def test_denoiser_reads_every_slot(sudoku4):
         changed = target.clone()
         changed[0, cell] = (changed[0, cell] + 1) % 4
         assert not torch.allclose(model.denoiser(x_t, changed, s, context), base)
+
+
+def _token_only(**overrides) -> ObjectiveConfig:
+    return ObjectiveConfig(lambda_recon=0, lambda_ent=0, lambda_cont=0, mask_aux_weight=0, slot_aux_weight=0, exposure_share=0,
+                           **overrides)
+
+
+def _captured_denoiser_inputs(model):
+    """Record the scaffold and x_hat_0 of every denoiser call."""
+    seen = []
+    model.denoiser.register_forward_hook(lambda module, args, out: seen.append((args[1], out[0] if isinstance(out, tuple) else out)))
+    return seen
+
+
+def test_dropped_scaffolds_count_as_level_one_in_the_schedule_token_term(sudoku4):
+    """Regression (issue 23): with every scaffold dropped, 'schedule' weighting must score every position at
+    level 1 (a mean CE), not 1/s times the positions the kernel had touched before the drop."""
+    from torch.nn import functional as F
+
+    torch.manual_seed(0)
+    model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY))
+    context, target = _batch(sudoku4, 8)
+    seen = _captured_denoiser_inputs(model)
+    cfg = _token_only(token_weighting="schedule", guidance_training=True, scaffold_drop=1.0)
+    _, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
+    x_hat = seen[-1][1]
+    expected = F.cross_entropy(model.predictor(x_hat, context).transpose(1, 2), target).detach()
+    assert parts["token"] == pytest.approx(float(expected), rel=1e-5)
+
+
+@pytest.mark.parametrize("guidance", [False, True])
+def test_scaffolds_are_dropped_only_when_guidance_is_trained(sudoku4, guidance):
+    """Absorbing kernel: a kernel draw holds only [MASK] and true tokens; dropped rows hold random tokens."""
+    torch.manual_seed(0)
+    model = HCDLM(sudoku4.spec, HCDLMModelConfig(kernel="absorbing", **TINY))
+    context, target = _batch(sudoku4, 16)
+    seen = _captured_denoiser_inputs(model)
+    hcdlm_loss(model, AbsorbingKernel(4), context, target, _token_only(guidance_training=guidance, scaffold_drop=1.0),
+               torch.Generator().manual_seed(0))
+    scaffold = seen[-1][0]
+    kernel_draw = (scaffold == 4) | (scaffold == target)
+    assert bool(kernel_draw.all()) != guidance
+    if guidance:
+        assert not bool((scaffold == 4).any())
+
+
+def test_auto_token_weighting_is_the_papers_per_kernel(sudoku4):
+    """auto = schedule for the absorbing kernel, all for the uniform one (same seed, same loss)."""
+    context, target = _batch(sudoku4, 8)
+    for kernel, paper in (("absorbing", "schedule"), ("uniform", "all")):
+        losses = {}
+        for weighting in ("auto", "all", "schedule"):
+            torch.manual_seed(0)
+            model = HCDLM(sudoku4.spec, HCDLMModelConfig(kernel=kernel, **TINY))
+            losses[weighting] = hcdlm_loss(model, make_kernel(kernel, 4), context, target, _token_only(token_weighting=weighting),
+                                           torch.Generator().manual_seed(1))[1]["token"]
+        assert losses["auto"] == losses[paper] and losses["all"] != losses["schedule"]
+
+
+def test_soft_logvar_bound_has_a_gradient_everywhere(sudoku4):
+    """soft: tanh-bounded in [logvar_min, 0], slope 1 in the middle, gradient beyond the ends; clamp: none there."""
+    from dihal_fast.hcdlm.models import LOGVAR_INIT
+
+    soft = HCDLM(sudoku4.spec, HCDLMModelConfig(logvar_min=-6.0, **TINY)).encoder
+    clamp = HCDLM(sudoku4.spec, HCDLMModelConfig(logvar_bound="clamp", logvar_min=-6.0, **TINY)).encoder
+    raw = torch.tensor([-40.0, -8.0, -3.0, 2.0, 40.0], requires_grad=True)
+    bounded = soft.bound_logvar(raw)
+    assert bool((bounded >= -6.0).all()) and bool((bounded <= 0.0).all())
+    grad = torch.autograd.grad(bounded[1:4].sum(), raw)[0]
+    assert bool((grad[1:4] > 0).all()) and float(grad[2]) == pytest.approx(1.0)
+    assert float(torch.autograd.grad(clamp.bound_logvar(raw)[1], raw)[0][1]) == 0.0
+    context, target = _batch(sudoku4, 4)
+    for encoder in (soft, clamp):  # both start at LOGVAR_INIT
+        assert torch.allclose(encoder(target, context)[1].mean(), torch.tensor(LOGVAR_INIT), atol=0.3)
+    assert bool(torch.isfinite(soft.bound_logvar(torch.linspace(-1e3, 1e3, 2001))).all())
+
+
+def test_exposure_share_ramps_from_zero(sudoku4, monkeypatch):
+    from dihal_fast.hcdlm import objective
+    from dihal_fast.hcdlm.trainer import RunObjective
+
+    cfg = ObjectiveConfig(exposure_share=0.5, exposure_ramp_steps=100)
+    assert [cfg.exposure_at(s) for s in (0, 50, 100, 1000)] == [0.0, 0.25, 0.5, 0.5]
+    assert ObjectiveConfig(exposure_share=0.5).exposure_at(0) == 0.5
+    calls = []
+    original = objective.own_prediction_inputs
+    monkeypatch.setattr(objective, "own_prediction_inputs", lambda *a: (calls.append(1), original(*a))[1])
+    torch.manual_seed(0)
+    run = RunObjective(HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY)), UniformKernel(4),
+                       ObjectiveConfig(exposure_share=1.0, exposure_ramp_steps=100))
+    context, target = _batch(sudoku4, 8)
+    run(context, target, torch.Generator().manual_seed(0), step=0)
+    assert not calls
+    run(context, target, torch.Generator().manual_seed(0), step=100)
+    assert calls

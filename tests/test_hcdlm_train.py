@@ -62,7 +62,8 @@ def test_device_errors_are_clear(tmp_path):
 
 def test_cli_countdown_train_eval_solve(tmp_path, shared_data, capsys):
     run = tmp_path / "cd"
-    assert main(["hcdlm", "train", "--task", "countdown", "--model", "hcdlm", "--out", str(run), "--steps", "3", "--countdown-numbers", "3,4", *TINY]) == 0
+    assert main(["hcdlm", "train", "--task", "countdown", "--model", "hcdlm", "--out", str(run), "--steps", "3", "--countdown-numbers", "3,4",
+                 "--guidance-training", *TINY]) == 0
     out = tmp_path / "eval.json"
     assert main(["hcdlm", "eval", str(run), "--data", str(shared_data / "countdown.jsonl"), "--out", str(out),
                  "--limit", "6", "--steps", "2", "--steps-sweep", "1,2", "--cfg-weight", "2.75"]) == 0
@@ -224,6 +225,34 @@ def test_configs_saved_before_new_fields_keep_their_meaning(tmp_path):
     old = RunConfig.from_dict(data)
     assert not old.model.slot_head and old.objective.slot_aux_weight == 0 and old.objective.exposure_share == 0
     assert RunConfig.from_dict(RunConfig().to_dict()) == RunConfig()
+
+
+def test_configs_saved_before_the_issue_23_options_keep_their_meaning(tmp_path):
+    """A run saved without the variance bound, guidance switch and exposure ramp loads with the hard clamp,
+    the scaffold drop always on and a constant exposure share; new runs get the new defaults."""
+    train(tmp_path, _config(2))
+    data = json.loads((latest_checkpoint(tmp_path) / "config.json").read_text())
+    for section, name in (("model", "logvar_bound"), ("model", "logvar_min"), ("objective", "guidance_training"),
+                          ("objective", "exposure_ramp_steps")):
+        data[section].pop(name)
+    old = RunConfig.from_dict(data)
+    assert old.model.logvar_bound == "clamp" and old.model.logvar_min == -10.0
+    assert old.objective.guidance_training and old.objective.exposure_ramp_steps == 0
+    new = RunConfig()
+    assert new.model.logvar_bound == "soft" and not new.objective.guidance_training
+    assert new.objective.token_weighting_for("absorbing") == "schedule" and new.objective.token_weighting_for("uniform") == "all"
+
+
+def test_guidance_on_a_run_trained_without_it_is_refused(tmp_path, capsys):
+    run = _tiny_sudoku_run(tmp_path)
+    from dihal_fast.tasks.sudoku import geometry, parse_grid, solve_all
+
+    puzzle = parse_grid("1.3..2.1..2.....", geometry(2, 2))
+    (grid,) = solve_all(puzzle, geometry(2, 2), limit=1)
+    csv = tmp_path / "one.csv"
+    csv.write_text(f"puzzle,solution\n{''.join(map(str, puzzle))},{''.join(map(str, grid))}\n")
+    assert main(["hcdlm", "eval", str(run), "--data", str(csv), "--out", str(tmp_path / "e.json"), "--cfg-weight", "2"]) == 2
+    assert "--guidance-training" in capsys.readouterr().err
 
 
 def test_deepspeed_zero2_step_equals_a_plain_torch_step(tmp_path):

@@ -11,6 +11,7 @@ from dihal_fast.tasks.registry import TaskConfig
 
 MODEL_KINDS = ("hcdlm", "latent", "mdm", "ar")
 KERNELS = ("uniform", "absorbing")
+LOGVAR_BOUNDS = ("soft", "clamp")
 REMASKS = ("auto", "random", "confidence")
 
 
@@ -29,6 +30,10 @@ class HCDLMModelConfig:
     latents: int = option(1, "M, number of continuous latent vectors")
     latent_dim: int = option(64, "d, size of each latent vector")
     kernel: str = option("uniform", "discrete forward kernel of the token scaffold", choices=KERNELS)
+    logvar_bound: str = option("soft", "how the encoder's log-variance is kept in [--logvar-min, 0]: 'soft' (a scaled tanh, "
+                               "a gradient everywhere; ours) or 'clamp' (a hard clamp, zero gradient outside; the old "
+                               "behaviour, where sigma settled at the floor)", choices=LOGVAR_BOUNDS)
+    logvar_min: float = option(-10.0, "lower bound of the encoder's log-variance (sigma >= exp(logvar_min / 2))")
     dropout: float = option(0.0, "dropout rate")
     baseline_blocks: int = option(0, "blocks of MDM/AR (0 = match the HC-DLM parameter count)")
     slot_head: bool = option(True, "a training-only per-slot token head on the denoiser, needed by --slot-aux-weight "
@@ -40,6 +45,10 @@ class HCDLMModelConfig:
             raise ValueError(f"model must be one of {MODEL_KINDS}, got {self.kind!r}")
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+        if self.logvar_bound not in LOGVAR_BOUNDS:
+            raise ValueError(f"logvar_bound must be one of {LOGVAR_BOUNDS}, got {self.logvar_bound!r}")
+        if not -30.0 <= self.logvar_min < 0.0:
+            raise ValueError(f"logvar_min must be in [-30, 0), got {self.logvar_min}")
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
         for name in ("hidden", "heads", "encoder_blocks", "denoiser_blocks", "predictor_blocks", "latents", "latent_dim"):
@@ -47,7 +56,7 @@ class HCDLMModelConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-TOKEN_WEIGHTINGS = ("all", "schedule")
+TOKEN_WEIGHTINGS = ("auto", "all", "schedule")
 CONT_WEIGHTINGS = ("none", "min_snr")
 
 
@@ -58,9 +67,12 @@ class ObjectiveConfig:
     The paper's (Proposition 1 and its Eqs. 25-27): ``lambda_recon``, ``lambda_ent`` (on the summed
     Gaussian log-density), ``lambda_cont``, the per-step token term ``-log p(k0 | x_hat_0(x_t, k_t, t))``
     read by the one time-invariant head, the 15 %-mask auxiliary on masked positions, the scaffold
-    dropout for guidance. Ours (departures, each an option): ``lambda_token``'s value, the ``min_snr``
-    form of the continuous weight ``omega_t`` (the paper names omega_t without a closed form here),
-    ``detach_latents`` and the exposure-robust share ``exposure_share``.
+    dropout for guidance, "all" token weighting for the uniform kernel and "schedule" for the absorbing one
+    (``token_weighting="auto"``). Ours (departures, each an option): ``lambda_token``'s value, the
+    ``min_snr`` form of the continuous weight ``omega_t`` (the paper names omega_t without a closed form
+    here), ``detach_latents``, the exposure-robust share ``exposure_share`` with its ramp
+    ``exposure_ramp_steps``, and dropping scaffolds only when ``guidance_training`` is on (the paper
+    always drops them).
     """
 
     lambda_recon: float = option(1.0, "weight of the token reconstruction CE")
@@ -68,22 +80,27 @@ class ObjectiveConfig:
     lambda_cont: float = option(0.5, "weight of the latent x0-regression")
     lambda_token: float = option(1.0, "weight of the per-step token term -log p(k0 | x_hat_0(x_t, k_t, t)), trained "
                                  "through denoiser and predictor (0 = off)")
-    token_weighting: str = option("all", "per-step token term: 'all' positions (mean CE, the uniform kernel's bound) or "
-                                  "'schedule' (corrupted positions weighted by 1/s, the masked-diffusion ELBO)",
+    token_weighting: str = option("auto", "per-step token term: 'all' positions (mean CE, the uniform kernel's bound), "
+                                  "'schedule' (corrupted positions weighted by 1/s, the masked-diffusion ELBO) or 'auto' "
+                                  "(the paper's: all for the uniform kernel, schedule for absorbing)",
                                   choices=TOKEN_WEIGHTINGS)
     cont_weighting: str = option("none", "omega_t of the latent regression: 'none' (1) or 'min_snr' (min(SNR, 5) / 5, "
                                  "SNR = ((1-s)/s)^2)", choices=CONT_WEIGHTINGS)
     mask_aux_weight: float = option(0.2, "weight of the auxiliary CE that encodes k0 with --mask-aux-rate of its tokens "
                                     "set to [MASK] and scores the masked positions (0 = off)")
     mask_aux_rate: float = option(0.15, "share of tokens masked in the auxiliary term, in [0, 1]")
-    scaffold_drop: float = option(0.2, "share of scaffolds replaced by random tokens (the unconditional branch of "
-                                  "classifier-free guidance)")
+    guidance_training: bool = option(False, "train the unconditional branch of classifier-free guidance: a share "
+                                     "--scaffold-drop of scaffolds replaced by random tokens; needed by --cfg-weight at "
+                                     "sampling (the paper always drops; off = no drop, ours)")
+    scaffold_drop: float = option(0.2, "with --guidance-training: share of scaffolds replaced by random tokens")
     timesteps: int = option(1000, "T, number of noise levels; one t ~ U{1..T} per example, s = t / T")
     # Without detached latents, small CPU runs collapse the latents to a constant (regression -> 0,
     # reconstruction stuck at copying the givens).
     detach_latents: bool = option(True, "stop the latent regression's gradient into the encoder")
     exposure_share: float = option(1.0, "share of each batch whose x_t and scaffold are built from the model's own "
                                    "no-grad prediction at a higher noise level (not in the paper; 0 = the paper's training)")
+    exposure_ramp_steps: int = option(0, "steps over which the exposure share rises linearly from 0 to --exposure-share "
+                                      "(0 = constant from the first step; ours)")
     # Trains the scaffold -> x_hat_0 path, which a denoiser that can copy x_t's signal otherwise never learns.
     latent_drop: float = option(0.0, "share of examples whose x_t carries no signal (pure noise, level s kept; not in "
                                 "the paper; 0 = off)")
@@ -101,6 +118,20 @@ class ObjectiveConfig:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.timesteps < 1:
             raise ValueError(f"timesteps must be >= 1, got {self.timesteps}")
+        if self.exposure_ramp_steps < 0:
+            raise ValueError(f"exposure_ramp_steps must be >= 0, got {self.exposure_ramp_steps}")
+
+    def token_weighting_for(self, kernel: str) -> str:
+        """The token term's weighting for this scaffold kernel ('auto' resolved to the paper's choice)."""
+        if self.token_weighting != "auto":
+            return self.token_weighting
+        return "schedule" if kernel == "absorbing" else "all"
+
+    def exposure_at(self, step: int) -> float:
+        """The exposure share at optimizer step ``step`` (0-based): ramped linearly, then constant."""
+        if not self.exposure_ramp_steps:
+            return self.exposure_share
+        return self.exposure_share * min(1.0, step / self.exposure_ramp_steps)
 
 
 @dataclass
@@ -158,8 +189,9 @@ class SampleConfig:
 
 # What a saved config without these (newer) fields meant: the model and objective before they existed,
 # so older runs load and resume as they were trained.
-LEGACY = {"model": {"slot_head": False},
-          "objective": {"lambda_token": 0.0, "exposure_share": 0.0, "slot_aux_weight": 0.0}}
+LEGACY = {"model": {"slot_head": False, "logvar_bound": "clamp", "logvar_min": -10.0},
+          "objective": {"lambda_token": 0.0, "exposure_share": 0.0, "slot_aux_weight": 0.0, "guidance_training": True,
+                        "exposure_ramp_steps": 0}}
 # Fields saved under an earlier name: {section: {old name: current name}}.
 RENAMED = {"train": {"ema": "ema_decay"}}
 

@@ -56,8 +56,16 @@ def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> 
                      checkpoint_state(folder)["step"], target)
 
 
+def check_sampler(run: LoadedRun, cfg: SampleConfig) -> None:
+    """Refuse guidance on an HC-DLM run whose unconditional branch was never trained (no scaffold drop)."""
+    if cfg.cfg_weight and run.config.model.kind == "hcdlm" and not run.config.objective.guidance_training:
+        raise ValueError(f"--cfg-weight {cfg.cfg_weight} needs a run trained with --guidance-training (its unconditional "
+                         "branch); this run was trained without it: sample with --cfg-weight 0")
+
+
 def sample_targets(run: LoadedRun, contexts: torch.Tensor, cfg: SampleConfig, seed: int = 0) -> tuple[list[list[int]], float]:
     """Generated targets for ``contexts[N, C]`` in batches, and the mean wall time per batch (s)."""
+    check_sampler(run, cfg)
     generator = torch.Generator(run.device).manual_seed(seed)
     out, times = [], []
     for start in progress_bar(range(0, contexts.shape[0], cfg.batch_size), desc="sampling", leave=False):
@@ -109,6 +117,7 @@ def readout_by_step(run: LoadedRun, examples: list[EvalExample], cfg: SampleConf
 
     if not hasattr(run.model, "denoiser"):
         raise ValueError(f"read-out traces need an HC-DLM or Latent DM run, not {run.config.model.kind}")
+    check_sampler(run, cfg)
     generator = torch.Generator(run.device).manual_seed(seed)
     per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]
     for start in range(0, len(examples), cfg.batch_size):

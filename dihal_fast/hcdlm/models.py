@@ -5,6 +5,8 @@ Shapes: ``context[B, C]`` (the task's given tokens), ``tokens[B, L]`` in ``[0, V
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -12,7 +14,7 @@ from dihal_fast.hcdlm.config import HCDLMModelConfig
 from dihal_fast.hcdlm.layers import Block, ContextEmbedding, SlotPositions, TimeEmbedding, count_parameters, position_table, run_blocks
 from dihal_fast.tasks.base import TaskSpec
 
-LOGVAR_RANGE = (-10.0, 0.0)  # sigma <= 1: the noise never swamps the unit-scale mean
+LOGVAR_MAX = 0.0  # sigma <= 1: the noise never swamps the unit-scale mean
 LOGVAR_INIT = -4.0  # start nearly deterministic so reconstruction can shape the latents first
 READOUT_RANK = 16  # per-position features between the slots and the flattened latents
 
@@ -56,6 +58,9 @@ class Encoder(nn.Module):
     (Pooling with learned queries starts out as a uniform average, which is the same for every Sudoku
     solution - each digit appears ``n`` times - and the reconstruction then stalls for hundreds of
     steps.) The mean is layer-normalised per latent (no affine), the scale of the flow's N(0, I) noise.
+    The log-variance lies in ``[logvar_min, 0]``: by a scaled tanh (``logvar_bound="soft"``, slope 1 at
+    the middle, a gradient everywhere; ours) or a hard clamp (``"clamp"``, the old behaviour: zero
+    gradient outside, and sigma stuck at the floor once the reconstruction pushed it there).
     """
 
     def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig) -> None:
@@ -65,7 +70,22 @@ class Encoder(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.heads, cfg.dropout) for _ in range(cfg.encoder_blocks))
         self.out = SlotReadout(spec.target_len, cfg.hidden, 2 * cfg.latents * cfg.latent_dim)
         self.mean_norm = nn.LayerNorm(cfg.latent_dim, elementwise_affine=False)
-        nn.init.constant_(self.out.linear.bias.view(cfg.latents, 2, cfg.latent_dim)[:, 1], LOGVAR_INIT)
+        self.logvar_bound, self.logvar_min = cfg.logvar_bound, cfg.logvar_min
+        nn.init.constant_(self.out.linear.bias.view(cfg.latents, 2, cfg.latent_dim)[:, 1], self.raw_logvar(LOGVAR_INIT))
+
+    def raw_logvar(self, logvar: float) -> float:
+        """The pre-activation that gives ``logvar`` (clipped into the open range), for the initial bias."""
+        if self.logvar_bound == "clamp":
+            return logvar
+        middle, half = (self.logvar_min + LOGVAR_MAX) / 2, (LOGVAR_MAX - self.logvar_min) / 2
+        return middle + half * math.atanh(max(-0.99, min(0.99, (logvar - middle) / half)))
+
+    def bound_logvar(self, raw: torch.Tensor) -> torch.Tensor:
+        """``raw`` mapped into ``[logvar_min, LOGVAR_MAX]``."""
+        if self.logvar_bound == "clamp":
+            return raw.clamp(self.logvar_min, LOGVAR_MAX)
+        middle, half = (self.logvar_min + LOGVAR_MAX) / 2, (LOGVAR_MAX - self.logvar_min) / 2
+        return middle + half * torch.tanh((raw - middle) / half)
 
     def forward(self, tokens: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mean[B, M, d], logvar[B, M, d])``."""
@@ -73,7 +93,7 @@ class Encoder(nn.Module):
         prefix, slots = self.slots(tokens, context, batch)
         h = run_blocks(self.blocks, [slots, prefix])[:, : slots.shape[1]]
         mean, logvar = self.out(h).view(batch, self.latents, 2, self.latent_dim).unbind(2)
-        return self.mean_norm(mean), logvar.clamp(*LOGVAR_RANGE)
+        return self.mean_norm(mean), self.bound_logvar(logvar)
 
 
 class Denoiser(nn.Module):

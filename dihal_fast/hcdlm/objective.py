@@ -52,6 +52,21 @@ def token_term(logits: torch.Tensor, target: torch.Tensor, hit: torch.Tensor | N
     return ((ce * hit).sum(1) / s.clamp_min(1e-3) / target.shape[1]).mean()
 
 
+def drop_scaffolds(kernel: UniformKernel | AbsorbingKernel, scaffold: torch.Tensor, hit: torch.Tensor, s: torch.Tensor,
+                   share: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Guidance's unconditional branch: a share ``share`` of the rows get a scaffold of random tokens.
+
+    Returns ``(scaffold, hit, level)``: a dropped row is a scaffold at level 1 (every position replaced),
+    so its ``hit`` is all True and its token-term level is 1 instead of ``s`` (with ``"schedule"``
+    weighting it then counts as a mean CE over all positions, not as ``1/s`` times the positions the
+    kernel happened to touch at ``s``).
+    """
+    drop = torch.rand(scaffold.shape[0], generator=generator, dtype=torch.float64, device=scaffold.device) < share
+    random_tokens = kernel.random_tokens(tuple(scaffold.shape), generator, scaffold.device)
+    return (torch.where(drop[:, None], random_tokens, scaffold), hit | drop[:, None],
+            torch.where(drop, torch.ones_like(s), s))
+
+
 @torch.no_grad()
 def own_prediction_inputs(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: torch.Tensor, clean: torch.Tensor,
                           target: torch.Tensor, s: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -80,9 +95,9 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
 
     ``x0 ~ q(x0 | k0)``; the reconstruction term never touches the denoiser; the token term trains the
     denoiser and the predictor together (the sampler reads tokens exactly this way). One ``t ~ U{1..T}``
-    per example, ``s = t / T``; the scaffold ``k_t ~ q(k_t | k0)`` is replaced by random tokens for a share
-    ``scaffold_drop`` of examples (the unconditional branch of classifier-free guidance). A share
-    ``exposure_share`` of the examples gets ``(x_t, k_t)`` from :func:`own_prediction_inputs`. The
+    per example, ``s = t / T``; with ``guidance_training`` the scaffold ``k_t ~ q(k_t | k0)`` is replaced by
+    random tokens for a share ``scaffold_drop`` of examples (the unconditional branch of classifier-free
+    guidance, :func:`drop_scaffolds`). A share ``exposure_share`` of the examples gets ``(x_t, k_t)`` from :func:`own_prediction_inputs`. The
     auxiliary term encodes ``k0`` with ``mask_aux_rate`` of its tokens set to [MASK] and scores the
     masked positions. With ``detach_latents`` no regression gradient reaches the encoder.
     """
@@ -111,16 +126,16 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
     if cfg.latent_drop:
         blind = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.latent_drop
         x_t = torch.where(blind[:, None, None], eps, x_t)
-    if scaffold is not None:
-        drop = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.scaffold_drop
-        scaffold = torch.where(drop[:, None], kernel.random_tokens(tuple(target.shape), generator, device), scaffold)
+    level = s
+    if scaffold is not None and cfg.guidance_training:
+        scaffold, hit, level = drop_scaffolds(kernel, scaffold, hit, s, cfg.scaffold_drop, generator)
     x_hat, slot_logits = model.denoiser(x_t, scaffold, s, context, slot_logits=True)
     cont = (continuous_weight(s, cfg.cont_weighting) * (x_hat - clean).pow(2).flatten(1).sum(1)).mean() / length
 
     loss = cfg.lambda_recon * recon + cfg.lambda_ent * neg_entropy + cfg.lambda_cont * cont
     parts = {"recon": recon.item(), "neg_entropy": neg_entropy.item(), "cont": cont.item()}
     if cfg.lambda_token:
-        token = token_term(model.predictor(x_hat, context), target, hit, s, cfg.token_weighting)
+        token = token_term(model.predictor(x_hat, context), target, hit, level, cfg.token_weighting_for(model.cfg.kernel))
         loss = loss + cfg.lambda_token * token
         parts["token"] = token.item()
     if cfg.slot_aux_weight:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -41,14 +42,18 @@ def compute_loss(model, kernel, context, target, objective: ObjectiveConfig, gen
 
 
 class RunObjective(nn.Module):
-    """A model with its loss: ``forward(context, target, generator)`` -> the loss parts, ``"loss"`` a tensor."""
+    """A model with its loss: ``forward(context, target, generator, step)`` -> the loss parts, ``"loss"`` a
+    tensor; ``step`` sets the exposure share of a ramped schedule (``ObjectiveConfig.exposure_at``)."""
 
     def __init__(self, model: nn.Module, kernel, objective: ObjectiveConfig):
         super().__init__()
         self.model, self.kernel, self.objective = model, kernel, objective
 
-    def forward(self, context: torch.Tensor, target: torch.Tensor, generator: torch.Generator) -> dict:
-        loss, parts = compute_loss(self.model, self.kernel, context, target, self.objective, generator)
+    def forward(self, context: torch.Tensor, target: torch.Tensor, generator: torch.Generator, step: int = 0) -> dict:
+        objective = self.objective
+        if objective.exposure_ramp_steps:
+            objective = replace(objective, exposure_share=objective.exposure_at(step))
+        loss, parts = compute_loss(self.model, self.kernel, context, target, objective, generator)
         return {**parts, "loss": loss}
 
 
@@ -88,7 +93,7 @@ class RunJob(TrainingJob):
 
     def batch(self, step: int, engine) -> dict:
         context, target = (t.to(engine.device) for t in self.task.train_batch(self.task_rng, self.batch_size))
-        return {"context": context, "target": target, "generator": self.generator}
+        return {"context": context, "target": target, "generator": self.generator, "step": step}
 
     def stream_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         version, internal, gauss = self.task_rng.getstate()
