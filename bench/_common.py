@@ -3,7 +3,7 @@
 Every bench script ends with ``report(title, body, question=..., figures=..., targets=...)``: it prints
 the body and writes ``bench/results/<question>.json`` (overwritten by each run: the latest figures are
 the current ones, the history stays in git). ``python bench/render_results.py`` regenerates
-``bench/README.md`` from those records.
+``bench/README.md`` from those records. ``DIHAL_BENCH_RESULTS=DIR`` sends a trial run's record elsewhere.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import numpy as np
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-RESULTS_DIR = BENCH / "results"
+RESULTS_DIR = Path(os.environ.get("DIHAL_BENCH_RESULTS", BENCH / "results"))  # elsewhere for a trial run
 REQUIRED = ("question", "title", "command", "commit", "machine", "date", "figures", "targets", "body")
 STATUSES = ("met", "missed", "reported")
 NOT_RECORDED = "not recorded"
@@ -83,6 +83,29 @@ def table(header: list[str], rows: list[list[object]]) -> str:
 def rows_figure(header: Sequence[str], rows: Sequence[Sequence[object]]) -> dict[str, list]:
     """A table as structured figures for a record: ``{"columns": [...], "rows": [[...], ...]}``."""
     return {"columns": list(header), "rows": [list(row) for row in rows]}
+
+
+def _cell(text: str) -> object:
+    """A table cell as a number where it reads as one (bold marks dropped), else the text."""
+    value = text.strip().replace("**", "")
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+|-?\d+", value):
+        return int(value.replace(",", ""))
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def markdown_tables(text: str) -> list[dict[str, list]]:
+    """Every markdown table in ``text`` as a ``rows_figure``, in order: the figures of a body built as markdown."""
+    found, block = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append([cell for cell in re.split(r"(?<!\\)\|", line)[1:-1]])
+        elif block:
+            found.append(rows_figure([c.strip() for c in block[0]], [[_cell(c) for c in row] for row in block[2:]]))
+            block = []
+    return found
 
 
 def target(text: str, measured: object, met: bool | None) -> dict[str, str]:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, table  # noqa: E402
+from _common import report, rows_figure, table, target  # noqa: E402
 
 # name -> bridge options (differences from BridgeConfig's defaults) and the nfe used at generation
 VARIANTS = {
@@ -79,11 +79,15 @@ def main() -> None:
             cpu[name] = max(cpu[name], tokens / (time.process_time() - start_cpu))
     rows = [[name, ppl.get(name, 1.0), wall[name], wall[name] / wall["backbone"], cpu[name], cpu[name] / cpu["backbone"]]
             for name in models]
+    header = ["model", "PPL / backbone", "tokens/s (wall)", "x backbone", "tokens/s (CPU)", "x backbone"]
     body = (f"Layer 1 of the shipped backbone, {args.steps} training steps per bridge, 1 thread, "
             f"{settings.n_samples} x {settings.max_new_tokens} tokens per sampling call, fastest of {args.rounds} "
-            "interleaved rounds.\n\n"
-            + table(["model", "PPL / backbone", "tokens/s (wall)", "x backbone", "tokens/s (CPU)", "x backbone"], rows))
-    report("Bridge cost at generation: tokens/s and PPL together", body)
+            "interleaved rounds.\n\n" + table(header, rows))
+    default = next(row for row in rows if row[0].endswith("(new default)"))  # a VARIANTS name
+    report("Bridge cost at generation: tokens/s and PPL together", body, question="bridge_speed",
+           figures={"variants": rows_figure(header, rows), "training_steps": args.steps, "rounds": args.rounds},
+           targets=[target("default hybrid tokens/s >= 0.9x the backbone with PPL ratio <= 1.15",
+                           f"{default[5]:.3g} (PPL {default[1]:.4g}, CPU time)", default[5] >= 0.9 and default[1] <= 1.15)])
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, table  # noqa: E402
+from _common import report, rows_figure, table, target  # noqa: E402
 
 
 def _model_dir(work: Path) -> tuple[str, str]:
@@ -164,17 +164,24 @@ def main() -> None:
     ratio = mem[1]["rss_peak_mb"] / mem[0]["rss_peak_mb"]
     overhead = bare / rates["collection step"] - 1.0
     over_hidden = rates["backbone + output_hidden_states"] / rates["collection step"] - 1.0
+    mem_header = ["tokens in statistics", "RSS after model load MB", "peak RSS MB", "collection MB", "collect s"]
+    rate_header = ["pass over the same batches", "tokens/s", "time overhead vs bare forward"]
     body = "\n\n".join([
         f"Model: {what} ({model}); corpus {Path(corpus).name}; seq_len {args.seq_len}, batch {args.batch_size}, "
         f"reservoir {args.reservoir} tokens per layer, float32, CPU, torch threads {torch.get_num_threads()}.",
-        table(["tokens in statistics", "RSS after model load MB", "peak RSS MB", "collection MB", "collect s"], mem_rows),
+        table(mem_header, mem_rows),
         f"Peak RSS ratio 10N / N = {ratio:.3f} (target <= 1.2).",
-        table(["pass over the same batches", "tokens/s", "time overhead vs bare forward"], rate_rows),
+        table(rate_header, rate_rows),
         f"Collection overhead vs the bare forward pass: {100 * overhead:.1f} % (target <= 15 %); vs the backbone "
         f"forward that yields the hidden states (no LM head): {100 * over_hidden:.1f} %. Medians of "
         f"{args.rounds} interleaved rounds of {args.batches} batches.",
     ])
-    report("Streaming collection: memory vs tokens, throughput vs the bare forward", body)
+    report("Streaming collection: memory vs tokens, throughput vs the bare forward", body, question="collection",
+           figures={"memory": rows_figure(mem_header, mem_rows), "throughput": rows_figure(rate_header, rate_rows),
+                    "peak_rss_ratio_10n_over_n": ratio, "collection_overhead": overhead},
+           targets=[target("peak RSS of 10 N tokens / N tokens <= 1.2", f"{ratio:.3f}", ratio <= 1.2),
+                    target("collection step time overhead vs the bare forward <= 15 %", f"{100 * overhead:.1f} %",
+                           overhead <= 0.15)])
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, table  # noqa: E402
+from _common import report, rows_figure, table  # noqa: E402
 
 GEOMETRY = (
     "import numpy as np, dihal_fast as df\n"
@@ -100,7 +100,7 @@ def main() -> None:
     dihal = shutil.which("dihal") or str(Path(sys.executable).with_name("dihal"))
     conditions = [c for c in CONDITIONS if args.conditions is None or c[0] in args.conditions]
     load_before = os.getloadavg()
-    sections = []
+    sections, figures = [], {}
     for workload in args.workloads:
         results: dict[str, list[Run]] = {name: [] for name, _, _ in conditions}
         for _ in range(args.rounds):
@@ -120,12 +120,14 @@ def main() -> None:
                  run.seconds / idle_one.seconds if idle_one else "-"] for name, run in best.items()]
         label = (f"`dihal replace --layer 1 --steps {args.steps}`" if workload == "replace"
                  else f"`geometry_proxies` 3,000 x 1,024 float32, {args.geometry_repeats} calls")
-        sections.append(f"{label}:\n\n" + table(
-            ["condition", "wall s", "own CPU s", "other processes (cores)", "/ idle 1 thread"], rows))
+        header = ["condition", "wall s", "own CPU s", "other processes (cores)", "/ idle 1 thread"]
+        sections.append(f"{label}:\n\n" + table(header, rows))
+        figures[workload] = rows_figure(header, rows)
     load_after = os.getloadavg()
     loads = f"load averages (1, 5, 15 min) before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, " \
             f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; best of {args.rounds} round(s)"
-    report("Thread behaviour beside a busy neighbour", loads + "\n\n" + "\n\n".join(sections))
+    report("Thread behaviour beside a busy neighbour", loads + "\n\n" + "\n\n".join(sections),
+           question="thread_contention", figures={**figures, "rounds": args.rounds, "steps": args.steps})
 
 
 if __name__ == "__main__":

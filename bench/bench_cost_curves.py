@@ -5,7 +5,7 @@ D, and against D at a fixed n. Peers: FAISS IndexFlatL2 and scikit-learn brute f
 the scikit-learn + NumPy pipeline of bench_proxies.py for the proxies, NumPy float64 X^T X and
 torch.cov for the covariance. The slow peers run on the smaller sizes only. Writes a log-log plot
 with the fitted exponent of each curve (slope of log time against log size) and appends the table
-to bench/RESULTS.md.
+as the record of bench/README.md's cost-curve section.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from _common import best_time, report, table
+from _common import best_time, report, rows_figure, table
 from bench_proxies import data, researcher_pipeline
 
 import dihal_fast as df
@@ -100,13 +100,18 @@ def main() -> None:
         cells = ", ".join(f"{s}: {t:.3g}" for s, t in zip(sizes, times))
         rows.append([op, name, f"{axis} ({fixed})", cells, f"{exponent(sizes, times):.2f}"])
     _plot(curves, args)
-    body = table(["operation", "method", "against", "size: seconds", "fitted exponent (3 largest)"], rows)
+    header = ["operation", "method", "against", "size: seconds", "fitted exponent (3 largest)"]
+    body = table(header, rows)
     body += (
         f"\n\nfloat32 low-rank-plus-noise rows (bench_proxies.data), k={args.k}, one timed call each (a warm-up "
         f"call for the small sizes). sklearn peers only up to n={args.peer_max_n} (proxies up to D={args.peer_max_dim}). "
-        f"Plot: {Path(args.plot).name}. Expected exponents: kNN and proxies n^2 D (the kNN product), covariance n D^2."
+        "Expected exponents: kNN and proxies n^2 D (the kNN product), covariance n D^2."
+        f"\n\n![cost against n and D, log-log]({Path(args.plot).name})"
     )
-    report("Cost curves: knn, geometry_proxies, StreamingCovariance.update against n and D", body)
+    report("Cost curves: knn, geometry_proxies, StreamingCovariance.update against n and D", body, question="cost_curves",
+           figures={"curves": rows_figure(header, rows), "k": args.k,
+                    "seconds": {f"{op} | {name} | {axis}": dict(zip(map(str, sizes), times))
+                                for (axis, op, name), (sizes, times) in curves.items()}})
 
 
 def _plot(curves: dict, args: argparse.Namespace) -> None:

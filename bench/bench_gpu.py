@@ -5,7 +5,7 @@ Each kernel is timed (CUDA-synchronised wall clock, best of --repeat after a war
     bytes over the device-to-device copy bandwidth measured here;
   * what a researcher would write in torch (cdist + topk, torch.cov, eigvalsh, cholesky + solve);
   * cuVS brute force (backend="cuvs") where this build has it.
-Prints a table and appends it with the command to bench/RESULTS.md.
+Prints a table and writes it with the command as bench/results/gpu_kernels.json (see bench/README.md).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from _common import report, table  # noqa: E402
+from _common import report, rows_figure, table  # noqa: E402
 
 import dihal_fast as df  # noqa: E402
 from dihal_fast.geometry.backends import get_backend  # noqa: E402
@@ -162,7 +162,9 @@ def main() -> int:
         + f"; copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write). torch local eigenvalues timed on 2,000 "
         "points and scaled. geometry_proxies: k=16, 10,000 pairs (no floor: a sum of the rows above)."
     )
-    report(f"CUDA kernels against their floors, torch and cuVS ({gpu})", body)
+    report(f"CUDA kernels against their floors, torch and cuVS ({gpu})", body, question="gpu_kernels",
+           figures={"kernels": rows_figure(header, rows), "gpu": gpu, "copy_bandwidth_tb_s": bandwidth / 1e12,
+                    "gemm_tflop_s": {str(dt)[6:]: v / 1e12 for dt, v in rates.items()}})
     return 0
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, table  # noqa: E402
+from _common import markdown_tables, report, table  # noqa: E402
 
 from dihal_fast.common import atomic_write_json  # noqa: E402
 from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig  # noqa: E402
@@ -73,7 +73,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (on a GPU use --clock wall: CPU time misses GPU work)")
     p.add_argument("--out", type=Path, default=Path("runs/bench_hcdlm"), help="run directories and results.json")
-    p.add_argument("--no-append", action="store_true", help="print only; do not append to bench/RESULTS.md")
+    p.add_argument("--no-append", action="store_true", help="print only; do not write the record under bench/results/")
     p.add_argument("--train-only", action="store_true",
                    help="train (or resume) the runs and stop: start one process per model to share the cores, then rerun without it to evaluate")
     return p.parse_args()
@@ -293,6 +293,14 @@ def render(task: str, out: dict, args: argparse.Namespace) -> str:
     return text
 
 
+def question_key(task: str, args: argparse.Namespace) -> str:
+    """The bench/results/ record of ``task``: hcdlm_sudoku (6x6), hcdlm_sudoku9 (9x9), hcdlm_countdown, hcdlm_text."""
+    if task != "sudoku" or args.sudoku_box == "2x3":
+        return f"hcdlm_{task}"
+    rows, cols = (int(side) for side in args.sudoku_box.split("x"))
+    return f"hcdlm_sudoku{rows * cols}"
+
+
 def main() -> int:
     args = parse_args()
     if args.device.startswith("cuda") and args.clock == "cpu":
@@ -317,7 +325,8 @@ def main() -> int:
         if args.no_append:
             print(body)
         else:
-            report(title, body)
+            report(title, body, question=question_key(task, args),
+                   figures={"tables": markdown_tables(body), "minutes": args.minutes, "models": models})
     return 0
 
 

@@ -3,7 +3,9 @@
 Question: which objective / architecture choice makes HC-DLM learn at CPU scale? Each call trains the
 benchmark's configuration (``bench_hcdlm.run_config``) with ``--set section.field=value`` overrides and
 scores EMA and raw weights, with and without clamping, on the validation puzzles of ``bench_hcdlm``
-(never the test puzzles), plus the read-out accuracy after the first and the last sampling step.
+(never the test puzzles), plus the read-out accuracy after the first and the last sampling step. Every
+variant of ``--out``'s variants.jsonl (the latest line per name) becomes the record
+bench/results/hcdlm_variants.json.
 
     python bench/bench_hcdlm_variants.py exposure1 --minutes 5 --set objective.exposure_share=1.0
 """
@@ -20,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_hcdlm  # noqa: E402
+from _common import report, rows_figure, table  # noqa: E402
 
 from dihal_fast.hcdlm.config import SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.evaluate import evaluate_examples, load_run, readout_by_step  # noqa: E402
@@ -65,7 +68,26 @@ def main() -> int:
     print(json.dumps(result))
     with (args.out / "variants.jsonl").open("a") as handle:
         handle.write(json.dumps(result) + "\n")
+    report_variants(args.out / "variants.jsonl")
     return 0
+
+
+def report_variants(path: Path) -> None:
+    """Write the record of every variant in ``path`` (the latest line per name): boards and blank cells %."""
+    latest = {r["name"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+    def pair(r: dict, label: str, key: str) -> str:
+        return f"{r[label]['easy'][key]} / {r[label]['hard'][key]}"
+
+    header = ["variant", "--set", "minutes", "steps", "easy / hard boards % (EMA)", "easy / hard blank cells % (EMA)",
+              "raw weights, boards %", "clamp, boards %"]
+    rows = [[r["name"], " ".join(r["set"]) or "-", r["minutes"], r["step"], pair(r, "ema", "boards"),
+             pair(r, "ema", "blank_cells"), pair(r, "raw", "boards"), pair(r, "ema_clamp", "boards")]
+            for r in latest.values()]
+    body = (table(header, rows) + f"\n\nValidation split of bench_hcdlm (never the test puzzles), 50 sampling steps, "
+            f"argmax; variants of `{path}`.")
+    report("HC-DLM objective variants on 6x6 Sudoku (validation puzzles only)", body, question="hcdlm_variants",
+           figures={"variants": rows_figure(header, rows), "results": list(latest.values())})
 
 
 def bench_defaults() -> argparse.Namespace:

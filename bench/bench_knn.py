@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from _common import best_time, report, sgemm_rate, table
+from _common import best_time, report, rows_figure, sgemm_rate, table, target
 
 import dihal_fast as df
 
@@ -49,7 +49,11 @@ def main() -> None:
         f"GEMM floor {floor:.3f} s. Neighbour-set agreement with FAISS: {agreement:.4f} "
         "(FAISS ranks in float32; ours is exact in float64). Target: time <= FAISS time."
     )
-    report("kNN: dihal_fast vs FAISS", body)
+    report("kNN: dihal_fast vs FAISS", body, question="knn_vs_faiss",
+           figures={"timings": rows_figure(["method", "seconds", "time / ours", "GEMM floor / time"], rows),
+                    "n": args.n, "dim": args.dim, "k": args.k, "sgemm_gflops": rate, "gemm_floor_s": floor,
+                    "agreement_with_faiss": agreement},
+           targets=[target("time <= FAISS IndexFlatL2 time", f"{t_ours:.3g} s vs {t_faiss:.3g} s", t_ours <= t_faiss)])
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from _common import report, table
+from _common import markdown_tables, report, table
 from bench_contention import busy_cpu_seconds, process_cpu_seconds
 
 from dihal_fast.select import DEFAULT_REPEATS, DEFAULT_SAMPLE_SIZE
@@ -393,7 +393,7 @@ def main() -> None:
                         help="skip timing one geometry_proxies call at the --predict width")
     parser.add_argument("--work", default=None, help="keep checkpoints and runs here (default: a temporary directory)")
     parser.add_argument("--plot", default=str(Path(__file__).with_name("locate_scaling.png")), help="PNG to write")
-    parser.add_argument("--no-results", action="store_true", help="print the tables only; do not append to RESULTS.md")
+    parser.add_argument("--no-results", action="store_true", help="print the tables only; do not write bench/results/locate_scaling.json")
     args = parser.parse_args()
     args.predict = Shape(args.predict.layers, args.predict.width, args.predict_vocab)
     if "float64" not in args.precisions:
@@ -416,14 +416,18 @@ def main() -> None:
              f"{args.threads or 'the default number of'} thread(s); `dihal locate --max-tokens {args.max_tokens} "
              f"--seq-len {args.seq_len}` on the shipped corpus, repeats {DEFAULT_REPEATS} x sample "
              f"{DEFAULT_SAMPLE_SIZE}, float32 model; SwiGLU width {LLAMA_FFN_RATIO:.4g} x D; plot "
-             f"{Path(args.plot).name}; peak RSS of the bench process {own_peak:.0f} MB (a floor of each child's).")
+             f"below; peak RSS of the bench process {own_peak:.0f} MB (a floor of each child's).")
     body = "\n\n".join([setup, measured_table(points, args.precisions),
                          fit_table(points, models, predicted, args.predict, args.precisions, checks),
-                         reading(args, models, predicted, checks)])
+                         reading(args, models, predicted, checks),
+                         f"![locate cost against model size]({Path(args.plot).name})"])
     if args.no_results:
         print(body)
     else:
-        report(f"dihal locate cost against model size, extrapolated to {args.predict}", body)
+        measured, fitted = markdown_tables(body)
+        report(f"dihal locate cost against model size, extrapolated to {args.predict}", body, question="locate_scaling",
+               figures={"runs": measured, "cost_models": fitted, "predicted": predicted, "anchor_cpu_s": checks,
+                        "predict": str(args.predict), "predict_tokens": args.predict_tokens})
 
 
 def reading(args: argparse.Namespace, models: dict[str, Model], predicted: dict[str, float],

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, table  # noqa: E402
+from _common import markdown_tables, report, table, target  # noqa: E402
 
 
 def main() -> None:
@@ -101,7 +101,11 @@ def main() -> None:
         f"{args.n_samples} x {args.max_new_tokens} tokens, median of 3):\n\n"
         + table(["model", "nfe", "tokens/s", "/ backbone"], speed_rows),
     ])
-    report("DiHAL pipeline targets: layer sweep and evaluation (bench_pipeline.py)", body)
+    names = ["layers", "correlations", "evaluation", "targets", "speed_vs_nfe"]
+    report("DiHAL pipeline targets: layer sweep and evaluation (bench_pipeline.py)", body, question="pipeline_targets",
+           figures={**dict(zip(names, markdown_tables(body))), "sweep_s": sweep_s, "total_s": total_s,
+                    "rank_gap": sweep["rank_gap"], "selected_layer": selected["layer"]},
+           targets=[target(text, measured, {"met": True, "missed": False}.get(status)) for text, measured, status in targets])
 
 
 def _speed_by_nfe(hybrid_dir: str, model: str | None, n_samples: int, new_tokens: int) -> list[list]:

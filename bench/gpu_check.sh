@@ -4,8 +4,8 @@
 #   2. run the CUDA tests with skips turned into failures (DIHAL_REQUIRE_GPU=1),
 #   3. time every kernel against its floor, torch and cuVS (bench/bench_gpu.py),
 #   4. profile a small locate pass (bench/profile_locate.py),
-# appending results and commands to bench/RESULTS.md. Logs and RESULTS.md are also copied to $OUT
-# when it is set (the device tool brings that folder back).
+# writing their records (figures, command, commit, machine) to bench/results/. The log and those records
+# are also copied to $OUT when it is set (the device tool brings that folder back).
 #
 #   bash bench/gpu_check.sh                 # on the GPU machine
 #   bash bench/gpu_check.sh --fetch-wheels  # on a networked machine: wheels the GPU image lacks -> .whl/
@@ -13,7 +13,8 @@
 # A GPU machine without network gets missing Python packages from .whl/ (carried along; see
 # --fetch-wheels), installed into /tmp/site and put on PYTHONPATH. With this workplace's device
 # tool: `bash bench/gpu_check.sh --fetch-wheels` here, then run `bash bench/gpu_check.sh` there
-# with carry [".whl"] and a timeout of about 540 s; copy $OUT/RESULTS.md's new sections back.
+# with carry [".whl"] and a timeout of about 540 s; copy $OUT/results/*.json back into bench/results/ and
+# run `python bench/render_results.py`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -59,6 +60,6 @@ echo "== kernel timings"
 echo "== locate profile"
 "$PY" bench/profile_locate.py --max-tokens 16384 --repeats 3 --sample-size 2000 || status=$?
 
-if [[ -n "${OUT:-}" ]]; then cp bench/RESULTS.md "$OUT/RESULTS.md"; fi
+if [[ -n "${OUT:-}" ]]; then mkdir -p "$OUT/results" && cp bench/results/*.json "$OUT/results/"; fi
 echo "== gpu_check exit status $status"
 exit $status

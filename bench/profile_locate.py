@@ -5,7 +5,7 @@ layer on repeated subsamples) on the shipped backbone or --model. When Nsight Sy
 on the PATH the pass runs under it (CUDA + NVTX trace, report in --out) and its NVTX summary is
 printed; otherwise the script times the same ``dihal/<stage>`` ranges itself
 (:func:`dihal_fast.profiling.record_ranges`, CUDA-synchronised at range edges). The table and the
-command are appended to bench/RESULTS.md.
+command are written as the record of bench/README.md's NVTX section (bench/results/locate_nvtx.json).
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def main() -> int:
     parser.add_argument("--device", default="auto", help="model device (auto, cpu, cuda)")
     parser.add_argument("--out", default=None, help="folder for the run and the nsys report (default: a temporary one)")
     parser.add_argument("--no-nsys", action="store_true", help="time the ranges in-process even if nsys is available")
-    parser.add_argument("--no-report", action="store_true", help="do not append to bench/RESULTS.md")
+    parser.add_argument("--no-report", action="store_true", help="print only; do not write bench/results/locate_nvtx.json")
     args = parser.parse_args()
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dihal_profile_"))
@@ -71,7 +71,7 @@ def main() -> int:
     if args.no_report:
         print(body)
     else:
-        report("NVTX ranges of a locate pass", body)
+        report("NVTX ranges of a locate pass", body, question="locate_nvtx")
     return 0
 
 

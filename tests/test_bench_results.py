@@ -48,6 +48,15 @@ def test_report_round_trip(tmp_path, capsys):
     assert "| 1 |" in capsys.readouterr().out  # the body is still printed
 
 
+def test_markdown_tables_read_back_what_table_writes():
+    rows = [["ours", 1.5, 2], ["faiss", 0.25, "n/a"], ["**bold**", -3, "1,777"]]
+    text = "intro\n\n" + _common.table(["method", "s", "n"], rows) + "\n\nmore\n\n" + _common.table(["a"], [[1]])
+    assert _common.markdown_tables(text) == [
+        _common.rows_figure(["method", "s", "n"], [["ours", 1.5, 2], ["faiss", 0.25, "n/a"], ["bold", -3, 1777]]),
+        _common.rows_figure(["a"], [[1]]),
+    ]
+
+
 def test_legacy_report_call_writes_a_record(tmp_path):
     path = _common.report("HC-DLM vs MDM: sudoku (10 cpu-minutes)", "body", results_dir=tmp_path)
     assert path.name == "hc_dlm_vs_mdm_sudoku_10_cpu_minutes.json"
