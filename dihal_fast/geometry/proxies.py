@@ -162,7 +162,7 @@ def geometry_proxies(
     float64 rounding. ``"float32"`` rounds the centred data to float32 and runs the covariance SYRK,
     the whitening solves and the local Gram matrices in float32, with sums, centring, the Cholesky
     factor and the eigenvalues in float64: faster, with a relative error far below the spread
-    between repeated subsamples (both measured in bench/RESULTS.md, bench/bench_proxies.py). The kNN
+    between repeated subsamples (both measured by bench/bench_proxies.py; figures in bench/README.md). The kNN
     is exact in both. The CUDA backend always takes the float64 path.
     """
     ridge = check_positive(ridge, "ridge")
