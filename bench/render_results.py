@@ -11,6 +11,7 @@ its own history (that stays in git), and the same records always give the same b
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,8 +198,17 @@ def load_records(results_dir: Path = RESULTS_DIR) -> dict[str, dict[str, Any]]:
 
 
 def _order(records: dict[str, dict[str, Any]]) -> list[str]:
-    known = [key for key in QUESTIONS]
-    return known + sorted(key for key in records if key not in QUESTIONS)
+    """Registered questions in display order (with or without a record), then unregistered keys sorted."""
+    return list(QUESTIONS) + sorted(key for key in records if key not in QUESTIONS)
+
+
+def _heading(key: str, records: dict[str, dict[str, Any]]) -> str:
+    return QUESTIONS[key].title if key in QUESTIONS else records[key]["title"]
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return "#" + re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
 
 def _section(key: str, record: dict[str, Any] | None) -> str:
@@ -228,22 +238,27 @@ def _section(key: str, record: dict[str, Any] | None) -> str:
     return "\n".join(lines + [""])
 
 
-def render(records: dict[str, dict[str, Any]]) -> str:
-    """The whole document for ``records``: the intro, a contents list, then one section per question."""
-    order = _order(records)
-    by_group: dict[str, list[str]] = {group: [] for group in GROUPS}
-    others = []
+def _glance(order: list[str], records: dict[str, dict[str, Any]]) -> str:
+    """Every stated target of every record in one table, in document order."""
+    lines = ["## Targets at a glance", "", "| question | target | measured | status |", "|---|---|---|---|"]
     for key in order:
+        for t in records.get(key, {}).get("targets", []):
+            heading = _heading(key, records)
+            lines.append(f"| [{heading}]({_anchor(heading)}) | {t['target']} | {t['measured']} | {t['status']} |")
+    return "\n".join(lines) + "\n"
+
+
+def render(records: dict[str, dict[str, Any]]) -> str:
+    """The whole document for ``records``: the intro, contents, the targets, then one section per question."""
+    by_group: dict[str, list[str]] = {group: [] for group in GROUPS}
+    for key in _order(records):
         question = QUESTIONS.get(key)
-        (by_group[question.group] if question else others).append(key)
-    if others:
-        by_group["Not yet described"] = others
-    parts = [INTRO]
+        by_group.setdefault(question.group if question else "Not yet described", []).append(key)
     contents = ["## Contents", ""]
     for group, keys in by_group.items():
-        contents.append(f"- {group}: " + "; ".join(
-            (QUESTIONS[k].title if k in QUESTIONS else records[k]["title"]) for k in keys))
-    parts.append("\n".join(contents) + "\n")
+        contents.append(f"- {group}")
+        contents += [f"  - [{_heading(k, records)}]({_anchor(_heading(k, records))})" for k in keys]
+    parts = [INTRO, "\n".join(contents) + "\n", _glance([k for keys in by_group.values() for k in keys], records)]
     for group, keys in by_group.items():
         parts.append(f"## {group}\n")
         parts += [_section(key, records.get(key)) for key in keys]
