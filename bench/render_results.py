@@ -184,8 +184,13 @@ body the script printed. A new run of the same question replaces its record; ear
 This document is generated from the records by `python bench/render_results.py` (tests fail when it
 is edited by hand or not re-rendered after a record changes: `python bench/render_results.py --check`).
 
-Run a bench from the repository root with the venv, e.g. `python bench/bench_knn.py`, then
-`python bench/render_results.py`, and commit the record and this file together. Most numbers here come
+Each section below gives what the question measures, the data, the command, the latest run (date,
+machine, commit, record file), the figures with what they mean, and the stated targets with their
+status; the table of targets comes first. Run a bench from the repository root with the venv, e.g.
+`python bench/bench_knn.py` (`DIHAL_BENCH_RESULTS=/tmp/trial` keeps a trial run's record out of
+`bench/results/`), then `python bench/render_results.py`, and commit the record and this file
+together. A new question is a new `question=` key passed to `report(...)` in `bench/_common.py` plus
+its entry in `QUESTIONS` of `bench/render_results.py`. Most numbers here come
 from a 2-core CPU machine shared with other jobs: absolute times move with the load (recorded with each
 run); ratios within one run are what count. A record whose commit or time was not noted when it was
 measured says "not recorded"; commands that start with `cd bench &&` ran inside `bench/`.
