@@ -2,6 +2,8 @@
 padding/first-position masks, checkpoint + resume, and merging across (virtual) ranks."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -250,6 +252,69 @@ def test_resume_checks_the_run_directory(tiny_checkpoints, corpus, tmp_path):
     state.write_bytes(state.read_bytes()[:100])
     with pytest.raises(ValueError, match="corrupt"):
         collect(config, tmp_path / "run", resume=True, progress=False)
+
+
+@pytest.fixture(scope="module")
+def partial_run(tiny_checkpoints, corpus, tmp_path_factory):
+    """A collection interrupted after 3 batches (its config and run directory), to edit copies of."""
+    config = _config(tiny_checkpoints["llama"], corpus)
+    run = tmp_path_factory.mktemp("partial") / "run"
+    collect(config, run, max_batches=3, progress=False)
+    return config, run
+
+
+def _recompute_keys(tensors):
+    tensors["reservoir.keys"] = torch.from_numpy(token_keys(tensors["reservoir.positions"].numpy(), 0).view(np.int64).copy())
+
+
+def _duplicate_token(tensors, progress):
+    for name in ("reservoir.keys", "reservoir.positions", "reservoir.token_ids"):
+        tensors[name][1] = tensors[name][0]
+
+
+def _negative_position(tensors, progress):
+    tensors["reservoir.positions"][0] = -5
+    _recompute_keys(tensors)
+
+
+def _non_psd_comoment(tensors, progress):
+    c = tensors["cov.1.comoment"]
+    c[0, 1] = c[1, 0] = 2 * torch.sqrt(c[0, 0] * c[1, 1])
+
+
+@pytest.mark.parametrize("tamper, field", [
+    (_duplicate_token, "reservoir.positions"),
+    (lambda t, p: p.update(blocks_done=0, batches_done=0), "cov.*.count"),
+    (lambda t, p: p.update(blocks_done=10**9), "progress.blocks_done"),
+    (lambda t, p: p.update(blocks_done=1.5), "progress.blocks_done"),
+    (lambda t, p: p.update(exhausted="no"), "progress.exhausted"),
+    (_non_psd_comoment, "comoment"),
+    (lambda t, p: t["reservoir.vectors.2"].__setitem__((3, 0), float("nan")), "reservoir.vectors.2"),
+    (lambda t, p: t["reservoir.token_ids"].__setitem__(0, 10**9), "reservoir.token_ids"),
+    (_negative_position, "reservoir.positions"),
+    (lambda t, p: t["reservoir.keys"].__setitem__(0, t["reservoir.keys"][0] + 1), "reservoir.keys"),
+    (lambda t, p: t.update({k: v[:-1] for k, v in t.items() if k.startswith("reservoir.")}), "reservoir.keys"),
+])
+def test_an_edited_collection_checkpoint_is_refused_naming_the_file_and_field(partial_run, tmp_path, tamper, field):
+    """Issue 21: an edited locate checkpoint was resumed into a different l* score with exit 0."""
+    import json
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    config, pristine = partial_run
+    shutil.copytree(pristine, tmp_path / "run")
+    state = tmp_path / "run" / "collect" / "state-rank0000-of-0001.safetensors"
+    with safe_open(state, framework="pt") as handle:
+        progress = json.loads(handle.metadata()["progress"])
+        tensors = {name: handle.get_tensor(name).clone() for name in handle.keys()}
+    assert tensors["reservoir.keys"].numel() == 150  # a full reservoir: every field is exercised
+    tamper(tensors, progress)
+    save_file(tensors, str(state), metadata={"progress": json.dumps(progress)})
+    with pytest.raises(ValueError, match=f"{state.name}.*'{re.escape(field)}") as info:
+        collect(config, tmp_path / "run", resume=True, progress=False)
+    assert "\n" not in str(info.value)
 
 
 def test_corpus_too_small_or_empty(tiny_checkpoints, corpus, tmp_path):

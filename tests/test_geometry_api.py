@@ -245,6 +245,14 @@ def test_streaming_covariance_keeps_cuda_batches_on_the_device():
     (lambda s: {"comoment": s["comoment"] - 2 * np.diag(np.diag(s["comoment"]))}, "comoment"),  # negative sums of squares
     (lambda s: {"comoment": np.full((5, 5), np.inf)}, "comoment"),
     (lambda s: {"mean": s["mean"][:4]}, "mean"),
+    (lambda s: {"mean": np.full(5, np.nan)}, "mean"),
+    (lambda s: {"comoment": s["comoment"][:4, :4]}, "comoment"),
+    (lambda s: {"count": np.array(2**64, dtype=np.float64)}, "count"),
+    (lambda s: {"count": np.array(1)}, "count"),  # one row has no spread: the co-moment must be zero
+    # |c01| > sqrt(c00 c11): symmetric with a positive diagonal, yet no data has this co-moment
+    (lambda s: {"comoment": np.diag(np.diag(s["comoment"])) + 2 * np.sqrt(np.outer(np.diag(s["comoment"]),
+                                                                               np.diag(s["comoment"]))) * (1 - np.eye(5))},
+     "comoment"),
 ])
 def test_streaming_covariance_refuses_corrupt_states_naming_the_field(change, field):
     state = df.StreamingCovariance(5).update(good(50, 5)).state_dict()
@@ -254,6 +262,25 @@ def test_streaming_covariance_refuses_corrupt_states_naming_the_field(change, fi
         target.load_state_dict(state | change(state))
     after = target.state_dict()
     assert all(np.array_equal(before[k], after[k]) for k in before)  # a refused state changes nothing
+
+
+@pytest.mark.parametrize("layout, tolerance", [
+    (np.asfortranarray, 1e-12),
+    (lambda a: a.astype(np.float32), 1e-6),
+    (lambda a: np.repeat(a, 2, axis=-1)[..., ::2], 1e-12),  # a non-contiguous view
+    (lambda a: torch.from_numpy(np.ascontiguousarray(a)), 1e-12),
+    (lambda a: torch.from_numpy(np.ascontiguousarray(a)).T.contiguous().T, 1e-12),  # a column-major tensor
+    (lambda a: a.astype(">f8"), 1e-12),  # big-endian
+])
+def test_streaming_covariance_state_of_any_layout_keeps_updating_exactly(layout, tolerance):
+    """A saved state in another layout is converted (issue 21: a Fortran-ordered one was loaded, then never updated)."""
+    first, second = good(50, 5), good(70, 5) * 3 + 1
+    state = df.StreamingCovariance(5).update(first).state_dict()
+    state = {k: (layout(v) if v.ndim else v) for k, v in state.items()}
+    restored = df.StreamingCovariance(5).load_state_dict(state).update(second)
+    want = np.cov(np.vstack([first, second]), rowvar=False, bias=True)
+    assert np.abs(restored.covariance - want).max() <= tolerance * np.abs(want).max()
+    assert restored.count == 120
 
 
 def test_streaming_covariance_loads_whole_float_counts_and_states_without_dim():

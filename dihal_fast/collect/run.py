@@ -76,7 +76,7 @@ def _collect_local(config: CollectConfig, run_dir: Path, resume: bool, max_batch
     )
     state = {"blocks_done": 0, "batches_done": 0, "exhausted": False}
     if resume:
-        state = store.load(stats) or state
+        state = store.load(stats, config, model.get_input_embeddings().num_embeddings) or state
     total = config.total_blocks
     expected = None if total is None else -(-len(range(rank, total, world)) // config.batch_size)
     start = time.perf_counter()

@@ -162,13 +162,31 @@ def _checked_state(state: dict[str, Any], dim: int) -> tuple[int, np.ndarray, np
     if count < 0 or count != np.floor(count) or count >= 2**63:
         raise ValueError(f"covariance state is corrupt: field 'count' is {count}, expected a whole number >= 0")
     count = int(count)
-    mean = _state_field(state, "mean", (dim,), dim).astype(np.float64)
-    comoment = _state_field(state, "comoment", (dim, dim), dim).astype(np.float64)
+    # Own, C-ordered float64 copies whatever the saved layout (the kernels update the state in place).
+    mean = np.array(_state_field(state, "mean", (dim,), dim), dtype=np.float64, order="C", copy=True)
+    comoment = np.array(_state_field(state, "comoment", (dim, dim), dim), dtype=np.float64, order="C", copy=True)
     if count == 0 and (mean.any() or comoment.any()):
         raise ValueError("covariance state is corrupt: field 'count' is 0 but 'mean' or 'comoment' is non-zero")
+    if count == 1 and comoment.any():
+        raise ValueError("covariance state is corrupt: field 'count' is 1 but 'comoment' is non-zero (one row has no spread)")
     scale = np.abs(comoment).max(initial=0.0)
     if np.abs(comoment - comoment.T).max(initial=0.0) > 1e-9 * scale:
         raise ValueError("covariance state is corrupt: field 'comoment' is not symmetric")
     if (np.diag(comoment) < 0).any():
         raise ValueError("covariance state is corrupt: field 'comoment' has a negative diagonal (sums of squares)")
+    _check_positive_semidefinite(comoment)
     return count, mean, comoment
+
+
+def _check_positive_semidefinite(comoment: np.ndarray) -> None:
+    """A co-moment is a sum of outer products: no eigenvalue below -(rounding), else a ``ValueError``.
+
+    Rounding of an accumulated co-moment stays far below ``1e-8 * D * max|c|``; a corruption such as
+    ``|c01| > sqrt(c00 c11)`` gives an eigenvalue of the order of the entries themselves."""
+    scale = np.abs(comoment).max(initial=0.0)
+    if scale == 0:
+        return
+    lowest = float(np.linalg.eigvalsh(comoment / scale)[0])  # scaled: no overflow near the float64 limit
+    if lowest < -1e-8 * comoment.shape[0]:
+        raise ValueError(f"covariance state is corrupt: field 'comoment' is not positive semi-definite (an eigenvalue "
+                         f"of {lowest * scale:.3g}, entries up to {scale:.3g})")

@@ -214,6 +214,9 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "RunConfig":
         parts = {"task": TaskConfig, "model": HCDLMModelConfig, "objective": ObjectiveConfig, "train": HCDLMTrainConfig}
+        if not isinstance(data, dict) or any(not isinstance(data.get(name, {}), dict) for name in parts):
+            raise ValueError(f"run config must be an object with the sections {sorted(parts)} (objects), got "
+                             f"{str(data)[:80]}")
         try:
             return cls(**{name: kind(**{**LEGACY.get(name, {}), **_current_names(name, data.get(name, {}))})
                           for name, kind in parts.items()})
@@ -225,4 +228,8 @@ class RunConfig:
 
     @classmethod
     def load(cls, path: Path) -> "RunConfig":
-        return cls.from_dict(read_json(path, "run config"))
+        data = read_json(path, "run config")
+        try:
+            return cls.from_dict(data)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None

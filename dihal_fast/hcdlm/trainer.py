@@ -105,9 +105,13 @@ class RunJob(TrainingJob):
         if saved != self.generator.device.type:
             raise ValueError(f"this run was trained on {saved}; resume it with --device {saved} "
                              f"(its noise stream cannot move to {self.generator.device.type})")
-        version, internal, gauss = plain["task_rng"]
-        self.task_rng.setstate((version, tuple(internal), gauss))
-        self.generator.set_state(tensors["generator"])
+        try:
+            version, internal, gauss = plain["task_rng"]
+            self.task_rng.setstate((version, tuple(internal), gauss))
+            self.generator.set_state(tensors["generator"])
+        except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as exc:  # wrong types or sizes
+            raise ValueError(f"the checkpoint's data and noise streams (stream.json, stream.safetensors) are damaged "
+                             f"({type(exc).__name__}: {exc}); resume from another checkpoint or train into a new --out") from None
 
 
 def train(run_dir: str | os.PathLike, config: RunConfig, deepspeed_config: str | os.PathLike | None = None) -> dict:

@@ -192,4 +192,5 @@ def generate(rng: random.Random, geo: Geometry, difficulty: str = "singles", max
         puzzle = _remove_clues(solution, rng, geo, keep_singles=difficulty == "singles")
         if grade(puzzle, geo)[0] in DIFFICULTIES[difficulty]:
             return puzzle, solution
-    raise RuntimeError(f"no {difficulty!r} {geo.n}x{geo.n} puzzle in {max_tries} tries; this grid size may not have any")
+    raise ValueError(f"no {difficulty!r} {geo.n}x{geo.n} puzzle in {max_tries} tries; this grid size may not have any "
+                     "(choose an easier difficulty or a larger box)")

@@ -28,20 +28,52 @@ def parse_box(text: str) -> tuple[int, int]:
     return rows, cols
 
 
+# Draws in a row that give no new puzzle before the pool is declared impossible to fill.
+POOL_PATIENCE = 1000
+
+
 def generate_pool(geo: Geometry, count: int, difficulty: str, seed: int, cache: Path | None = None) -> list[Pair]:
-    """``count`` distinct generated puzzles of one grade, cached as JSON so a resumed run reuses them."""
+    """``count`` distinct generated puzzles of one grade, cached as JSON so a resumed run reuses them.
+
+    A grid with fewer distinct puzzles than ``count`` (e.g. 1x2 boxes) is a ``ValueError`` after
+    :data:`POOL_PATIENCE` draws in a row without a new one, never a hang."""
     if cache is not None and cache.is_file():
-        return [(tuple(p), tuple(s)) for p, s in read_json(cache, "puzzle pool")]
-    rng, seen, pool = random.Random(seed), set(), []
+        return checked_pool(read_json(cache, "puzzle pool"), geo, count, cache)
+    rng, seen, pool, misses = random.Random(seed), set(), [], 0
     with progress_bar(total=count, desc=f"generating {difficulty} {geo.n}x{geo.n} puzzles", leave=False) as bar:
         while len(pool) < count:
             puzzle, solution = generate(rng, geo, difficulty)
+            misses = misses + 1 if puzzle in seen else 0
+            if misses >= POOL_PATIENCE:
+                raise ValueError(f"only {len(pool)} distinct {difficulty} {geo.n}x{geo.n} puzzles found ({POOL_PATIENCE} "
+                                 f"draws in a row gave no new one); lower --sudoku-pool to at most {len(pool)} or use a "
+                                 "larger box")
             if puzzle not in seen:
                 seen.add(puzzle)
                 pool.append((puzzle, solution))
                 bar.update()
     if cache is not None:
         atomic_write_json(cache, [[list(p), list(s)] for p, s in pool])
+    return pool
+
+
+def checked_pool(data: object, geo: Geometry, count: int, path: Path) -> list[Pair]:
+    """The pool saved in ``path``, or a ``ValueError`` naming it unless it holds ``count`` valid puzzle/solution pairs."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"puzzle pool {path} is damaged: {what}; delete it to generate the pool again")
+
+    if not isinstance(data, list) or len(data) != count:
+        found = f"{len(data)} entries" if isinstance(data, list) else f"a JSON {type(data).__name__}"
+        raise bad(f"expected a list of {count} [puzzle, solution] pairs, got {found}")
+    pool = []
+    for index, entry in enumerate(data):
+        if not (isinstance(entry, list) and len(entry) == 2 and all(
+                isinstance(grid, list) and len(grid) == geo.cells and all(type(v) is int for v in grid) for grid in entry)):
+            raise bad(f"entry {index} is not a pair of {geo.cells}-cell integer grids")
+        puzzle, solution = tuple(entry[0]), tuple(entry[1])
+        if any(not 0 <= v <= geo.n for v in puzzle) or not is_valid_solution(puzzle, solution, geo):
+            raise bad(f"entry {index} is not a {geo.n}x{geo.n} puzzle with its solution")
+        pool.append((puzzle, solution))
     return pool
 
 

@@ -75,12 +75,16 @@ def check_resumable(path: Path, configs: dict[str, dict], resumable: Iterable[st
     allowed = set(resumable)
     for name, config in configs.items():
         saved = read_json(path / name, "checkpoint config")
+        if not isinstance(saved, dict):
+            raise ValueError(f"checkpoint config {path / name} holds a JSON {type(saved).__name__}, not an object; "
+                             "the checkpoint is damaged")
         differing = sorted(k for k in set(saved) | set(config) if k not in allowed and saved.get(k) != config.get(k))
         if differing:
             sections = [k for k in differing if isinstance(config.get(k), dict)]
             which = f" (a different {' and '.join(sections)} configuration)" if sections else ""
-            fields = [f"{k}.{f}" for k in sections for f in sorted(set(saved.get(k) or {}) | set(config[k]))
-                      if (saved.get(k) or {}).get(f) != config[k].get(f)]
+            saved_sections = {k: saved[k] if isinstance(saved.get(k), dict) else {} for k in sections}
+            fields = [f"{k}.{f}" for k in sections for f in sorted(set(saved_sections[k]) | set(config[k]))
+                      if saved_sections[k].get(f) != config[k].get(f)]
             raise ValueError(f"checkpoint {path} was written with different settings for {fields or differing}{which}; "
                              "resume with the same settings or start a new --out directory")
     if state.get("engine") != engine_kind:
@@ -185,7 +189,11 @@ def load_checkpoint(path: Path, engine, ema: EMA | None) -> tuple[int, dict, tup
         ema.load_state_dict(load_checked(path / EMA_WEIGHTS, lambda p: load_file(str(p))))
     tensors = load_checked(path / f"rng_rank{engine.rank}.safetensors", lambda p: load_file(str(p)))
     plain = load_checked(path / f"rng_rank{engine.rank}.json", lambda p: json.loads(p.read_text()))
-    _set_rng_state(tensors, plain)
+    try:
+        _set_rng_state(tensors, plain)
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, OverflowError) as exc:  # wrong types or sizes
+        raise ValueError(f"the random state in {path}/rng_rank{engine.rank}.* is damaged ({type(exc).__name__}: "
+                         f"{exc}); resume from another checkpoint or train into a new --out") from None
     stream = (load_checked(path / "stream.json", lambda p: json.loads(p.read_text())),
               load_checked(path / "stream.safetensors", lambda p: load_file(str(p))))
     return state["step"], state, stream
