@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from dihal_fast.common.options import option
@@ -10,27 +11,50 @@ from dihal_fast.train.settings import LoopSettings
 LOG_EVERY = 10  # optimizer steps between training-loss log lines
 
 
+FAMILIES = ("llama", "qwen3")  # LlamaForCausalLM, Qwen3ForCausalLM (QK-norm; grouped-query heads via --kv-heads)
+
+
 @dataclass
 class BackboneModelConfig:
-    """Shape of the Llama-architecture backbone (RoPE, RMSNorm, SwiGLU)."""
+    """Shape of the backbone: Llama (RoPE, RMSNorm, SwiGLU) or Qwen3 (the same plus RMSNorm on queries and keys)."""
 
+    family: str = option("llama", "architecture: llama = LlamaForCausalLM, qwen3 = Qwen3ForCausalLM (QK-norm)",
+                         choices=FAMILIES)
     vocab_size: int = option(4096, "BPE vocabulary size (incl. 3 special tokens)")
     hidden_size: int = option(256, "model width", flag="--hidden")
     num_layers: int = option(8, "transformer layers", flag="--layers")
-    num_heads: int = option(4, "attention heads (hidden / heads must be even: RoPE)", flag="--heads")
+    num_heads: int = option(4, "attention (query) heads", flag="--heads")
+    num_kv_heads: int = option(0, "key/value heads (grouped-query attention; 0 = --heads)", flag="--kv-heads")
+    head_dim: int = option(0, "size of one head, even (RoPE); 0 = hidden / heads")
     intermediate_size: int = option(688, "SwiGLU inner width", flag="--intermediate")
     seq_len: int = option(256, "tokens per training sequence (also the model's context)")
     rope_theta: float = option(10000.0, "RoPE base frequency")
     tie_embeddings: bool = option(True, "share the input embedding matrix with the LM head")
 
     def validate(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
-            raise ValueError(
-                f"hidden size {self.hidden_size} must split into {self.num_heads} heads of even size (RoPE)"
-            )
+        if self.num_kv_heads < 0 or self.head_dim < 0:
+            raise ValueError(f"kv heads and head dim must be >= 0 (0 = derived), got {self.num_kv_heads}, {self.head_dim}")
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"{self.num_heads} query heads do not split into groups of {self.kv_heads} key/value heads")
+        if not self.head_dim and self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden size {self.hidden_size} does not split into {self.num_heads} heads; pass --head-dim")
+        if self.head_size % 2:
+            raise ValueError(f"head size {self.head_size} must be even (RoPE)")
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (``num_kv_heads``, or one per query head when 0)."""
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def head_size(self) -> int:
+        """Width of one attention head (``head_dim``, or hidden / heads when 0)."""
+        return self.head_dim or self.hidden_size // self.num_heads
 
 
 @dataclass
@@ -54,6 +78,7 @@ class BackboneTrainConfig:
     eval_every: int = option(200, "steps between quick validation estimates")
     eval_windows: int = option(16, "windows per split in the quick estimates")
     checkpoint_every: int = option(200, "steps between checkpoints")
+    tokenizer: str = option("", "reuse the tokenizer saved in this directory (e.g. another backbone's) instead of training one")
 
     def validate(self) -> None:
         self.model.validate()
@@ -66,6 +91,8 @@ class BackboneTrainConfig:
             raise ValueError(f"precision must be auto, fp32 or bf16, got {self.precision!r}")
         if not self.corpus:
             raise ValueError("no corpus files given")
+        if self.tokenizer and not (Path(self.tokenizer) / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"--tokenizer {self.tokenizer}: no tokenizer.json in that directory")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -47,7 +47,7 @@ def write_training_report(out: Path, model, tokenizer, cfg, corpus, train_ids, v
     import transformers
 
     from dihal_fast import __version__
-    from dihal_fast.backbone.model import count_parameters
+    from dihal_fast.backbone.model import ARCHITECTURES, count_parameters
 
     report = {
         "command": command,
@@ -58,7 +58,7 @@ def write_training_report(out: Path, model, tokenizer, cfg, corpus, train_ids, v
         "precision": precision,
         "wall_time_s": round(wall_s, 1),
         "train_tokens_seen": step * cfg.batch_size * cfg.model.seq_len,
-        "architecture": "LlamaForCausalLM",
+        "architecture": ARCHITECTURES[cfg.model.family],
         "parameters": count_parameters(model),
         "model": cfg.to_dict()["model"],
         "tokenizer": {"type": "byte-level BPE", "vocab_size": len(tokenizer)},
@@ -105,16 +105,20 @@ def describe_backbone(model_dir: str | Path) -> str:
     """Human-readable summary of a backbone directory: architecture, size, data, validation PPL."""
     from transformers import AutoConfig
 
+    from dihal_fast.common.assets import SHIPPED_BACKBONES
+
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"no checkpoint at {model_dir} (expected a directory with config.json, model weights, tokenizer)")
     config = AutoConfig.from_pretrained(str(model_dir))
+    shipped = [b.name for b in SHIPPED_BACKBONES.values() if b.directory.resolve() == model_dir.resolve()]
     lines = [
-        f"backbone: {model_dir}",
-        f"architecture: {', '.join(config.architectures or [config.model_type])} "
-        f"({config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads, "
-        f"intermediate {config.intermediate_size}, vocab {config.vocab_size}, context {config.max_position_embeddings}, "
-        f"tied embeddings {config.tie_word_embeddings})",
+        f"backbone: {model_dir}" + (f" (shipped as {shipped[0]})" if shipped else ""),
+        (f"architecture: {', '.join(config.architectures or [config.model_type])} "
+         f"({config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads"
+         f"{_kv_heads(config)}, "
+         f"intermediate {config.intermediate_size}, vocab {config.vocab_size}, context {config.max_position_embeddings}, "
+         f"tied embeddings {config.tie_word_embeddings})"),
     ]
     report_path = model_dir / REPORT_NAME
     if not report_path.is_file():
@@ -132,4 +136,56 @@ def describe_backbone(model_dir: str | Path) -> str:
     lines.append(f"{'held-out split':<20}{'tokens':>9}{'PPL':>9}{'unigram':>9}{'bigram':>9}")
     for name, row in report["validation"].items():
         lines.append(f"{name:<20}{row['tokens']:>9}{row['ppl']:>9.2f}{row['unigram_ppl']:>9.1f}{row['bigram_ppl']:>9.1f}")
+    return "\n".join(lines)
+
+
+def _kv_heads(config) -> str:
+    """`` (2 key/value of 32)`` for grouped-query attention, else nothing."""
+    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return f" ({kv} key/value) of {head_dim}" if kv != config.num_attention_heads else f" of {head_dim}"
+
+
+def pooled_validation_ppl(report: dict[str, Any]) -> float | None:
+    """Token-pooled perplexity over every held-out split of a training report (None when it has none)."""
+    rows = list((report.get("validation") or {}).values())
+    tokens = sum(row["tokens"] for row in rows)
+    if not tokens:
+        return None
+    return float(np.exp(sum(row["tokens"] * np.log(row["ppl"]) for row in rows) / tokens))
+
+
+def shipped_backbone_rows() -> list[dict[str, Any]]:
+    """One row per shipped backbone: name, family, layers, width, parameters, held-out PPL (pooled and per
+    split), directory, description; ``available`` is False (and the shape fields None) when its files are absent."""
+    from dihal_fast.common.assets import SHIPPED_BACKBONES
+
+    rows = []
+    for entry in SHIPPED_BACKBONES.values():
+        row: dict[str, Any] = {"name": entry.name, "family": entry.family, "layers": None, "hidden_size": None,
+                               "parameters": None, "heldout_ppl": None, "heldout_ppl_by_split": None,
+                               "directory": str(entry.directory), "description": entry.description,
+                               "available": (entry.directory / "config.json").is_file()}
+        if row["available"]:
+            config = read_json(entry.directory / "config.json", "model config")
+            row.update(layers=config["num_hidden_layers"], hidden_size=config["hidden_size"])
+            if (entry.directory / REPORT_NAME).is_file():
+                report = read_json(entry.directory / REPORT_NAME, "training report")
+                row.update(parameters=report["parameters"], heldout_ppl=pooled_validation_ppl(report),
+                           heldout_ppl_by_split={k: v["ppl"] for k, v in report["validation"].items()})
+        rows.append(row)
+    return rows
+
+
+def format_backbone_rows(rows: list[dict[str, Any]]) -> str:
+    """The ``dihal backbone list`` table."""
+    lines = [f"{'name':<16}{'family':<8}{'layers':>7}{'width':>7}{'parameters':>12}{'held-out PPL':>14}  directory"]
+    for row in rows:
+        if not row["available"]:
+            lines.append(f"{row['name']:<16}{row['family']:<8}  (not installed: no config.json in {row['directory']})")
+            continue
+        params = f"{row['parameters']:,}" if row["parameters"] else "?"
+        ppl = f"{row['heldout_ppl']:.2f}" if row["heldout_ppl"] else "?"
+        lines.append(f"{row['name']:<16}{row['family']:<8}{row['layers']:>7}{row['hidden_size']:>7}{params:>12}{ppl:>14}  {row['directory']}")
+    lines.append("held-out PPL: token-pooled over the four *.valid.txt splits of the training report (dihal backbone info --model NAME)")
     return "\n".join(lines)

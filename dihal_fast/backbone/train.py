@@ -219,6 +219,12 @@ def train_backbone(
         seed_everything(cfg.seed)
         if (out / "tokenizer.json").exists() and resume:
             tokenizer = PreTrainedTokenizerFast.from_pretrained(str(out))
+        elif cfg.tokenizer:
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.tokenizer)
+            logger.info("reusing the tokenizer of %s (%d tokens)", cfg.tokenizer, len(tokenizer))
+            if rank == 0:
+                tokenizer.save_pretrained(str(out))
+                atomic_write_json(out / CONFIG_NAME, cfg.to_dict())
         else:
             logger.info("training a byte-level BPE tokenizer (vocab %d) on %d documents", cfg.model.vocab_size, len(corpus.train_texts))
             tokenizer = train_tokenizer(corpus.train_texts, cfg.model.vocab_size)

@@ -1,4 +1,5 @@
-"""``dihal backbone``: train the small default causal LM (``train``) and describe a checkpoint (``info``)."""
+"""``dihal backbone``: train a small causal LM (``train``), list the shipped ones (``list``) and describe a
+checkpoint (``info``)."""
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,9 @@ logger = logging.getLogger(__name__)
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "backbone",
-        help="train or describe the small default backbone LM",
-        description="Train a byte-level BPE tokenizer + Llama causal LM on UTF-8 text, or describe a checkpoint.",
+        help="train, list or describe the small backbone LMs",
+        description="Train a byte-level BPE tokenizer + Llama or Qwen3 causal LM on UTF-8 text, list the shipped "
+        "backbones, or describe a checkpoint.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     actions = parser.add_subparsers(dest="backbone_command", metavar="ACTION", required=True)
@@ -28,15 +30,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Describe a backbone directory (reads config.json and training_report.json).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    info.add_argument("--model", default=None, help="checkpoint directory (default: the shipped backbone)")
+    info.add_argument("--model", default=None, help="shipped backbone name or checkpoint directory (default: the default shipped backbone)")
     info.set_defaults(func=run_info)
+    listing = actions.add_parser(
+        "list",
+        help="the shipped backbones (name, family, layers, width, parameters, held-out PPL)",
+        description="The backbones shipped inside the package; pass a name as --model to any command.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    listing.add_argument("--json", action="store_true", help="print a JSON list of objects instead of a table")
+    listing.set_defaults(func=run_list)
 
 
 def _register_train(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser(
         "train",
-        help="train a backbone (tokenizer + LlamaForCausalLM) on text files",
-        description="Train a byte-level BPE tokenizer and a LlamaForCausalLM on UTF-8 text files, with "
+        help="train a backbone (tokenizer + LlamaForCausalLM or Qwen3ForCausalLM) on text files",
+        description="Train a byte-level BPE tokenizer (or reuse one: --tokenizer DIR) and a LlamaForCausalLM "
+        "(--family llama) or Qwen3ForCausalLM (--family qwen3) on UTF-8 text files, with "
         "warmup + cosine LR, AdamW, gradient clipping, periodic validation, checkpoints and --resume. "
         "Held-out splits: --valid files, else the X.valid.txt next to every X.train.txt, else the tail of each file. "
         "Several processes with DeepSpeed ZeRO: torchrun --nproc_per_node N $(which dihal) backbone train --deepspeed CFG ...",
@@ -74,8 +85,18 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from dihal_fast.backbone import default_model_dir
     from dihal_fast.backbone.report import describe_backbone
+    from dihal_fast.common.models import resolve_model_dir
 
-    print(describe_backbone(args.model or default_model_dir()))
+    print(describe_backbone(resolve_model_dir(args.model)))
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    import json
+
+    from dihal_fast.backbone.report import format_backbone_rows, shipped_backbone_rows
+
+    rows = shipped_backbone_rows()
+    print(json.dumps(rows, indent=2) if args.json else format_backbone_rows(rows))
     return 0

@@ -1,4 +1,5 @@
-"""Where the shipped backbone checkpoint and default corpus lie inside the installed package.
+"""Where the shipped backbone checkpoints and the default corpus lie inside the installed package, and
+the names that select a shipped backbone (``--model tiny-qwen3-16l``).
 
 A leaf module so that model loading (:mod:`dihal_fast.common.models`) can default to the shipped
 backbone without importing :mod:`dihal_fast.backbone`, which builds on ``common``; the documented
@@ -8,21 +9,66 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
-DEFAULT_MODEL_DIR = ASSETS_DIR / "backbone"
 DEFAULT_CORPUS = ASSETS_DIR / "corpus" / "default.txt"
 
 
-def default_model_dir() -> Path:
-    """Directory of the shipped backbone checkpoint (``from_pretrained`` layout)."""
-    if not (DEFAULT_MODEL_DIR / "config.json").is_file():
+@dataclass(frozen=True)
+class ShippedBackbone:
+    """A causal LM that ships inside the package (``from_pretrained`` layout in ``directory``)."""
+
+    name: str
+    directory: Path
+    family: str
+    description: str
+
+
+SHIPPED_BACKBONES = {
+    backbone.name: backbone for backbone in (
+        ShippedBackbone("tiny-llama-8l", ASSETS_DIR / "backbone", "llama",
+                        "LlamaForCausalLM, 8 layers, hidden 128, tied embeddings (the default)"),
+        ShippedBackbone("tiny-qwen3-16l", ASSETS_DIR / "backbone_qwen3", "qwen3",
+                        "Qwen3ForCausalLM, 16 layers, hidden 96, QK-norm, 4 query / 2 key-value heads, untied head"),
+    )
+}
+DEFAULT_BACKBONE = "tiny-llama-8l"
+DEFAULT_MODEL_DIR = SHIPPED_BACKBONES[DEFAULT_BACKBONE].directory
+
+
+def shipped_model_dir(name: str) -> Path:
+    """Directory of the shipped backbone ``name`` (a key of :data:`SHIPPED_BACKBONES`)."""
+    if name not in SHIPPED_BACKBONES:
+        raise ValueError(f"unknown shipped backbone {name!r}; shipped: {', '.join(SHIPPED_BACKBONES)}")
+    directory = SHIPPED_BACKBONES[name].directory
+    if not (directory / "config.json").is_file():
         raise FileNotFoundError(
-            f"the shipped backbone is missing from {DEFAULT_MODEL_DIR}; reinstall dihal_fast "
+            f"the shipped backbone {name} is missing from {directory}; reinstall dihal_fast "
             "or pass --model DIR with a local Hugging Face causal-LM checkpoint"
         )
-    return DEFAULT_MODEL_DIR
+    return directory
+
+
+def default_model_dir() -> Path:
+    """Directory of the default shipped backbone (``from_pretrained`` layout)."""
+    return shipped_model_dir(DEFAULT_BACKBONE)
+
+
+def model_location(model: str | os.PathLike | None) -> Path:
+    """Where ``--model`` points: ``None`` = the default backbone; an existing path is that path (a local
+    directory wins over a shipped backbone of the same name); else a shipped backbone's name; else an error
+    line naming the shipped backbones."""
+    if model is None:
+        return default_model_dir()
+    path = Path(model)
+    if path.exists():
+        return path
+    if str(model) in SHIPPED_BACKBONES:
+        return shipped_model_dir(str(model))
+    raise FileNotFoundError(f"no checkpoint at {path}: the model directory does not exist, nor is {str(model)!r} a "
+                            f"shipped backbone ({', '.join(SHIPPED_BACKBONES)}; see `dihal backbone list`)")
 
 
 def default_corpus() -> Path:

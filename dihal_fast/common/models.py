@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from dihal_fast.common.assets import default_model_dir
+from dihal_fast.common.assets import model_location
 
 logger = logging.getLogger(__name__)
 
@@ -16,12 +16,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_model_dir(path: str | os.PathLike | None) -> Path:
-    """``path`` checked to be a checkpoint directory; ``None`` means the shipped backbone."""
-    if path is None:
-        return default_model_dir()
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"model directory does not exist: {path}")
+    """``path`` checked to be a checkpoint directory: a directory, a shipped backbone's name
+    (``tiny-qwen3-16l``; a directory of that name wins) or ``None`` (the default shipped backbone).
+    Every command's ``--model`` goes through here."""
+    path = model_location(path)
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
     try:
@@ -32,11 +30,11 @@ def resolve_model_dir(path: str | os.PathLike | None) -> Path:
 
 
 def load_tokenizer(path: str | os.PathLike | None):
-    """The tokenizer saved in directory ``path`` (``None`` = the shipped backbone's); a missing pad token
+    """The tokenizer saved in directory ``path`` (or a shipped backbone's name; ``None`` = the default one's); a missing pad token
     is set to EOS (and said so in the log). The one tokenizer loader of the package."""
     from transformers import AutoTokenizer
 
-    path = default_model_dir() if path is None else Path(path)
+    path = model_location(path)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory not found: {path}")
     try:
