@@ -11,6 +11,14 @@ from dihal_fast.common.options import HelpFormatter, add_dataclass_options, comm
 logger = logging.getLogger(__name__)
 
 
+def comma_floats(text: str) -> list[float]:
+    """``"0.05,0.5"`` -> ``[0.05, 0.5]`` (``""`` -> ``[]``)."""
+    try:
+        return [float(value) for value in text.split(",") if value.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
 def _add_train(sub: argparse._SubParsersAction) -> None:
     from dihal_fast.hcdlm.config import RunConfig
     from dihal_fast.train.settings import DEEPSPEED_HELP
@@ -45,7 +53,13 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps-sweep", type=comma_integers, default=[5, 10, 25, 50], help="step counts for the accuracy-vs-steps plot (empty = none)")
     p.add_argument("--samples", type=int, default=64, help="text: number of samples to score")
     p.add_argument("--evaluator", type=Path, default=None, help="text: evaluator LM for Gen PPL; the shipped backbone when omitted")
-    p.add_argument("--no-diagnostics", action="store_true", help="skip the raw-vs-EMA comparison and (HC-DLM, Latent DM) the read-out accuracy after every sampling step")
+    p.add_argument("--no-diagnostics", action="store_true", help="skip the raw-vs-EMA comparison, the read-out after every "
+                   "sampling step and the input ablations")
+    p.add_argument("--compare", type=Path, default=None, metavar="RUN", help="another run on the same task (e.g. MDM): its "
+                   "accuracy against steps and its decoded answer per normalised step beside this run's, same puzzles")
+    p.add_argument("--noise-levels", type=comma_floats, default=[0.05, 0.25, 0.5, 0.75, 0.95],
+                   help="Sudoku, latent models: noise levels of the ablations (x_t -> noise, scaffold -> true / random tokens; "
+                        "empty = none)")
     _add_sampling(p)
     p.set_defaults(func=run_eval)
 
@@ -110,12 +124,18 @@ def run_eval(args: argparse.Namespace) -> int:
     text = saved.is_file() and read_json(saved, "run config").get("task", {}).get("name") == "text"
     report = evaluate_run(args.run_dir, args.data, args.out, _sample_config(args, text), limit=args.limit, steps_sweep=tuple(args.steps_sweep),
                           samples=args.samples, evaluator=args.evaluator, diagnostics=not args.no_diagnostics,
-                          seed=args.seed, raw_weights=args.raw_weights, device=args.device)
+                          seed=args.seed, raw_weights=args.raw_weights, device=args.device, compare=args.compare,
+                          noise_levels=tuple(args.noise_levels))
     if "gen_ppl" in report:
         print(f"{report['model']} text: gen_ppl {report['gen_ppl']:.2f}, entropy {report['entropy']:.3f} "
               f"(data: {report['data_reference']['gen_ppl']:.2f}, {report['data_reference']['entropy']:.3f})")
     else:
         print(f"{report['model']} on {args.data.name}: accuracy {report['accuracy']:.4f} (n={report['n']})")
+        if "compare" in report:
+            print(f"{report['compare']['model']} (--compare) on the same: accuracy {report['compare']['accuracy']:.4f}")
+        if "ablation_effects" in report:
+            effects = ", ".join(f"{k} {100 * v:+.1f}" for k, v in report["ablation_effects"].items())
+            print(f"ablations, largest change of {report['ablation_key']} (points): {effects}")
     return 0
 
 

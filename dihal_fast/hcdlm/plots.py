@@ -1,4 +1,5 @@
-"""PNG plots of an HC-DLM evaluation: accuracy against sampling steps, and the read-out after each step."""
+"""PNG plots of an HC-DLM evaluation: accuracy against sampling steps, the read-out after each step, the
+decoded answer per normalised step of several models, and the input ablations."""
 from __future__ import annotations
 
 import io
@@ -8,7 +9,7 @@ from dihal_fast.common import atomic_write_bytes
 
 
 def save_lines(series: dict[str, tuple[list[float], list[float]]], path: str | Path, xlabel: str, ylabel: str, title: str,
-               log_x: bool = False) -> Path:
+               log_x: bool = False, markers: bool = False) -> Path:
     """One line per ``label -> (x, y)``; with ``log_x`` a log axis ticked at every x. Returns the PNG path."""
     import matplotlib
 
@@ -17,7 +18,7 @@ def save_lines(series: dict[str, tuple[list[float], list[float]]], path: str | P
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for label, (x, y) in series.items():
-        ax.plot(x, y, marker="o" if log_x else None, label=label)
+        ax.plot(x, y, marker="o" if log_x or markers else None, label=label)
     if log_x:
         ax.set_xscale("log")
         ticks = sorted({v for x, _ in series.values() for v in x})
@@ -47,3 +48,16 @@ def plot_readout_by_step(rows: list[dict], path: str | Path, title: str) -> Path
     keys = [k for k in rows[0] if k not in ("step", "n")]
     series = {k.replace("_", " "): ([r["step"] for r in rows], [100 * r[k] for r in rows]) for k in keys}
     return save_lines(series, path, "sampling step (1 = first, from noise)", "read-out score (%)", title)
+
+
+def plot_trajectories(trajectories: dict[str, list[dict]], key: str, path: str | Path, title: str) -> Path:
+    """``key`` (in %) of the decoded answer against the normalised sampling step, one line per model (Fig. 3a)."""
+    series = {label: ([r["fraction"] for r in rows], [100 * r[key] for r in rows]) for label, rows in trajectories.items()}
+    return save_lines(series, path, "sampling step / steps", f"decoded {key.replace('_', ' ')} (%)", title)
+
+
+def plot_ablations(rows: list[dict], key: str, path: str | Path, title: str) -> Path:
+    """``key`` (in %) of the one-step read-out against the noise level, one line per input ablation."""
+    names = [name for name in rows[0] if name != "s"]
+    series = {name.replace("_", " "): ([r["s"] for r in rows], [100 * r[name][key] for r in rows]) for name in names}
+    return save_lines(series, path, "noise level s", f"read-out {key.replace('_', ' ')} (%)", title, markers=True)

@@ -22,7 +22,8 @@ from dihal_fast.hcdlm.evaluate import (
     readout_by_step,
     sample_targets,
 )
-from dihal_fast.hcdlm.plots import plot_accuracy_vs_steps, plot_readout_by_step
+from dihal_fast.hcdlm.mechanism import ABLATION_LEVELS, ablation_effects, ablation_readout, check_levels, readout_trajectory
+from dihal_fast.hcdlm.plots import plot_ablations, plot_accuracy_vs_steps, plot_readout_by_step, plot_trajectories
 
 logger = logging.getLogger(__name__)
 
@@ -35,17 +36,27 @@ def _with_temperature(sample: SampleConfig | None, text: bool) -> SampleConfig:
 def evaluate_run(run_dir: str | Path, data: str | Path, out: str | Path, sample: SampleConfig | None = None, *,
                  limit: int | None = None, steps_sweep: tuple[int, ...] = (5, 10, 25, 50), samples: int = 64,
                  evaluator: str | Path | None = None, diagnostics: bool = True, seed: int = 0, raw_weights: bool = False,
-                 device: str = "auto") -> dict:
+                 device: str = "auto", compare: str | Path | None = None,
+                 noise_levels: tuple[float, ...] = ABLATION_LEVELS) -> dict:
     """Score the newest checkpoint of ``run_dir`` on ``data`` and write the report to ``out`` (JSON).
 
     Puzzles (a Sudoku CSV or Countdown JSONL): accuracy overall and per group, accuracy against sampling
-    steps (``out`` with ``.steps.png``), and with ``diagnostics`` the other weight set (raw vs EMA) and, for
-    latent models, the read-out after every sampling step (``.readout.png``). Text: Gen PPL and entropy
-    of ``samples`` samples under ``evaluator`` (the shipped backbone when None), beside the data's own.
+    steps (``out`` with ``.steps.png``; with ``compare``, another run (e.g. MDM) on the same puzzles in the
+    same plot), and with ``diagnostics`` the other weight set (raw vs EMA), for latent models the read-out
+    after every sampling step (``.readout.png``), the decoded answer per normalised step of this run and
+    of ``compare`` (``trajectory``, ``.trajectory.png``) and, on Sudoku, the read-out at the fixed
+    ``noise_levels`` with x_t or the scaffold replaced (``ablations``, ``.ablations.png``; see
+    :mod:`dihal_fast.hcdlm.mechanism`). Text: Gen PPL and entropy of ``samples`` samples under
+    ``evaluator`` (the shipped backbone when None), beside the data's own.
     """
     out = check_output_file(out)
     data = Path(data)
+    check_levels(noise_levels)
     run = load_run(run_dir, use_ema=not raw_weights, device=device)
+    other = load_run(compare, use_ema=not raw_weights, device=device) if compare is not None else None
+    if other is not None and (other.config.task.name, other.task.spec) != (run.config.task.name, run.task.spec):
+        raise ValueError(f"--compare {compare} was trained on another task ({other.config.task.name}) than {run_dir} "
+                         f"({run.config.task.name})")
     sample = _with_temperature(sample, run.config.task.name == "text")
     if run.config.task.name == "text":
         reference = text_windows(run.task, data, samples)
@@ -54,20 +65,61 @@ def evaluate_run(run_dir: str | Path, data: str | Path, out: str | Path, sample:
         examples = examples_from_file(run.task, data, limit)
         logger.info("evaluating %s (step %d) on %d examples from %s", run.config.model.kind, run.step, len(examples), data)
         report = evaluate_examples(run, examples, sample, seed)
-        sweep = [s for s in steps_sweep if s != sample.steps]
-        if sweep:
-            rows = accuracy_vs_steps(run, examples, sweep, sample, seed)
-            main_row = {"steps": sample.steps, "accuracy": report["accuracy"], "groups": report["groups"],
-                        "seconds_per_batch": report["seconds_per_batch"]}
-            report["accuracy_vs_steps"] = sorted(rows + [main_row], key=lambda r: r["steps"])
+        curves = {_label(run): _steps_curve(run, examples, steps_sweep, sample, seed, report)}
+        if other is not None:
+            other_report = evaluate_examples(other, examples, sample, seed, show=0)
+            curves[_label(other)] = _steps_curve(other, examples, steps_sweep, sample, seed, other_report)
+            report["compare"] = {"run": str(compare), "model": other.config.model.kind, "step": other.step,
+                                 "accuracy": other_report["accuracy"], "groups": other_report["groups"]}
+        if len(curves[_label(run)]) > 1:
+            report["accuracy_vs_steps"] = curves[_label(run)]
+            if other is not None:
+                report["compare"]["accuracy_vs_steps"] = curves[_label(other)]
             plot = out.with_suffix(".steps.png")
-            plot_accuracy_vs_steps({run.config.model.kind: report["accuracy_vs_steps"]}, plot, f"{run.config.task.name}: {data.name}")
+            plot_accuracy_vs_steps(curves, plot, f"{run.config.task.name}: {data.name}")
             report["plot"] = str(plot)
         if diagnostics:
             report.update(_diagnostics(run_dir, run, examples, sample, report, out, seed, raw_weights, device))
+            report.update(_mechanism(run, other, examples, sample, out, seed, noise_levels, report.get("readout_by_step")))
     report.update({"run": str(run_dir), "step": run.step, "data": str(data), "model": run.config.model.kind})
     atomic_write_json(out, report)
     return report
+
+
+def _label(run: LoadedRun) -> str:
+    return f"{run.config.model.kind} ({run.config.model.kernel})" if run.config.model.kind == "hcdlm" else run.config.model.kind
+
+
+def _steps_curve(run: LoadedRun, examples: list, steps_sweep: tuple[int, ...], sample: SampleConfig, seed: int,
+                 main: dict) -> list[dict]:
+    """Accuracy against sampling steps: the sweep plus the main row (already scored as ``main``)."""
+    rows = accuracy_vs_steps(run, examples, [s for s in steps_sweep if s != sample.steps], sample, seed)
+    main_row = {"steps": sample.steps, "accuracy": main["accuracy"], "groups": main["groups"],
+                "seconds_per_batch": main["seconds_per_batch"]}
+    return sorted(rows + [main_row], key=lambda r: r["steps"])
+
+
+def _score_key(run: LoadedRun) -> str:
+    """The partial-credit score plotted by the mechanism diagnostics."""
+    return {"sudoku": "blank_cells", "countdown": "true_steps"}.get(run.config.task.name, "accuracy")
+
+
+def _mechanism(run: LoadedRun, other: LoadedRun | None, examples: list, sample: SampleConfig, out: Path, seed: int,
+               noise_levels: tuple[float, ...], readout: list[dict] | None) -> dict:
+    """The decoded answer per normalised step (this run, from its ``readout`` when already traced, and
+    ``other``) and, on Sudoku, the input ablations."""
+    key, found = _score_key(run), {}
+    trajectories = {_label(r): readout_trajectory(r, examples, sample, seed, rows=readout if r is run else None)
+                    for r in (run, other) if r is not None and r.config.model.kind != "ar"}
+    if trajectories:
+        plot = plot_trajectories(trajectories, key, out.with_suffix(".trajectory.png"), f"{run.config.task.name}: decoded answer per step")
+        found.update({"trajectory": trajectories, "trajectory_plot": str(plot)})
+    if run.config.task.name == "sudoku" and hasattr(run.model, "denoiser") and noise_levels:
+        rows = ablation_readout(run, examples, tuple(noise_levels), seed)
+        plot = plot_ablations(rows, key, out.with_suffix(".ablations.png"), f"{_label(run)}: read-out with one input replaced")
+        found.update({"ablations": rows, "ablation_effects": ablation_effects(rows, key), "ablation_key": key, "ablations_plot": str(plot)})
+        logger.info("ablations (%s, largest change over s): %s", key, found["ablation_effects"])
+    return found
 
 
 def _diagnostics(run_dir, run: LoadedRun, examples: list, sample: SampleConfig, report: dict, out: Path, seed: int,

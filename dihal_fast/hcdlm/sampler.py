@@ -68,23 +68,32 @@ def _confidence(probs: torch.Tensor, chosen: torch.Tensor, order: str) -> torch.
 
 
 @torch.no_grad()
-def sample_mdm(model: MDMNet, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_mdm(model: MDMNet, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None,
+               on_step: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
     """Start fully masked; each of ``steps`` steps unmasks the most confident masked slots so that
-    ``round(s L)`` stay masked at level ``s = (N - i)/N`` (top-probability or top-margin order)."""
+    ``round(s L)`` stay masked at level ``s = (N - i)/N`` (top-probability or top-margin order).
+
+    ``on_step(i, decoded)`` is called after every step ``i = 1..N`` with the revealed tokens and every
+    still-masked slot filled by its argmax (a diagnostic read-out; steps that reveal nothing then cost a
+    forward pass too).
+    """
     batch, length = context.shape[0], model.spec.target_len
     tokens = torch.full((batch, length), model.mask_id, dtype=torch.long, device=context.device)
     for i in range(1, cfg.steps + 1):
         masked = tokens == model.mask_id
         keep_masked = int(round(length * (cfg.steps - i) / cfg.steps))
         n_new = int(masked.sum(dim=1).max()) - keep_masked
-        if n_new <= 0:
+        if n_new <= 0 and on_step is None:
             continue
         logits = model(tokens, context).to(torch.float64)
-        chosen = sample_categorical(logits, cfg.temperature, generator=generator)
-        confidence = _confidence(torch.softmax(logits, dim=-1), chosen, cfg.order).masked_fill(~masked, -1.0)
-        picked = confidence.topk(n_new, dim=1).indices
-        reveal = torch.zeros_like(masked).scatter(1, picked, True) & masked
-        tokens = torch.where(reveal, chosen, tokens)
+        if n_new > 0:
+            chosen = sample_categorical(logits, cfg.temperature, generator=generator)
+            confidence = _confidence(torch.softmax(logits, dim=-1), chosen, cfg.order).masked_fill(~masked, -1.0)
+            picked = confidence.topk(n_new, dim=1).indices
+            reveal = torch.zeros_like(masked).scatter(1, picked, True) & masked
+            tokens = torch.where(reveal, chosen, tokens)
+        if on_step is not None:
+            on_step(i, torch.where(tokens == model.mask_id, logits.argmax(-1), tokens))
     return tokens
 
 

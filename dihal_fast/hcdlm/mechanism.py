@@ -1,0 +1,116 @@
+"""Mechanism diagnostics of a trained run: does the hierarchy carry the solution?
+
+- :func:`readout_trajectory`: the decoded answer after every sampling step, at normalised step
+  ``step / steps`` (HC-DLM / Latent DM: ``argmax p(k0 | x_hat_0)``; MDM: the revealed tokens with every
+  still-masked slot filled by its argmax), so HC-DLM and MDM share one axis (the paper's Fig. 3a).
+- :func:`ablation_readout`: the one-step read-out ``argmax p(k0 | d(x_t, k_t, s))`` at fixed noise levels
+  from correctly noised inputs (``x_0`` = the encoder mean of the true tokens), and with one input
+  replaced: ``x_t`` by pure noise, the scaffold by the true tokens, or by random tokens. A read-out that
+  does not move when ``x_t`` is noise ignores the latent; one that does not move between a true and a
+  random scaffold ignores the scaffold.
+"""
+from __future__ import annotations
+
+import torch
+
+from dihal_fast.hcdlm.config import SampleConfig
+from dihal_fast.hcdlm.evaluate import LoadedRun, mean_scores, readout_by_step
+from dihal_fast.hcdlm.models import MDMNet
+from dihal_fast.hcdlm.noise import LATENT_FLOW
+from dihal_fast.hcdlm.sampler import sample_mdm
+from dihal_fast.tasks.base import EvalExample
+
+ABLATION_LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
+# read-out variants: the model's inputs, then each with one input replaced
+ABLATIONS = ("model", "x_t_noise", "scaffold_true", "scaffold_random")
+
+
+def _contexts(batch: list[EvalExample], device: torch.device) -> torch.Tensor:
+    return torch.tensor([ex.context for ex in batch], dtype=torch.long, device=device).reshape(len(batch), -1)
+
+
+def reference_targets(run: LoadedRun, batch: list[EvalExample]) -> torch.Tensor:
+    """The true target tokens of Sudoku examples ``[B, L]`` (Countdown and text have no single reference)."""
+    if run.config.task.name != "sudoku":
+        raise ValueError(f"the scaffold ablations need a reference answer per example: Sudoku runs only, not {run.config.task.name}")
+    return torch.tensor([run.task.encode(*ex.payload)[1] for ex in batch], dtype=torch.long, device=run.device)
+
+
+def mdm_readout_by_step(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0) -> list[dict]:
+    """MDM: the task's scores of the revealed tokens with the masked slots filled by their argmax, after each step."""
+    generator = torch.Generator(run.device).manual_seed(seed)
+    per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]
+    for start in range(0, len(examples), cfg.batch_size):
+        batch = examples[start : start + cfg.batch_size]
+        decoded: list[list[list[int]]] = []
+        sample_mdm(run.model, _contexts(batch, run.device), cfg, generator, on_step=lambda _, tokens, out=decoded: out.append(tokens.tolist()))
+        for rows, tokens in zip(per_step, decoded):
+            rows.extend(run.task.score(ex, target) for ex, target in zip(batch, tokens))
+    return [{"step": i + 1, **mean_scores(rows)} for i, rows in enumerate(per_step)]
+
+
+def readout_trajectory(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0,
+                       rows: list[dict] | None = None) -> list[dict]:
+    """The decoded answer's scores after each sampling step, with ``fraction`` = step / steps (MDM, HC-DLM,
+    Latent DM); ``rows``: the run's :func:`readout_by_step` already traced with these settings."""
+    if rows is not None:
+        pass
+    elif isinstance(run.model, MDMNet):
+        rows = mdm_readout_by_step(run, examples, cfg, seed)
+    elif hasattr(run.model, "denoiser"):
+        rows = readout_by_step(run, examples, cfg, seed)
+    else:
+        raise ValueError(f"a per-step read-out needs a diffusion run (HC-DLM, Latent DM, MDM), not {run.config.model.kind}")
+    return [{**row, "fraction": row["step"] / cfg.steps} for row in rows]
+
+
+def check_levels(levels: tuple[float, ...]) -> None:
+    """Ablation noise levels must lie in (0, 1]."""
+    for s in levels:
+        if not 0.0 < s <= 1.0:
+            raise ValueError(f"ablation noise levels must be in (0, 1], got {s}")
+
+
+@torch.no_grad()
+def ablation_readout(run: LoadedRun, examples: list[EvalExample], levels: tuple[float, ...] = ABLATION_LEVELS, seed: int = 0,
+                     batch_size: int = 256) -> list[dict]:
+    """``[{s, model: scores, x_t_noise: scores, scaffold_true: ..., scaffold_random: ...}]`` per level ``s``
+    (Latent DM: the first two only). Scores are the task's means (Sudoku: accuracy, valid, blank_cells)."""
+    model = run.model
+    if not hasattr(model, "denoiser"):
+        raise ValueError(f"the ablations probe a latent model (HC-DLM, Latent DM), not {run.config.model.kind}")
+    check_levels(levels)
+    variants = ABLATIONS if model.scaffold else ABLATIONS[:2]
+    generator = torch.Generator(run.device).manual_seed(seed)
+    rows = []
+    for s in levels:
+        scored: dict[str, list[dict]] = {name: [] for name in variants}
+        for start in range(0, len(examples), batch_size):
+            batch = examples[start : start + batch_size]
+            context, truth = _contexts(batch, run.device), reference_targets(run, batch)
+            level = torch.full((len(batch),), float(s), device=run.device)
+            x_0 = model.encoder(truth, context)[0]
+            eps = torch.randn(x_0.shape, generator=generator, device=run.device)
+            x_t = LATENT_FLOW.noise(x_0, level, eps)
+            scaffold = run.kernel.corrupt(truth, level, generator) if model.scaffold else None
+            inputs = {"model": (x_t, scaffold), "x_t_noise": (eps, scaffold)}
+            if model.scaffold:
+                inputs["scaffold_true"] = (x_t, truth)
+                inputs["scaffold_random"] = (x_t, run.kernel.random_tokens(tuple(truth.shape), generator, run.device))
+            for name, (x, k) in inputs.items():
+                tokens = model.predictor(model.denoiser(x, k, level, context), context).argmax(-1).tolist()
+                scored[name].extend(run.task.score(ex, target) for ex, target in zip(batch, tokens))
+        rows.append({"s": s, **{name: mean_scores(rows_) for name, rows_ in scored.items()}})
+    return rows
+
+
+def ablation_effects(rows: list[dict], key: str) -> dict[str, float]:
+    """Per ablation, the signed change of ``key`` from the model's read-out at the level where it is largest;
+    with a scaffold also ``true_minus_random_scaffold``, the largest gap between the two scaffold ablations."""
+    def largest(deltas: list[float]) -> float:
+        return max(deltas, key=abs)
+
+    effects = {name: largest([row[name][key] - row["model"][key] for row in rows]) for name in ABLATIONS[1:] if name in rows[0]}
+    if "scaffold_true" in rows[0]:
+        effects["true_minus_random_scaffold"] = largest([row["scaffold_true"][key] - row["scaffold_random"][key] for row in rows])
+    return effects
