@@ -38,7 +38,36 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"dihal_fast.cli.{name}").register(subparsers)
+    _accept_local_rank(parser)
     return parser
+
+
+class _LocalRank(argparse.Action):
+    """``--local_rank=N`` / ``--local-rank N``: sets ``LOCAL_RANK`` while parsing (see :func:`set_local_rank`)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        from dihal_fast.common.launch import set_local_rank
+
+        try:
+            set_local_rank(value)
+        except ValueError as exc:
+            parser.error(str(exc))
+
+
+def _accept_local_rank(parser: argparse.ArgumentParser, seen: set[int] | None = None) -> None:
+    """Add ``--local_rank`` to ``parser`` and every (sub-)command below it: the ``deepspeed`` launcher and the old
+    ``torch.distributed.launch`` put it before the sub-command, users sometimes after it."""
+    seen = set() if seen is None else seen
+    if id(parser) in seen:  # an alias (train = replace) is the same parser
+        return
+    seen.add(id(parser))
+    parser.add_argument("--local_rank", "--local-rank", type=int, action=_LocalRank, default=argparse.SUPPRESS,
+                        metavar="N", help="this process's rank on its node, as the deepspeed launcher passes it "
+                        "(sets LOCAL_RANK; torchrun and srun set the environment instead)")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _accept_local_rank(child, seen)
 
 
 def main(argv: list[str] | None = None) -> int:

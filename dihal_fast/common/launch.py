@@ -72,8 +72,8 @@ def expand_nodelist(nodelist: str) -> list[str]:
     per host name are refused with a message naming ``scontrol show hostnames``.
     """
     hosts: list[str] = []
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,\[]*", nodelist):
-        match = re.fullmatch(r"([^\[\]]*)(?:\[([^\[\]]*)\])?([^\[\]]*)", item)
+    for item in _split_top_level(nodelist):
+        match = re.fullmatch(r"([^\[\],]*)(?:\[([^\[\]]*)\])?([^\[\],]*)", item)
         if match is None or not item:
             raise ValueError(f"cannot parse SLURM node list {nodelist!r} (item {item!r}); set MASTER_ADDR, or put "
                              "scontrol on PATH")
@@ -90,6 +90,21 @@ def expand_nodelist(nodelist: str) -> list[str]:
     if not hosts:
         raise ValueError(f"SLURM node list {nodelist!r} names no host; set MASTER_ADDR")
     return hosts
+
+
+def _split_top_level(nodelist: str) -> list[str]:
+    """``a[1-2,5],b`` -> ``["a[1-2,5]", "b"]``: the commas outside brackets separate host groups."""
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(nodelist):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth < 0 or depth > 1:
+            raise ValueError(f"unbalanced or nested brackets in SLURM node list {nodelist!r}; set MASTER_ADDR")
+        if char == "," and depth == 0:
+            items.append(nodelist[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"unbalanced brackets in SLURM node list {nodelist!r}; set MASTER_ADDR")
+    return [*items, nodelist[start:]]
 
 
 def slurm_master_port(env: Mapping[str, str]) -> int:

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dihal_fast.common.io import check_directory_target, check_file_target, run_root
+from dihal_fast.common.launch import launcher_env
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def run_directory(path: str | os.PathLike, command: str, files: tuple[str, ...] 
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"run directory {path} cannot be created ({exc.strerror})") from None
-    if int(os.environ.get("RANK", "0")) != 0:
+    if launcher_env().rank != 0:  # RANK, or SLURM_PROCID under srun without torchrun
         with run_root(path):
             yield path
         return
