@@ -465,3 +465,61 @@ def test_proxies_on_hidden_states_of_a_transformers_model(compiled_backend, tiny
         want16 = ref.geometry_proxies(half, n_pairs=3000)
         for key in want16:
             assert got16[key] == pytest.approx(want16[key], rel=1e-8), key
+
+
+# Magnitudes from near the smallest to near the largest float64, powers of two and not (issue 21:
+# k_eff was 7.63 instead of 6.10 at 1e77, "zero variance" was claimed at 1e-200).
+EXTREME_SCALES = [2.0**-1000, 1e-300, 1e-200, 1e-150, 1e-90, 2.0**-70, 1e-30, 3.7, 1e30, 2.0**70, 1e77, 1e150,
+                  1e200, 1e300, 2.0**1000]
+
+
+def _unit_power_of_two(Y: np.ndarray) -> tuple[np.ndarray, int]:
+    """``Y * 2^-e`` with its largest |y| in [0.5, 1) (exact) and ``e``."""
+    e = int(np.frexp(np.abs(Y).max())[1])
+    return np.ldexp(Y, -e), e
+
+
+def test_the_reference_follows_the_proxies_scaling_laws():
+    """Where the reference is exact (moderate magnitudes): X -> sX keeps k_eff, divides m_mono and m_curv by s^2."""
+    X = gaussian(150, 10, seed=3)
+    base = ref.geometry_proxies(X, k=8, n_pairs=500)
+    for s in (2.0**-40, 1e-20, 7.0, 1e20, 2.0**40):
+        got = ref.geometry_proxies(X * s, k=8, n_pairs=500)
+        assert got["k_eff"] == pytest.approx(base["k_eff"], rel=1e-9)
+        for name in ("m_mono", "m_curv"):
+            assert got[name] == pytest.approx(base[name] / s**2, rel=1e-9), (name, s)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("scale", EXTREME_SCALES)
+def test_proxies_and_knn_at_extreme_scales(backend, dtype, scale):
+    """Against the reference on the same rows brought to unit magnitude by an exact power of two and mapped back
+    by the scaling laws; a proxy whose true value is not a normal float64 is a ValueError saying so."""
+    if dtype == "float32" and not 1e-30 <= scale <= 1e30:
+        pytest.skip("float32 cannot hold rows of this magnitude")
+    Y = (gaussian(120, 8, seed=11) * scale).astype(dtype)
+    Z, e = _unit_power_of_two(Y.astype(np.float64))
+    want = ref.geometry_proxies(Z, k=8, n_pairs=500)
+    rel = 1e-9 if dtype == "float64" else 1e-4
+    assert df.effective_rank(on_backend(Y, backend), backend=backend) == pytest.approx(want["k_eff"], rel=rel)
+    with np.errstate(over="ignore"):
+        true_m = {name: np.ldexp(want[name], -2 * e) for name in ("m_mono", "m_curv")}
+    if all(np.finfo(np.float64).tiny <= v < np.inf for v in true_m.values()):
+        got = df.geometry_proxies(on_backend(Y, backend), k=8, n_pairs=500, backend=backend)
+        for name, value in true_m.items():
+            assert got[name] == pytest.approx(value, rel=rel), name
+    else:
+        with pytest.raises(ValueError, match="outside the range of normal float64 numbers"):
+            df.geometry_proxies(on_backend(Y, backend), k=8, n_pairs=500, backend=backend)
+    idx, d2 = ref.knn(Z, 5)
+    with np.errstate(over="ignore"):
+        true_d2 = np.ldexp(d2, 2 * e)
+    if not np.isfinite(true_d2).all():
+        with pytest.raises(ValueError, match="squared distances .* overflow float64"):
+            df.knn(on_backend(Y, backend), 5, backend=backend)
+        return
+    got_idx, got_d2 = df.knn(on_backend(Y, backend), 5, backend=backend)
+    if dtype == "float64":
+        np.testing.assert_array_equal(got_idx, idx)
+    if np.isfinite(true_d2.astype(dtype)).all():  # float32 distances below 1e-38 are subnormal: absolute rounding
+        np.testing.assert_allclose(got_d2, true_d2, rtol=rel, atol=0 if dtype == "float64" else 1e-44)

@@ -16,6 +16,7 @@ class Matrix:
     data: Any  # np.ndarray (float32/float64, C-contiguous) or a torch CUDA tensor
     device: str  # "cpu" or "cuda"
     source_dtype: str
+    largest: float = 0.0  # max |x|
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -30,8 +31,10 @@ def _dtype_name(x: Any) -> str:
     return str(x.dtype).replace("torch.", "")
 
 
-def as_matrix(X: Any, name: str = "X", min_rows: int = 2, allow_cuda: bool = False) -> Matrix:
-    """Check that ``X`` is a finite 2-D float matrix with at least ``min_rows`` rows and ``D >= 1``.
+def as_matrix(X: Any, name: str = "X", min_rows: int = 2, allow_cuda: bool = False,
+              max_abs: float | None = None) -> Matrix:
+    """Check that ``X`` is a finite 2-D float matrix with at least ``min_rows`` rows and ``D >= 1``, and
+    (unless ``max_abs`` is given: ``inf`` for callers that rescale) no value above :data:`MAX_ABS_VALUE`.
 
     NumPy arrays and CPU tensors become C-contiguous float32 (from float16/bfloat16/float32) or
     float64 NumPy arrays; CUDA tensors are kept on the device when ``allow_cuda``.
@@ -47,19 +50,18 @@ def as_matrix(X: Any, name: str = "X", min_rows: int = 2, allow_cuda: bool = Fal
             largest = float(X.detach().abs().max())
             if largest != largest or largest == float("inf"):
                 raise ValueError(f"{name} contains NaN or Inf value(s); clean or mask them before computing geometry")
-            _check_magnitude(largest, name)
+            _check_magnitude(largest, name, max_abs)
             if not allow_cuda:
                 raise ValueError(
                     f"{name} is a CUDA tensor; this backend runs on the CPU. Pass backend='cuda' "
                     "(or 'auto'), or move the tensor with .cpu() yourself"
                 )
-            return Matrix(X, "cuda", dtype)
+            return Matrix(X, "cuda", dtype, largest)
         X = X.detach()
         if dtype in ("float16", "bfloat16"):
             X = X.float()
         work = np.ascontiguousarray(X.numpy())
-        _check_values(work, name)
-        return Matrix(work, "cpu", dtype)
+        return Matrix(work, "cpu", dtype, _check_values(work, name, max_abs))
 
     if not isinstance(X, np.ndarray):
         try:
@@ -71,8 +73,7 @@ def as_matrix(X: Any, name: str = "X", min_rows: int = 2, allow_cuda: bool = Fal
         raise TypeError(f"{name} must have a floating dtype ({', '.join(_FLOAT_NAMES)}), got {X.dtype}")
     _check_shape(X.shape, name, min_rows)
     work = np.ascontiguousarray(X.astype(np.float32) if dtype == "float16" else X)
-    _check_values(work, name)
-    return Matrix(work, "cpu", dtype)
+    return Matrix(work, "cpu", dtype, _check_values(work, name, max_abs))
 
 
 def _max_abs(X: np.ndarray) -> float:
@@ -85,23 +86,26 @@ def _max_abs(X: np.ndarray) -> float:
         return float(np.abs(X).max())
 
 
-def _check_values(X: np.ndarray, name: str) -> None:
+def _check_values(X: np.ndarray, name: str, max_abs: float | None) -> float:
+    """max |x| of a finite ``X`` within the magnitude limit; ``ValueError`` otherwise."""
     largest = _max_abs(X)
     if not np.isfinite(largest):
         bad = int((~np.isfinite(X)).sum())
         raise ValueError(f"{name} contains {bad} NaN or Inf value(s); clean or mask them before computing geometry")
-    _check_magnitude(largest, name)
+    _check_magnitude(largest, name, max_abs)
+    return largest
 
 
 # Beyond this magnitude squared distances and co-moments can overflow float64.
 MAX_ABS_VALUE = 1e100
 
 
-def _check_magnitude(max_abs: float, name: str) -> None:
-    if max_abs > MAX_ABS_VALUE:
+def _check_magnitude(largest: float, name: str, max_abs: float | None) -> None:
+    limit = MAX_ABS_VALUE if max_abs is None else max_abs
+    if largest > limit:
         raise ValueError(
-            f"{name} has values up to {max_abs:.3g} in magnitude; above {MAX_ABS_VALUE:g} squared distances "
-            "overflow float64. Rescale X (the proxies m_mono and k_eff are scale-free; m_curv scales as 1/s^2)"
+            f"{name} has values up to {largest:.3g} in magnitude; above {limit:g} squared distances "
+            "overflow float64. Rescale X (k_eff is scale-free; m_mono and m_curv scale as 1/s^2)"
         )
 
 

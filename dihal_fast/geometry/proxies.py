@@ -1,6 +1,8 @@
 """The public geometry proxies of DESIGN.md, composed from backend operations."""
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,14 +19,55 @@ DEFAULT_PAIRS = 10000
 DEFAULT_PRECISION = "float64"
 
 
-def _prepare(X: Any, backend: str, min_rows: int = 2, precision: str = DEFAULT_PRECISION) -> tuple[Matrix, Any]:
+# Rows whose largest |x| lies within 2^+-this go to the kernels unchanged: their 8th powers (float64) or 4th
+# powers (lower precisions) are normal numbers, so no product, norm or tolerance inside a kernel under- or
+# overflows. Other rows are first multiplied by a power of two (exact in floating point) and the result
+# mapped back through the proxies' scaling laws: X -> sX leaves k_eff unchanged and divides m_mono and
+# m_curv by s^2 (Sigma, lam, eps and the local eigenvalues all scale as s^2).
+SAFE_EXPONENT, SAFE_EXPONENT_LOW_PRECISION = 64, 16
+
+
+def _prepare(X: Any, backend: str, min_rows: int = 2, precision: str = DEFAULT_PRECISION) -> tuple[Matrix, Any, int]:
+    """The checked matrix (rescaled by ``2^shift`` when its magnitude is extreme), its backend, and ``shift``."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     allow_cuda = backend in ("auto", "cuda", "cuvs")
-    matrix = as_matrix(X, "X", min_rows=min_rows, allow_cuda=allow_cuda)
+    matrix = as_matrix(X, "X", min_rows=min_rows, allow_cuda=allow_cuda, max_abs=np.inf)
     if precision == "float32" and matrix.device == "cpu" and matrix.data.dtype == np.float64:
         matrix = replace(matrix, data=matrix.data.astype(np.float32))
-    return matrix, get_backend(backend, matrix.device)
+    matrix, shift = _rescaled(matrix)
+    return matrix, get_backend(backend, matrix.device), shift
+
+
+def _rescaled(matrix: Matrix) -> tuple[Matrix, int]:
+    """``matrix`` times ``2^shift`` so that its largest |x| is in [0.5, 1) when it is outside the safe range."""
+    safe = SAFE_EXPONENT if str(matrix.data.dtype).endswith("float64") else SAFE_EXPONENT_LOW_PRECISION
+    if matrix.largest == 0 or 2.0**-safe <= matrix.largest <= 2.0**safe:
+        return matrix, 0
+    shift = -math.frexp(matrix.largest)[1]
+    if matrix.device == "cpu":
+        data = np.ldexp(matrix.data, shift)
+    else:
+        import torch
+
+        data = torch.ldexp(matrix.data, torch.tensor(shift, device=matrix.data.device))
+    return replace(matrix, data=data, largest=math.ldexp(matrix.largest, shift)), shift
+
+
+def _unscaled(name: str, value: float, shift: int) -> float:
+    """A proxy computed on ``2^shift X`` mapped back to ``X`` (``value * 2^(2 shift)``, exact), or a ValueError
+    when the true value is not a normal float64 number."""
+    if shift == 0:
+        return value
+    try:
+        result = math.ldexp(value, 2 * shift)
+    except OverflowError:
+        result = math.inf
+    if not sys.float_info.min <= result < math.inf:
+        magnitude = math.log10(value) + 2 * shift * math.log10(2)
+        raise ValueError(f"{name} of these rows is about 1e{magnitude:.0f}, outside the range of normal float64 numbers; rescale X "
+                         "(m_mono and m_curv scale as 1 / scale^2, k_eff not at all)")
+    return result
 
 
 def knn(X: Any, k: int = DEFAULT_K, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
@@ -33,11 +76,13 @@ def knn(X: Any, k: int = DEFAULT_K, backend: str = "auto") -> tuple[np.ndarray, 
     Returns ``(indices, sqdist)``: int64 ``n x k`` and squared Euclidean distances ``n x k``
     (float64 for float64 input, float32 otherwise), each row sorted by distance.
     """
-    matrix, ops = _prepare(X, backend)
+    matrix, ops, shift = _prepare(X, backend)
     k = check_k(k, matrix.shape[0])
     with nvtx_range("knn"):
         idx, d2 = ops.knn(matrix.data, k)
-    idx, d2 = np.asarray(idx), np.asarray(d2)
+    idx, d2 = np.asarray(idx), np.ldexp(np.asarray(d2, dtype=np.float64), -2 * shift)  # distances scale as s^2
+    if not np.isfinite(d2).all():
+        raise ValueError("squared distances between these rows overflow float64; rescale X")
     return idx, d2 if matrix.source_dtype == "float64" else d2.astype(np.float32)
 
 
@@ -113,7 +158,7 @@ def _representable(name: str, value: float, variance: float) -> float:
 def effective_rank(X: Any, backend: str = "auto", precision: str = DEFAULT_PRECISION) -> float:
     """``k_eff = tr(Sigma) / lambda_max(Sigma)`` of the population covariance of ``X`` (``precision``: see
     :func:`geometry_proxies`)."""
-    matrix, ops = _prepare(X, backend, precision=precision)
+    matrix, ops, _ = _prepare(X, backend, precision=precision)  # k_eff is scale-free
     return _k_eff(ops, _moments(matrix, ops, precision), precision)
 
 
@@ -134,16 +179,17 @@ def monotonicity_proxy(
     """
     ridge = check_positive(ridge, "ridge")
     n_pairs = check_positive(n_pairs, "n_pairs", integer=True)
-    matrix, ops = _prepare(X, backend, precision=precision)
-    return _m_mono(matrix, ops, _moments(matrix, ops, precision), ridge, n_pairs, int(seed), precision)
+    matrix, ops, shift = _prepare(X, backend, precision=precision)
+    return _unscaled("m_mono", _m_mono(matrix, ops, _moments(matrix, ops, precision), ridge, n_pairs, int(seed), precision),
+                     shift)
 
 
 def curvature_proxy(X: Any, k: int = DEFAULT_K, backend: str = "auto", precision: str = DEFAULT_PRECISION) -> float:
     """``m_curv``: median over rows of ``1 / lambda_max`` of the k-NN local covariance (``precision``: see
     :func:`geometry_proxies`)."""
-    matrix, ops = _prepare(X, backend, precision=precision)
+    matrix, ops, shift = _prepare(X, backend, precision=precision)
     k = check_k(k, matrix.shape[0])
-    return _m_curv(matrix, ops, _moments(matrix, ops, precision), k, precision)
+    return _unscaled("m_curv", _m_curv(matrix, ops, _moments(matrix, ops, precision), k, precision), shift)
 
 
 def geometry_proxies(
@@ -167,12 +213,12 @@ def geometry_proxies(
     """
     ridge = check_positive(ridge, "ridge")
     n_pairs = check_positive(n_pairs, "n_pairs", integer=True)
-    matrix, ops = _prepare(X, backend, precision=precision)
+    matrix, ops, shift = _prepare(X, backend, precision=precision)
     k = check_k(k, matrix.shape[0])
     moments = _moments(matrix, ops, precision)
     return {
-        "m_curv": _m_curv(matrix, ops, moments, k, precision),
-        "m_mono": _m_mono(matrix, ops, moments, ridge, n_pairs, int(seed), precision),
+        "m_curv": _unscaled("m_curv", _m_curv(matrix, ops, moments, k, precision), shift),
+        "m_mono": _unscaled("m_mono", _m_mono(matrix, ops, moments, ridge, n_pairs, int(seed), precision), shift),
         "k_eff": _k_eff(ops, moments, precision),
     }
 
