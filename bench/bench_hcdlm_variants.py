@@ -3,8 +3,10 @@
 Question: which objective / architecture choice makes HC-DLM learn at CPU scale? Each call trains the
 benchmark's configuration (``bench_hcdlm.run_config``) with ``--set section.field=value`` overrides and
 scores EMA and raw weights, with and without clamping, on the validation puzzles of ``bench_hcdlm``
-(never the test puzzles), plus the read-out accuracy after the first and the last sampling step. Every
-variant of ``--out``'s variants.jsonl (the latest line per name) becomes the record
+(never the test puzzles), plus the read-out accuracy after the first and the last sampling step, the
+encoder's settled sigma on those puzzles, and the input ablations of :mod:`dihal_fast.hcdlm.mechanism`
+(x_t -> noise, scaffold -> true / random tokens) at s = 0.05, 0.5, 0.95; ``--quick`` scores the EMA
+weights only (no raw / clamp rows), for CPU-starved comparisons. Every variant of ``--out``'s variants.jsonl (the latest line per name) becomes the record
 bench/results/hcdlm_variants.json.
 
     python bench/bench_hcdlm_variants.py exposure1 --minutes 5 --set objective.exposure_share=1.0
@@ -26,6 +28,7 @@ from _common import report, rows_figure, table  # noqa: E402
 
 from dihal_fast.hcdlm.config import SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.evaluate import evaluate_examples, load_run, readout_by_step  # noqa: E402
+from dihal_fast.hcdlm.mechanism import ablation_effects, ablation_readout, reference_targets  # noqa: E402
 from dihal_fast.hcdlm.trainer import train  # noqa: E402
 
 
@@ -38,6 +41,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=5.0, help="training budget (process CPU minutes, 1 thread)")
     p.add_argument("--val-n", type=int, default=150, help="validation puzzles per group (easy, hard)")
     p.add_argument("--out", type=Path, default=Path("runs/hcdlm_variants"), help="run directories and variants.jsonl")
+    p.add_argument("--quick", action="store_true", help="score the EMA weights only (skip the raw and clamp rows)")
     return p.parse_args()
 
 
@@ -57,14 +61,20 @@ def main() -> int:
     run = load_run(run_dir, device="cpu")
     val = bench_hcdlm.eval_examples("sudoku", run, defaults, "validation")
     base = SampleConfig(steps=50, batch_size=200)
-    settings = {"ema": (run, base), "raw": (load_run(run_dir, use_ema=False, device="cpu"), base),
-                "ema_clamp": (run, replace(base, clamp=True))}
+    settings = {"ema": (run, base)}
+    if not args.quick:
+        settings.update({"raw": (load_run(run_dir, use_ema=False, device="cpu"), base), "ema_clamp": (run, replace(base, clamp=True))})
     for label, (weights, sample) in settings.items():
         groups = evaluate_examples(weights, val, sample, show=0)["groups"]
         result[label] = {g: {"boards": round(100 * v["accuracy"], 1), "blank_cells": round(100 * v["blank_cells"], 1)} for g, v in groups.items()}
     if hasattr(run.model, "denoiser"):
         rows = readout_by_step(run, val, base)
         result["readout_blank_cells_first_last"] = [round(100 * rows[0]["blank_cells"], 1), round(100 * rows[-1]["blank_cells"], 1)]
+        result["sigma"] = settled_sigma(run, val)
+        ablations = ablation_readout(run, val, (0.05, 0.5, 0.95))
+        result["ablation_blank_cells"] = {f"s={row['s']}": {k: round(100 * v["blank_cells"], 1) for k, v in row.items() if k != "s"}
+                                          for row in ablations}
+        result["ablation_effects"] = {k: round(100 * v, 1) for k, v in ablation_effects(ablations, "blank_cells").items()}
     print(json.dumps(result))
     with (args.out / "variants.jsonl").open("a") as handle:
         handle.write(json.dumps(result) + "\n")
@@ -72,17 +82,31 @@ def main() -> int:
     return 0
 
 
+def settled_sigma(run, examples: list) -> dict[str, float]:
+    """The encoder's sigma = exp(logvar / 2) on the true answers of ``examples``: median, 5th and 95th percentile."""
+    with torch.no_grad():
+        context = torch.tensor([ex.context for ex in examples])
+        logvar = run.model.encoder(reference_targets(run, examples), context)[1]
+    sigma = (0.5 * logvar).exp().flatten()
+    return {q: round(float(sigma.quantile(v)), 4) for q, v in (("p05", 0.05), ("median", 0.5), ("p95", 0.95))}
+
+
 def report_variants(path: Path) -> None:
     """Write the record of every variant in ``path`` (the latest line per name): boards and blank cells %."""
     latest = {r["name"]: r for r in map(json.loads, path.read_text().splitlines())}
 
     def pair(r: dict, label: str, key: str) -> str:
-        return f"{r[label]['easy'][key]} / {r[label]['hard'][key]}"
+        return f"{r[label]['easy'][key]} / {r[label]['hard'][key]}" if label in r else "-"
+
+    def effects(r: dict) -> str:
+        e = r.get("ablation_effects")
+        return "-" if e is None else f"{e['x_t_noise']} / {e['true_minus_random_scaffold']}"
 
     header = ["variant", "--set", "minutes", "steps", "easy / hard boards % (EMA)", "easy / hard blank cells % (EMA)",
-              "raw weights, boards %", "clamp, boards %"]
+              "raw weights, boards %", "clamp, boards %", "sigma (median)", "x_t->noise / true-random scaffold, cells pts"]
     rows = [[r["name"], " ".join(r["set"]) or "-", r["minutes"], r["step"], pair(r, "ema", "boards"),
-             pair(r, "ema", "blank_cells"), pair(r, "raw", "boards"), pair(r, "ema_clamp", "boards")]
+             pair(r, "ema", "blank_cells"), pair(r, "raw", "boards"), pair(r, "ema_clamp", "boards"),
+             r.get("sigma", {}).get("median", "-"), effects(r)]
             for r in latest.values()]
     body = (table(header, rows) + f"\n\nValidation split of bench_hcdlm (never the test puzzles), 50 sampling steps, "
             f"argmax; variants of `{path}`.")

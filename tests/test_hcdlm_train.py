@@ -238,6 +238,17 @@ def test_configs_saved_before_the_issue_23_options_keep_their_meaning(tmp_path):
     old = RunConfig.from_dict(data)
     assert old.model.logvar_bound == "clamp" and old.model.logvar_min == -10.0
     assert old.objective.guidance_training and old.objective.exposure_ramp_steps == 0
+    # it resumes with those meanings spelled out, and only with them
+    latest_checkpoint(tmp_path).joinpath("config.json").write_text(json.dumps(data))
+    legacy = _config(4)
+    legacy.model.logvar_bound, legacy.objective.guidance_training = "clamp", True
+    assert train(tmp_path, legacy)["step"] == 4
+    data = json.loads((latest_checkpoint(tmp_path) / "config.json").read_text())
+    for section, name in (("model", "logvar_bound"), ("objective", "guidance_training")):
+        data[section].pop(name)
+    latest_checkpoint(tmp_path).joinpath("config.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="logvar_bound"):
+        train(tmp_path, _config(6))
     new = RunConfig()
     assert new.model.logvar_bound == "soft" and not new.objective.guidance_training
     assert new.objective.token_weighting_for("absorbing") == "schedule" and new.objective.token_weighting_for("uniform") == "all"

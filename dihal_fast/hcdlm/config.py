@@ -7,6 +7,7 @@ from pathlib import Path
 
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.options import option
+from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.tasks.registry import TaskConfig
 
 MODEL_KINDS = ("hcdlm", "latent", "mdm", "ar")
@@ -16,44 +17,35 @@ REMASKS = ("auto", "random", "confidence")
 
 
 @dataclass
-class HCDLMModelConfig:
+class HCDLMModelConfig(CheckedConfig):
     """Architecture. Baselines use ``hidden``/``heads`` and as many blocks as fit the HC-DLM budget."""
 
     kind: str = option("hcdlm", "hcdlm, mdm (masked diffusion), latent (Latent DM: no token scaffold) or ar",
                        flag="--model", choices=MODEL_KINDS)
-    hidden: int = option(64, "transformer width of every module")
-    heads: int = option(4, "attention heads")
+    hidden: int = option(64, "transformer width of every module", min=1)
+    heads: int = option(4, "attention heads", min=1)
     # The solving is the denoiser's: at width 64 the encoder reconstructs 100 % within a few hundred steps.
-    encoder_blocks: int = option(1, "blocks of the encoder q(x0|k0)")
-    denoiser_blocks: int = option(6, "DiT blocks of the denoiser")
-    predictor_blocks: int = option(1, "blocks of the token predictor p(k0|x0)")
-    latents: int = option(1, "M, number of continuous latent vectors")
-    latent_dim: int = option(64, "d, size of each latent vector")
+    encoder_blocks: int = option(1, "blocks of the encoder q(x0|k0)", min=1)
+    denoiser_blocks: int = option(6, "DiT blocks of the denoiser", min=1)
+    predictor_blocks: int = option(1, "blocks of the token predictor p(k0|x0)", min=1)
+    latents: int = option(1, "M, number of continuous latent vectors", min=1)
+    latent_dim: int = option(64, "d, size of each latent vector", min=1)
     kernel: str = option("uniform", "discrete forward kernel of the token scaffold", choices=KERNELS)
     logvar_bound: str = option("soft", "how the encoder's log-variance is kept in [--logvar-min, 0]: 'soft' (a scaled tanh, "
                                "a gradient everywhere; ours) or 'clamp' (a hard clamp, zero gradient outside; the old "
                                "behaviour, where sigma settled at the floor)", choices=LOGVAR_BOUNDS)
-    logvar_min: float = option(-10.0, "lower bound of the encoder's log-variance (sigma >= exp(logvar_min / 2))")
-    dropout: float = option(0.0, "dropout rate")
+    logvar_min: float = option(-10.0, "lower bound of the encoder's log-variance (sigma >= exp(logvar_min / 2))",
+                               min=-30.0, lt=0.0)
+    dropout: float = option(0.0, "dropout rate", min=0.0, lt=1.0)
     baseline_blocks: int = option(0, "blocks of MDM/AR (0 = match the HC-DLM parameter count)")
     slot_head: bool = option(True, "a training-only per-slot token head on the denoiser, needed by --slot-aux-weight "
                              "(not in the paper); the command line's default is on exactly when --slot-aux-weight > 0",
                              cli_default=None)
 
     def __post_init__(self) -> None:
-        if self.kind not in MODEL_KINDS:
-            raise ValueError(f"model must be one of {MODEL_KINDS}, got {self.kind!r}")
-        if self.kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
-        if self.logvar_bound not in LOGVAR_BOUNDS:
-            raise ValueError(f"logvar_bound must be one of {LOGVAR_BOUNDS}, got {self.logvar_bound!r}")
-        if not -30.0 <= self.logvar_min < 0.0:
-            raise ValueError(f"logvar_min must be in [-30, 0), got {self.logvar_min}")
+        super().__post_init__()
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
-        for name in ("hidden", "heads", "encoder_blocks", "denoiser_blocks", "predictor_blocks", "latents", "latent_dim"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 TOKEN_WEIGHTINGS = ("auto", "all", "schedule")
@@ -61,7 +53,7 @@ CONT_WEIGHTINGS = ("none", "min_snr")
 
 
 @dataclass
-class ObjectiveConfig:
+class ObjectiveConfig(CheckedConfig):
     """Weights of the HC-DLM objective and the choices around it.
 
     The paper's (Proposition 1 and its Eqs. 25-27): ``lambda_recon``, ``lambda_ent`` (on the summed
@@ -75,11 +67,11 @@ class ObjectiveConfig:
     always drops them).
     """
 
-    lambda_recon: float = option(1.0, "weight of the token reconstruction CE")
+    lambda_recon: float = option(1.0, "weight of the token reconstruction CE", min=0.0)
     lambda_ent: float = option(8e-3, "weight of the encoder's E[log q] (entropy regulariser)")
-    lambda_cont: float = option(0.5, "weight of the latent x0-regression")
+    lambda_cont: float = option(0.5, "weight of the latent x0-regression", min=0.0)
     lambda_token: float = option(1.0, "weight of the per-step token term -log p(k0 | x_hat_0(x_t, k_t, t)), trained "
-                                 "through denoiser and predictor (0 = off)")
+                                 "through denoiser and predictor (0 = off)", min=0.0)
     token_weighting: str = option("auto", "per-step token term: 'all' positions (mean CE, the uniform kernel's bound), "
                                   "'schedule' (corrupted positions weighted by 1/s, the masked-diffusion ELBO) or 'auto' "
                                   "(the paper's: all for the uniform kernel, schedule for absorbing)",
@@ -87,39 +79,28 @@ class ObjectiveConfig:
     cont_weighting: str = option("none", "omega_t of the latent regression: 'none' (1) or 'min_snr' (min(SNR, 5) / 5, "
                                  "SNR = ((1-s)/s)^2)", choices=CONT_WEIGHTINGS)
     mask_aux_weight: float = option(0.2, "weight of the auxiliary CE that encodes k0 with --mask-aux-rate of its tokens "
-                                    "set to [MASK] and scores the masked positions (0 = off)")
-    mask_aux_rate: float = option(0.15, "share of tokens masked in the auxiliary term, in [0, 1]")
+                                    "set to [MASK] and scores the masked positions (0 = off)", min=0.0)
+    mask_aux_rate: float = option(0.15, "share of tokens masked in the auxiliary term, in [0, 1]", min=0.0, max=1.0)
     guidance_training: bool = option(False, "train the unconditional branch of classifier-free guidance: a share "
                                      "--scaffold-drop of scaffolds replaced by random tokens; needed by --cfg-weight at "
                                      "sampling (the paper always drops; off = no drop, ours)")
-    scaffold_drop: float = option(0.2, "with --guidance-training: share of scaffolds replaced by random tokens")
-    timesteps: int = option(1000, "T, number of noise levels; one t ~ U{1..T} per example, s = t / T")
+    scaffold_drop: float = option(0.2, "with --guidance-training: share of scaffolds replaced by random tokens",
+                                 min=0.0, max=1.0)
+    timesteps: int = option(1000, "T, number of noise levels; one t ~ U{1..T} per example, s = t / T", min=1)
     # Without detached latents, small CPU runs collapse the latents to a constant (regression -> 0,
     # reconstruction stuck at copying the givens).
     detach_latents: bool = option(True, "stop the latent regression's gradient into the encoder")
     exposure_share: float = option(1.0, "share of each batch whose x_t and scaffold are built from the model's own "
-                                   "no-grad prediction at a higher noise level (not in the paper; 0 = the paper's training)")
+                                   "no-grad prediction at a higher noise level (not in the paper; 0 = the paper's training)",
+                                   min=0.0, max=1.0)
     exposure_ramp_steps: int = option(0, "steps over which the exposure share rises linearly from 0 to --exposure-share "
                                       "(0 = constant from the first step; ours)")
     # Trains the scaffold -> x_hat_0 path, which a denoiser that can copy x_t's signal otherwise never learns.
     latent_drop: float = option(0.0, "share of examples whose x_t carries no signal (pure noise, level s kept; not in "
-                                "the paper; 0 = off)")
+                                "the paper; 0 = off)", min=0.0, max=1.0)
     # A direct signal per cell, where the token term reaches the slots only through the M x d latent.
     slot_aux_weight: float = option(1.0, "weight of a training-only CE of a per-slot token head on the denoiser's slot "
-                                    "states (deep supervision, not in the paper; 0 = no head, the paper's model)")
-
-    def __post_init__(self) -> None:
-        if self.token_weighting not in TOKEN_WEIGHTINGS:
-            raise ValueError(f"token_weighting must be one of {TOKEN_WEIGHTINGS}, got {self.token_weighting!r}")
-        if self.cont_weighting not in CONT_WEIGHTINGS:
-            raise ValueError(f"cont_weighting must be one of {CONT_WEIGHTINGS}, got {self.cont_weighting!r}")
-        for name in ("mask_aux_rate", "scaffold_drop", "exposure_share", "latent_drop"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.timesteps < 1:
-            raise ValueError(f"timesteps must be >= 1, got {self.timesteps}")
-        if self.exposure_ramp_steps < 0:
-            raise ValueError(f"exposure_ramp_steps must be >= 0, got {self.exposure_ramp_steps}")
+                                    "states (deep supervision, not in the paper; 0 = no head, the paper's model)", min=0.0)
 
     def token_weighting_for(self, kernel: str) -> str:
         """The token term's weighting for this scaffold kernel ('auto' resolved to the paper's choice)."""
@@ -135,56 +116,44 @@ class ObjectiveConfig:
 
 
 @dataclass
-class HCDLMTrainConfig:
+class HCDLMTrainConfig(CheckedConfig):
     """Optimisation and bookkeeping of an HC-DLM run (AdamW, linear warm-up, then a constant rate)."""
 
-    steps: int = option(10000, "optimizer steps in total")
-    batch_size: int = option(64, "examples per step")
-    lr: float = option(1e-3, "AdamW learning rate (constant after the warm-up)")
-    weight_decay: float = option(0.0, "AdamW weight decay")
+    steps: int = option(10000, "optimizer steps in total", min=1)
+    batch_size: int = option(64, "examples per step", min=1)
+    lr: float = option(1e-3, "AdamW learning rate (constant after the warm-up)", gt=0.0, max=1.0)
+    weight_decay: float = option(0.0, "AdamW weight decay", min=0.0)
     warmup_steps: int = option(100, "linear warm-up steps ((step + 1) / warmup of the rate)")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", min=0.0)
     ema_decay: float = option(0.999, "EMA decay of the evaluation weights (with warm-up (1+s)/(10+s); 0 = no EMA)",
-                              flag=("--ema-decay", "--ema"))
+                              flag=("--ema-decay", "--ema"), min=0.0, lt=1.0)
     seed: int = option(0, "random seed (data, noise, initialisation)")
-    max_minutes: float = option(0.0, "stop after this much training time (0 = no limit)")
+    max_minutes: float = option(0.0, "stop after this much training time (0 = no limit)", min=0.0)
     budget_clock: str = option("wall", "what --max-minutes measures: wall-clock or process CPU time (fair on a shared, "
                                "oversubscribed machine)", choices=("wall", "cpu"))
-    log_every: int = option(25, "steps between lines of log.jsonl")
-    checkpoint_every: int = option(250, "steps between checkpoints (a final one is always written)")
+    log_every: int = option(25, "steps between lines of log.jsonl", min=1)
+    checkpoint_every: int = option(250, "steps between checkpoints (a final one is always written)", min=1)
     threads: int = option(0, "torch CPU threads (0 = torch default)")
     device: str = option("auto", "auto (cuda when torch sees one), cpu, cuda or cuda:N; a run resumes on the device "
-                         "type it started on")
-
-    def __post_init__(self) -> None:
-        if self.budget_clock not in ("wall", "cpu"):
-            raise ValueError(f"budget_clock must be 'wall' or 'cpu', got {self.budget_clock!r}")
+                         "type it started on", device=True)
 
 
 @dataclass
-class SampleConfig:
+class SampleConfig(CheckedConfig):
     """How to generate: steps for diffusion models, guidance, re-masking, MDM order, temperature."""
 
-    steps: int = option(50, "sampling steps (diffusion models)")
-    cfg_weight: float = option(0.0, "classifier-free guidance weight on the scaffold (0 = off; paper 2.75)")
+    steps: int = option(50, "sampling steps (diffusion models)", min=1)
+    cfg_weight: float = option(0.0, "classifier-free guidance weight on the scaffold (0 = off; paper 2.75)", min=0.0)
     remask: str = option("auto", "HC-DLM: which scaffold tokens are re-noised each step: random (each with prob. s), "
                          "confidence (the round(s L) least confident), auto (the paper's: random for the uniform kernel, "
                          "confidence for absorbing)", choices=REMASKS)
     order: str = option("margin", "MDM unmasking order: top-probability or top-probability margin",
                         choices=("prob", "margin"))
     temperature: float = option(0.0, "token sampling temperature, float64 (0 = argmax); the command line's default is 0 "
-                                "for puzzles and 1 for text", cli_default=None)
-    batch_size: int = option(128, "examples per sampling batch")
+                                "for puzzles and 1 for text", cli_default=None, min=0.0)
+    batch_size: int = option(128, "examples per sampling batch", min=1)
     clamp: bool = option(False, "HC-DLM: replace x_hat_0 at every step by the encoder mean of its argmax tokens (not in "
                          "the paper)")
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ValueError(f"sampling steps must be >= 1, got {self.steps}")
-        if self.remask not in REMASKS:
-            raise ValueError(f"remask must be one of {REMASKS}, got {self.remask!r}")
-        if self.order not in ("prob", "margin"):
-            raise ValueError(f"MDM order must be 'prob' or 'margin', got {self.order!r}")
 
 
 # What a saved config without these (newer) fields meant: the model and objective before they existed,
@@ -210,6 +179,19 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def comparable_to(self, saved: object) -> dict:
+        """This config as a dict for the resume check against ``saved`` (a checkpoint's config): fields that
+        ``saved`` lacks and that hold their :data:`LEGACY` value are left out, so a run saved before they
+        existed resumes when it is continued with the meaning it was trained with (and only then)."""
+        data = self.to_dict()
+        if not isinstance(saved, dict):
+            return data
+        for section, legacy in LEGACY.items():
+            old = saved.get(section)
+            if isinstance(old, dict):
+                data[section] = {k: v for k, v in data[section].items() if not (k in legacy and k not in old and v == legacy[k])}
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunConfig":

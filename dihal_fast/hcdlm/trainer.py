@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dihal_fast.common import resolve_device, seed_everything
+from dihal_fast.common import read_json, resolve_device, seed_everything
 from dihal_fast.common.rundir import run_directory
 from dihal_fast.hcdlm.config import HCDLMTrainConfig, ObjectiveConfig, RunConfig
 from dihal_fast.hcdlm.layers import count_parameters
@@ -20,6 +20,7 @@ from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet, build_model
 from dihal_fast.hcdlm.noise import make_kernel
 from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss
 from dihal_fast.tasks.registry import build_task
+from dihal_fast.train.checkpoint import latest_checkpoint
 from dihal_fast.train.settings import LoopSettings
 from dihal_fast.train.trainer import TrainingJob, fit, prepare_deepspeed, resume_point, training_session
 
@@ -114,6 +115,17 @@ class RunJob(TrainingJob):
                              f"({type(exc).__name__}: {exc}); resume from another checkpoint or train into a new --out") from None
 
 
+def _saved_config(run_dir: Path) -> object:
+    """The config saved with the newest checkpoint (None without one; a damaged one is resume_point's to name)."""
+    folder = latest_checkpoint(run_dir)
+    if folder is None or not (folder / CONFIG_NAME).is_file():
+        return None
+    try:
+        return read_json(folder / CONFIG_NAME, "checkpoint config")
+    except ValueError:
+        return None
+
+
 def train(run_dir: str | os.PathLike, config: RunConfig, deepspeed_config: str | os.PathLike | None = None) -> dict:
     """Train (or resume) the run in ``run_dir``, holding its lock; returns a summary with the final step and loss.
 
@@ -128,7 +140,8 @@ def train(run_dir: str | os.PathLike, config: RunConfig, deepspeed_config: str |
         ds_config, world = prepare_deepspeed(deepspeed_config, settings)
         with training_session(ds_config, settings) as (rank, _, session_device):
             job = RunJob(config, folder, torch.device(session_device), rank)
-            checkpoint = resume_point(folder, job.configs, job.resumable, tc.steps, ds_config, world, resume=None)
+            checkpoint = resume_point(folder, {CONFIG_NAME: config.comparable_to(_saved_config(folder))}, job.resumable,
+                                      tc.steps, ds_config, world, resume=None)
             if rank == 0:
                 config.save(folder / CONFIG_NAME)
             logger.info("%s on %s: %d parameters, %d steps, %s", config.model.kind, config.task.name, job.parameters,
