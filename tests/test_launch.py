@@ -272,3 +272,20 @@ def test_locate_under_srun_without_torchrun(locate_inputs, one_process_report, t
     assert [p.returncode for p in procs] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     assert "selected layer" in results[0][0] and "selected layer" not in results[1][0]  # rank 0 reports
     _check_two_process_run(out, one_process_report)
+
+
+def test_the_shipped_deepspeed_examples_are_package_data_and_valid(capsys):
+    from dihal_fast.cli import main
+    from dihal_fast.common.assets import EXAMPLES_DIR
+    from dihal_fast.train import LoopSettings
+    from dihal_fast.train.deepspeed_engine import load_deepspeed_config
+
+    assert main(["info", "--examples"]) == 0
+    folder = Path(capsys.readouterr().out.strip())
+    assert folder == EXAMPLES_DIR and folder.is_relative_to(Path(__import__("dihal_fast").__file__).parent)
+    names = sorted(p.name for p in folder.glob("ds_*.json"))
+    assert names == ["ds_zero2.json", "ds_zero2_bf16.json", "ds_zero3.json"]
+    settings = LoopSettings(steps=1, batch_size=4, lr=1e-3, warmup_steps=0, grad_accum_steps=2)
+    for name in names:
+        filled = load_deepspeed_config(folder / name, settings, cuda=False)
+        assert (filled["train_micro_batch_size_per_gpu"], filled["gradient_accumulation_steps"]) == (4, 2)

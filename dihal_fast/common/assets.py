@@ -14,6 +14,8 @@ from pathlib import Path
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_CORPUS = ASSETS_DIR / "corpus" / "default.txt"
+# DeepSpeed configs shipped with the package (dihal_fast/assets/examples in the repository; `dihal info --examples`).
+EXAMPLES_DIR = ASSETS_DIR / "examples"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 CLOCKS = ("wall", "cpu")
 # The help of every command's --deepspeed option (the file is read by train.trainer.prepare_deepspeed).
-DEEPSPEED_HELP = "DeepSpeed JSON config (ZeRO stage 0-3, bf16); see examples/ds_*.json"
+DEEPSPEED_HELP = "DeepSpeed JSON config (ZeRO stage 0-3, bf16); shipped examples: $(dihal info --examples)/ds_*.json"
 
 
 @dataclass(frozen=True)
