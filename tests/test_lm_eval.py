@@ -1,0 +1,120 @@
+"""lm-evaluation-harness on the backbone and on a tiny hybrid through the harness's own ``HFLM`` (loaded by
+path with ``trust_remote_code``, as ``lm_eval --model hf`` does): ``loglikelihood`` equals the model's own
+forward pass and is the same twice, and the shipped tasks run end to end, from Python and from the
+``lm_eval`` command line. Skipped when the optional extra ``dihal_fast[lm_eval]`` is not installed."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("lm_eval", reason="lm-evaluation-harness is the optional extra dihal_fast[lm_eval]")
+pytest.importorskip("accelerate", reason="lm-eval's HF backend needs accelerate (in the extra dihal_fast[lm_eval])")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.models.huggingface import HFLM  # noqa: E402
+
+from dihal_fast.common.assets import DEFAULT_MODEL_DIR  # noqa: E402
+from dihal_fast.evaluate import downstream  # noqa: E402
+
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.fixture(scope="module")
+def tiny_hybrid_dir(tiny_checkpoints, tmp_path_factory):
+    """A tiny Llama hybrid at layer 2 whose bridge output depends on the input, saved as a directory."""
+    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.hybrid import HybridLM
+
+    model, tokenizer = load_causal_lm(tiny_checkpoints["llama"])
+    torch.manual_seed(1)
+    hybrid = HybridLM.from_backbone(model, 2, {"width": 32, "heads": 2}, tokenizer, tiny_checkpoints["llama"])
+    torch.nn.init.normal_(hybrid.bridge.out.weight, std=0.3)
+    return hybrid.save_pretrained(tmp_path_factory.mktemp("lm_eval_hybrid") / "hybrid")
+
+
+def _requests() -> list[Instance]:
+    """Real task requests of different lengths (batched together, so padding is exercised), one empty context."""
+    lambada = [json.loads(line) for line in (downstream.TASKS_DIR / "dihal_lambada_local.jsonl").open(encoding="utf-8")]
+    pairs = [(row["context"][-300:], row["target"]) for row in lambada[::60]] + [("", " Once upon a time")]
+    return [Instance("loglikelihood", {}, pair, index) for index, pair in enumerate(pairs)]
+
+
+def _reference(model, tokenizer, context: str, continuation: str, max_length: int) -> tuple[float, bool]:
+    """Log-likelihood of ``continuation`` after ``context`` from one unbatched forward pass, tokenised as the
+    harness does (the whole string, split at the context's tokens; an empty context is the BOS token)."""
+    if context:
+        context_ids = tokenizer.encode(context)
+        continuation_ids = tokenizer.encode(context + continuation)[len(context_ids):]
+    else:
+        context_ids, continuation_ids = [tokenizer.bos_token_id], tokenizer.encode(continuation)
+    ids = torch.tensor([(context_ids + continuation_ids)[-(max_length + 1):][:-1]])
+    with torch.no_grad():
+        logprobs = model(ids).logits[0, -len(continuation_ids):].log_softmax(-1)
+    target = torch.tensor(continuation_ids)
+    return logprobs.gather(-1, target[:, None]).sum().item(), bool((logprobs.argmax(-1) == target).all())
+
+
+def _check_loglikelihood(lm: HFLM) -> list[tuple[float, bool]]:
+    first, second = lm.loglikelihood(_requests()), lm.loglikelihood(_requests())
+    assert first == second
+    for (value, greedy), request in zip(first, _requests()):
+        expected, expected_greedy = _reference(lm.model, lm.tokenizer, *request.args, lm.max_length)
+        assert value == pytest.approx(expected, abs=1e-4) and greedy == expected_greedy
+    return first
+
+
+def test_backbone_loglikelihood_through_hflm_is_its_forward_pass_twice():
+    lm = HFLM(pretrained=str(DEFAULT_MODEL_DIR), device="cpu", batch_size=4, dtype="float32")
+    results = _check_loglikelihood(lm)
+    assert all(value < 0 for value, _ in results)
+
+
+def test_hybrid_loads_in_hflm_and_scores_deterministically(tiny_hybrid_dir):
+    lm = HFLM(pretrained=str(tiny_hybrid_dir), trust_remote_code=True, device="cpu", batch_size=4)
+    assert type(lm.model).__name__ == "HybridLM"
+    results = _check_loglikelihood(lm)
+    again = HFLM(pretrained=str(tiny_hybrid_dir), trust_remote_code=True, device="cpu", batch_size=2)
+    fresh = again.loglikelihood(_requests())  # a fresh load, other batches
+    assert [v for v, _ in fresh] == pytest.approx([v for v, _ in results], abs=1e-5)
+    assert [g for _, g in fresh] == [g for _, g in results]
+
+
+def test_shipped_tasks_end_to_end_on_the_hybrid(tiny_hybrid_dir):
+    lm = HFLM(pretrained=str(tiny_hybrid_dir), trust_remote_code=True, device="cpu", batch_size=4)
+    results = downstream.run_tasks(lm.model, lm.tokenizer, ",".join(downstream.LOCAL_TASKS), limit=3, lm=lm)
+    lambada, cloze = results["dihal_lambada_local"], results["dihal_cloze_local"]
+    assert lambada["n"] == cloze["n"] == 3 and lambada["version"] == 1.0
+    assert 0 <= lambada["acc"] <= 1 and lambada["perplexity"] > 1 and "acc_stderr" in lambada
+    assert all(0 <= cloze[m] <= 1 and f"{m}_stderr" in cloze for m in ("acc", "acc_norm", "acc_mutual_info"))
+    assert downstream.run_tasks(lm.model, lm.tokenizer, "dihal_lambada_local", limit=3, lm=lm)["dihal_lambada_local"] == lambada
+
+
+def test_lm_eval_command_line_runs_a_shipped_task_on_a_hybrid_directory(tiny_hybrid_dir, tmp_path):
+    command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+               f"pretrained={tiny_hybrid_dir},trust_remote_code=True", "--device", "cpu", "--batch_size", "4",
+               "--tasks", "dihal_lambada_local", "--include_path", str(downstream.TASKS_DIR), "--limit", "2",
+               "--output_path", str(tmp_path / "out")]
+    env = {**os.environ, **OFFLINE, "OMP_NUM_THREADS": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [path] = list((tmp_path / "out").rglob("results_*.json"))
+    cli = json.loads(path.read_text())["results"]["dihal_lambada_local"]
+    lm = HFLM(pretrained=str(tiny_hybrid_dir), trust_remote_code=True, device="cpu", batch_size=4)
+    ours = downstream.run_tasks(lm.model, lm.tokenizer, "dihal_lambada_local", limit=2, lm=lm)["dihal_lambada_local"]
+    assert cli["acc,none"] == ours["acc"] and cli["perplexity,none"] == pytest.approx(ours["perplexity"], rel=1e-6)
+
+
+def test_unknown_task_is_one_clear_error_before_any_model_work():
+    with pytest.raises(ValueError, match="unknown lm-eval task.*no_such_task.*dihal_lambada_local"):
+        downstream.check_tasks("dihal_lambada_local,no_such_task_xyz")
