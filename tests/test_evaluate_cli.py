@@ -57,9 +57,9 @@ def test_section_holds_every_metric(models, corpus):
 
 def test_tokens_per_second_comes_from_the_fastest_identical_call():
     class Timed:
-        nfe, calls = None, []
+        calls = []
 
-        def sample(self, prompt, max_new_tokens, temperature, top_k, nfe, generator):
+        def sample(self, prompt, max_new_tokens, temperature, top_k, generator):
             self.calls.append(int(torch.randint(0, 1000, (1,), generator=generator)))
             return Generation(torch.zeros(2, max_new_tokens, dtype=torch.long), [3.0, 1.0, 2.0][len(self.calls) - 1])
 

@@ -1,4 +1,5 @@
-"""Sampling from causal LMs (cache equivalence, seeds, bad input) and Gen PPL under an evaluator."""
+"""Sampling from causal LMs through ``model.generate`` with the float64 protocol (cache equivalence, seeds, EOS,
+bad input), ``dihal generate`` on a hybrid and a backbone, and Gen PPL under an evaluator."""
 from __future__ import annotations
 
 import math
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from dihal_fast.common.models import load_causal_lm
-from dihal_fast.evaluate.generation import check_generation_request, sample_causal_lm
+from dihal_fast.evaluate.generation import check_generation_request
+from dihal_fast.evaluate.models import LoadedLM
 from dihal_fast.evaluate.sampling import sample_categorical
 from dihal_fast.evaluate.scoring import generative_perplexity, teacher_forced, logits_fn
 
@@ -18,10 +20,15 @@ def tiny_lm(request, tiny_checkpoints):
     return load_causal_lm(tiny_checkpoints[request.param])
 
 
+def _loaded(tiny_lm) -> LoadedLM:
+    model, tokenizer = tiny_lm
+    return LoadedLM("backbone", model.name_or_path, model, tokenizer, 128)
+
+
 def test_cached_sampling_equals_full_recompute(tiny_lm):
     model, _ = tiny_lm
     prompt = torch.tensor([[5, 17, 42], [7, 7, 9]])
-    got = sample_causal_lm(model, prompt, 6, temperature=0.9, generator=torch.Generator().manual_seed(11))
+    got = _loaded(tiny_lm).sample(prompt, 6, temperature=0.9, generator=torch.Generator().manual_seed(11))
     gen, ids = torch.Generator().manual_seed(11), prompt
     with torch.no_grad():
         for _ in range(6):
@@ -32,12 +39,26 @@ def test_cached_sampling_equals_full_recompute(tiny_lm):
 
 
 def test_sampling_is_seeded(tiny_lm):
-    model, _ = tiny_lm
+    lm = _loaded(tiny_lm)
     prompt = torch.tensor([[5, 17]]).expand(4, 2)
-    a = sample_causal_lm(model, prompt, 8, generator=torch.Generator().manual_seed(0)).tokens
-    b = sample_causal_lm(model, prompt, 8, generator=torch.Generator().manual_seed(0)).tokens
-    c = sample_causal_lm(model, prompt, 8, generator=torch.Generator().manual_seed(1)).tokens
+    a = lm.sample(prompt, 8, generator=torch.Generator().manual_seed(0)).tokens
+    b = lm.sample(prompt, 8, generator=torch.Generator().manual_seed(0)).tokens
+    c = lm.sample(prompt, 8, generator=torch.Generator().manual_seed(1)).tokens
     assert torch.equal(a, b) and not torch.equal(a, c)
+    nucleus = lm.sample(prompt, 8, top_p=1e-6, generator=torch.Generator().manual_seed(2)).tokens
+    assert torch.equal(nucleus, lm.sample(prompt, 8, temperature=0).tokens)  # a tiny nucleus holds the argmax only
+
+
+def test_sampling_stops_at_eos_when_asked(tiny_lm):
+    model, tokenizer = tiny_lm
+    lm = _loaded(tiny_lm)
+    prompt = torch.tensor([[5, 17]])
+    free = lm.sample(prompt, 8, temperature=0).tokens
+    tokenizer = type(tokenizer).from_pretrained(model.name_or_path)
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(int(free[0, 2]))  # the third token becomes EOS
+    stopped = LoadedLM("backbone", lm.path, model, tokenizer, 128).sample(prompt, 8, temperature=0, stop_at_eos=True)
+    first = int((free[0] == tokenizer.eos_token_id).nonzero()[0])
+    assert torch.equal(stopped.tokens, free[:, : first + 1])
 
 
 @pytest.mark.parametrize(
@@ -100,6 +121,21 @@ def tiny_hybrid_dir(tiny_checkpoints, tmp_path_factory):
     torch.manual_seed(0)
     return HybridLM.from_backbone(model, 1, tokenizer=tokenizer, backbone_dir=tiny_checkpoints["llama"]).save_pretrained(
         tmp_path_factory.mktemp("hybrid") / "run" / "hybrid")
+
+
+def test_generate_cli_greedy_top_p_and_eos(tiny_hybrid_dir, tmp_path):
+    from dihal_fast.cli import main
+    from dihal_fast.common import read_json
+
+    base = ["--model", str(tiny_hybrid_dir), "--prompt", "The quick", "--n-samples", "2", "--max-new-tokens", "6"]
+    for seed in ("1", "2"):
+        assert main(["generate", *base, "--no-do-sample", "--seed", seed, "--out", str(tmp_path / f"g{seed}.json")]) == 0
+    greedy = [read_json(tmp_path / f"g{seed}.json") for seed in ("1", "2")]
+    assert greedy[0]["samples"] == greedy[1]["samples"] and greedy[0]["temperature"] == 0.0
+    assert greedy[0]["samples"][0] == greedy[0]["samples"][1]
+    assert main(["generate", *base, "--top-p", "0.9", "--no-stop-at-eos", "--out", str(tmp_path / "p.json")]) == 0
+    report = read_json(tmp_path / "p.json")
+    assert report["top_p"] == 0.9 and not report["stop_at_eos"] and all(len(s["token_ids"]) == 6 for s in report["samples"])
 
 
 def test_generate_cli_on_hybrid_run_dir_and_backbone(tiny_hybrid_dir, tiny_checkpoints, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """HybridLM on tiny Llama / Qwen3 / GPT-2 / Mistral checkpoints: the oracle path reproduces the backbone,
-causality, incremental generation against full recompute, determinism, save/load, bad input."""
+causality, incremental generation (transformers' generate) against full recompute, the noise definition
+(deterministic by default, stochastic on request), labels -> loss, EOS, save/load, bad input."""
 from __future__ import annotations
 
 import json
@@ -10,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dihal_fast.common.models import load_causal_lm
-from dihal_fast.hybrid import SUPPORTED_FAMILIES, HybridLM, backbone_targets
-from dihal_fast.hybrid.generation import nucleus_mask
+from dihal_fast.hybrid import HybridLM, backbone_targets
+from dihal_fast.hybrid.generation import float64_sampling, nucleus_mask
 from dihal_fast.hybrid.slicing import check_family, check_layer
 
 FAMILIES = ("llama", "qwen3", "gpt2", "mistral")
@@ -70,42 +71,86 @@ def test_incremental_generation_equals_full_recompute(backbones, family, sampler
     model = backbones[family][0]
     hybrid = _hybrid(backbones, family)
     prompt = _ids(model, length=5)
-    generated = hybrid.generate(prompt, 7, seed=11, nfe=nfe, sampler=sampler, return_logits=True)
-    assert generated.sequences.shape == (2, 12) and torch.equal(generated.sequences[:, :5], prompt)
+    kwargs = dict(max_new_tokens=7, seed=11, nfe=nfe, sampler=sampler, eos_token_id=None, do_sample=True)
+    torch.manual_seed(0)
+    generated = hybrid.generate(prompt, output_logits=True, return_dict_in_generate=True, **kwargs)
+    sequences = generated.sequences
+    assert sequences.shape == (2, 12) and torch.equal(sequences[:, :5], prompt)
     with torch.no_grad():
-        full = hybrid(generated.sequences[:, :-1], seed=11, nfe=nfe, sampler=sampler).logits[:, 4:]
-    torch.testing.assert_close(generated.logits, full, atol=2e-5, rtol=1e-5)
-    again = hybrid.generate(prompt, 7, seed=11, nfe=nfe, sampler=sampler)
-    assert torch.equal(again.sequences, generated.sequences)
+        full = hybrid(sequences[:, :-1], seed=11, nfe=nfe, sampler=sampler).logits[:, 4:]
+    torch.testing.assert_close(torch.stack(generated.logits, dim=1), full, atol=2e-5, rtol=1e-5)
+    torch.manual_seed(0)
+    assert torch.equal(hybrid.generate(prompt, **kwargs), sequences)
 
 
-def test_left_padding_matches_the_unpadded_row(backbones):
+def test_left_padding_and_batching_match_the_unpadded_row(backbones):
     model = backbones["llama"][0]
-    hybrid = _hybrid(backbones, "llama")
+    hybrid = _hybrid(backbones, "llama", sampler="ddpm", nfe=2)
     ids = _ids(model, batch=1, length=6)
-    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)
-    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 6, dtype=torch.long)], dim=1)
+    other = _ids(model, batch=1, length=9, seed=1)
+    padded = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1), other])
+    mask = torch.ones_like(padded)
+    mask[0, :3] = 0
     with torch.no_grad():
-        alone = hybrid(ids, seed=5).logits
-        with_padding = hybrid(padded, attention_mask=mask, seed=5).logits[:, 3:]
-    torch.testing.assert_close(with_padding, alone, atol=2e-5, rtol=1e-5)
-    generated = hybrid.generate(padded, 3, seed=2, attention_mask=mask, temperature=0)
-    assert torch.equal(generated.sequences[:, 3:], hybrid.generate(ids, 3, seed=2, temperature=0).sequences)
+        alone = hybrid(ids).logits
+        in_batch = hybrid(padded, attention_mask=mask).logits[:1, 3:]
+        seeded = hybrid(ids, seed=5).logits
+        seeded_padded = hybrid(padded[:1], attention_mask=mask[:1], seed=5).logits[:, 3:]
+    torch.testing.assert_close(in_batch, alone, atol=2e-5, rtol=1e-5)  # default noise: the same for every row
+    torch.testing.assert_close(seeded_padded, seeded, atol=2e-5, rtol=1e-5)
+    greedy = hybrid.generate(padded, attention_mask=mask, max_new_tokens=3, do_sample=False, eos_token_id=None)
+    alone_greedy = hybrid.generate(ids, max_new_tokens=3, do_sample=False, eos_token_id=None)
+    assert torch.equal(greedy[:1, 9:], alone_greedy[:, 6:])
 
 
-def test_forward_is_deterministic_under_manual_seed(backbones):
+def test_scoring_is_deterministic_by_default_and_stochastic_on_request(backbones):
     model = backbones["qwen3"][0]
     hybrid = _hybrid(backbones, "qwen3", sampler="ddpm", nfe=3)
     ids = _ids(model)
     with torch.no_grad():
+        first = hybrid(ids, labels=ids)
+        torch.manual_seed(123)
+        second = hybrid(ids, labels=ids)
+        assert torch.equal(first.logits, second.logits) and first.loss.item() == second.loss.item()
+        hybrid.config.stochastic_noise = True
         torch.manual_seed(1)
-        first = hybrid(ids).logits
+        a = hybrid(ids).logits
         torch.manual_seed(1)
-        second = hybrid(ids).logits
+        b = hybrid(ids).logits
         torch.manual_seed(2)
-        third = hybrid(ids).logits
-    assert torch.equal(first, second)
-    assert not torch.equal(first, third)
+        c = hybrid(ids).logits
+        hybrid.config.stochastic_noise = False
+    assert torch.equal(a, b) and not torch.equal(a, c) and not torch.equal(a, first.logits)
+
+
+def test_labels_give_the_shifted_cross_entropy(backbones):
+    model = backbones["gpt2"][0]
+    hybrid = _hybrid(backbones, "gpt2")
+    ids = _ids(model, length=8)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    with torch.no_grad():
+        out = hybrid(ids, labels=labels)
+        as_tuple = hybrid(ids, labels=labels, return_dict=False)
+    logits = out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float()
+    expected = torch.nn.functional.cross_entropy(logits, labels[:, 1:].reshape(-1), ignore_index=-100)
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], out.loss)
+
+
+def test_greedy_generation_is_repeatable_and_stops_at_eos(backbones):
+    model = backbones["mistral"][0]
+    hybrid = _hybrid(backbones, "mistral")
+    prompt = _ids(model, batch=1, length=4)
+    free = hybrid.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    assert free.shape == (1, 12)
+    assert torch.equal(free, hybrid.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=None))
+    eos = int(free[0, 6])  # the third generated token becomes EOS: generation ends at its first occurrence
+    first = int((free[0, 4:] == eos).nonzero()[0])
+    stopped = hybrid.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=eos)
+    assert first <= 2 and torch.equal(stopped, free[:, : 4 + first + 1])
+    float64 = hybrid.generate(prompt, max_new_tokens=8, eos_token_id=eos, **float64_sampling(temperature=0))
+    assert torch.equal(float64, stopped)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -118,10 +163,11 @@ def test_save_load_round_trip_gives_identical_logits(backbones, family, tmp_path
     ids = _ids(model)
     with torch.no_grad():
         assert torch.equal(loaded(ids, seed=4).logits, hybrid(ids, seed=4).logits)
-    assert loaded.config == hybrid.config
+    assert {**loaded.config.to_dict(), "_name_or_path": ""} == {**hybrid.config.to_dict(), "_name_or_path": ""}
     assert loaded.tokenizer.get_vocab() == backbones[family][1].get_vocab()
-    assert loaded.backbone_config == json.loads(model.config.to_json_string())
-    assert torch.equal(loaded.generate(ids[:, :3], 4, seed=1).sequences, hybrid.generate(ids[:, :3], 4, seed=1).sequences)
+    assert loaded.config.backbone_config == json.loads(model.config.to_json_string())
+    kwargs = dict(max_new_tokens=4, do_sample=False, eos_token_id=None, seed=1)
+    assert torch.equal(loaded.generate(ids[:, :3], **kwargs), hybrid.generate(ids[:, :3], **kwargs))
 
 
 def test_check_backbone_catches_a_replaced_checkpoint(backbones, tmp_path):
@@ -151,8 +197,12 @@ def test_frozen_by_default_and_optionally_unfrozen(backbones):
 def test_bad_inputs_raise_clear_errors(backbones, tmp_path):
     from transformers import BertConfig
 
-    with pytest.raises(ValueError, match="supported families: llama, mistral, qwen3, gpt2"):
+    with pytest.raises(ValueError, match="'bert' cannot be cut into a hybrid: it is a bidirectional encoder"):
         check_family(BertConfig())
+    with pytest.raises(ValueError, match="'clip' cannot be cut into a hybrid: transformers has no causal-LM class"):
+        check_family(__import__("transformers").CLIPConfig())
+    with pytest.raises(ValueError, match="'t5' cannot be cut into a hybrid: it is an encoder-decoder model"):
+        check_family(__import__("transformers").T5Config())
     config = backbones["llama"][0].config
     for layer in (0, config.num_hidden_layers, -1):
         with pytest.raises(ValueError, match=r"layer must be an integer in 1\.\.3"):
@@ -161,20 +211,20 @@ def test_bad_inputs_raise_clear_errors(backbones, tmp_path):
         HybridLM.from_pretrained(tmp_path / "missing")
     hybrid = _hybrid(backbones, "gpt2")
     hybrid.save_pretrained(tmp_path / "h")
-    (tmp_path / "h" / "bridge.safetensors").write_bytes(b"\x00" * 50)
+    (tmp_path / "h" / "model.safetensors").write_bytes(b"\x00" * 50)
     with pytest.raises(ValueError, match="corrupt"):
         HybridLM.from_pretrained(tmp_path / "h")
-    (tmp_path / "h" / "hybrid_config.json").write_text("{\"format\": \"other\"}")
-    with pytest.raises(ValueError, match="not a dihal_fast.hybrid config"):
+    config = json.loads((tmp_path / "h" / "config.json").read_text())
+    (tmp_path / "h" / "config.json").write_text(json.dumps({**config, "format": "other"}))
+    with pytest.raises(ValueError, match="not a dihal_fast.hybrid/2 config"):
         HybridLM.from_pretrained(tmp_path / "h")
     ids = _ids(backbones["gpt2"][0], length=4)
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        hybrid.generate(ids, 0)
     with pytest.raises(ValueError, match="exceeds the context"):
-        hybrid.generate(ids, 1000)
+        hybrid.generate(ids, max_new_tokens=1000, do_sample=False)
+    with pytest.raises(TypeError, match="HybridCache"):
+        hybrid(ids, cache=__import__("transformers").DynamicCache())
     with pytest.raises(ValueError, match="attention_mask must have shape"):
         hybrid(ids, attention_mask=torch.ones(2, 3, dtype=torch.long))
-    assert set(SUPPORTED_FAMILIES) == set(FAMILIES)
 
 
 @given(seed=st.integers(0, 10**6), top_p=st.floats(0.05, 0.99), temperature=st.floats(0.3, 2.0))

@@ -101,19 +101,25 @@ class BridgeCache:
         return 0 if first is None else first[0].shape[2]
 
 
-def position_noise(seed: int, positions: Tensor, draws: int, dim: int) -> Tensor:
-    """Standard normal ``(draws, B, T, dim)`` noise that depends only on ``(seed, position, row)``.
+def position_noise(seed: int, positions: Tensor, draws: int, dim: int, shared_rows: bool = False) -> Tensor:
+    """Standard normal ``(draws, B, T, dim)`` noise that depends only on ``(seed, position, row)``, or on
+    ``(seed, position)`` alone with ``shared_rows`` (every row sees the same draw at a position).
 
     Drawing per position (not per call) makes incremental generation see exactly the noise that a full
-    recompute of the same sequence sees, whatever the chunking.
+    recompute of the same sequence sees, whatever the chunking; ``shared_rows`` also makes a row's noise
+    independent of its place in a batch (deterministic scoring).
     """
     batch, length = positions.shape
     out = torch.empty(draws, batch, length, dim)
     for position in torch.unique(positions).tolist():
         generator = torch.Generator().manual_seed((seed * 1_000_003 + position * 7919) % (2**63 - 1))
-        table = torch.randn(batch, draws, dim, generator=generator)
         rows, cols = (positions == position).nonzero(as_tuple=True)
-        out[:, rows, cols] = table[rows].transpose(0, 1)
+        rows = rows.cpu()
+        if shared_rows:
+            out[:, rows, cols.cpu()] = torch.randn(draws, 1, dim, generator=generator)
+        else:
+            table = torch.randn(batch, draws, dim, generator=generator)
+            out[:, rows, cols.cpu()] = table[rows].transpose(0, 1)
     return out.to(positions.device)
 
 
@@ -158,13 +164,20 @@ class Bridge(nn.Module):
         self.target_mean, self.target_std = mean.detach().float().cpu(), float(std)
         self.config.target_mean, self.config.target_std = [float(v) for v in self.target_mean.tolist()], float(std)
 
+    def _mean_on(self, device: torch.device) -> Tensor:
+        """The target mean on ``device``; rebuilt from the config when the module was created on the meta
+        device (transformers' ``from_pretrained`` does: the statistics are config, not weights)."""
+        if self.target_mean.is_meta:
+            self.target_mean = torch.tensor(self.config.target_mean, dtype=torch.float32, device="cpu")
+        return self.target_mean.to(device)
+
     def normalize(self, hidden: Tensor) -> Tensor:
         """``z = (h - mean) / std`` in float32."""
-        return (hidden.float() - self.target_mean.to(hidden.device)) / self.target_std
+        return (hidden.float() - self._mean_on(hidden.device)) / self.target_std
 
     def denormalize(self, z: Tensor) -> Tensor:
         """``h = z std + mean`` in float32."""
-        return z.float() * self.target_std + self.target_mean.to(z.device)
+        return z.float() * self.target_std + self._mean_on(z.device)
 
     def encode(self, condition: Tensor, positions: Tensor, key_mask: Tensor | None = None, cache: BridgeCache | None = None) -> list[Tensor]:
         """Per-level context features ``[(B, T, W / 2^k)]`` from ``c(x)``; extends ``cache`` in place."""

@@ -97,8 +97,8 @@ def sample_metrics(generation: Generation, tokenizer, evaluator) -> tuple[dict, 
 def timed_sample(lm, prompt: torch.Tensor, settings: EvalSettings) -> Generation:
     """The samples of ``lm``, timed as the fastest of :data:`TIMING_REPEATS` identical calls (same seed, same
     tokens): the cost of sampling rather than of whatever else a shared machine ran during one call."""
-    runs = [lm.sample(prompt, settings.max_new_tokens, settings.temperature, None, lm.nfe,
-                      torch.Generator().manual_seed(settings.seed)) for _ in range(TIMING_REPEATS)]
+    runs = [lm.sample(prompt, settings.max_new_tokens, settings.temperature, None, torch.Generator().manual_seed(settings.seed))
+            for _ in range(TIMING_REPEATS)]
     return Generation(runs[0].tokens, min(run.seconds for run in runs))
 
 

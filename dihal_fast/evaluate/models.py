@@ -1,37 +1,44 @@
-"""One interface over the two kinds of language model this package evaluates: a plain Hugging Face
-backbone and a DiHAL hybrid directory (``dihal_fast.hybrid.HybridLM``)."""
+"""One interface over every language model this package evaluates: a Hugging Face backbone, a DiHAL hybrid
+directory (a transformers model too, ``dihal_fast.hybrid.HybridLM``) and the controls. Scoring is
+``model(input_ids, attention_mask).logits`` and sampling ``model.generate(...)`` with the float64 protocol,
+the same calls for all of them."""
 from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from dihal_fast.common.models import load_causal_lm, resolve_model_dir
-from dihal_fast.evaluate.generation import Generation, check_generation_request, sample_causal_lm
+from dihal_fast.evaluate.generation import Generation, check_generation_request
 from dihal_fast.evaluate.scoring import evaluator_context
 
 logger = logging.getLogger(__name__)
 
+HYBRID_MODEL_TYPE = "dihal_hybrid"
+
 
 @dataclass
 class LoadedLM:
-    """A model ready to score and sample: ``kind`` is ``"backbone"`` or ``"hybrid"``."""
+    """A model ready to score and sample; ``kind`` (``"backbone"`` / ``"hybrid"``) labels reports only."""
 
     kind: str
     path: Path
     model: torch.nn.Module
     tokenizer: object
-    backbone_dir: Path
     context: int
-    nfe: int | None = None
+
+    @property
+    def backbone_dir(self) -> Path:
+        """The checkpoint a hybrid was cut from (provenance recorded in its config); a backbone's own path."""
+        recorded = getattr(self.model.config, "backbone_dir", "")
+        return Path(recorded) if recorded else self.path
 
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """``[B, T, V]`` next-token logits (a hybrid's bridge runs ``nfe`` denoising steps; None = its default)."""
-        if self.kind == "hybrid":
-            return self.model(input_ids, attention_mask=attention_mask, nfe=self.nfe).logits
+        """``[B, T, V]`` next-token logits."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def prompt_ids(self, prompt: str) -> list[int]:
@@ -41,42 +48,62 @@ class LoadedLM:
         ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         return ([start] if start is not None else []) + ids
 
-    def sample(
-        self,
-        prompt_ids: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        nfe: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Generation:
-        """``max_new_tokens`` sampled after each row of ``prompt_ids[B, P]`` (float64 categorical draws)."""
+    @torch.inference_mode()
+    def sample(self, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+               generator: torch.Generator | None = None, top_p: float = 1.0, stop_at_eos: bool = False) -> Generation:
+        """Continuations of each row of ``prompt_ids[B, P]`` by ``model.generate`` with float64 draws, timed.
+
+        Without ``stop_at_eos`` exactly ``max_new_tokens`` are drawn per row; with it a row ends at its first
+        EOS and is padded after it (``pad_token_id``) to the longest row.
+        """
+        from dihal_fast.hybrid.generation import float64_sampling
+
         check_generation_request(prompt_ids.shape[1], prompt_ids.shape[0], max_new_tokens, self.context)
-        if self.kind == "hybrid":
-            from dihal_fast.evaluate.hybrid_adapter import sample_hybrid
+        eos = self.tokenizer.eos_token_id if stop_at_eos else None
+        start = time.perf_counter()
+        out = self.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=max_new_tokens,
+                                  eos_token_id=eos, pad_token_id=self.tokenizer.pad_token_id,
+                                  **float64_sampling(temperature, top_k, top_p, generator))
+        return Generation(out[:, prompt_ids.shape[1]:], time.perf_counter() - start)
 
-            return sample_hybrid(self.model, prompt_ids, max_new_tokens, temperature, top_k, nfe, generator)
-        if nfe is not None:
-            raise ValueError("--nfe (denoising steps) applies to hybrid models only; this is a plain backbone")
-        return sample_causal_lm(self.model, prompt_ids, max_new_tokens, temperature, top_k, generator)
+
+def find_hybrid_dir(path: Path) -> Path | None:
+    """``path`` or ``path/hybrid`` (a ``dihal replace`` run) when it holds a saved hybrid, else None."""
+    from dihal_fast.common import read_json
+    from dihal_fast.hybrid.legacy import check_not_legacy
+
+    for candidate in (path, path / "hybrid"):
+        if candidate.is_dir():
+            check_not_legacy(candidate)
+        config = candidate / "config.json"
+        if config.is_file() and read_json(config, "model config").get("model_type") == HYBRID_MODEL_TYPE:
+            return candidate
+    return None
 
 
-def load_lm(path: str | os.PathLike | None, dtype: str = "float32", device: str = "cpu", nfe: int | None = None) -> LoadedLM:
-    """A backbone checkpoint directory, a hybrid directory or a ``dihal replace`` run directory
-    (``None`` = the shipped backbone); ``nfe`` sets a hybrid's denoising steps for scoring."""
-    from dihal_fast.evaluate.hybrid_adapter import find_hybrid_dir, load_hybrid
+def set_denoising_steps(model: torch.nn.Module, nfe: int | None) -> None:
+    """Make ``nfe`` the default denoising steps of a hybrid's bridge (None: keep its own)."""
+    if nfe is None:
+        return
+    bridge = getattr(model, "bridge", None)
+    if bridge is None:
+        raise ValueError("--nfe (denoising steps) applies to hybrid models only; this is a plain causal LM")
+    if nfe < 1:
+        raise ValueError(f"--nfe must be >= 1, got {nfe}")
+    bridge.config.nfe = int(nfe)
 
-    if path is not None:
-        hybrid_dir = find_hybrid_dir(Path(path))
-        if hybrid_dir is not None:
-            model, tokenizer, backbone_dir = load_hybrid(hybrid_dir, device)
-            logger.info("loaded the hybrid in %s (layer %d of %s)", hybrid_dir, model.config.layer, backbone_dir)
-            context = evaluator_context(model, tokenizer)
-            return LoadedLM("hybrid", hybrid_dir, model, tokenizer, backbone_dir, context, nfe)
-    model_dir = resolve_model_dir(path)
+
+def load_lm(path: str | os.PathLike | None, dtype: str = "auto", device: str = "cpu", nfe: int | None = None) -> LoadedLM:
+    """A backbone checkpoint directory, a hybrid directory or a ``dihal replace`` run directory (``None`` = the
+    shipped backbone), in ``dtype`` (``auto`` = the checkpoint's); ``nfe`` sets a hybrid's denoising steps."""
+    import dihal_fast.hybrid  # noqa: F401  (registers the hybrid with the Auto classes)
+
+    model_dir = resolve_model_dir(path if path is None else (find_hybrid_dir(Path(path)) or path))
     model, tokenizer = load_causal_lm(model_dir, dtype=dtype, device=device)
-    logger.info("loaded the causal LM in %s (%s)", model_dir, dtype)
-    return LoadedLM("backbone", model_dir, model, tokenizer, model_dir, evaluator_context(model, tokenizer))
+    set_denoising_steps(model, nfe)
+    kind = "hybrid" if model.config.model_type == HYBRID_MODEL_TYPE else "backbone"
+    logger.info("loaded the %s in %s (%s)", kind, model_dir, model.dtype)
+    return LoadedLM(kind, model_dir, model, tokenizer, evaluator_context(model, tokenizer))
 
 
 def same_tokenizer(a, b) -> bool:

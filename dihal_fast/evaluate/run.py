@@ -9,7 +9,7 @@ import torch
 
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.evaluate.harness import EvalSettings, evaluate_lm, heldout_blocks, report_header, sample_metrics
-from dihal_fast.evaluate.models import LoadedLM, load_lm, same_tokenizer
+from dihal_fast.evaluate.models import LoadedLM, load_lm, same_tokenizer, set_denoising_steps
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +22,17 @@ def check_compatible(lm: LoadedLM, evaluator: LoadedLM, retokenise: bool) -> Non
             f"evaluator's ({evaluator.path}); pass --evaluator {lm.backbone_dir} (or another model with the same "
             "tokenizer), or --retokenise to score decoded text under a different tokenizer on purpose"
         )
+
+
+def find_backbone(hybrid: LoadedLM, explicit: str | Path | None) -> Path:
+    """The hybrid's backbone: ``explicit``, else the directory recorded in the hybrid (provenance), checked to exist."""
+    if explicit is not None:
+        return Path(explicit)
+    recorded = hybrid.model.config.backbone_dir
+    if not recorded or not Path(recorded).is_dir():
+        raise FileNotFoundError(f"the backbone recorded in {hybrid.path} ({recorded or 'none'}) is not here; pass "
+                                "--backbone DIR (the checkpoint the hybrid was cut from)")
+    return Path(recorded)
 
 
 class SectionStore:
@@ -55,18 +66,22 @@ def evaluate_hybrid(
     controls: dict[str, str | Path] | None = None,
     diffusion_lm_steps: int | None = None,
     evaluator_dtype: str = "float32",
+    backbone_path: str | Path | None = None,
 ) -> dict:
     """Evaluate a hybrid and its backbone (and optional controls) and write ``out_dir/evaluate.json``.
 
     ``controls`` maps a name (``oracle``, ``worst``, ...) to another hybrid directory evaluated in the same
     harness; ``diffusion_lm_steps`` trains the Diffusion-LM-like control for that many steps;
-    ``evaluator_dtype`` is the evaluator LM's dtype (recorded in the report).
+    ``evaluator_dtype`` is the evaluator LM's dtype (recorded in the report); ``backbone_path`` is the checkpoint
+    the hybrid was cut from (default: the one its config records).
     """
     out_dir = Path(out_dir)
-    hybrid = load_lm(hybrid_path, nfe=settings.nfe)
+    hybrid = load_lm(hybrid_path)
     if hybrid.kind != "hybrid":
         raise ValueError(f"--hybrid {hybrid_path} is not a hybrid directory (it is a plain {hybrid.kind} checkpoint)")
-    backbone = load_lm(hybrid.backbone_dir)
+    set_denoising_steps(hybrid.model, settings.nfe)
+    backbone = load_lm(find_backbone(hybrid, backbone_path))
+    hybrid.model.check_backbone(backbone.model)
     evaluator = load_lm(evaluator_path, dtype=evaluator_dtype)
     check_compatible(hybrid, evaluator, retokenise)
     if not same_tokenizer(hybrid.tokenizer, backbone.tokenizer):

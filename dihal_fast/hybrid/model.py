@@ -1,17 +1,20 @@
-"""HybridLM: the diffusion bridge in place of backbone layers ``1..l``, then the retained layers
-``l+1..L``, the final norm and the LM head.
+"""HybridLM: the diffusion bridge in place of backbone layers ``1..l``, then the retained layers ``l+1..L``,
+the final norm and the LM head, as a transformers ``PreTrainedModel`` with ``generate()``.
 
-A saved hybrid directory is self-contained::
+A saved hybrid directory is self-contained and loads with the Auto classes::
 
-    hybrid_config.json      HybridConfig (family, layer, bridge config with target statistics, ...)
-    bridge.safetensors      bridge weights (and GPT-2's position table, part of the condition)
-    upper/                  the retained part as a Hugging Face checkpoint (config.json + safetensors)
-    backbone_config.json    the full backbone's config
+    config.json             HybridConfig (model_type "dihal_hybrid", auto_map, bridge + retained-part configs)
+    model.safetensors       bridge.*, upper.* (the retained causal LM), condition_position_table.* (GPT-2)
+    generation_config.json  the backbone's generation defaults (eos / pad / bos ids, ...)
+    dihal_hybrid.py         the auto_map module: imports the installed dihal_fast classes
     tokenizer files         the backbone's tokenizer
+
+``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` loads it in any process where
+``dihal_fast`` is installed; after ``import dihal_fast.hybrid`` the Auto classes know the model type without
+``trust_remote_code``. The backbone is not needed to load, score or generate.
 """
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -19,108 +22,131 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from dihal_fast.bridge import Bridge, BridgeCache, BridgeConfig, position_noise
-from dihal_fast.bridge.serial import DictConfig
-from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.bridge import Bridge, position_noise
 from dihal_fast.hybrid import slicing
+from dihal_fast.hybrid.cache import HybridCache
+from dihal_fast.hybrid.config import MODEL_TYPE, REMOTE_MODULE, HybridConfig
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "dihal_fast.hybrid"
-_TABLE_PREFIX = "condition_position_table."
-
 
 @dataclass
-class HybridConfig(DictConfig):
-    """Where the hybrid was cut and from what (saved as ``hybrid_config.json``)."""
+class HybridCausalLMOutput(CausalLMOutputWithPast):
+    """``CausalLMOutputWithPast`` plus ``bridge_hidden_state`` ``(B, T, D)``: the ``h_l`` the bridge produced
+    (or the oracle given), which the retained layers decoded."""
 
-    family: str
-    layer: int
-    backbone_layers: int
-    backbone_dir: str
-    max_position_embeddings: int
-    bridge: BridgeConfig
-    freeze_upper: bool = True
-    format: str = FORMAT
+    bridge_hidden_state: Tensor | None = None
+
+_REMOTE_CODE = '''"""Loads a dihal_fast hybrid with transformers' Auto classes (trust_remote_code=True).
+
+The model code is the installed package's (pip install dihal_fast); this file only names it.
+"""
+from dihal_fast.hybrid.model import HybridConfig, HybridLM  # noqa: F401
+'''
+
+
+class HybridLM(PreTrainedModel, GenerationMixin):
+    """Bridge + retained layers; build with :meth:`from_backbone`, load with :meth:`from_pretrained`.
+
+    ``forward`` is a causal LM's (``input_ids, attention_mask, labels, cache / past_key_values, use_cache``)
+    plus the bridge's knobs: ``nfe`` and ``sampler`` (denoising steps, config defaults), ``seed`` (the noise:
+    see :class:`HybridConfig`; an explicit seed draws per-row noise from it) and ``hidden_state_oracle``
+    (decode a given ``h_l``: the true one reproduces the backbone's logits).
+    """
+
+    config_class = HybridConfig
+    base_model_prefix = "hybrid"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Bridge"]
+    # The bridge was trained and validated in float32 and is small: a bf16/fp16 load keeps it float32 (README, dtype).
+    _keep_in_fp32_modules_strict = ["bridge"]
+    _supports_sdpa = True
+
+    def __init__(self, config: HybridConfig):
+        super().__init__(config)
+        self.loss_type = "ForCausalLM"
+        # The retained part first: .dtype (first floating parameter) is then the checkpoint's dtype.
+        dtype = config.dtype if isinstance(config.dtype, torch.dtype) else None  # from_pretrained sets the load dtype
+        self.upper = AutoModelForCausalLM.from_config(config.upper_model_config(), dtype=dtype).eval()  # eval: see train()
+        self.bridge = Bridge(config.bridge_config)
+        self.condition_position_table = (nn.Embedding(config.max_position_embeddings, config.hidden_size)
+                                         if config.learned_positions else None)
+        self.tokenizer = None  # set by from_backbone / from_pretrained; saved beside the weights
+        self.post_init()
+        if self.condition_position_table is not None:
+            self.condition_position_table.requires_grad_(False)
+        self.set_upper_trainable(not config.freeze_upper)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Nothing: the bridge initialises itself and the retained part comes from the backbone or the file."""
 
     @classmethod
-    def from_dict(cls, data: dict) -> HybridConfig:
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} config (format = {data.get('format') if isinstance(data, dict) else None!r})")
-        bridge = BridgeConfig.from_dict(data.get("bridge", {}))
-        return super().from_dict({**data, "bridge": bridge})
+    def register_for_auto_class(cls, auto_class: str = "AutoModel") -> None:
+        """No-op: :meth:`save_pretrained` writes the ``auto_map`` module itself."""
 
-
-@dataclass
-class HybridOutput:
-    """``logits`` ``(B, T, V)``, the hidden state fed to the retained layers ``(B, T, D)``, the cache."""
-
-    logits: Tensor
-    hidden_state: Tensor
-    cache: HybridCache | None = None
-
-
-class HybridCache:
-    """Everything incremental decoding keeps: bridge keys/values, retained-layer KV cache, noise seed."""
-
-    def __init__(self, bridge: BridgeCache, upper, seed: int):
-        self.bridge, self.upper, self.seed = bridge, upper, seed
-
-    @property
-    def length(self) -> int:
-        return self.bridge.length
-
-
-def _new_upper_cache(config):
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(config=config)
-    except TypeError:  # transformers 4.x: no config argument
-        return DynamicCache()
-
-
-class HybridLM(nn.Module):
-    """Bridge + retained layers; build with :meth:`from_backbone`, load with :meth:`from_pretrained`."""
-
-    def __init__(self, config: HybridConfig, bridge: Bridge, upper: nn.Module, position_table: nn.Embedding | None = None,
-                 tokenizer=None, backbone_config: dict | None = None):
-        super().__init__()
-        self.config, self.bridge, self.upper = config, bridge, upper
-        self.condition_position_table = position_table
-        self.tokenizer = tokenizer
-        self.backbone_config = backbone_config or {}
-        self._cache_keyword = "cache" if "cache" in inspect.signature(upper.forward).parameters else "past_key_values"
-        if position_table is not None:
-            position_table.requires_grad_(False)
-        self.set_upper_trainable(not config.freeze_upper)
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        """False: ``forward`` creates its own :class:`HybridCache` (bridge + retained layers) when asked."""
+        return False
 
     # ----------------------------------------------------------------- construction
     @classmethod
     def from_backbone(cls, backbone: nn.Module, layer: int, bridge_config: dict | None = None, tokenizer=None,
                       backbone_dir: str | os.PathLike = "", freeze_upper: bool = True) -> HybridLM:
-        """A hybrid replacing layers ``1..layer`` of ``backbone`` with a fresh bridge (``bridge_config`` overrides)."""
+        """A hybrid replacing layers ``1..layer`` of ``backbone`` with a fresh bridge (``bridge_config`` overrides).
+
+        The retained part keeps the backbone's dtype; the bridge is float32 (see README, "dtype").
+        """
+        from dihal_fast.bridge import BridgeConfig
+
         family = slicing.check_family(backbone.config)
         slicing.check_layer(backbone.config, layer)
+        slicing.decoder_layers(backbone)
         hidden = backbone.config.hidden_size
-        bridge = Bridge(BridgeConfig(hidden_size=hidden, condition_size=hidden, layer=layer, **(bridge_config or {})))
+        bridge = BridgeConfig(hidden_size=hidden, condition_size=hidden, layer=layer, **(bridge_config or {}))
+        upper_config = slicing.upper_config(backbone.config, layer)
+        upper_config.dtype = next(backbone.parameters()).dtype  # the weights' dtype, whatever the config file said
+        backbone_config = json.loads(backbone.config.to_json_string())
         config = HybridConfig(
             family=family, layer=layer, backbone_layers=backbone.config.num_hidden_layers,
-            backbone_dir=str(Path(backbone_dir).resolve()) if backbone_dir else "",
             max_position_embeddings=int(getattr(backbone.config, "max_position_embeddings", 0) or 0),
-            bridge=bridge.config, freeze_upper=freeze_upper,
+            vocab_size=int(backbone.config.vocab_size), hidden_size=int(hidden), bridge=bridge.to_dict(),
+            upper={k: v for k, v in json.loads(upper_config.to_json_string()).items() if k != "_name_or_path"}, backbone_dir=str(Path(backbone_dir).resolve()) if backbone_dir else "",
+            backbone_config=backbone_config, freeze_upper=freeze_upper,
+            learned_positions=slicing.position_table_key(backbone) is not None,
+            **{name: getattr(backbone.config, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")},
         )
-        return cls(config, bridge, slicing.build_upper(backbone, layer), slicing.position_table(backbone), tokenizer,
-                   json.loads(backbone.config.to_json_string()))
+        with torch.device("cpu"):
+            hybrid = cls(config)
+        dtype = next(backbone.parameters()).dtype
+        position_key = slicing.position_table_key(backbone)
+        # Frozen retained layers reference the backbone's own tensors (assign): the teacher of bridge training and
+        # the hybrid share one copy of the upper layers, embeddings and head per process; trainable ones are copies.
+        hybrid.upper.to(dtype).load_state_dict(slicing.upper_state_dict(backbone.state_dict(), layer, position_key), strict=True,
+                                               assign=freeze_upper)
+        if freeze_upper and getattr(hybrid.upper.config, "tie_word_embeddings", False):
+            hybrid.upper.tie_weights()  # assign gave the head its own Parameter object; one again, as saved
+        table = slicing.position_table(backbone)
+        if table is not None:
+            hybrid.condition_position_table.to(dtype).load_state_dict(table.state_dict())
+        slicing.verify_cut(backbone, hybrid.upper.to(next(backbone.parameters()).device), layer, table)
+        if getattr(backbone, "generation_config", None) is not None:
+            hybrid.generation_config = GenerationConfig.from_dict(backbone.generation_config.to_dict())
+        hybrid.tokenizer = tokenizer
+        return hybrid.to(next(backbone.parameters()).device)
 
     def set_upper_trainable(self, trainable: bool) -> None:
         """Unfreeze (or freeze) the retained decoder layers and final norm; embeddings and head stay frozen."""
-        for name, parameter in self.upper.named_parameters():
-            frozen_always = "embed" in name or "wte" in name or "wpe" in name or "lm_head" in name
-            parameter.requires_grad_(trainable and not frozen_always)
+        embeddings = [self.upper.get_input_embeddings(), self.upper.get_output_embeddings()]
+        frozen_always = {id(p) for module in embeddings if module is not None for p in module.parameters()}
+        table = getattr(self.upper.base_model, "wpe", None)
+        frozen_always |= {id(p) for p in table.parameters()} if isinstance(table, nn.Module) else set()
+        for parameter in self.upper.parameters():
+            parameter.requires_grad_(trainable and id(parameter) not in frozen_always)
         self.config.freeze_upper = not trainable
 
     def check_backbone(self, backbone: nn.Module) -> None:
@@ -134,7 +160,7 @@ class HybridLM(nn.Module):
         if backbone.config.num_hidden_layers != self.config.backbone_layers or family != self.config.family:
             raise ValueError(f"the backbone is a {backbone.config.num_hidden_layers}-layer {family}, this hybrid was cut "
                              f"from a {self.config.backbone_layers}-layer {self.config.family} ({self.config.backbone_dir})")
-        expected = slicing.upper_state_dict(backbone.state_dict(), self.config.layer, family)
+        expected = slicing.upper_state_dict(backbone.state_dict(), self.config.layer, slicing.position_table_key(backbone))
         trained = {name for name, p in self.upper.named_parameters() if p.requires_grad}
         for name, value in self.upper.state_dict().items():
             if name in trained:
@@ -165,101 +191,110 @@ class HybridLM(nn.Module):
             raise ValueError(f"attention_mask must have shape {(batch, past + length)} (cached + new tokens), got {tuple(attention_mask.shape)}")
         return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
 
+    def noise_definition(self, seed: int | None = None) -> tuple[int, bool]:
+        """``(seed, shared_rows)`` of the bridge's noise: an explicit ``seed`` (per-row draws); else the config's
+        fixed ``noise_seed`` shared by all rows, or, with ``stochastic_noise``, a seed from torch's global RNG."""
+        if seed is not None:
+            return int(seed), False
+        if self.config.stochastic_noise:
+            return int(torch.randint(0, 2**62, (1,)).item()), False
+        return int(self.config.noise_seed), True
+
     def new_cache(self, seed: int | None = None) -> HybridCache:
-        """An empty cache for incremental decoding; ``seed`` fixes the bridge's noise (else drawn from torch's RNG)."""
-        return HybridCache(BridgeCache(self.bridge.config.context_layers), _new_upper_cache(self.upper.config), _resolve_seed(seed))
+        """An empty cache for incremental decoding, holding the noise of :meth:`noise_definition` (``seed``)."""
+        seed, shared = self.noise_definition(seed)
+        return HybridCache(self.upper.config, self.bridge.config.context_layers, seed, shared)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, cache: HybridCache | None = None,
-                nfe: int | None = None, sampler: str | None = None, seed: int | None = None,
-                hidden_state_oracle: Tensor | None = None) -> HybridOutput:
-        """Logits for ``input_ids`` ``(B, T)`` (continuing ``cache`` when given).
-
-        The bridge samples ``h_l`` with ``nfe`` evaluations of ``sampler`` (config defaults) from noise
-        fixed by ``seed`` (or the cache's seed; else drawn from torch's global RNG, so the output is
-        deterministic under ``torch.manual_seed``). ``hidden_state_oracle`` ``(B, T, D)`` skips the bridge
-        and decodes the given hidden state (the true ``h_l`` reproduces the backbone's logits).
-        """
+    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None, cache: HybridCache | None = None, labels: Tensor | None = None,
+                use_cache: bool | None = None, return_dict: bool | None = None, logits_to_keep: int = 0, *,
+                past_key_values: HybridCache | None = None, nfe: int | None = None, sampler: str | None = None,
+                seed: int | None = None, hidden_state_oracle: Tensor | None = None,
+                inputs_embeds: Tensor | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None) -> HybridCausalLMOutput | tuple:
+        """Logits ``(B, T, V)`` for ``input_ids`` ``(B, T)`` (continuing ``cache`` when given), the shifted-label
+        loss with ``labels`` (ignore index -100), and the cache with ``use_cache``."""
+        if input_ids is None or inputs_embeds is not None:
+            raise ValueError("the hybrid takes input_ids (its condition is the token embedding), not inputs_embeds")
+        if output_attentions or output_hidden_states:
+            raise ValueError("the hybrid does not return attentions or hidden states")
+        cache = cache if cache is not None else past_key_values
+        if cache is not None and not isinstance(cache, HybridCache):
+            raise TypeError(f"cache must be a HybridCache (model.new_cache()), got {type(cache).__name__}")
+        if cache is None and use_cache:
+            cache = self.new_cache(seed)
         past = cache.length if cache is not None else 0
+        limit = self.config.max_position_embeddings
+        if limit and past + input_ids.shape[1] > limit:
+            raise ValueError(f"{past} cached + {input_ids.shape[1]} new tokens exceeds the context of {limit} tokens")
         positions = self.positions(input_ids, attention_mask, past)
+        if position_ids is not None:
+            if position_ids.shape != input_ids.shape:
+                raise ValueError(f"position_ids must have shape {tuple(input_ids.shape)}, got {tuple(position_ids.shape)}")
+            positions = position_ids.to(input_ids.device)
+        key_mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask
+        condition = self.condition(input_ids, positions)
+        bridge_cache = cache.bridge if cache is not None else None
         if hidden_state_oracle is None:
-            seed = cache.seed if cache is not None else _resolve_seed(seed)
-            context = self.bridge.encode(self.condition(input_ids, positions), positions, attention_mask,
-                                         cache.bridge if cache is not None else None)
+            noise_seed, shared = (cache.seed, cache.shared_noise) if cache is not None else self.noise_definition(seed)
+            context = self.bridge.encode(condition, positions, key_mask, bridge_cache)
             steps = nfe or self.bridge.config.nfe
-            noise = position_noise(seed, positions, steps, self.bridge.config.hidden_size)
-            hidden = self.bridge.denormalize(self.bridge.sample(context, noise.to(positions.device), steps, sampler,
-                                                               cache.bridge if cache is not None else None))
+            noise = position_noise(noise_seed, positions, steps, self.bridge.config.hidden_size, shared_rows=shared)
+            hidden = self.bridge.denormalize(self.bridge.sample(context, noise.to(positions.device), steps, sampler, bridge_cache))
         else:
             hidden = hidden_state_oracle
             if cache is not None:  # keep the bridge cache in step with the retained layers
-                self.bridge.encode(self.condition(input_ids, positions), positions, attention_mask, cache.bridge)
-        logits = self.decode(hidden, attention_mask, positions, cache.upper if cache is not None else None)
-        return HybridOutput(logits=logits, hidden_state=hidden, cache=cache)
+                self.bridge.encode(condition, positions, key_mask, bridge_cache)
+        logits = self.decode(hidden, attention_mask, positions, cache, logits_to_keep)
+        loss = self.loss_function(logits, labels, self.config.vocab_size) if labels is not None else None
+        out = HybridCausalLMOutput(loss=loss, logits=logits, cache=cache if use_cache or cache is not None else None,
+                                   bridge_hidden_state=hidden)
+        return out if return_dict is not False else out.to_tuple()
 
-    def decode(self, hidden: Tensor, attention_mask: Tensor | None, positions: Tensor, upper_cache=None) -> Tensor:
+    def decode(self, hidden: Tensor, attention_mask: Tensor | None, positions: Tensor, upper_cache=None,
+               logits_to_keep: int = 0) -> Tensor:
         """Logits ``(B, T, V)`` of the retained layers + norm + head applied to hidden state ``h_l``."""
-        dtype = next(self.upper.parameters()).dtype
-        kwargs = {self._cache_keyword: upper_cache, "use_cache": upper_cache is not None}
-        out = self.upper(inputs_embeds=hidden.to(dtype), attention_mask=attention_mask, position_ids=positions, **kwargs)
+        dtype = self.upper.get_input_embeddings().weight.dtype
+        out = self.upper(inputs_embeds=hidden.to(dtype), attention_mask=attention_mask, position_ids=positions,
+                         cache=upper_cache, use_cache=upper_cache is not None, logits_to_keep=logits_to_keep)
         return out.logits
 
-    def generate(self, input_ids: Tensor, max_new_tokens: int, **kwargs):
-        """See :func:`dihal_fast.hybrid.generation.generate`."""
-        from dihal_fast.hybrid.generation import generate
-
-        return generate(self, input_ids, max_new_tokens, **kwargs)
-
     # ----------------------------------------------------------------- persistence
-    def save_pretrained(self, directory: str | os.PathLike) -> Path:
-        """Write the self-contained hybrid directory (see the module docstring)."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().float().contiguous().cpu() for k, v in self.bridge.state_dict().items()}
-        if self.condition_position_table is not None:
-            tensors.update({_TABLE_PREFIX + k: v.detach().contiguous().cpu() for k, v in self.condition_position_table.state_dict().items()})
-        save_file(tensors, str(directory / "bridge.safetensors"))
-        self.upper.save_pretrained(directory / "upper")
-        atomic_write_json(directory / "backbone_config.json", self.backbone_config)
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> Path:
+        """The transformers layout (see the module docstring) plus the ``auto_map`` module and the tokenizer."""
+        directory = Path(save_directory)
+        self.config.bridge = self.bridge.config.to_dict()  # target statistics may have been set on the module
+        super().save_pretrained(directory, **kwargs)
+        (directory / f"{REMOTE_MODULE}.py").write_text(_REMOTE_CODE)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(directory)
-        atomic_write_json(directory / "hybrid_config.json", self.config.to_dict())
         return directory
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike, device: str = "cpu") -> HybridLM:
-        """Load a directory written by :meth:`save_pretrained`; clear errors for missing or corrupt parts."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, device: str | None = None,
+                        **kwargs) -> HybridLM:
+        """Load a saved hybrid (``device`` is a shortcut for ``.to(device)``); a directory in the layout of
+        earlier versions (``hybrid_config.json``) is refused with the one-line conversion."""
+        from dihal_fast.hybrid.legacy import check_not_legacy
 
-        directory = Path(directory)
-        if not directory.is_dir():
-            raise FileNotFoundError(f"hybrid directory does not exist: {directory}")
-        config = HybridConfig.from_dict(read_json(directory / "hybrid_config.json", "hybrid config"))
-        weights = directory / "bridge.safetensors"
-        if not weights.is_file():
-            raise FileNotFoundError(f"hybrid directory {directory} lacks bridge.safetensors")
+        path = Path(pretrained_model_name_or_path)
+        if path.is_absolute() or path.exists() or str(path).startswith("."):
+            if not path.is_dir():
+                raise FileNotFoundError(f"hybrid directory does not exist: {path}")
+            check_not_legacy(path)
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(f"hybrid directory {path} lacks config.json")
         try:
-            tensors = load_file(str(weights))
-            upper = AutoModelForCausalLM.from_pretrained(directory / "upper")
+            model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except Exception as exc:  # safetensors / transformers raise many types for a damaged file
-            raise ValueError(f"hybrid directory {directory} is corrupt: {type(exc).__name__}: {exc}") from None
-        bridge = Bridge(config.bridge)
-        table_state = {k[len(_TABLE_PREFIX):]: v for k, v in tensors.items() if k.startswith(_TABLE_PREFIX)}
-        try:
-            bridge.load_state_dict({k: v for k, v in tensors.items() if not k.startswith(_TABLE_PREFIX)})
-        except RuntimeError as exc:
-            raise ValueError(f"{weights} does not match its bridge config: {exc}") from None
-        table = None
-        if table_state:
-            table = nn.Embedding(*table_state["weight"].shape)
-            table.load_state_dict(table_state)
-        tokenizer = None
-        if (directory / "tokenizer_config.json").is_file():
-            tokenizer = AutoTokenizer.from_pretrained(directory)
-        backbone_config = read_json(directory / "backbone_config.json", "backbone config")
-        return cls(config, bridge, upper.eval(), table, tokenizer, backbone_config).to(device).eval()
+            raise ValueError(f"hybrid directory {path} is corrupt: {type(exc).__name__}: {exc}") from None
+        if path.is_dir() and (path / "tokenizer_config.json").is_file():
+            from transformers import AutoTokenizer
+
+            model.tokenizer = AutoTokenizer.from_pretrained(path)
+        model = model.eval()
+        return model.to(device) if device is not None else model
 
 
-def _resolve_seed(seed: int | None) -> int:
-    """``seed``, or one drawn from torch's global generator (deterministic under ``torch.manual_seed``)."""
-    return int(seed) if seed is not None else int(torch.randint(0, 2**62, (1,)).item())
-
+AutoConfig.register(MODEL_TYPE, HybridConfig, exist_ok=True)
+AutoModelForCausalLM.register(HybridConfig, HybridLM, exist_ok=True)

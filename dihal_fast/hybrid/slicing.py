@@ -2,9 +2,15 @@
 condition), the teacher's ``h_l``, and the retained layers ``l+1..L`` + final norm + LM head as a smaller
 model of the same family that takes ``h_l`` as ``inputs_embeds``.
 
-The retained part is built from the backbone's own config with ``num_hidden_layers = L - l`` (per-layer
-attributes such as ``layer_types`` sliced alike), so rotary embeddings, masks, sliding windows and the KV
-cache are the model's own code; fed the true ``h_l`` it reproduces the backbone's logits exactly.
+Any decoder-only causal LM that follows the transformers conventions can be cut (checked by capability, not
+by name): its base model holds the decoder blocks as a ``ModuleList`` called ``layers`` (Llama, Mistral,
+Qwen2/3, Gemma/Gemma2, Phi3, GPT-NeoX, ...) or ``h`` (GPT-2), its weights are named ``...layers.N...``, and the
+input of the first block is its input embedding (plus, for GPT-2-like models, a learned position table
+``wpe``, which becomes part of the condition). The retained part is built from the backbone's own config with
+``num_hidden_layers = L - l`` (per-layer attributes such as ``layer_types`` sliced alike), so rotary
+embeddings, masks, sliding windows and the KV cache are the model's own code. :func:`verify_cut` runs a probe
+through both and refuses a model for which the retained part fed the true ``h_l`` does not reproduce the
+backbone's logits, or whose first block does not see the input embedding, saying which.
 """
 from __future__ import annotations
 
@@ -16,21 +22,31 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-SUPPORTED_FAMILIES = ("llama", "mistral", "qwen3", "gpt2")
+# The families the tests cut and run (tiny random checkpoints); others are accepted when they pass the checks.
+TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2", "gpt_neox")
 _LAYER_KEY = re.compile(r"^(.*\.(?:layers|h))\.(\d+)\.(.*)$")
+_LAYER_LISTS = ("layers", "h")
 # Per-layer config lists that must be cut like the layers themselves.
 _PER_LAYER_ATTRIBUTES = ("layer_types",)
 
 
 def check_family(config) -> str:
-    """The backbone's ``model_type``; an error that names the supported families otherwise."""
+    """The backbone's ``model_type``, checked from its config alone to be a decoder-only causal LM with a
+    layer count (what :func:`upper_config` needs); a ValueError that says why it cannot be cut otherwise."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
     family = getattr(config, "model_type", None)
-    if family not in SUPPORTED_FAMILIES:
-        raise ValueError(
-            f"backbone family {family!r} is not supported by the hybrid; supported families: "
-            f"{', '.join(SUPPORTED_FAMILIES)}"
-        )
-    return family
+    if getattr(config, "is_encoder_decoder", False):
+        reason = "it is an encoder-decoder model (the hybrid replaces the first layers of a decoder-only LM)"
+    elif family in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
+        reason = "it is a bidirectional encoder (is_decoder = False), not a causal LM"
+    elif family not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        reason = "transformers has no causal-LM class for this model type"
+    elif not isinstance(getattr(config, "num_hidden_layers", None), int):
+        reason = "its config has no num_hidden_layers to cut"
+    else:
+        return family
+    raise ValueError(f"backbone family {family!r} cannot be cut into a hybrid: {reason}")
 
 
 def check_layer(config, layer: int) -> int:
@@ -42,8 +58,16 @@ def check_layer(config, layer: int) -> int:
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder blocks of a supported causal LM."""
-    return model.transformer.h if check_family(model.config) == "gpt2" else model.model.layers
+    """The decoder blocks of a causal LM: its base model's ``layers`` or ``h`` list of ``num_hidden_layers`` blocks."""
+    family = check_family(model.config)
+    base = model.base_model
+    for name in _LAYER_LISTS:
+        layers = getattr(base, name, None)
+        if isinstance(layers, nn.ModuleList) and len(layers) == model.config.num_hidden_layers:
+            return layers
+    raise ValueError(f"backbone family {family!r} cannot be cut into a hybrid: its base model "
+                     f"({type(base).__name__}) has no ModuleList of {model.config.num_hidden_layers} decoder blocks "
+                     f"named {' or '.join(_LAYER_LISTS)}")
 
 
 def upper_config(config, layer: int):
@@ -59,11 +83,18 @@ def upper_config(config, layer: int):
     return upper
 
 
-def upper_state_dict(state: dict[str, Tensor], layer: int, family: str) -> dict[str, Tensor]:
+def position_table_key(model: nn.Module) -> str | None:
+    """State-dict key of a learned absolute position table added to the input embedding (GPT-2's ``wpe``)."""
+    base_prefix = model.base_model_prefix
+    table = getattr(model.base_model, "wpe", None)
+    return f"{base_prefix}.wpe.weight" if isinstance(table, nn.Embedding) else None
+
+
+def upper_state_dict(state: dict[str, Tensor], layer: int, position_key: str | None) -> dict[str, Tensor]:
     """The backbone's weights for the retained part: layers ``>= layer`` renumbered from 0.
 
-    GPT-2's learned position table is added by its model to ``inputs_embeds``; ``h_l`` already holds the
-    positions, so the retained part gets a zero table (the real one becomes part of the condition).
+    A learned position table (``position_key``) is added by its model to ``inputs_embeds``; ``h_l`` already
+    holds the positions, so the retained part gets a zero table (the real one becomes part of the condition).
     """
     out: dict[str, Tensor] = {}
     for key, value in state.items():
@@ -74,30 +105,18 @@ def upper_state_dict(state: dict[str, Tensor], layer: int, family: str) -> dict[
                 continue
             key = f"{match.group(1)}.{index - layer}.{match.group(3)}"
         out[key] = value
-    if family == "gpt2":
-        out["transformer.wpe.weight"] = torch.zeros_like(state["transformer.wpe.weight"])
+    if position_key is not None:
+        out[position_key] = torch.zeros_like(state[position_key])
     return out
 
 
-def build_upper(model: nn.Module, layer: int) -> nn.Module:
-    """A new causal LM (same family, own copy of the weights) = layers ``layer+1..L``, norm and head."""
-    from transformers import AutoModelForCausalLM
-
-    config = upper_config(model.config, layer)
-    upper = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
-    upper.load_state_dict(upper_state_dict(model.state_dict(), layer, config.model_type), strict=True)
-    return upper.eval()
-
-
 def position_table(model: nn.Module) -> nn.Embedding | None:
-    """A copy of GPT-2's learned position embedding (part of ``c(x)``); ``None`` for rotary families."""
-    if check_family(model.config) != "gpt2":
-        return None
-    return copy.deepcopy(model.transformer.wpe)
+    """A copy of a learned position embedding added to the input embedding (part of ``c(x)``), else ``None``."""
+    return copy.deepcopy(model.base_model.wpe) if position_table_key(model) is not None else None
 
 
 def embedding_output(model: nn.Module, input_ids: Tensor, positions: Tensor, table: nn.Embedding | None) -> Tensor:
-    """``c(x)``: the backbone's hidden state 0 (token embedding, plus GPT-2's position embedding)."""
+    """``c(x)``: the backbone's hidden state 0 (token embedding, plus a learned position embedding if any)."""
     embedded = model.get_input_embeddings()(input_ids)
     return embedded if table is None else embedded + table(positions)
 
@@ -123,3 +142,31 @@ def backbone_targets(model: nn.Module, input_ids: Tensor, layer: int, attention_
     with tap_hidden_state(model, layer) as captured:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     return captured[-1], logits
+
+
+@torch.no_grad()
+def verify_cut(backbone: nn.Module, upper: nn.Module, layer: int, table: nn.Embedding | None, length: int = 8) -> None:
+    """Refuse (ValueError) a cut that does not reproduce the backbone on a probe: the first block must see
+    :func:`embedding_output`, and the retained part fed the true ``h_l`` must give the backbone's logits."""
+    family = backbone.config.model_type
+    device = next(backbone.parameters()).device
+    ids = (torch.arange(length, device=device) * 7 + 3).remainder(backbone.config.vocab_size)[None]
+    positions = torch.arange(length, device=device)[None]
+    first_input: list[Tensor] = []
+    handle = decoder_layers(backbone)[0].register_forward_pre_hook(
+        lambda module, args, kwargs: first_input.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True)
+    try:
+        hidden, logits = backbone_targets(backbone, ids, layer)
+    finally:
+        handle.remove()
+    scale = float(logits.abs().max()) + 1.0
+    tolerance = 1e-4 if logits.dtype in (torch.float32, torch.float64) else 2e-2
+    condition = embedding_output(backbone, ids, positions, table)
+    if not first_input or not torch.allclose(first_input[0].float(), condition.float(), atol=tolerance * scale, rtol=tolerance):
+        raise ValueError(f"backbone family {family!r} cannot be cut into a hybrid: its first decoder block does not see "
+                         "the input embedding (the model transforms it first, e.g. a norm or scale outside the embedding module)")
+    rebuilt = upper(inputs_embeds=hidden, position_ids=positions, use_cache=False).logits
+    if not torch.allclose(rebuilt.float(), logits.float(), atol=tolerance * scale, rtol=tolerance):
+        raise ValueError(f"backbone family {family!r} cannot be cut into a hybrid: its layers {layer + 1}.."
+                         f"{backbone.config.num_hidden_layers} rebuilt as a smaller model and fed the true h_{layer} do not "
+                         f"reproduce its logits (max difference {float((rebuilt - logits).abs().max()):.3g})")

@@ -25,6 +25,8 @@ class EvaluateConfig:
                                "(oracle, worst)")
     diffusion_lm_steps: int = option(0, "train the Diffusion-LM-like control for this many steps (0 = skip; use the "
                                      "hybrid's budget)")
+    backbone: str | None = option(None, "the checkpoint the hybrid was cut from (default: the path recorded in the "
+                                  "hybrid's config)")
     evaluator: str | None = option(None, "causal LM scoring the samples (Gen PPL); default: the shipped backbone")
     evaluator_dtype: str = option("float32", "dtype of the evaluator LM (recorded in the report)",
                                   choices=["float32", "bfloat16", "float16", "float64"])
@@ -35,8 +37,9 @@ class EvaluateConfig:
 
 def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
     """The evaluation in run directory ``out`` (holding its lock), after seeding the global RNGs with
-    ``settings.seed`` (a hybrid's bridge draws its noise seed from torch's global generator), so that the
-    numbers do not depend on what ran before in the same process (e.g. ``dihal demo`` resuming a run)."""
+    ``settings.seed``, so that the numbers do not depend on what ran before in the same process (e.g. ``dihal
+    demo`` resuming a run). A hybrid is scored and sampled with its deterministic bridge noise (the fixed
+    per-position draw of its config's ``noise_seed``; see :class:`dihal_fast.hybrid.HybridConfig`)."""
     from dihal_fast.common import seed_everything
     from dihal_fast.common.rundir import run_directory
     from dihal_fast.evaluate.run import evaluate_hybrid
@@ -47,5 +50,5 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
     with run_directory(out, "dihal evaluate"):
         report = evaluate_hybrid(config.hybrid, corpus_or_default(config.corpus), out, config.settings,
                                  config.evaluator, config.retokenise, controls, config.diffusion_lm_steps,
-                                 config.evaluator_dtype)
+                                 config.evaluator_dtype, config.backbone)
     return EvaluateReport(Path(out), report)

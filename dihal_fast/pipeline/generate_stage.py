@@ -1,4 +1,5 @@
-"""The generate stage: samples from a hybrid or a plain backbone, every token drawn in float64.
+"""The generate stage: samples from a hybrid or a plain backbone through ``model.generate``, every token drawn in
+float64 (:func:`dihal_fast.hybrid.float64_sampling`).
 
 ``generate(GenerateConfig(model=..., prompt=[...]), out=None)`` samples ``n_samples`` continuations of
 every prompt and, with ``out``, writes them with their protocol as JSON.
@@ -9,6 +10,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from dihal_fast.common.devices import device_option
 from dihal_fast.common.options import option
 from dihal_fast.pipeline.reports import GenerateReport
 
@@ -26,27 +28,34 @@ class GenerateConfig:
     n_samples: int = option(3, "samples per prompt")
     max_new_tokens: int = option(48, "tokens generated after the prompt")
     nfe: int | None = option(None, "denoising steps of a hybrid's bridge (default: the hybrid's own setting)")
+    do_sample: bool = option(True, "draw tokens at random (--no-do-sample: greedy, always the most likely token)")
     temperature: float = option(1.0, "sampling temperature (0 = greedy)")
     top_k: int | None = option(None, "sample only among the k most likely tokens")
+    top_p: float = option(1.0, "nucleus sampling: only among the most likely tokens holding this much probability")
+    stop_at_eos: bool = option(True, "end a sample at its first EOS token (--no-stop-at-eos: always max-new-tokens)")
     seed: int = option(0, "random seed")
-    device: str = option("cpu", "torch device")
+    device: str = device_option()
 
 
 def generate_texts(lm, prompts: list[str], n_samples: int, max_new_tokens: int, temperature: float = 1.0,
-                   top_k: int | None = None, nfe: int | None = None, seed: int = 0) -> dict:
-    """Samples for every prompt: ``{"samples": [{prompt, text, token_ids}], "tokens_per_s", "seconds"}``."""
+                   top_k: int | None = None, top_p: float = 1.0, stop_at_eos: bool = True, seed: int = 0) -> dict:
+    """Samples for every prompt: ``{"samples": [{prompt, text, token_ids}], "tokens_per_s", "seconds"}``
+    (``token_ids`` end at the first EOS, which they include, with ``stop_at_eos``)."""
     import torch
 
     from dihal_fast.common.metrics import tokens_per_second
 
     generator = torch.Generator().manual_seed(seed)
+    eos = lm.tokenizer.eos_token_id
     samples, seconds, n_tokens = [], 0.0, 0
     for prompt in prompts:
         ids = torch.tensor([lm.prompt_ids(prompt)], device=next(lm.model.parameters()).device)
-        out = lm.sample(ids.expand(n_samples, -1), max_new_tokens, temperature, top_k, nfe, generator)
+        out = lm.sample(ids.expand(n_samples, -1), max_new_tokens, temperature, top_k, generator, top_p, stop_at_eos)
         seconds += out.seconds
-        n_tokens += out.tokens.numel()
         for row in out.tokens.tolist():
+            if stop_at_eos and eos in row:
+                row = row[: row.index(eos) + 1]
+            n_tokens += len(row)
             samples.append({"prompt": prompt, "text": lm.tokenizer.decode(row, skip_special_tokens=True), "token_ids": row})
     return {"samples": samples, "seconds": seconds, "tokens_per_s": tokens_per_second(n_tokens, seconds)}
 
@@ -56,7 +65,7 @@ def generate(config: GenerateConfig, out: str | Path | None = None) -> GenerateR
     the settings and the protocol there as JSON."""
     import torch
 
-    from dihal_fast.common import atomic_write_json
+    from dihal_fast.common import atomic_write_json, resolve_device
     from dihal_fast.common.rundir import check_output_file
     from dihal_fast.common.sampling import PROTOCOL
     from dihal_fast.evaluate.models import load_lm
@@ -64,16 +73,19 @@ def generate(config: GenerateConfig, out: str | Path | None = None) -> GenerateR
     torch.manual_seed(config.seed)
     if config.n_samples < 1:
         raise ValueError(f"--n-samples must be >= 1, got {config.n_samples}")
+    device = str(resolve_device(config.device))
     if out is not None:
         out = check_output_file(out)
-    lm = load_lm(config.model, device=config.device)
+    lm = load_lm(config.model, device=device, nfe=config.nfe)
     logger.info("sampling %d x %d tokens from the %s at %s", config.n_samples, config.max_new_tokens, lm.kind, lm.path)
+    temperature = config.temperature if config.do_sample else 0.0
     result = generate_texts(lm, list(config.prompt or [""]), config.n_samples, config.max_new_tokens,
-                            config.temperature, config.top_k, config.nfe, config.seed)
+                            temperature, config.top_k, config.top_p, config.stop_at_eos, config.seed)
+    stop = "a sample ends at its first EOS" if config.stop_at_eos else "no early stop at EOS"
     report = {"model": str(lm.path), "kind": lm.kind, "seed": config.seed, "nfe": config.nfe,
-              "temperature": config.temperature, "top_k": config.top_k,
-              "protocol": "no early stop at EOS; prompt = start-of-document token + prompt tokens; tokens/s = "
-              f"generated tokens / wall time of the sampling calls; {PROTOCOL}", **result}
+              "temperature": temperature, "top_k": config.top_k, "top_p": config.top_p, "stop_at_eos": config.stop_at_eos,
+              "protocol": f"{stop}; prompt = start-of-document token + prompt tokens; tokens/s = generated tokens / "
+              f"wall time of the sampling calls; {PROTOCOL}", **result}
     if out is not None:
         atomic_write_json(out, report)
     return GenerateReport(out, report)

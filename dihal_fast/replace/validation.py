@@ -33,7 +33,7 @@ def validation_bridge_loss(hybrid: HybridLM, backbone: nn.Module, blocks: Tensor
         ids = blocks[start:start + batch_size].to(device)
         hidden, teacher_logits = backbone_targets(backbone, ids, layer)
         out = hybrid(ids, nfe=nfe, sampler=sampler, seed=seed + start)
-        error = bridge.normalize(out.hidden_state) - bridge.normalize(hidden)
+        error = bridge.normalize(out.bridge_hidden_state) - bridge.normalize(hidden)
         squared += error.double().pow(2).sum().cpu()
         count += error.numel()
         sums["hybrid"].append(token_nll(out.logits, ids))

@@ -1,4 +1,5 @@
-"""Tiny randomly initialised causal-LM checkpoints (Llama, Qwen3, GPT-2, Mistral) with a real tokenizer.
+"""Tiny randomly initialised causal-LM checkpoints (Llama, Qwen3, GPT-2, Mistral; also Qwen2, Gemma, Gemma2,
+Phi3, GPT-NeoX) with a real tokenizer.
 
 They load with ``AutoModelForCausalLM.from_pretrained(dir)`` / ``AutoTokenizer.from_pretrained(dir)``
 offline, like any user checkpoint, so tests exercise the real loading path.
@@ -7,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-FAMILIES = ("llama", "qwen3", "gpt2", "mistral")
+FAMILIES = ("llama", "qwen3", "gpt2", "mistral")  # the session fixture's set
+MORE_FAMILIES = ("qwen2", "gemma", "gemma2", "phi3", "gpt_neox")
 
 _TRAINING_TEXT = [
     "The quick brown fox jumps over the lazy dog.",
@@ -47,10 +49,11 @@ def make_tiny_checkpoint(
 ) -> Path:
     """Write a tiny random ``family`` checkpoint with its tokenizer to ``out_dir`` and return the path."""
     import torch
-    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen3Config
+    from transformers import (AutoModelForCausalLM, Gemma2Config, GemmaConfig, GPT2Config, GPTNeoXConfig, LlamaConfig,
+                              MistralConfig, Phi3Config, Qwen2Config, Qwen3Config)
 
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    if family not in FAMILIES + MORE_FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES + MORE_FAMILIES}, got {family!r}")
     tokenizer = make_tiny_tokenizer(vocab_size)
     vocab = len(tokenizer)
     ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
@@ -70,6 +73,13 @@ def make_tiny_checkpoint(
         config = MistralConfig(**common)
     elif family == "qwen3":
         config = Qwen3Config(**common, head_dim=hidden // heads)
+    elif family in ("qwen2", "phi3"):
+        config = (Qwen2Config if family == "qwen2" else Phi3Config)(**common)
+    elif family in ("gemma", "gemma2"):
+        config = (GemmaConfig if family == "gemma" else Gemma2Config)(**common, head_dim=hidden // heads)
+    elif family == "gpt_neox":
+        config = GPTNeoXConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=n_layers,
+                               num_attention_heads=heads, max_position_embeddings=max_positions, **ids)
     else:
         config = GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=n_layers, n_head=heads, n_positions=max_positions, **ids)
     torch.manual_seed(seed)

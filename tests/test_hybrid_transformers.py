@@ -1,0 +1,163 @@
+"""The hybrid as a transformers model on a tiny Llama: the Auto classes in a fresh process that never imports
+dihal_fast itself, pipeline("text-generation"), a moved directory, the checkpoint's dtype, and directories in
+the earlier layout (refused with the conversion command, then converted)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from dihal_fast.common.models import load_causal_lm
+from dihal_fast.hybrid import HybridLM
+from dihal_fast.testing import make_tiny_checkpoint
+
+PROMPT = "The quick brown fox"
+
+
+def _cut(backbone_dir, layer: int = 2, dtype: torch.dtype = torch.float32) -> HybridLM:
+    model, tokenizer = load_causal_lm(backbone_dir)
+    torch.manual_seed(0)
+    hybrid = HybridLM.from_backbone(model.to(dtype), layer, {"width": 32, "heads": 2}, tokenizer, backbone_dir)
+    torch.nn.init.normal_(hybrid.bridge.out.weight, std=0.3)  # a fresh bridge outputs the mean: make it depend on x
+    return hybrid.eval()
+
+
+@pytest.fixture(scope="module")
+def saved(tiny_checkpoints, tmp_path_factory):
+    """``(hybrid, directory)``: a tiny hybrid and its saved directory."""
+    hybrid = _cut(tiny_checkpoints["llama"])
+    return hybrid, hybrid.save_pretrained(tmp_path_factory.mktemp("hybrid") / "hybrid")
+
+
+def test_directory_is_a_transformers_checkpoint_without_absolute_paths(saved):
+    _, directory = saved
+    config = json.loads((directory / "config.json").read_text())
+    assert config["model_type"] == "dihal_hybrid" and config["auto_map"]["AutoModelForCausalLM"] == "dihal_hybrid.HybridLM"
+    assert (directory / "dihal_hybrid.py").is_file() and (directory / "model.safetensors").is_file()
+    paths = [value for value in json.dumps(config).split('"') if value.startswith("/")]
+    assert paths == [config["backbone_dir"]]  # the backbone's path is provenance only
+
+
+def test_auto_classes_load_it_in_a_fresh_process(saved, tmp_path):
+    hybrid, directory = saved
+    script = textwrap.dedent(f"""
+        import json, sys, torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        config = AutoConfig.from_pretrained(sys.argv[1], trust_remote_code=True)
+        model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
+        ids = AutoTokenizer.from_pretrained(sys.argv[1])({PROMPT!r}, return_tensors="pt").input_ids
+        with torch.no_grad():
+            losses = [model(ids, labels=ids).loss.item() for _ in range(2)]
+        greedy = [model.generate(ids, max_new_tokens=5, do_sample=False).tolist() for _ in range(2)]
+        print(json.dumps({{"config": type(config).__name__, "model": type(model).__name__, "losses": losses,
+                          "greedy": greedy, "dtype": str(model.dtype), "device": str(model.device),
+                          "parameters": model.num_parameters()}}))
+    """)
+    env = {"HF_MODULES_CACHE": str(tmp_path / "modules"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", script, str(directory)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    ids = AutoTokenizer.from_pretrained(directory)(PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        loss = hybrid(ids, labels=ids).loss.item()
+    assert (result["config"], result["model"]) == ("HybridConfig", "HybridLM")
+    assert result["losses"][0] == result["losses"][1] == pytest.approx(loss, rel=1e-6)
+    assert result["greedy"][0] == result["greedy"][1] == hybrid.generate(ids, max_new_tokens=5, do_sample=False).tolist()
+    assert result["dtype"] == "torch.float32" and result["device"] == "cpu" and result["parameters"] == hybrid.num_parameters()
+
+
+def test_registered_auto_classes_and_pipeline(saved):
+    from transformers import pipeline
+
+    hybrid, directory = saved
+    model = AutoModelForCausalLM.from_pretrained(directory)  # registered on import of dihal_fast.hybrid
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    assert isinstance(model, HybridLM) and model.generation_config.eos_token_id == tokenizer.eos_token_id
+    out = pipeline("text-generation", model=model, tokenizer=tokenizer)(PROMPT, max_new_tokens=4, do_sample=False)
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    expected = tokenizer.decode(hybrid.generate(ids, max_new_tokens=4, do_sample=False)[0], skip_special_tokens=True)
+    assert out[0]["generated_text"] == expected
+
+
+def test_moved_directory_loads_and_generates_without_its_backbone(tiny_checkpoints, tmp_path, capsys):
+    from dihal_fast.cli import main
+
+    backbone = shutil.copytree(tiny_checkpoints["llama"], tmp_path / "backbone")
+    directory = _cut(backbone).save_pretrained(tmp_path / "hybrid")
+    moved = shutil.move(str(directory), str(tmp_path / "elsewhere"))
+    shutil.rmtree(backbone)
+    model = AutoModelForCausalLM.from_pretrained(moved)
+    assert model.generate(torch.tensor([[1, 40, 50]]), max_new_tokens=3, do_sample=False).shape == (1, 6)
+    assert main(["generate", "--model", moved, "--prompt", "Once", "--n-samples", "1", "--max-new-tokens", "4"]) == 0
+    assert "tokens/s (hybrid)" in capsys.readouterr().out
+    assert main(["evaluate", "--hybrid", moved, "--out", str(tmp_path / "eval")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].endswith("pass --backbone DIR (the checkpoint the hybrid was cut from)")
+
+
+def test_the_checkpoint_dtype_is_kept_and_the_bridge_stays_float32(tiny_checkpoints, tmp_path):
+    hybrid = _cut(tiny_checkpoints["llama"], dtype=torch.bfloat16)
+    assert hybrid.dtype == torch.bfloat16 and hybrid.bridge.dtype == torch.float32
+    loaded = AutoModelForCausalLM.from_pretrained(hybrid.save_pretrained(tmp_path / "bf16"))
+    assert loaded.dtype == torch.bfloat16 and loaded.bridge.dtype == torch.float32
+    ids = torch.tensor([[1, 40, 50, 60]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, hybrid(ids).logits) and loaded(ids).logits.dtype == torch.bfloat16
+    assert loaded.generate(ids, max_new_tokens=3, do_sample=False).shape == (1, 7)
+
+
+def _write_earlier_layout(hybrid: HybridLM, directory) -> None:
+    """What ``HybridLM.save_pretrained`` wrote before the transformers model (hybrid_config.json + parts)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True)
+    save_file({k: v.float().contiguous() for k, v in hybrid.bridge.state_dict().items()}, str(directory / "bridge.safetensors"))
+    hybrid.upper.save_pretrained(directory / "upper")
+    (directory / "backbone_config.json").write_text(json.dumps(hybrid.config.backbone_config))
+    hybrid.tokenizer.save_pretrained(directory)
+    config = hybrid.config
+    (directory / "hybrid_config.json").write_text(json.dumps({
+        "family": config.family, "layer": config.layer, "backbone_layers": config.backbone_layers,
+        "backbone_dir": config.backbone_dir, "max_position_embeddings": config.max_position_embeddings,
+        "bridge": hybrid.bridge.config.to_dict(), "freeze_upper": True, "format": "dihal_fast.hybrid"}))
+
+
+def test_earlier_layout_is_refused_with_the_conversion_and_converts(saved, tmp_path, capsys):
+    from dihal_fast.cli import main
+    from dihal_fast.hybrid.legacy import main as convert
+
+    hybrid, _ = saved
+    old = tmp_path / "run" / "hybrid"
+    _write_earlier_layout(hybrid, old)
+    for call in (lambda: HybridLM.from_pretrained(old), lambda: AutoModelForCausalLM.from_pretrained(old)):
+        with pytest.raises((ValueError, OSError)):
+            call()
+    with pytest.raises(ValueError, match=f"python -m dihal_fast.hybrid.legacy {old}$"):
+        HybridLM.from_pretrained(old)
+    assert main(["generate", "--model", str(old.parent), "--max-new-tokens", "2"]) == 2
+    assert "python -m dihal_fast.hybrid.legacy" in capsys.readouterr().err
+    assert convert([str(old)]) == 0
+    converted = HybridLM.from_pretrained(old)
+    ids = torch.tensor([[1, 40, 50, 60, 70]])
+    with torch.no_grad():
+        assert torch.equal(converted(ids, seed=3).logits, hybrid(ids, seed=3).logits)
+    assert not (old / "hybrid_config.json").exists() and not (old / "upper").exists()
+
+
+def test_a_bf16_backbone_checkpoint_gives_a_bf16_hybrid_through_replace_export(tmp_path):
+    """``export_hybrid`` (what ``dihal replace`` saves) keeps the backbone's dtype."""
+    from dihal_fast.bridge import BridgeConfig
+    from dihal_fast.replace.job import export_hybrid
+
+    path = make_tiny_checkpoint(tmp_path / "bf16", "llama")
+    model, tokenizer = load_causal_lm(path, dtype="bfloat16")
+    bridge = BridgeConfig(hidden_size=32, condition_size=32, layer=1, width=32, heads=2)
+    hybrid = export_hybrid(model, tokenizer, 1, bridge, path, False, {})
+    assert hybrid.dtype == torch.bfloat16 and hybrid.bridge.dtype == torch.float32
