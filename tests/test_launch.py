@@ -289,3 +289,37 @@ def test_the_shipped_deepspeed_examples_are_package_data_and_valid(capsys):
     for name in names:
         filled = load_deepspeed_config(folder / name, settings, cuda=False)
         assert (filled["train_micro_batch_size_per_gpu"], filled["gradient_accumulation_steps"]) == (4, 2)
+
+
+REPLACE = ["--steps", "2", "--seq-len", "16", "--batch-size", "2", "--val-blocks", "2", "--stats-blocks", "4",
+           "--bridge-width", "32", "--bridge-heads", "2", "--checkpoint-every", "1"]
+
+
+def test_replace_with_device_and_dtype_auto_saves_what_ran(locate_inputs, tmp_path, capsys):
+    from dihal_fast.cli import main
+
+    model, corpus = locate_inputs[1], locate_inputs[3]
+    out = tmp_path / "run"
+    code = main(["replace", "--model", model, "--corpus", corpus, "--layer", "1", "--out", str(out), *REPLACE,
+                 "--device", "auto", "--dtype", "auto", "--grad-accum-steps", "2"])
+    assert code == 0, capsys.readouterr().err
+    saved = json.loads((out / "train_config.json").read_text())
+    assert (saved["device"], saved["dtype"], saved["grad_accum_steps"]) == (str(resolve_device("auto")), "float32", 2)
+
+
+@pytest.mark.distributed
+def test_replace_under_torchrun_with_deepspeed_and_gradient_accumulation(locate_inputs, tmp_path):
+    """Two torchrun processes, ZeRO-2 from the shipped example config, 2 micro-batches of 2 per step and process."""
+    from dihal_fast.common.assets import EXAMPLES_DIR
+
+    model, corpus = locate_inputs[1], locate_inputs[3]
+    out = tmp_path / "run"
+    cmd = [_bin("torchrun"), "--nproc_per_node", "2", "--master_port", str(_free_port()), _bin("dihal"), "replace",
+           "--model", model, "--corpus", corpus, "--layer", "1", "--out", str(out), *REPLACE, "--grad-accum-steps", "2",
+           "--deepspeed", str(EXAMPLES_DIR / "ds_zero2.json")]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert (result["world_size"], result["engine"], result["last_checkpoint_step"]) == (2, "deepspeed", 2)
+    assert json.loads((out / "train_config.json").read_text())["grad_accum_steps"] == 2
+    assert proc.stdout.count("hybrid written to") == 1  # rank 0 reports

@@ -49,15 +49,27 @@ def load_tokenizer(path: str | os.PathLike | None):
     return tokenizer
 
 
+def _placement(device) -> dict:
+    """``device_map`` onto a GPU when accelerate is installed (extra ``deepspeed``): the shards load straight
+    into GPU memory instead of being staged in host memory first (each rank of a node would hold a full copy)."""
+    from transformers.utils import is_accelerate_available
+
+    return {"device_map": {"": str(device)}} if device.type == "cuda" and is_accelerate_available() else {}
+
+
 def load_causal_lm(path: str | os.PathLike | None, dtype: str = "float32", device: str = "cpu"):
-    """``(model, tokenizer)`` from a local checkpoint directory, in eval mode on ``device``."""
+    """``(model, tokenizer)`` from a local checkpoint directory, in eval mode on ``device`` (``auto`` or a torch
+    device) and ``dtype`` (``auto`` = the checkpoint's own; see :mod:`dihal_fast.common.devices`)."""
     from transformers import AutoModelForCausalLM
 
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    from dihal_fast.common.devices import resolve_device, resolve_dtype
+
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {dtype!r}")
+    device = resolve_device(str(device))
     path = resolve_model_dir(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, path), **_placement(device))
     except Exception as exc:  # transformers/safetensors raise many types for a bad checkpoint
         raise ValueError(f"could not load a causal LM from {path}: {type(exc).__name__}: {exc}") from None
     tokenizer = load_tokenizer(path)

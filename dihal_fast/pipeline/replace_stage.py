@@ -13,6 +13,7 @@ from dihal_fast.common.assets import corpus_or_default
 from dihal_fast.common.options import option
 from dihal_fast.pipeline.reports import ReplaceReport
 from dihal_fast.replace.config import BridgeTrainConfig, add_config_arguments, config_from_args
+from dihal_fast.train.settings import DEEPSPEED_HELP
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ class ReplaceConfig:
     """Which layer of which model, on which corpus, and the bridge training run (exactly one of ``layer``
     and ``from_locate``)."""
 
-    model: str | None = option(None, "local Hugging Face causal-LM checkpoint (default: the shipped backbone, or "
+    model: str | None = option(None, "shipped backbone name (dihal backbone list) or local Hugging Face causal-LM checkpoint (default: tiny-llama-8l, or "
                                "locate.json's model with --from-locate)")
     layer: int | None = option(None, "hidden state l* to rebuild (1..L-1); layers 1..l* are replaced")
     from_locate: str | None = option(None, "take l* from RUN/locate.json (selected_layer) written by dihal locate",
@@ -30,8 +31,7 @@ class ReplaceConfig:
     corpus: list[str] | None = option(None, ".txt / .jsonl files, directories of them or a saved dataset (default: "
                                       "the shipped corpus)")
     val_corpus: str | None = option(None, "held-out corpus for validation (default: the tail of --corpus)")
-    deepspeed: str | None = option(None, "DeepSpeed JSON config (ZeRO stage 0-3, bf16); see examples/ds_*.json",
-                                   metavar="CFG")
+    deepspeed: str | None = option(None, DEEPSPEED_HELP, metavar="CFG")
     resume: bool = option(False, "continue from the newest checkpoint in the run directory")
     train: BridgeTrainConfig = field(default_factory=BridgeTrainConfig, metadata={
         "help": "bridge training options", "options": (add_config_arguments, config_from_args)})
@@ -54,6 +54,7 @@ def _from_locate(run: str) -> tuple[int, str | None]:
 def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
     """Train the bridge for ``config``'s layer in run directory ``out`` (holding its lock) and export the
     hybrid; every process of a DeepSpeed job calls this and gets the summary."""
+    from dihal_fast.common.models import resolve_model_dir
     from dihal_fast.common.rundir import run_directory
     from dihal_fast.replace import train_bridge
 
@@ -62,7 +63,7 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
         layer, located_model = _from_locate(config.from_locate)
         if model is None:
             model = located_model
-        elif located_model and Path(model).resolve() != Path(located_model).resolve():
+        elif located_model and resolve_model_dir(model).resolve() != Path(located_model).resolve():
             logger.warning("--model %s differs from the model %s that dihal locate measured", model, located_model)
         logger.info("layer %d from %s", layer, Path(config.from_locate) / "locate.json")
     with run_directory(out, "dihal replace"):
