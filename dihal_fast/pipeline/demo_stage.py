@@ -5,6 +5,7 @@ is there is skipped, so an interrupted demo continues where it stopped (bridge t
 checkpoint)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.cpu_threads import poll_threads
 from dihal_fast.evaluate import report as md
@@ -71,8 +73,10 @@ class DemoSettings:
 class DemoConfig:
     """The backbone, the corpus and the :class:`DemoSettings`."""
 
-    model: str | None = option(None, "HF causal-LM checkpoint directory (default: the shipped backbone)")
+    model: str | None = option(None, "shipped backbone name (dihal backbone list) or HF causal-LM checkpoint directory (default: tiny-llama-8l)")
     corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
+    device: str = device_option(help="device of locate, bridge training and sampling: " + DEVICE_HELP)
+    dtype: str = dtype_option()
     settings: DemoSettings = field(default_factory=DemoSettings, metadata={"help": "sizes of the demo"})
 
 
@@ -102,15 +106,19 @@ def demo(config: DemoConfig, out: str | Path) -> DemoReport:
 
     seed_everything(config.settings.seed)
     with run_directory(out, "dihal demo"):
-        return DemoReport(Path(out), _demo(config.model, corpus_or_default(config.corpus), config.settings, Path(out)))
+        return DemoReport(Path(out), _demo(config, corpus_or_default(config.corpus), Path(out)))
 
 
-def _demo(model: str | None, corpus: list[str], settings: DemoSettings, out: Path) -> dict:
+def _demo(config: DemoConfig, corpus: list[str], out: Path) -> dict:
+    model, settings = config.model, config.settings
+    placement = {"device": config.device, "dtype": config.dtype}
     clock = StageClock(out / "timings.json")
-    locate = clock.run("locate", lambda: ensure_locate(out / "locate", settings.locate_config(model, corpus)),
+    locate_config = dataclasses.replace(settings.locate_config(model, corpus), **placement)
+    locate = clock.run("locate", lambda: ensure_locate(out / "locate", locate_config),
                        (out / "locate" / "locate.json").is_file())
     layer = locate["selected_layer"]
-    train = clock.run("replace", lambda: ensure_replace(out / "replace", model, layer, corpus, settings.train_config()),
+    train = clock.run("replace", lambda: ensure_replace(out / "replace", model, layer, corpus,
+                                                           dataclasses.replace(settings.train_config(), **placement)),
                       (out / "replace" / "result.json").is_file())
     evaluation_config = EvaluateConfig(hybrid=train["hybrid_dir"], corpus=corpus, evaluator=model, settings=settings.evaluation,
                                        diffusion_lm_steps=settings.train_steps if settings.diffusion_lm else 0)
@@ -123,7 +131,7 @@ def _demo(model: str | None, corpus: list[str], settings: DemoSettings, out: Pat
         if (out / "samples.json").is_file():
             return read_json(out / "samples.json", "demo samples")
         prompts = GenerateConfig(model=str(train["hybrid_dir"]), prompt=list(PROMPTS), n_samples=2, max_new_tokens=48,
-                                 seed=settings.seed)
+                                 seed=settings.seed, device=config.device)
         return dict(generate(prompts, out / "samples.json").data)
 
     samples = clock.run("generate", generate_samples, (out / "samples.json").is_file())

@@ -6,6 +6,7 @@ budget, and writes ``out/sweep.json`` and ``out/sweep.png``; reruns reuse finish
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ import numpy as np
 
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.evaluate.correlation import plot_sweep, score_loss_correlations
@@ -49,9 +51,11 @@ class SweepSettings:
 class SweepConfig:
     """The model, the corpus, the candidate layers and the :class:`SweepSettings`."""
 
-    model: str | None = option(None, "HF causal-LM checkpoint directory (default: the shipped backbone)")
+    model: str | None = option(None, "shipped backbone name (dihal backbone list) or HF causal-LM checkpoint directory (default: tiny-llama-8l)")
     corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
     layers: list[int] | None = option(None, "candidate layers (default 1..L-1)")
+    device: str = device_option(help="device of locate and of every bridge training: " + DEVICE_HELP)
+    dtype: str = dtype_option()
     settings: SweepSettings = field(default_factory=SweepSettings, metadata={"help": "budget and sizes"})
 
     def locate_config(self) -> LocateConfig:
@@ -59,7 +63,11 @@ class SweepConfig:
         s = self.settings
         return LocateConfig(model=self.model, corpus=corpus_or_default(self.corpus), max_tokens=s.max_tokens,
                             repeats=s.score_repeats, sample_size=s.score_sample, seq_len=s.seq_len,
-                            layers=self.layers or None, seed=s.seed)
+                            layers=self.layers or None, seed=s.seed, device=self.device, dtype=self.dtype)
+
+    def train_config(self):
+        """The bridge training configuration every layer gets (the settings' budget, this device and dtype)."""
+        return dataclasses.replace(self.settings.train_config(), device=self.device, dtype=self.dtype)
 
 
 def sweep(config: SweepConfig, out: str | Path) -> SweepReport:
@@ -81,7 +89,7 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
     score_rows = {row["layer"]: row["score"] for row in locate["layers"]}
     rows = []
     for layer in progress_bar(candidates, desc="sweep (bridge per layer)"):
-        result = ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus, settings.train_config())
+        result = ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus, config.train_config())
         loss, hybrid_dir = float(result["bridge_loss"]), result["hybrid_dir"]
         logger.info("layer %d: score %.3f, validation bridge loss %.4f", layer, score_rows[layer]["mean"], loss)
         rows.append({"layer": layer, "score": score_rows[layer]["mean"], "score_std": score_rows[layer]["std"],
