@@ -42,6 +42,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--val-n", type=int, default=150, help="validation puzzles per group (easy, hard)")
     p.add_argument("--out", type=Path, default=Path("runs/hcdlm_variants"), help="run directories and variants.jsonl")
     p.add_argument("--quick", action="store_true", help="score the EMA weights only (skip the raw and clamp rows)")
+    p.add_argument("--question", default="hcdlm_variants",
+                   help="bench/results/ record the variants of --out become (hcdlm_defaults: issue 23's choice of defaults)")
     return p.parse_args()
 
 
@@ -78,7 +80,7 @@ def main() -> int:
     print(json.dumps(result))
     with (args.out / "variants.jsonl").open("a") as handle:
         handle.write(json.dumps(result) + "\n")
-    report_variants(args.out / "variants.jsonl")
+    report_variants(args.out / "variants.jsonl", args.question)
     return 0
 
 
@@ -91,7 +93,7 @@ def settled_sigma(run, examples: list) -> dict[str, float]:
     return {q: round(float(sigma.quantile(v)), 4) for q, v in (("p05", 0.05), ("median", 0.5), ("p95", 0.95))}
 
 
-def report_variants(path: Path) -> None:
+def report_variants(path: Path, question: str = "hcdlm_variants") -> None:
     """Write the record of every variant in ``path`` (the latest line per name): boards and blank cells %."""
     latest = {r["name"]: r for r in map(json.loads, path.read_text().splitlines())}
 
@@ -110,7 +112,7 @@ def report_variants(path: Path) -> None:
             for r in latest.values()]
     body = (table(header, rows) + f"\n\nValidation split of bench_hcdlm (never the test puzzles), 50 sampling steps, "
             f"argmax; variants of `{path}`.")
-    report("HC-DLM objective variants on 6x6 Sudoku (validation puzzles only)", body, question="hcdlm_variants",
+    report("HC-DLM objective variants on 6x6 Sudoku (validation puzzles only)", body, question=question,
            figures={"variants": rows_figure(header, rows), "results": list(latest.values())})
 
 

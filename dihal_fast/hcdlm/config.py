@@ -94,7 +94,7 @@ class ObjectiveConfig(CheckedConfig):
                                    "no-grad prediction at a higher noise level (not in the paper; 0 = the paper's training)",
                                    min=0.0, max=1.0)
     exposure_ramp_steps: int = option(0, "steps over which the exposure share rises linearly from 0 to --exposure-share "
-                                      "(0 = constant from the first step; ours)")
+                                      "(0 = constant from the first step; ours)", min=0)
     # Trains the scaffold -> x_hat_0 path, which a denoiser that can copy x_t's signal otherwise never learns.
     latent_drop: float = option(0.0, "share of examples whose x_t carries no signal (pure noise, level s kept; not in "
                                 "the paper; 0 = off)", min=0.0, max=1.0)
