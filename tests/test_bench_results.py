@@ -143,6 +143,6 @@ def test_plots_the_records_cite_are_in_bench():
 
 
 def test_every_question_a_script_names_is_registered():
-    named = {key for script in BENCH.glob("*.py") for key in re.findall(r'question="(\w+)"', script.read_text())}
+    named = {key for script in BENCH.glob("*.py") for key in re.findall(r'question(?:: str)? ?= ?"(\w+)"', script.read_text())}
     assert {"knn_vs_faiss", "covariance_throughput", "proxies_vs_sklearn", "hcdlm_variants"} <= named
     assert named <= set(render_results.QUESTIONS), f"unregistered: {named - set(render_results.QUESTIONS)}"
