@@ -303,3 +303,37 @@ def test_replace_cli_trains_from_a_locate_report_and_reports_bad_input(tiny_chec
     assert hybrid.config.layer == 2 and hybrid.config.backbone_dir == str(tiny_checkpoints["llama"].resolve())
     assert main(["train", "--model", str(tiny_checkpoints["llama"]), "--layer", "9", "--out", str(tmp_path / "bad"), *options]) == 2
     assert "layer must be an integer in 1..3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_frozen_retained_layers_share_the_teachers_tensors(tiny_checkpoints, family):
+    """One copy of the upper layers, embeddings and head per process: the frozen hybrid references the
+    teacher's tensors (``data_ptr`` equal), a hybrid with ``train_upper`` owns copies, and bridge training
+    through the shared weights leaves the teacher unchanged."""
+    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.hybrid import backbone_targets
+    from dihal_fast.replace import export_hybrid
+    from dihal_fast.replace.data import step_generator
+    from dihal_fast.replace.objective import BridgeObjective
+
+    backbone, tokenizer = load_causal_lm(tiny_checkpoints[family])
+    backbone.requires_grad_(False)
+    before = {n: p.clone() for n, p in backbone.named_parameters()}
+    teacher = {p.data_ptr() for p in backbone.parameters()}
+    config = _config()
+    bridge = config.bridge_options(backbone.config.hidden_size, 1)
+    frozen = export_hybrid(backbone, tokenizer, 1, bridge, tiny_checkpoints[family], False, {})
+    owned = export_hybrid(backbone, tokenizer, 1, bridge, tiny_checkpoints[family], True, {})
+    position_table = {id(p) for p in (frozen.upper.base_model.wpe.parameters() if family == "gpt2" else [])}
+    shared = [p.data_ptr() in teacher for p in frozen.upper.parameters() if id(p) not in position_table]
+    assert shared and all(shared)  # gpt2's zeroed position table is the hybrid's own
+    assert not any(p.data_ptr() in teacher for p in owned.upper.parameters())
+    objective = BridgeObjective(frozen.train(), config)
+    optimizer = torch.optim.AdamW([p for p in objective.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.randint(0, backbone.config.vocab_size, (2, 16))
+    hidden, logits = backbone_targets(backbone, ids, 1)
+    losses = objective(input_ids=ids, target_hidden=hidden, teacher_logits=logits,
+                       **objective.random_inputs(2, 16, step_generator(0, 0, 0)))
+    losses["loss"].backward()
+    optimizer.step()
+    assert all(torch.equal(p, before[n]) for n, p in backbone.named_parameters())
