@@ -27,8 +27,16 @@ class UserError(Exception):
     """A problem with the user's input: printed as one line, exit status 2."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line (``dihal locate: error: ... (see dihal locate --help)``), exit status 2; the
+    sub-command parsers are of the same class (argparse creates them with the parent's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="dihal",
         description="Geometry-guided diffusion inside pretrained language models (DiHAL) and HC-DLM.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -61,11 +62,23 @@ def _rank_blocks(tokenizer, config: CollectConfig, rank: int, world: int, skip: 
     return itertools.islice(blocks, skip, None)
 
 
+def _check_reservoir_memory(config: CollectConfig, n_states: int, hidden: int) -> None:
+    """Refuse a reservoir larger than this machine's memory before allocating it (one line with the size)."""
+    per_token = n_states * hidden * DTYPES[config.dtype].itemsize + 24  # the vectors, key, position and id
+    needed = config.reservoir_size * per_token
+    available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if needed > available:
+        raise ValueError(f"--reservoir-size {config.reservoir_size} needs {needed / 2**30:.1f} GiB ({n_states} hidden "
+                         f"states x {hidden} values of {config.dtype} per token), more than the {available / 2**30:.1f} "
+                         "GiB of memory of this machine; lower --reservoir-size")
+
+
 def _collect_local(config: CollectConfig, run_dir: Path, resume: bool, max_batches: int | None, progress: bool):
     rank, world = rank_info()
     device = local_device(config.device)
     model, tokenizer = load_causal_lm(config.model, config.dtype, device)
     n_layers, hidden = _check_model(model, config)
+    _check_reservoir_memory(config, n_layers + 1, hidden)
     store = CheckpointStore(run_dir, rank, world)
     store.start(config, resume)
     stats = LayerStatistics(range(n_layers + 1), hidden, config.reservoir_size, DTYPES[config.dtype], config.seed)

@@ -21,8 +21,9 @@ _CHECKPOINT_DEFAULT = "float32"  # transformers' default when a config names no 
 
 
 def device_option(default: str = "auto", help: str = DEVICE_HELP):
-    """The ``device`` field of a stage config (``--device``)."""
-    return option(default, help)
+    """The ``device`` field of a stage config (``--device``): checked by :func:`resolve_device` when the config
+    is built (see :mod:`dihal_fast.common.validation`)."""
+    return option(default, help, device=True)
 
 
 def dtype_option(default: str = "auto", help: str = DTYPE_HELP):

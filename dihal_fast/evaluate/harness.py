@@ -10,6 +10,7 @@ import torch
 
 from dihal_fast.common import metrics
 from dihal_fast.common.options import option
+from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.common.sampling import PROTOCOL as SAMPLING_PROTOCOL
 from dihal_fast.evaluate.generation import Generation
 from dihal_fast.evaluate.scoring import GEN_PPL_PROTOCOL, generative_perplexity, teacher_forced
@@ -20,24 +21,17 @@ TIMING_REPEATS = 3  # identical sampling calls per model; tokens/s comes from th
 
 
 @dataclass
-class EvalSettings:
+class EvalSettings(CheckedConfig):
     """What is measured and how much of it (saved in the report)."""
 
-    seq_len: int = option(128, "tokens per held-out block")
-    eval_blocks: int = option(32, "held-out blocks (the corpus tail) for NLL/PPL/KL")
-    batch_size: int = option(8, "blocks per forward pass")
-    n_samples: int = option(16, "samples per model for Gen PPL, entropy, diversity, speed")
-    max_new_tokens: int = option(64, "tokens per sample")
-    temperature: float = option(1.0, "sampling temperature")
-    nfe: int | None = option(None, "denoising steps of hybrid bridges (default: each hybrid's own)")
+    seq_len: int = option(128, "tokens per held-out block", min=2)
+    eval_blocks: int = option(32, "held-out blocks (the corpus tail) for NLL/PPL/KL", min=1)
+    batch_size: int = option(8, "blocks per forward pass", min=1)
+    n_samples: int = option(16, "samples per model for Gen PPL, entropy, diversity, speed", min=1)
+    max_new_tokens: int = option(64, "tokens per sample", min=1)
+    temperature: float = option(1.0, "sampling temperature", min=0.0)
+    nfe: int | None = option(None, "denoising steps of hybrid bridges (default: each hybrid's own)", min=1)
     seed: int = option(0, "random seed")
-
-    def __post_init__(self) -> None:
-        for name in ("seq_len", "eval_blocks", "batch_size", "n_samples", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.seq_len < 2:
-            raise ValueError(f"seq-len must be >= 2, got {self.seq_len}")
 
 
 def protocol(settings: EvalSettings) -> dict:

@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 from dihal_fast.common import atomic_write_json
-from dihal_fast.common.assets import default_model_dir
+from dihal_fast.common.assets import default_model_dir, model_location
 from dihal_fast.common.rundir import check_output_file
+from dihal_fast.common.validation import check_value
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.eval_data import examples_from_file, text_windows
 from dihal_fast.hcdlm.evaluate import (
@@ -49,6 +50,11 @@ def evaluate_run(run_dir: str | Path, data: str | Path, out: str | Path, sample:
     :mod:`dihal_fast.hcdlm.mechanism`). Text: Gen PPL and entropy of ``samples`` samples under
     ``evaluator`` (the shipped backbone when None), beside the data's own.
     """
+    check_value("limit", limit, int | None, {"min": 1})
+    check_value("steps_sweep", list(steps_sweep), list[int], {"min": 1})
+    check_value("samples", samples, int, {"min": 1})
+    check_value("seed", seed, int)
+    evaluator = None if evaluator is None else model_location(evaluator)  # a missing one is refused before any work
     out = check_output_file(out)
     data = Path(data)
     check_levels(noise_levels)
@@ -153,6 +159,7 @@ def solve_puzzle(run_dir: str | Path, puzzle: str, sample: SampleConfig | None =
     from dihal_fast.tasks.countdown import parse_problem, solve as solve_countdown
     from dihal_fast.tasks.sudoku import format_grid, parse_grid, solve_all
 
+    check_value("seed", seed, int)
     run = load_run(run_dir, use_ema=not raw_weights, device=device)
     name = run.config.task.name
     if name == "text":
@@ -165,9 +172,9 @@ def solve_puzzle(run_dir: str | Path, puzzle: str, sample: SampleConfig | None =
         example = run.task.example(grid, exact[0], "input")
     else:
         problem = parse_problem(puzzle)
+        example = run.task.example(problem, "input")  # refuses a problem longer than the model's context first
         if solve_countdown(problem) is None:
             return None
-        example = run.task.example(problem, "input")
     target, _ = sample_targets(run, torch.tensor([example.context]), _with_temperature(sample, False), seed)
     text = run.task.render(target[0]) if name == "countdown" else format_grid(run.task.grid(target[0]), pretty=True, geo=run.task.geo)
     return Solution(text, run.task.score(example, target[0]))

@@ -12,26 +12,27 @@ from pathlib import Path
 
 from dihal_fast.common.devices import device_option
 from dihal_fast.common.options import option
+from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.pipeline.reports import GenerateReport
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class GenerateConfig:
+class GenerateConfig(CheckedConfig):
     """The model, the prompts and the sampling settings."""
 
     model: str | None = option(None, "hybrid directory, replace run directory or HF checkpoint directory "
                                "(default: the shipped backbone)")
     prompt: list[str] | None = option(None, "prompt text; repeat the option for several prompts (default: one empty "
                                       "prompt)", action="append")
-    n_samples: int = option(3, "samples per prompt")
-    max_new_tokens: int = option(48, "tokens generated after the prompt")
-    nfe: int | None = option(None, "denoising steps of a hybrid's bridge (default: the hybrid's own setting)")
+    n_samples: int = option(3, "samples per prompt", min=1)
+    max_new_tokens: int = option(48, "tokens generated after the prompt", min=1)
+    nfe: int | None = option(None, "denoising steps of a hybrid's bridge (default: the hybrid's own setting)", min=1)
     do_sample: bool = option(True, "draw tokens at random (--no-do-sample: greedy, always the most likely token)")
-    temperature: float = option(1.0, "sampling temperature (0 = greedy)")
-    top_k: int | None = option(None, "sample only among the k most likely tokens")
-    top_p: float = option(1.0, "nucleus sampling: only among the most likely tokens holding this much probability")
+    temperature: float = option(1.0, "sampling temperature (0 = greedy)", min=0.0)
+    top_k: int | None = option(None, "sample only among the k most likely tokens", min=1)
+    top_p: float = option(1.0, "nucleus sampling: only among the most likely tokens holding this much probability", gt=0.0, max=1.0)
     stop_at_eos: bool = option(True, "end a sample at its first EOS token (--no-stop-at-eos: always max-new-tokens)")
     seed: int = option(0, "random seed")
     device: str = device_option()

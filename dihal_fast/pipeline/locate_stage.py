@@ -16,6 +16,7 @@ import numpy as np
 from dihal_fast.common.assets import corpus_or_default
 from dihal_fast.common.devices import device_option, dtype_option
 from dihal_fast.common.options import option
+from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.geometry import BACKENDS
 from dihal_fast.geometry.backends import PRECISIONS
 from dihal_fast.pipeline.reports import LocateReport
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class LocateConfig:
+class LocateConfig(CheckedConfig):
     """Model, corpus, collection and estimation settings of one locate run (errors name the ``dihal locate``
     flag of the field: ``sample_size`` is ``--sample-size``)."""
 
@@ -34,23 +35,23 @@ class LocateConfig:
     corpus: list[str] | None = option(None, ".txt / .jsonl files, directories of them or a saved dataset (default: the "
                                       "shipped corpus)", metavar="PATH")
     max_tokens: int | None = option(None, "tokens to read over all processes, in whole blocks (default: the whole corpus)",
-                                    metavar="N")
-    repeats: int = option(DEFAULT_REPEATS, "subsamples per layer for the proxies")
-    sample_size: int = option(DEFAULT_SAMPLE_SIZE, "tokens per subsample (n)")
+                                    metavar="N", min=1)
+    repeats: int = option(DEFAULT_REPEATS, "subsamples per layer for the proxies", min=1)
+    sample_size: int = option(DEFAULT_SAMPLE_SIZE, "tokens per subsample (n)", min=2)
     reservoir_size: int | None = option(None, "tokens kept per layer for the subsamples (default: repeats x sample size)",
-                                        metavar="N")
-    k: int = option(16, "neighbours for the local curvature proxy")
-    n_pairs: int = option(10000, "pairs for the monotonicity proxy")
-    ridge: float = option(1e-3, "relative ridge of the monotonicity precision")
-    seq_len: int = option(128, "tokens per block (sequence length)")
-    batch_size: int = option(8, "blocks per forward pass")
+                                        metavar="N", min=1)
+    k: int = option(16, "neighbours for the local curvature proxy", min=1)
+    n_pairs: int = option(10000, "pairs for the monotonicity proxy", min=1)
+    ridge: float = option(1e-3, "relative ridge of the monotonicity precision", gt=0.0)
+    seq_len: int = option(128, "tokens per block (sequence length)", min=2)
+    batch_size: int = option(8, "blocks per forward pass", min=1)
     layers: list[int] | None = option(None, "candidate hidden-state indices (default 1..L-1; 0 is the embedding output)",
                                       metavar="L")
     keep_first: bool = option(False, "keep the first position of each block (attention sink)")
     resume: bool = option(False, "continue the collection checkpointed in the run directory")
-    checkpoint_every: int = option(100, "batches between checkpoints")
+    checkpoint_every: int = option(100, "batches between checkpoints", min=1)
     max_batches: int | None = option(None, "stop after this many batches of this call (checkpointed; `dihal locate` "
-                                     "exits with status 3; continue with --resume)", metavar="N")
+                                     "exits with status 3; continue with --resume)", metavar="N", min=1)
     save_shards: bool = option(False, "also write the sampled vectors per layer to RUN/shards")
     dtype: str = dtype_option(help="model dtype (hidden states keep it): auto (the checkpoint's own), float32, bfloat16, "
                               "float16 or float64")
@@ -59,6 +60,13 @@ class LocateConfig:
     precision: str = option("float64", "products of the proxies: float64 (exact) or float32 (faster on CPU, error far "
                             "below the spread between repeats; see dihal_fast.geometry_proxies)", choices=PRECISIONS)
     seed: int = option(0, "seed of the token sample, the subsamples and the pairs")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.backend != "auto":  # a backend this machine cannot run is refused now, not after the collection
+            from dihal_fast.geometry.backends import get_backend
+
+            get_backend(self.backend, "cuda" if self.backend in ("cuda", "cuvs") else "cpu")
 
 
 def locate(config: LocateConfig, out: str | Path) -> LocateReport:
@@ -106,9 +114,6 @@ def _saved_reservoir_size(out: Path, resume: bool) -> int | None:
 
 
 def _check_sizes(cfg: LocateConfig, reservoir_size: int) -> None:
-    for name in ("repeats", "sample_size", "k", "n_pairs", "seq_len", "batch_size", "checkpoint_every"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.sample_size > reservoir_size:
         raise ValueError(f"--sample-size {cfg.sample_size} exceeds --reservoir-size {reservoir_size}")
     if not cfg.k < cfg.sample_size:

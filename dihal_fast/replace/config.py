@@ -13,6 +13,7 @@ from dihal_fast.bridge import PREDICTIONS, SAMPLERS, SCHEDULES, BridgeConfig
 from dihal_fast.bridge.serial import DictConfig
 from dihal_fast.common.devices import device_option, dtype_option
 from dihal_fast.common.options import add_dataclass_options, dataclass_from_options, option
+from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.train.settings import LoopSettings
 
 # Keys saved under an earlier name by runs of earlier versions: {old name: current name}.
@@ -20,30 +21,30 @@ RENAMED = {"save_every": "checkpoint_every"}
 
 
 @dataclass
-class BridgeTrainConfig(DictConfig):
+class BridgeTrainConfig(CheckedConfig, DictConfig):
     """Data, optimisation, loss weights, bridge architecture and bookkeeping of one bridge training run."""
 
     # data
-    seq_len: int = option(128, "tokens per training block")
-    batch_size: int = option(8, "blocks per micro-batch on each process")
+    seq_len: int = option(128, "tokens per training block", min=2)
+    batch_size: int = option(8, "blocks per micro-batch on each process", min=1)
     grad_accum_steps: int = option(1, "micro-batches per optimizer step (gradient accumulation): the effective batch is "
-                                   "--batch-size x this x processes")
-    val_blocks: int = option(32, "held-out blocks for validation (the corpus tail, or the first blocks of --val-corpus)")
+                                   "--batch-size x this x processes", min=1)
+    val_blocks: int = option(32, "held-out blocks for validation (the corpus tail, or the first blocks of --val-corpus)", min=1)
     max_train_tokens: int = option(0, "read at most this many training tokens from the corpus (0 = all)")
-    stats_blocks: int = option(64, "training blocks used for the teacher's mean/std of h_l (target normalisation)")
+    stats_blocks: int = option(64, "training blocks used for the teacher's mean/std of h_l (target normalisation)", min=1)
     # optimisation
-    steps: int = option(300, "optimizer steps in total")
-    lr: float = option(3e-3, "peak AdamW learning rate")
-    weight_decay: float = option(0.0, "AdamW weight decay")
+    steps: int = option(300, "optimizer steps in total", min=1)
+    lr: float = option(3e-3, "peak AdamW learning rate", gt=0.0, max=1.0)
+    weight_decay: float = option(0.0, "AdamW weight decay", min=0.0)
     warmup_steps: int = option(20, "linear warm-up steps ((step + 1) / warmup), then cosine decay to a tenth of the peak")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)")
-    ema_decay: float = option(0.999, "EMA decay of the exported bridge weights (with warm-up (1+s)/(10+s))")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", min=0.0)
+    ema_decay: float = option(0.999, "EMA decay of the exported bridge weights (with warm-up (1+s)/(10+s))", min=0.0, lt=1.0)
     # loss
-    w_diff: float = option(1.0, "weight of the diffusion loss (MSE on the prediction target at a random t)")
-    w_rec: float = option(1.0, "weight of the variance-normalised reconstruction MSE of the sampled h_l")
-    w_lm: float = option(0.1, "weight of next-token cross-entropy through the retained layers")
-    w_kd: float = option(1.0, "weight of KL(teacher || hybrid) of next-token distributions")
-    kd_temperature: float = option(1.0, "softmax temperature of the distillation loss (loss scaled by T^2)")
+    w_diff: float = option(1.0, "weight of the diffusion loss (MSE on the prediction target at a random t)", min=0.0)
+    w_rec: float = option(1.0, "weight of the variance-normalised reconstruction MSE of the sampled h_l", min=0.0)
+    w_lm: float = option(0.1, "weight of next-token cross-entropy through the retained layers", min=0.0)
+    w_kd: float = option(1.0, "weight of KL(teacher || hybrid) of next-token distributions", min=0.0)
+    kd_temperature: float = option(1.0, "softmax temperature of the distillation loss (loss scaled by T^2)", gt=0.0)
     # model
     train_upper: bool = option(False, "also train the retained decoder layers and final norm (default: frozen)")
     dtype: str = dtype_option(help="dtype of the backbone (teacher) and retained layers: auto (the checkpoint's own), "
@@ -53,26 +54,14 @@ class BridgeTrainConfig(DictConfig):
     seed: int = option(0, "seed of initialisation, data order and diffusion noise")
     device: str = device_option(help="device for plain-torch training: auto (cuda when torch sees one), cpu, cuda, cuda:N "
                                 "(DeepSpeed uses cuda:LOCAL_RANK when CUDA is present)")
-    log_every: int = option(10, "steps between JSONL log lines")
+    log_every: int = option(10, "steps between JSONL log lines", min=1)
     eval_every: int = option(0, "steps between validations (0 = only at the end)")
     checkpoint_every: int = option(100, "steps between checkpoints (a final one is always written)",
-                                   flag=("--checkpoint-every", "--save-every"))
-    keep_checkpoints: int = option(2, "newest checkpoints kept on disk")
+                                   flag=("--checkpoint-every", "--save-every"), min=1)
+    keep_checkpoints: int = option(2, "newest checkpoints kept on disk", min=1)
 
     def __post_init__(self) -> None:
-        positive = ("seq_len", "batch_size", "grad_accum_steps", "val_blocks", "stats_blocks", "steps", "log_every", "checkpoint_every", "keep_checkpoints")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("w_diff", "w_rec", "w_lm", "w_kd", "weight_decay", "grad_clip", "max_train_tokens", "warmup_steps", "eval_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.seq_len < 2:
-            raise ValueError(f"seq_len must be >= 2, got {self.seq_len}")
-        if self.lr <= 0 or self.kd_temperature <= 0:
-            raise ValueError(f"lr and kd_temperature must be > 0, got {self.lr} and {self.kd_temperature}")
-        if not 0.0 <= self.ema_decay < 1.0:
-            raise ValueError(f"ema_decay must lie in [0, 1), got {self.ema_decay}")
+        super().__post_init__()
         if self.w_diff + self.w_rec + self.w_lm + self.w_kd == 0:
             raise ValueError("all loss weights are 0: nothing to train")
         self.bridge_options(hidden_size=8)  # validates the overrides

@@ -18,6 +18,15 @@ OPERAND_RANGE = (1, 99)
 # Held-out targets (never used for generated training problems): every target ending in 7.
 HELD_OUT_TARGETS = frozenset(t for t in range(TARGET_RANGE[0], TARGET_RANGE[1] + 1) if t % 10 == 7)
 _STEP = re.compile(r"^(\d+)([+\-*/])(\d+)=(\d+)$")
+COUNTS = (2, 6)  # numbers per problem: exhaustive search beyond 6 takes hours
+# Draws of :func:`generate` before it says that no problem fits (a fitting draw takes a few dozen).
+MAX_DRAWS = 100_000
+
+
+def shortest_solution(count: int) -> int:
+    """Characters of the shortest possible solution with ``count`` numbers: ``count - 1`` steps of at least
+    ``a+b=c`` (5 characters; the last at least 6, as targets are >= 10) and the commas between them."""
+    return 6 * (count - 1)
 
 
 @dataclass(frozen=True)
@@ -122,8 +131,9 @@ def solve(problem: Problem) -> str | None:
                         return found
         return None
 
-    if len(problem.nums) < 2:
-        raise ValueError(f"a Countdown problem needs at least 2 numbers, got {problem.text()!r}")
+    if not COUNTS[0] <= len(problem.nums) <= COUNTS[1]:
+        raise ValueError(f"a Countdown problem has {COUNTS[0]}-{COUNTS[1]} numbers, got {len(problem.nums)} in "
+                         f"{problem.text()[:80]!r}")
     return search(list(problem.nums), [])
 
 
@@ -132,11 +142,16 @@ def generate(rng: random.Random, count: int, held_out: bool = False, max_len: in
 
     Numbers are uniform in 1-99; random pairs are combined with a random allowed operation until one
     number is left, and the draw is kept when it lands in 10-100 on a training target (or, with
-    ``held_out``, on a held-out target) and the solution fits in ``max_len`` characters.
+    ``held_out``, on a held-out target) and the solution fits in ``max_len`` characters. A ``max_len``
+    below :func:`shortest_solution` is refused at once, and :data:`MAX_DRAWS` draws without a fitting
+    problem end in a ``ValueError`` rather than a hang.
     """
-    if not 2 <= count <= 6:
-        raise ValueError(f"count must be 2-6 numbers, got {count}")
-    while True:
+    if not COUNTS[0] <= count <= COUNTS[1]:
+        raise ValueError(f"count must be {COUNTS[0]}-{COUNTS[1]} numbers, got {count}")
+    if max_len is not None and max_len < shortest_solution(count):
+        raise ValueError(f"no solution with {count} numbers fits in {max_len} characters (the shortest has "
+                         f"{shortest_solution(count)}); raise --countdown-len or use 0 for the default")
+    for _ in range(MAX_DRAWS):
         nums = [rng.randint(*OPERAND_RANGE) for _ in range(count)]
         pool, steps = list(nums), []
         while len(pool) > 1:
@@ -150,3 +165,5 @@ def generate(rng: random.Random, count: int, held_out: bool = False, max_len: in
         if max_len is not None and len(solution) > max_len:
             continue
         return Problem(tuple(nums), target), solution
+    raise ValueError(f"no {count}-number problem with a solution of at most {max_len} characters in {MAX_DRAWS} "
+                     "draws; raise --countdown-len or use 0 for the default")

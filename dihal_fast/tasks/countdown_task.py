@@ -10,7 +10,8 @@ import random
 import torch
 
 from dihal_fast.tasks.base import EvalExample, TaskSpec, stack_pairs
-from dihal_fast.tasks.countdown import Problem, check_loose, check_strict, generate, true_step_share
+from dihal_fast.tasks.countdown import (COUNTS, Problem, check_loose, check_strict, generate, shortest_solution,
+                                        true_step_share)
 
 TARGET_CHARS = "0123456789+-*/=,"
 CONTEXT_CHARS = "0123456789,"
@@ -27,11 +28,14 @@ class CountdownTask:
     """Training problems are generated on the fly with 3-5 numbers on training (not held-out) targets."""
 
     def __init__(self, numbers: tuple[int, ...] = (3, 4), target_len: int | None = None) -> None:
-        if not numbers or any(not 2 <= k <= 6 for k in numbers):
-            raise ValueError(f"Countdown numbers per problem must be 2-6, got {numbers}")
+        if not numbers or any(not COUNTS[0] <= k <= COUNTS[1] for k in numbers):
+            raise ValueError(f"Countdown numbers per problem must be {COUNTS[0]}-{COUNTS[1]}, got {numbers}")
         self.numbers = tuple(sorted(set(numbers)))
         self.context_len = 3 * (max(self.numbers) + 1)
         target_len = target_len or default_target_len(max(self.numbers))
+        if target_len < shortest_solution(max(self.numbers)):
+            raise ValueError(f"--countdown-len {target_len} cannot hold a solution with {max(self.numbers)} numbers (the "
+                             f"shortest has {shortest_solution(max(self.numbers))} characters); use 0 for the default")
         self.spec = TaskSpec("countdown", target_vocab=len(TARGET_CHARS) + 1, target_len=target_len,
                              context_vocab=len(CONTEXT_CHARS) + 1, context_len=self.context_len)
 

@@ -1,0 +1,262 @@
+"""Hostile input to every command (issue 21): each case is refused at once with exactly one error line, exit
+status 2, no traceback and no run directory left behind; the Python API refuses the same values with the same
+message. The table holds the cases the issue lists; test_hostile_configs.py generates values for every field."""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import pytest
+
+from dihal_fast.cli import main
+from dihal_fast.common.validation import INT_LIMIT
+from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, SampleConfig
+from dihal_fast.pipeline import LocateConfig
+from dihal_fast.pipeline.generate_stage import GenerateConfig
+from dihal_fast.replace.config import BridgeTrainConfig
+from dihal_fast.tasks.registry import TaskConfig
+
+TINY = ["--hidden", "32", "--heads", "2", "--encoder-blocks", "1", "--denoiser-blocks", "1", "--predictor-blocks", "1",
+        "--latent-dim", "8", "--batch-size", "8", "--threads", "1"]
+SUDOKU = ["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--steps", "1"]
+COUNTDOWN = ["hcdlm", "train", "--task", "countdown", "--countdown-numbers", "3", "--steps", "1"]
+
+# (argv after the command's own required parts, text the one error line must contain)
+TRAIN_CASES = [
+    (["--lr", "inf"], "--lr must be a finite number"),
+    (["--lr", "1e12"], "--lr must be <= 1.0"),
+    (["--lr", "0"], "--lr must be > 0"),
+    (["--lambda-recon", "nan"], "--lambda-recon must be a finite number"),
+    (["--heads", "0"], "--heads must be >= 1"),
+    (["--heads", "3"], "multiple of heads"),
+    (["--threads", "-1"], "--threads must be >= 0"),
+    (["--dropout", "nan"], "--dropout must be a finite number"),
+    (["--dropout", "1"], "--dropout must be < 1"),
+    (["--grad-clip", "nan"], "--grad-clip must be a finite number"),
+    (["--max-minutes", "nan"], "--max-minutes must be a finite number"),
+    (["--seed", "-1"], "--seed must be >= 0"),
+    (["--seed", str(2**70)], "--seed must be <= "),
+    (["--seed", "1.5"], "invalid int value"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--batch-size", "-1"], "--batch-size must be >= 1"),
+    (["--ema", "1"], "--ema-decay must be < 1"),
+    (["--sudoku-box", "1x9"], "box shape"),
+    (["--sudoku-pool", "0"], "--sudoku-pool must be >= 1"),
+    (["--device", "foo"], "not a torch device"),
+    (["--heads", "abc"], "invalid int value"),
+    (["--timesteps", "0"], "--timesteps must be >= 1"),
+    (["--mask-aux-rate", "1.5"], "--mask-aux-rate must be <= 1"),
+]
+COUNTDOWN_CASES = [
+    (["--countdown-len", "1"], "--countdown-len 1 cannot hold a solution"),
+    (["--countdown-numbers", "7"], "--countdown-numbers must be <= 6"),
+    (["--countdown-numbers", "1"], "--countdown-numbers must be >= 2"),
+]
+LOCATE_CASES = [
+    (["--reservoir-size", "0"], "--reservoir-size must be >= 1"),
+    (["--max-batches", "-1"], "--max-batches must be >= 1"),
+    (["--seed", "-1"], "--seed must be >= 0"),
+    (["--ridge", "nan"], "--ridge must be a finite number"),
+    (["--k", "0"], "--k must be >= 1"),
+    (["--seq-len", "1"], "--seq-len must be >= 2"),
+    (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+    (["--device", "cuda:7"], "CUDA"),
+]
+GENERATE_CASES = [
+    (["--nfe", "0"], "--nfe must be >= 1"),
+    (["--nfe", "-1"], "--nfe must be >= 1"),
+    (["--temperature", "nan"], "--temperature must be a finite number"),
+    (["--top-p", "0"], "--top-p must be > 0"),
+    (["--n-samples", "0"], "--n-samples must be >= 1"),
+    (["--device", "foo"], "not a torch device"),
+]
+REPLACE_CASES = [
+    (["--lr", "inf"], "--lr must be a finite number"),
+    (["--lr", "1e12"], "--lr must be <= 1.0"),
+    (["--w-rec", "nan"], "--w-rec must be a finite number"),
+    (["--batch-size", "-1"], "--batch-size must be >= 1"),
+    (["--device", "foo"], "not a torch device"),
+    (["--ema-decay", "nan"], "--ema-decay must be a finite number"),
+]
+
+
+def error_line(capsys) -> str:
+    """The one error line of the command (progress bars aside); no traceback."""
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def run_cli(argv: list[str]) -> int:
+    """``dihal argv`` in this process: its exit status (argparse's usage errors exit through SystemExit)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def _refused(argv: list[str], expected: str, capsys, run=None) -> None:
+    start = time.perf_counter()
+    assert run_cli(argv) == 2, argv
+    assert expected in error_line(capsys)
+    assert time.perf_counter() - start < 20, f"{argv} took {time.perf_counter() - start:.0f} s to be refused"
+    if run is not None:
+        assert not os.path.exists(run), f"{argv} left {run} behind"
+
+
+@pytest.mark.parametrize("extra, expected", TRAIN_CASES)
+def test_hcdlm_train_refuses_at_once(tmp_path, capsys, extra, expected):
+    _refused([*SUDOKU, *TINY, "--out", str(tmp_path / "run"), *extra], expected, capsys, tmp_path / "run")
+
+
+@pytest.mark.parametrize("extra, expected", COUNTDOWN_CASES)
+def test_hcdlm_train_countdown_refuses_impossible_settings_at_once(tmp_path, capsys, extra, expected):
+    _refused([*COUNTDOWN, *TINY, "--out", str(tmp_path / "run"), *extra], expected, capsys, tmp_path / "run")
+
+
+@pytest.mark.parametrize("extra, expected", LOCATE_CASES)
+def test_locate_refuses_before_loading_anything(tmp_path, capsys, extra, expected):
+    _refused(["locate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "run"), *extra], expected, capsys,
+             tmp_path / "run")
+
+
+@pytest.mark.parametrize("extra, expected", GENERATE_CASES)
+def test_generate_refuses_before_loading_the_model(tmp_path, capsys, extra, expected):
+    _refused(["generate", "--model", str(tmp_path / "none"), *extra], expected, capsys)
+
+
+@pytest.mark.parametrize("extra, expected", REPLACE_CASES)
+def test_replace_refuses_before_loading_the_model(tmp_path, capsys, extra, expected):
+    _refused(["replace", "--model", str(tmp_path / "none"), "--layer", "1", "--out", str(tmp_path / "run"), *extra],
+             expected, capsys, tmp_path / "run")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A 1-step Sudoku run and a 1-step Countdown run to solve and evaluate with."""
+    root = tmp_path_factory.mktemp("runs")
+    assert main([*SUDOKU, *TINY, "--out", str(root / "sudoku")]) == 0
+    assert main([*COUNTDOWN, *TINY, "--out", str(root / "countdown")]) == 0
+    return root
+
+
+SOLVE_CASES = [
+    (["--temperature", "nan"], "--temperature must be a finite number"),
+    (["--cfg-weight", "nan"], "--cfg-weight must be a finite number"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--batch-size", "-1"], "--batch-size must be >= 1"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--seed", "-1"], "--seed must be >= 0"),
+    (["--device", "foo"], "not a torch device"),
+]
+EVAL_CASES = [
+    (["--limit", "0"], "--limit must be >= 1"),
+    (["--samples", "0"], "--samples must be >= 1"),
+    (["--steps-sweep", "0,5"], "--steps-sweep must be >= 1"),
+    (["--evaluator", "/nonexistent/evaluator"], "no checkpoint at /nonexistent/evaluator"),
+    (["--seed", "-1"], "--seed must be >= 0"),
+    (["--temperature", "nan"], "--temperature must be a finite number"),
+]
+
+
+@pytest.mark.parametrize("extra, expected", SOLVE_CASES)
+def test_hcdlm_solve_refuses_bad_sampling_values(runs, capsys, extra, expected):
+    _refused(["hcdlm", "solve", str(runs / "sudoku"), "1.3..2.1..2.....", *extra], expected, capsys)
+
+
+@pytest.mark.parametrize("extra, expected", EVAL_CASES)
+def test_hcdlm_eval_refuses_bad_values_before_the_work(runs, tmp_path, capsys, extra, expected):
+    data = tmp_path / "puzzles.csv"
+    data.write_text("puzzle,solution\n1.3..2.1..2.....,1234341221434321\n")
+    _refused(["hcdlm", "eval", str(runs / "sudoku"), "--data", str(data), "--out", str(tmp_path / "r.json"), *extra],
+             expected, capsys)
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("problem, expected", [
+    (",".join(str(v) for v in range(1, 13)) + ",50", "longer than this model's"),
+    ("1,2,3,4,5,6,7,50", "longer than this model's"),
+])
+def test_hcdlm_solve_of_a_huge_countdown_problem_is_refused_at_once(runs, capsys, problem, expected):
+    """12 numbers used to run an exhaustive search for minutes."""
+    _refused(["hcdlm", "solve", str(runs / "countdown"), problem], expected, capsys)
+
+
+def test_the_countdown_solver_refuses_more_than_six_numbers():
+    from dihal_fast.tasks.countdown import Problem, solve
+
+    with pytest.raises(ValueError, match="2-6 numbers, got 12"):
+        solve(Problem(tuple(range(1, 13)), 50))
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "1.5", ""])
+def test_bad_thread_settings_are_one_line(monkeypatch, capsys, value):
+    monkeypatch.setenv("DIHAL_NUM_THREADS", value)
+    if value == "":
+        assert main(["info"]) == 0  # empty = unset
+        return
+    assert main(["info"]) == 2
+    assert "DIHAL_NUM_THREADS must be a positive integer or 'auto'" in error_line(capsys)
+
+
+class _FullDisk:
+    """A stdout whose writes fail as on a full disk (``> /dev/full``) or a closed pipe (``| head``)."""
+
+    def __init__(self, error: OSError) -> None:
+        self.error = error
+
+    def write(self, text: str) -> int:
+        raise self.error
+
+    def flush(self) -> None:
+        raise self.error
+
+    def fileno(self) -> int:
+        raise OSError("no descriptor")
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), BrokenPipeError(32, "Broken pipe")])
+def test_a_full_disk_or_closed_pipe_on_stdout_is_one_line(monkeypatch, capsys, error):
+    import sys
+
+    monkeypatch.setattr(sys, "stdout", _FullDisk(error))
+    assert main(["info"]) == 1
+    assert error.strerror in error_line(capsys)
+
+
+def test_debug_shows_the_traceback(monkeypatch):
+    monkeypatch.setenv("DIHAL_DEBUG", "1")
+    with pytest.raises(ValueError, match="--heads must be >= 1"):
+        main([*SUDOKU, "--heads", "0", "--out", "/nonexistent/run"])
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: HCDLMTrainConfig(seed=1.5), "--seed must be an integer"),
+    (lambda: HCDLMTrainConfig(seed=-1), "--seed must be >= 0"),
+    (lambda: HCDLMTrainConfig(seed=2**70), f"--seed must be <= {INT_LIMIT}"),
+    (lambda: HCDLMTrainConfig(lr=math.inf), "--lr must be a finite number"),
+    (lambda: HCDLMTrainConfig(steps=True), "--steps must be an integer"),
+    (lambda: HCDLMModelConfig(heads=0), "--heads must be >= 1"),
+    (lambda: HCDLMModelConfig(kind="gpt"), "--model must be one of"),
+    (lambda: SampleConfig(temperature=math.nan), "--temperature must be a finite number"),
+    (lambda: TaskConfig(countdown_numbers=[3, "4"]), "--countdown-numbers must be an integer"),
+    (lambda: LocateConfig(reservoir_size=0), "--reservoir-size must be >= 1"),
+    (lambda: LocateConfig(layers=[1.0]), "--layers must be an integer"),
+    (lambda: GenerateConfig(nfe=0), "--nfe must be >= 1"),
+    (lambda: BridgeTrainConfig(lr=1e12), "--lr must be <= 1.0"),
+    (lambda: BridgeTrainConfig(device="cuda:3"), "CUDA"),
+])
+def test_the_python_api_refuses_the_same_values(make, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()
+
+
+def test_locate_backend_cuda_without_a_gpu_is_refused_before_the_collection(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the CUDA backend is available")
+    _refused(["locate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "run"), "--backend", "cuda"],
+             "CUDA", capsys, tmp_path / "run")
