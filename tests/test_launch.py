@@ -55,6 +55,14 @@ def test_first_host_without_scontrol_parses_the_list(monkeypatch):
     assert first_host("cn[003-004],login1") == "cn003"
 
 
+def test_first_host_asks_scontrol_when_it_is_on_path(tmp_path, monkeypatch):
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && printf 'weird-a7\\nweird-b2\\n'\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert first_host("weird-{a7,b2}") == "weird-a7"  # a form the built-in parser does not read
+
+
 def test_srun_without_torchrun_maps_slurm_onto_torch_variables(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     env = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "gpu[11-14]",

@@ -56,7 +56,7 @@ def distributed_session(device: str = "cpu") -> Iterator[tuple[int, int]]:
     if backend == "nccl":
         torch.cuda.set_device(launch.local_rank)
     dist.init_process_group(backend)
-    logger.info("joined process group: rank %d of %d (%s)", dist.get_rank(), world, backend)
+    logger.info("joined process group: rank %d of %d (%s, launched by %s)", dist.get_rank(), world, backend, launch.launcher)
     try:
         yield rank_info()
     finally:
