@@ -122,3 +122,13 @@ def test_task_names_parse_and_a_missing_harness_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval", None)
     with pytest.raises(ImportError, match=re.escape("pip install 'dihal_fast[lm_eval]'")):
         downstream.check_tasks("dihal_lambada_local")
+
+
+def test_evaluate_tasks_without_the_harness_is_one_line_before_any_work(monkeypatch, tmp_path, capsys):
+    from dihal_fast.cli import main
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    out = tmp_path / "run"
+    assert main(["evaluate", "--hybrid", str(tmp_path / "no_hybrid"), "--out", str(out), "--tasks", "dihal_lambada_local"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'dihal_fast[lm_eval]'" in err and not out.exists()

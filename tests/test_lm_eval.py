@@ -106,7 +106,8 @@ def test_lm_eval_command_line_runs_a_shipped_task_on_a_hybrid_directory(tiny_hyb
                "--tasks", "dihal_lambada_local", "--include_path", str(downstream.TASKS_DIR), "--limit", "2",
                "--output_path", str(tmp_path / "out")]
     env = {**os.environ, **OFFLINE, "OMP_NUM_THREADS": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path,
+                          check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     [path] = list((tmp_path / "out").rglob("results_*.json"))
     cli = json.loads(path.read_text())["results"]["dihal_lambada_local"]
@@ -118,3 +119,31 @@ def test_lm_eval_command_line_runs_a_shipped_task_on_a_hybrid_directory(tiny_hyb
 def test_unknown_task_is_one_clear_error_before_any_model_work():
     with pytest.raises(ValueError, match="unknown lm-eval task.*no_such_task.*dihal_lambada_local"):
         downstream.check_tasks("dihal_lambada_local,no_such_task_xyz")
+
+
+def test_dihal_evaluate_tasks_scores_hybrid_and_backbone_the_same_way(tiny_hybrid_dir, tiny_checkpoints, tmp_path, capsys):
+    from dihal_fast.cli import main
+    from dihal_fast.common import read_json
+    from dihal_fast.common.models import load_causal_lm
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog. Once upon a time there was a girl.\n\n" * 12)
+    argv = ["evaluate", "--hybrid", str(tiny_hybrid_dir), "--corpus", str(corpus), "--out", str(tmp_path / "run"),
+            "--evaluator", str(tiny_checkpoints["llama"]), "--seq-len", "24", "--eval-blocks", "2", "--n-samples", "2",
+            "--max-new-tokens", "4", "--tasks", "dihal_lambada_local,dihal_cloze_local", "--task-limit", "2"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    downstream_section = read_json(tmp_path / "run" / "evaluate.json")["downstream"]
+    assert downstream_section["tasks"] == list(downstream.LOCAL_TASKS) and downstream_section["limit"] == 2
+    results = downstream_section["results"]
+    assert set(results) == {"backbone", "hybrid"} and all(r[t]["n"] == 2 for r in results.values() for t in r)
+    assert "| dihal_cloze_local | acc_mutual_info |" in printed
+    model, tokenizer = load_causal_lm(tiny_checkpoints["llama"])
+    direct = downstream.run_tasks(model, tokenizer, downstream.LOCAL_TASKS, batch_size=8, limit=2)
+    assert results["backbone"] == direct  # the backbone's numbers are what run_tasks gives on it alone
+    stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run" / "sections").glob("downstream_*")}
+    assert set(stamps) == {"downstream_backbone.json", "downstream_hybrid.json"}
+    assert main(argv) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run" / "sections").glob("downstream_*")} == stamps
+    assert main([*argv[:-4], "--tasks", "no_such_task_xyz"]) == 2
+    assert "unknown lm-eval task(s) no_such_task_xyz" in capsys.readouterr().err

@@ -15,7 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Score a hybrid and its backbone on the held-out tail of a corpus (token-pooled NLL/PPL, "
         "KL(backbone || hybrid)), sample from both (Gen PPL under an evaluator LM, unigram entropy, DiHAL and LD4LG "
         "diversity, tokens/s), optionally with controls: the oracle and worst layers of a `dihal sweep` run and a "
-        "Diffusion-LM-like embedding-space baseline with the same training budget. Writes RUN/evaluate.json "
+        "Diffusion-LM-like embedding-space baseline with the same training budget, and with --tasks "
+        "lm-evaluation-harness tasks on every scored model (offline: dihal_lambada_local,dihal_cloze_local; needs "
+        "dihal_fast[lm_eval]). Writes RUN/evaluate.json "
         "(resumable: finished sections in RUN/sections are reused).",
         formatter_class=HelpFormatter,
     )
@@ -25,14 +27,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dihal_fast.evaluate.report import METRICS
+    from dihal_fast.evaluate.report import METRICS, downstream_table
     from dihal_fast.pipeline import EvaluateConfig, evaluate
 
-    report = evaluate(dataclass_from_options(EvaluateConfig, args), args.out)
+    from dihal_fast.cli import UserError
+    from dihal_fast.evaluate.downstream import MissingHarness
+
+    try:
+        report = evaluate(dataclass_from_options(EvaluateConfig, args), args.out)
+    except MissingHarness as exc:  # --tasks without the lm_eval extra: one line naming it
+        raise UserError(str(exc)) from None
     columns = {"backbone": report["backbone"], "hybrid": report["hybrid"], **report["controls"]}
     print("metric".ljust(16) + "".join(name.rjust(14) for name in columns))
     for metric in METRICS:
         cells = ["n/a" if col.get(metric) is None else f"{col[metric]:.4g}" for col in columns.values()]
         print(metric.ljust(16) + "".join(c.rjust(14) for c in cells))
+    if report.get("downstream"):
+        print("\n" + downstream_table(report))
     print(f"report: {args.out}/evaluate.json")
     return 0

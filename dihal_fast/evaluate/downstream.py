@@ -33,14 +33,18 @@ PROTOCOL = ("lm-evaluation-harness simple_evaluate, zero-shot, on lm_eval.models
             "for perplexity)")
 
 
+class MissingHarness(ImportError):
+    """lm-evaluation-harness (or the accelerate its HF backend imports) is not installed."""
+
+
 def require_lm_eval():
-    """The ``lm_eval`` module with its HF backend, or an ImportError that says which extra to install."""
+    """The ``lm_eval`` module with its HF backend, or :class:`MissingHarness` saying which extra to install."""
     try:
         import lm_eval
         import lm_eval.models.huggingface  # needs accelerate: part of the extra
     except ImportError as exc:
-        raise ImportError(f"downstream tasks need lm-evaluation-harness with its HF backend ({exc}); "
-                          f"{INSTALL_HINT}") from None
+        raise MissingHarness(f"downstream tasks need lm-evaluation-harness with its HF backend ({exc}); "
+                             f"{INSTALL_HINT}") from None
     return lm_eval
 
 
@@ -102,10 +106,14 @@ def run_tasks(
     seed: int = 0,
     manager=None,
     lm=None,
+    per_example: bool = False,
 ) -> dict:
     """Score ``model`` on ``tasks`` with ``lm_eval.simple_evaluate``: ``{task: {metric: value, metric_stderr:
     value, "n": examples, "version": task version}}``. ``limit`` keeps the first N examples of each task
-    (for tests); ``lm`` reuses an ``HFLM`` already built by :func:`harness_lm` for this model."""
+    (for tests); ``lm`` reuses an ``HFLM`` already built by :func:`harness_lm` for this model;
+    ``per_example`` adds ``"per_example": {metric: [value per example, in task order]}`` (the loglikelihood
+    tasks' per-example perplexity entry is the target's log-likelihood, named ``loglikelihood``), for paired
+    comparisons of two models on the same examples."""
     lm_eval = require_lm_eval()
     names, manager = check_tasks(tasks) if manager is None else (parse_tasks(tasks), manager)
     if limit is not None and limit < 1:
@@ -113,9 +121,18 @@ def run_tasks(
     lm = harness_lm(model, tokenizer, batch_size) if lm is None else lm
     results = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=limit, num_fewshot=0,
                                       random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                                      fewshot_random_seed=seed, bootstrap_iters=1000, log_samples=False)
-    return {name: {**_metrics(results["results"][name]), "n": int(results["n-samples"][name]["effective"]),
-                   "version": results["versions"].get(name)} for name in names}
+                                      fewshot_random_seed=seed, bootstrap_iters=1000, log_samples=per_example)
+    out = {name: {**_metrics(results["results"][name]), "n": int(results["n-samples"][name]["effective"]),
+                  "version": results["versions"].get(name)} for name in names}
+    if per_example:
+        for name in names:
+            rows = sorted(results["samples"][name], key=lambda row: row["doc_id"])
+            out[name]["per_example"] = {_PER_EXAMPLE.get(metric, metric): [float(row[metric]) for row in rows]
+                                        for metric in rows[0]["metrics"]}
+    return out
+
+
+_PER_EXAMPLE = {"perplexity": "loglikelihood"}  # what lm-eval keeps per example under an aggregate's name
 
 
 def downstream_report(

@@ -43,6 +43,26 @@ def metrics_table(evaluation: Mapping) -> str:
     return out + ("\n\nn/a explained:\n\n" + "\n".join(notes) if notes else "")
 
 
+def downstream_table(evaluation: Mapping) -> str:
+    """The ``downstream`` section of an evaluation (``dihal evaluate --tasks``): one row per task and metric,
+    ``value ± stderr`` per model; empty when no task was run."""
+    downstream = evaluation.get("downstream")
+    if not downstream:
+        return ""
+    results = downstream["results"]
+    rows = []
+    for task in downstream["tasks"]:
+        first = next(iter(results.values()))[task]
+        for metric in (key for key in first if not key.endswith("_stderr") and key not in ("n", "version")):
+            cells = []
+            for model in results.values():
+                stderr = model[task].get(f"{metric}_stderr")
+                cells.append(_fmt(model[task][metric]) + ("" if stderr is None else f" ± {_fmt(stderr)}"))
+            rows.append([task, metric, *cells])
+    limit = "" if downstream.get("limit") is None else f", first {downstream['limit']} examples per task"
+    return table(["task", "metric", *results], rows) + f"\n\n(lm-eval {downstream['lm_eval_version']}{limit})"
+
+
 def locate_table(locate: Mapping) -> str:
     rows = [[r["layer"], _mean_std(r.get("m_curv")), _mean_std(r.get("m_mono")), _mean_std(r.get("k_eff")),
              _mean_std(r.get("score")) + (" **selected**" if r["layer"] == locate["selected_layer"] else "")]

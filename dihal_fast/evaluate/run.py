@@ -67,13 +67,17 @@ def evaluate_hybrid(
     diffusion_lm_steps: int | None = None,
     evaluator_dtype: str = "float32",
     backbone_path: str | Path | None = None,
+    tasks: list[str] | None = None,
+    task_limit: int | None = None,
 ) -> dict:
     """Evaluate a hybrid and its backbone (and optional controls) and write ``out_dir/evaluate.json``.
 
     ``controls`` maps a name (``oracle``, ``worst``, ...) to another hybrid directory evaluated in the same
     harness; ``diffusion_lm_steps`` trains the Diffusion-LM-like control for that many steps;
     ``evaluator_dtype`` is the evaluator LM's dtype (recorded in the report); ``backbone_path`` is the checkpoint
-    the hybrid was cut from (default: the one its config records).
+    the hybrid was cut from (default: the one its config records); ``tasks`` are lm-evaluation-harness tasks run
+    on every scored model (``report["downstream"]``, :func:`dihal_fast.evaluate.downstream.downstream_report`),
+    ``task_limit`` keeps their first N examples.
     """
     out_dir = Path(out_dir)
     hybrid = load_lm(hybrid_path)
@@ -103,14 +107,21 @@ def evaluate_hybrid(
     report["backbone"] = section("backbone", lambda: evaluate_lm(backbone, blocks, settings, evaluator))
     report["hybrid"] = section("hybrid", lambda: evaluate_lm(hybrid, blocks, settings, evaluator, reference=backbone))
     report["controls"] = {}
+    scored = {"backbone": backbone, "hybrid": hybrid}
     for name, path in (controls or {}).items():
         control = load_lm(path, nfe=settings.nfe)
         check_compatible(control, backbone, retokenise=False)
+        scored[name] = control
         report["controls"][name] = section(name, lambda c=control: evaluate_lm(c, blocks, settings, evaluator, reference=backbone))
     if diffusion_lm_steps:
         report["controls"]["diffusion_lm"] = section(
             "diffusion_lm", lambda: _diffusion_lm_section(backbone, corpus, out_dir, settings, evaluator, diffusion_lm_steps)
         )
+    if tasks:
+        from dihal_fast.evaluate.downstream import downstream_report
+
+        report["downstream"] = downstream_report({name: (lm.model, lm.tokenizer) for name, lm in scored.items()},
+                                                 tasks, store, settings.batch_size, task_limit, settings.seed)
     report["samples"] = samples
     atomic_write_json(out_dir / "evaluate.json", report)
     return report

@@ -32,6 +32,10 @@ class EvaluateConfig:
                                   choices=["float32", "bfloat16", "float16", "float64"])
     retokenise: bool = option(False, "allow an evaluator whose tokenizer differs from the hybrid's (samples are "
                               "decoded and retokenised)")
+    tasks: str | None = option(None, "comma-separated lm-evaluation-harness tasks run on the hybrid, its backbone and "
+                               "the controls through lm-eval's HFLM (offline: dihal_lambada_local,dihal_cloze_local; "
+                               "needs dihal_fast[lm_eval])")
+    task_limit: int | None = option(None, "only the first N examples of each task (a quick check; default: all)")
     settings: EvalSettings = field(default_factory=EvalSettings, metadata={"help": "what is measured and how much"})
 
 
@@ -45,10 +49,17 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
     from dihal_fast.evaluate.run import evaluate_hybrid
     from dihal_fast.pipeline.sweep_stage import sweep_controls
 
+    tasks = None
+    if config.tasks is not None:  # refused before any model loads: no harness, an unknown task, a bad limit
+        from dihal_fast.evaluate.downstream import check_tasks
+
+        tasks, _ = check_tasks(config.tasks)
+    if config.task_limit is not None and config.task_limit < 1:
+        raise ValueError(f"--task-limit must be >= 1 example per task, got {config.task_limit}")
     seed_everything(config.settings.seed)
     controls = sweep_controls(config.sweep) if config.sweep else None
     with run_directory(out, "dihal evaluate"):
         report = evaluate_hybrid(config.hybrid, corpus_or_default(config.corpus), out, config.settings,
                                  config.evaluator, config.retokenise, controls, config.diffusion_lm_steps,
-                                 config.evaluator_dtype, config.backbone)
+                                 config.evaluator_dtype, config.backbone, tasks, config.task_limit)
     return EvaluateReport(Path(out), report)
