@@ -112,7 +112,10 @@ def test_selection_scores_match_reference_and_ties():
     assert best == max(scores, key=lambda l: (scores[l], -l))
     twins = {3: {"m_curv": 2.0, "m_mono": 2.0, "k_eff": 1.0}, 5: {"m_curv": 2.0, "m_mono": 2.0, "k_eff": 1.0}, 1: {"m_curv": 1.0, "m_mono": 1.0, "k_eff": 2.0}}
     assert df.selection_scores(twins)[1] == 3  # tie -> shallower layer
-    assert df.selection_scores({4: {"m_curv": 1.0, "m_mono": 1.0, "k_eff": 1.0}}) == ({4: 0.0}, 4)
+    with pytest.raises(ValueError, match="at least 2 candidate layers"):  # issue 21: was ({4: 0.0}, 4)
+        df.selection_scores({4: {"m_curv": 1.0, "m_mono": 1.0, "k_eff": 1.0}})
+    with pytest.raises(TypeError, match="layer keys must be integers"):
+        df.selection_scores({"1": twins[3], "2": twins[5]})
 
 
 @pytest.mark.parametrize(

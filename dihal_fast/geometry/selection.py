@@ -20,10 +20,16 @@ def _zscore(values: np.ndarray) -> np.ndarray:
 def selection_scores(proxies_by_layer: Mapping[int, Mapping[str, float]]) -> tuple[dict[int, float], int]:
     """``score(l) = z(log m_curv) + z(log m_mono) - z(log k_eff)``; returns ``({layer: score}, l*)``.
 
-    ``l*`` is the argmax, ties to the shallower layer. Every proxy must be finite and > 0.
+    ``l*`` is the argmax, ties to the shallower layer. Layers are integer keys, at least two; every proxy must
+    be finite and > 0.
     """
+    if not isinstance(proxies_by_layer, Mapping):
+        raise TypeError(f"proxies_by_layer must map layer numbers to proxies, got {type(proxies_by_layer).__name__}")
+    bad_keys = [key for key in proxies_by_layer if isinstance(key, bool) or not isinstance(key, (int, np.integer))]
+    if bad_keys:
+        raise TypeError(f"layer keys must be integers (hidden-state indices), got {bad_keys[:3]!r}")
     if not proxies_by_layer:
-        raise ValueError("proxies_by_layer is empty: give the proxies of at least one candidate layer")
+        raise ValueError("proxies_by_layer is empty: give the proxies of at least two candidate layers")
     layers = sorted(proxies_by_layer)
     logs = {}
     for name in PROXY_NAMES:
@@ -37,6 +43,9 @@ def selection_scores(proxies_by_layer: Mapping[int, Mapping[str, float]]) -> tup
                 raise ValueError(f"layer {layer}: {name} must be finite and > 0, got {value!r}")
             column.append(math.log(value))
         logs[name] = np.array(column)
+    if len(layers) < 2:
+        raise ValueError(f"selection compares layers: give the proxies of at least 2 candidate layers, got {layers} "
+                         "(a z-score across one layer is 0 whatever its geometry)")
     score = _zscore(logs["m_curv"]) + _zscore(logs["m_mono"]) - _zscore(logs["k_eff"])
     best = layers[int(np.argmax(score))]  # argmax returns the first maximum: the shallower layer
     return {layer: float(s) for layer, s in zip(layers, score)}, best

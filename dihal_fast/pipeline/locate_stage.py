@@ -63,6 +63,8 @@ class LocateConfig(CheckedConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.layers is not None and len(set(self.layers)) < 2:
+            raise ValueError(f"--layers {self.layers}: the selection compares at least 2 candidate layers")
         if self.backend != "auto":  # a backend this machine cannot run is refused now, not after the collection
             from dihal_fast.geometry.backends import get_backend
 
