@@ -115,6 +115,15 @@ QUESTIONS: dict[str, Question] = {
         "Layer 1 of the shipped backbone, 200 training steps per bridge (8 x 128 tokens, seed 0); PPL on the "
         "demo's 32 held-out blocks; 16 x 64-token sampling calls, backbone and hybrids interleaved, 1 thread.",
     ),
+    "downstream_tasks": Question(
+        "Downstream tasks: hybrid vs backbone", PIPELINE,
+        "How does the hybrid do on downstream tasks against its backbone: accuracy (± the harness's standard error) "
+        "on the shipped offline LAMBADA-style last-word and next-sentence cloze tasks, through lm-evaluation-harness's "
+        "own HFLM, and the paired difference hybrid - backbone on the same examples?",
+        "`dihal_lambada_local` and `dihal_cloze_local` (300 examples each from the TinyStories and Tiny Shakespeare "
+        "validation splits, held out from the backbone and the hybrid; `dihal_fast/assets/tasks/README.md`); the "
+        "shipped backbone and its hybrid (`dihal replace` defaults, layer 1); zero-shot, float32, 1 thread.",
+    ),
     "backbone_perplexity": Question(
         "Embedded default backbone: validation perplexity vs baselines", PIPELINE,
         "Is the shipped backbone (`dihal_fast/assets/backbone`) a real language model: its held-out perplexity "
