@@ -173,6 +173,14 @@ QUESTIONS: dict[str, Question] = {
         "The benchmark's HC-DLM (uniform kernel, width 64, blocks 1/6/1, lr 1e-3, batch 64, 1 thread) per "
         "variant, scored on the validation split only (150 easy + 150 hard, seed 7), 50 steps, argmax.",
     ),
+    "rank_memory": Question(
+        "Memory per rank of bridge training: shared against copied retained layers", PIPELINE,
+        "How much memory does each rank of a DeepSpeed bridge training hold when the hybrid's frozen retained "
+        "layers share the teacher's tensors, against a copy of them (distinct parameter storage after step 2, "
+        "peak RSS)?",
+        "The shipped backbone, `train_bridge` at layer 4 for 3 steps under `torchrun --nproc_per_node 2` "
+        "(ZeRO-2, gloo on CPU), once shared and once with the copying load forced.",
+    ),
     "gpu_kernels": Question(
         "CUDA kernels against their floors, torch and cuVS", GEOMETRY,
         "How fast are the CUDA kernels against their FLOP/byte floors, what a researcher would write in torch, "
