@@ -66,7 +66,9 @@ class BackboneTrainConfig:
     valid_fraction: float = option(0.05, "tail fraction held out per file when no valid files exist")
     model: BackboneModelConfig = field(default_factory=BackboneModelConfig)
     steps: int = option(3000, "total optimizer steps (the LR schedule spans these)")
-    batch_size: int = option(16, "sequences per step")
+    batch_size: int = option(16, "sequences per micro-batch")
+    grad_accum_steps: int = option(1, "micro-batches per optimizer step (gradient accumulation): the effective batch is "
+                                   "--batch-size x this x processes")
     lr: float = option(2e-3, "peak learning rate")
     min_lr_ratio: float = option(0.1, "final LR as a fraction of the peak")
     warmup_steps: int = option(100, "linear warmup steps")
@@ -82,7 +84,7 @@ class BackboneTrainConfig:
 
     def validate(self) -> None:
         self.model.validate()
-        for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "eval_windows"):
+        for name in ("steps", "batch_size", "grad_accum_steps", "eval_every", "checkpoint_every", "eval_windows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1 or self.warmup_steps < 0:
@@ -102,7 +104,8 @@ class BackboneTrainConfig:
         return LoopSettings(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
                             lr_floor=self.min_lr_ratio, weight_decay=self.weight_decay, betas=(0.9, 0.95),
                             decay_matrices_only=True, grad_clip=self.grad_clip, seed=self.seed, device=device,
-                            log_every=LOG_EVERY, checkpoint_every=self.checkpoint_every, keep_checkpoints=1)
+                            log_every=LOG_EVERY, checkpoint_every=self.checkpoint_every, keep_checkpoints=1,
+                            grad_accum_steps=self.grad_accum_steps)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BackboneTrainConfig:

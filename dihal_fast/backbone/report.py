@@ -57,7 +57,7 @@ def write_training_report(out: Path, model, tokenizer, cfg, corpus, train_ids, v
         "seed": cfg.seed,
         "precision": precision,
         "wall_time_s": round(wall_s, 1),
-        "train_tokens_seen": step * cfg.batch_size * cfg.model.seq_len,
+        "train_tokens_seen": step * cfg.batch_size * cfg.grad_accum_steps * cfg.model.seq_len,
         "architecture": ARCHITECTURES[cfg.model.family],
         "parameters": count_parameters(model),
         "model": cfg.to_dict()["model"],

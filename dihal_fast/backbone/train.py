@@ -170,7 +170,7 @@ class BackboneJob(TrainingJob):
         if step % self.settings.log_every and step != self.end:
             return {}
         now = time.perf_counter()
-        extra = {"epoch": self.sampler.epoch_of(step), "tokens_per_s": self.window_tokens / (now - self.window_start)}
+        extra = {"epoch": self.sampler.epoch_of(step * self.settings.grad_accum_steps), "tokens_per_s": self.window_tokens / (now - self.window_start)}
         self.window_start, self.window_tokens = now, 0
         return extra
 
