@@ -15,6 +15,7 @@ from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.assets import corpus_or_default
 from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
+from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.cpu_threads import poll_threads
 from dihal_fast.evaluate import report as md
 from dihal_fast.evaluate.harness import EvalSettings
@@ -30,23 +31,24 @@ PROMPTS = ("It was a bright cold day in April, and", "The President said that", 
 
 
 @dataclass
-class DemoSettings:
+class DemoSettings(CheckedConfig):
     """Sizes of the demo, chosen to finish in about 15 minutes on 2 CPU cores with the shipped backbone."""
 
-    locate_max_tokens: int = option(16384, "tokens locate reads")
-    locate_repeats: int = option(5, "repeated subsamples for the proxies")
-    locate_sample: int = option(1000, "tokens per subsample")
-    seq_len: int = option(128, "tokens per block (locate, training, evaluation)")
-    train_steps: int = option(200, "bridge training steps (the Diffusion-LM control gets the same budget)")
-    batch_size: int = option(8, "blocks per bridge training step")
-    val_blocks: int = option(32, "corpus-tail blocks held out from bridge training (validation)")
+    locate_max_tokens: int = option(16384, "tokens locate reads", min=1)
+    locate_repeats: int = option(5, "repeated subsamples for the proxies", min=1)
+    locate_sample: int = option(1000, "tokens per subsample", min=1)
+    seq_len: int = option(128, "tokens per block (locate, training, evaluation)", min=2)
+    train_steps: int = option(200, "bridge training steps (the Diffusion-LM control gets the same budget)", min=1)
+    batch_size: int = option(8, "blocks per bridge training step", min=1)
+    val_blocks: int = option(32, "corpus-tail blocks held out from bridge training (validation)", min=1)
     diffusion_lm: bool = option(True, "train and evaluate the Diffusion-LM-like control")
-    n_samples: int = option(16, "samples per model for the sample metrics")
-    max_new_tokens: int = option(64, "tokens per sample")
-    eval_blocks: int = option(32, "corpus-tail blocks for NLL/PPL/KL (at most --val-blocks, so never trained on)")
+    n_samples: int = option(16, "samples per model for the sample metrics", min=1)
+    max_new_tokens: int = option(64, "tokens per sample", min=1)
+    eval_blocks: int = option(32, "corpus-tail blocks for NLL/PPL/KL (at most --val-blocks, so never trained on)", min=1)
     seed: int = option(0, "random seed")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.eval_blocks > self.val_blocks:
             raise ValueError(
                 f"the evaluation blocks must lie in the tail the bridge never trains on: need eval-blocks <= "
@@ -70,7 +72,7 @@ class DemoSettings:
 
 
 @dataclass
-class DemoConfig:
+class DemoConfig(CheckedConfig):
     """The backbone, the corpus and the :class:`DemoSettings`."""
 
     model: str | None = option(None, "shipped backbone name (dihal backbone list) or HF causal-LM checkpoint directory (default: tiny-llama-8l)")

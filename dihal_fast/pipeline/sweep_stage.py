@@ -17,6 +17,7 @@ from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.assets import corpus_or_default
 from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
+from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.evaluate.correlation import plot_sweep, score_loss_correlations
 from dihal_fast.pipeline.locate_stage import LocateConfig
@@ -27,16 +28,16 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class SweepSettings:
+class SweepSettings(CheckedConfig):
     """Budget and sizes of a sweep (saved in ``sweep.json``)."""
 
-    budget_steps: int = option(200, "bridge training steps per layer")
-    score_repeats: int = option(30, "repeated score runs (subsamples)")
-    score_sample: int = option(500, "tokens per score run")
-    max_tokens: int | None = option(40960, "tokens locate reads from the corpus")
-    seq_len: int = option(128, "tokens per block (locate and training)")
-    batch_size: int = option(8, "blocks per bridge training step")
-    val_blocks: int = option(16, "held-out blocks (corpus tail) for the bridge loss")
+    budget_steps: int = option(200, "bridge training steps per layer", min=1)
+    score_repeats: int = option(30, "repeated score runs (subsamples)", min=1)
+    score_sample: int = option(500, "tokens per score run", min=1)
+    max_tokens: int | None = option(40960, "tokens locate reads from the corpus", min=1)
+    seq_len: int = option(128, "tokens per block (locate and training)", min=2)
+    batch_size: int = option(8, "blocks per bridge training step", min=1)
+    val_blocks: int = option(16, "held-out blocks (corpus tail) for the bridge loss", min=1)
     seed: int = option(0, "random seed")
 
     def train_config(self):
@@ -48,7 +49,7 @@ class SweepSettings:
 
 
 @dataclass
-class SweepConfig:
+class SweepConfig(CheckedConfig):
     """The model, the corpus, the candidate layers and the :class:`SweepSettings`."""
 
     model: str | None = option(None, "shipped backbone name (dihal backbone list) or HF causal-LM checkpoint directory (default: tiny-llama-8l)")
