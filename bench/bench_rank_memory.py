@@ -44,7 +44,7 @@ def _worker(out: str, ds_config: str, copy: bool) -> None:
                                checkpoint_every=10)
     train_bridge(None, LAYER, default_corpus(), out, config, deepspeed_config=ds_config, callback=measure)
     figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print("FIGURES " + json.dumps({"rank": int(os.environ.get("RANK", 0)), **figures}), flush=True)
+    print("FIGURES " + json.dumps({"rank": int(os.environ.get("RANK", "0")), **figures}), flush=True)
 
 
 def _run(copy: bool, workdir: Path) -> list[dict]:

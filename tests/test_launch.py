@@ -224,7 +224,7 @@ def locate_inputs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("launch")
     model = make_tiny_checkpoint(root / "qwen3", "qwen3")
-    words = "the cat dog sat ran on a mat tree red blue small big and then it was happy day".split()
+    words = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "tree", "red", "blue", "small", "big", "and", "then"]
     generator = torch.Generator().manual_seed(0)
     lines = [" ".join(words[i] for i in torch.randint(0, len(words), (10,), generator=generator).tolist())
              for _ in range(200)]
@@ -259,7 +259,7 @@ def test_locate_under_the_deepspeed_launcher(locate_inputs, one_process_report, 
     out = tmp_path / "run"
     cmd = [_bin("deepspeed"), "--num_gpus", "2", "--master_port", str(_free_port()), _bin("dihal"), "locate",
            *locate_inputs, "--out", str(out)]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "--local_rank=0" in proc.stdout + proc.stderr  # the launcher logs the command it spawned
     _check_two_process_run(out, one_process_report)
@@ -325,7 +325,7 @@ def test_replace_under_torchrun_with_deepspeed_and_gradient_accumulation(locate_
     cmd = [_bin("torchrun"), "--nproc_per_node", "2", "--master_port", str(_free_port()), _bin("dihal"), "replace",
            "--model", model, "--corpus", corpus, "--layer", "1", "--out", str(out), *REPLACE, "--grad-accum-steps", "2",
            "--deepspeed", str(EXAMPLES_DIR / "ds_zero2.json")]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
     assert (result["world_size"], result["engine"], result["last_checkpoint_step"]) == (2, "deepspeed", 2)

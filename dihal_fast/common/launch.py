@@ -31,10 +31,6 @@ class LaunchInfo:
     world_size: int
     launcher: str  # "torchrun" (RANK/WORLD_SIZE set by any torch-style launcher), "slurm" or "none"
 
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
 
 def _integer(env: Mapping[str, str], name: str, minimum: int) -> int | None:
     value = env.get(name)
