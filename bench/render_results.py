@@ -101,6 +101,22 @@ QUESTIONS: dict[str, Question] = {
         "The shipped backbone and corpus; 7 candidate layers with 60 bridge steps each (batch 8 x 128 tokens); "
         "scores from 30 runs of 500 tokens; evaluation on 16 held-out blocks, 16 samples of 64 tokens; 1 thread.",
     ),
+    "layer_tables_tiny_llama_8l": Question(
+        "Layer tables on tiny-llama-8l (paper Tables 1, 2, 4)", PIPELINE,
+        "On the 8-layer Llama-architecture backbone: does the geometry score rank the candidate layers as the "
+        "fixed-budget bridge losses do (Spearman / Kendall / Pearson, rank gap; target Spearman >= 0.9, l* within "
+        "the best three), how does l* compare with the best, worst, shallowest and deepest layer under the same "
+        "budget (Table 1), and is l*'s longer-trained hybrid within 5 % of the oracle layer's PPL (Table 4)?",
+        "The shipped corpus (Gutenberg book tails + 2003-2006 State of the Union addresses, held out from the "
+        "backbone's training); the sweep's protocol (`bench/bench_layer_tables.py`); 1 thread on a shared 2-core CPU.",
+    ),
+    "layer_tables_tiny_qwen3_16l": Question(
+        "Layer tables on tiny-qwen3-16l (paper Tables 1, 2, 4)", PIPELINE,
+        "The same questions as for tiny-llama-8l on the 16-layer Qwen3-architecture backbone (QK-norm, "
+        "grouped-query attention, untied head): does the score still rank 15 candidate layers, and does l* stay "
+        "shallow at twice the depth?",
+        "As for tiny-llama-8l: the shipped corpus, the sweep's protocol, 1 thread on a shared 2-core CPU.",
+    ),
     "demo": Question(
         "dihal demo on the shipped backbone", PIPELINE,
         "What do the defaults give end to end (`dihal demo`: locate, replace, evaluate, generate) and how long "

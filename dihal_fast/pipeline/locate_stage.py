@@ -30,7 +30,7 @@ class LocateConfig(CheckedConfig):
     """Model, corpus, collection and estimation settings of one locate run (errors name the ``dihal locate``
     flag of the field: ``sample_size`` is ``--sample-size``)."""
 
-    model: str | None = option(None, "local Hugging Face causal-LM checkpoint directory (default: the shipped backbone)",
+    model: str | None = option(None, "shipped backbone name (dihal backbone list) or local Hugging Face causal-LM checkpoint directory (default: tiny-llama-8l)",
                                metavar="DIR")
     corpus: list[str] | None = option(None, ".txt / .jsonl files, directories of them or a saved dataset (default: the "
                                       "shipped corpus)", metavar="PATH")
