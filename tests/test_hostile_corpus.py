@@ -66,6 +66,7 @@ print(len(blocks), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
 """
 
 
+@pytest.mark.slow  # tokenizes a 5 MB corpus in a fresh interpreter
 def test_a_one_line_corpus_is_read_in_bounded_memory(tmp_path, shipped):
     """5 MB in one line with --max-tokens 2048: 1.55 GB before; now the tokenizer sees 64k characters at a time."""
     corpus = tmp_path / "one_line.txt"

@@ -117,9 +117,6 @@ def train_bridge(model_dir: str | os.PathLike | None, layer: int, corpus: str | 
         export = functools.partial(export_hybrid, backbone, tokenizer, layer, bridge_config, model_dir, config.train_upper)
         job = BridgeJob(BridgeObjective(export({}).train(), config), config, bridge_config, backbone, blocks, export,
                         device, rank, callback)
-        if rank == 0 and checkpoint is not None and (out_dir / "validation.json").is_file():
-            start = read_json(checkpoint / "state.json", "checkpoint state")["step"]
-            job.history = [h for h in read_json(out_dir / "validation.json")["history"] if h["step"] <= start]
         began = time.perf_counter()
         run = fit(job, out_dir, ds_config, checkpoint)
         return job.finish(run, time.perf_counter() - began)
@@ -158,6 +155,18 @@ class BridgeJob(TrainingJob):
             return {}
         self.history.append(report)
         return {"val_bridge_loss": report["bridge_loss"]}
+
+    def stream_state(self) -> tuple[dict, dict]:
+        """The validation history so far, saved with each checkpoint: a resumed run's ``validation.json`` then
+        holds every validation of the uninterrupted run (it was written only at the end, so a kill lost it)."""
+        return {"validation_history": self.history}, {}
+
+    def load_stream_state(self, plain: dict, tensors: dict) -> None:
+        history = plain.get("validation_history", [])
+        if not isinstance(history, list) or not all(isinstance(h, dict) and isinstance(h.get("step"), int) for h in history):
+            raise ValueError("the checkpoint's validation history (stream.json) is damaged; resume from another "
+                             "checkpoint or train into a new --out")
+        self.history = history
 
     def step_done(self, step: int, run: TrainingRun) -> None:
         if self.callback is not None:
