@@ -120,12 +120,12 @@ def backbone_tables(model: str, out: Path, args: argparse.Namespace) -> None:
          geometry_rank <= 3],
     ]
     sections = [
-        f"Backbone `{Path(model).name}` (`{model_dir}`), {n} candidate layers; held-out text: the shipped corpus "
-        f"(`gutenberg_nltk.valid.txt` + `state_union.valid.txt`, never seen by either backbone). Sweep: "
-        f"{settings.budget_steps} bridge steps per layer (batch {settings.batch_size} x {settings.seq_len} tokens, "
-        f"validation on the last {settings.val_blocks} blocks of the corpus), scores from {settings.score_repeats} runs "
-        f"of {settings.score_sample} tokens; torch threads {torch.get_num_threads()}; sweep {sweep_s:.0f} s (stages "
-        f"reused from an earlier run take no time). Backbone PPL on the sweep's validation blocks {backbone_ppl:.2f}.",
+        (f"Backbone `{Path(model).name}` (`{model_dir}`), {n} candidate layers; held-out text: the shipped corpus "
+         f"(`gutenberg_nltk.valid.txt` + `state_union.valid.txt`, never seen by either backbone). Sweep: "
+         f"{settings.budget_steps} bridge steps per layer (batch {settings.batch_size} x {settings.seq_len} tokens, "
+         f"validation on the last {settings.val_blocks} blocks of the corpus), scores from {settings.score_repeats} runs "
+         f"of {settings.score_sample} tokens; torch threads {torch.get_num_threads()}; sweep {sweep_s:.0f} s (stages "
+         f"reused from an earlier run take no time). Backbone PPL on the sweep's validation blocks {backbone_ppl:.2f}."),
         "**Sweep** (ranks: 1 = highest score / lowest loss):\n\n"
         + table(["layer", "score (mean)", "score std", "score rank", "bridge loss", "loss rank", "hybrid PPL", "KL"],
                 sweep_rows),
