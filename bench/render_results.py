@@ -197,6 +197,14 @@ QUESTIONS: dict[str, Question] = {
         "The shipped backbone, `train_bridge` at layer 4 for 3 steps under `torchrun --nproc_per_node 2` "
         "(ZeRO-2, gloo on CPU), once shared and once with the copying load forced.",
     ),
+    "hcdlm_defaults": Question(
+        "HC-DLM defaults chosen on the 6x6 validation split (issue 23)", HCDLM,
+        "Which defaults should `dihal hcdlm train` use: the old ones (exposure share 1.0, hard log-variance clamp, "
+        "scaffold drop always) or the soft variance without the drop, at exposure 1.0 or 0.5? Does the model use its "
+        "latent (x_t -> noise) and its scaffold (true - random)?",
+        "bench_hcdlm_variants.py --quick at equal process-CPU budget and seed 0, one thread, scored on the validation "
+        "split only (150 easy + 150 hard, seed 7), 50 steps, argmax, EMA weights; ablations at s = 0.05 / 0.5 / 0.95.",
+    ),
     "gpu_kernels": Question(
         "CUDA kernels against their floors, torch and cuVS", GEOMETRY,
         "How fast are the CUDA kernels against their FLOP/byte floors, what a researcher would write in torch, "
