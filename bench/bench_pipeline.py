@@ -117,9 +117,12 @@ def _speed_by_nfe(hybrid_dir: str, model: str | None, n_samples: int, new_tokens
     from dihal_fast.common.metrics import tokens_per_second
     from dihal_fast.evaluate.models import load_lm
 
+    from dihal_fast.evaluate.models import set_denoising_steps
+
     def speed(lm, nfe):
+        set_denoising_steps(lm.model, nfe)
         prompt = torch.tensor([lm.prompt_ids("")]).expand(n_samples, -1)
-        runs = [lm.sample(prompt, new_tokens, nfe=nfe, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+        runs = [lm.sample(prompt, new_tokens, generator=torch.Generator().manual_seed(i)) for i in range(3)]
         return statistics.median(tokens_per_second(g.tokens.numel(), g.seconds) for g in runs)
 
     backbone = speed(load_lm(model), None)

@@ -6,12 +6,12 @@ import math
 
 import pytest
 import torch
+from dihal_fast.evaluate.sampling import sample_categorical
 
 from dihal_fast.common.models import load_causal_lm
 from dihal_fast.evaluate.generation import check_generation_request
 from dihal_fast.evaluate.models import LoadedLM
-from dihal_fast.evaluate.sampling import sample_categorical
-from dihal_fast.evaluate.scoring import generative_perplexity, teacher_forced, logits_fn
+from dihal_fast.evaluate.scoring import generative_perplexity, logits_fn, teacher_forced
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])

@@ -71,7 +71,7 @@ def test_incremental_generation_equals_full_recompute(backbones, family, sampler
     model = backbones[family][0]
     hybrid = _hybrid(backbones, family)
     prompt = _ids(model, length=5)
-    kwargs = dict(max_new_tokens=7, seed=11, nfe=nfe, sampler=sampler, eos_token_id=None, do_sample=True)
+    kwargs = {"max_new_tokens": 7, "seed": 11, "nfe": nfe, "sampler": sampler, "eos_token_id": None, "do_sample": True}
     torch.manual_seed(0)
     generated = hybrid.generate(prompt, output_logits=True, return_dict_in_generate=True, **kwargs)
     sequences = generated.sequences
@@ -166,7 +166,7 @@ def test_save_load_round_trip_gives_identical_logits(backbones, family, tmp_path
     assert {**loaded.config.to_dict(), "_name_or_path": ""} == {**hybrid.config.to_dict(), "_name_or_path": ""}
     assert loaded.tokenizer.get_vocab() == backbones[family][1].get_vocab()
     assert loaded.config.backbone_config == json.loads(model.config.to_json_string())
-    kwargs = dict(max_new_tokens=4, do_sample=False, eos_token_id=None, seed=1)
+    kwargs = {"max_new_tokens": 4, "do_sample": False, "eos_token_id": None, "seed": 1}
     assert torch.equal(loaded.generate(ids[:, :3], **kwargs), hybrid.generate(ids[:, :3], **kwargs))
 
 

@@ -110,17 +110,12 @@ def position_noise(seed: int, positions: Tensor, draws: int, dim: int, shared_ro
     independent of its place in a batch (deterministic scoring).
     """
     batch, length = positions.shape
-    out = torch.empty(draws, batch, length, dim)
-    for position in torch.unique(positions).tolist():
-        generator = torch.Generator().manual_seed((seed * 1_000_003 + position * 7919) % (2**63 - 1))
-        rows, cols = (positions == position).nonzero(as_tuple=True)
-        rows = rows.cpu()
-        if shared_rows:
-            out[:, rows, cols.cpu()] = torch.randn(draws, 1, dim, generator=generator)
-        else:
-            table = torch.randn(batch, draws, dim, generator=generator)
-            out[:, rows, cols.cpu()] = table[rows].transpose(0, 1)
-    return out.to(positions.device)
+    unique, inverse = torch.unique(positions.cpu(), return_inverse=True)
+    rows = 1 if shared_rows else batch
+    tables = torch.stack([torch.randn(rows, draws, dim, generator=torch.Generator().manual_seed(
+        (seed * 1_000_003 + position * 7919) % (2**63 - 1))) for position in unique.tolist()])  # (U, rows, draws, dim)
+    row_index = torch.zeros(batch, 1, dtype=torch.long) if shared_rows else torch.arange(batch)[:, None]
+    return tables[inverse, row_index].permute(2, 0, 1, 3).contiguous().to(positions.device)  # (draws, B, T, dim)
 
 
 class Bridge(nn.Module):

@@ -8,8 +8,19 @@ from pathlib import Path
 import torch
 
 from dihal_fast.common import atomic_write_json, read_json
-from dihal_fast.evaluate.harness import EvalSettings, evaluate_lm, heldout_blocks, report_header, sample_metrics
-from dihal_fast.evaluate.models import LoadedLM, load_lm, same_tokenizer, set_denoising_steps
+from dihal_fast.evaluate.harness import (
+    EvalSettings,
+    evaluate_lm,
+    heldout_blocks,
+    report_header,
+    sample_metrics,
+)
+from dihal_fast.evaluate.models import (
+    LoadedLM,
+    load_lm,
+    same_tokenizer,
+    set_denoising_steps,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -6,5 +6,13 @@ from dihal_fast.hybrid.generation import Float64Sampling, float64_sampling
 from dihal_fast.hybrid.model import HybridCausalLMOutput, HybridLM
 from dihal_fast.hybrid.slicing import TESTED_FAMILIES, backbone_targets
 
-__all__ = ["Float64Sampling", "HybridCache", "HybridCausalLMOutput", "HybridConfig", "HybridLM", "TESTED_FAMILIES", "backbone_targets",
-           "float64_sampling"]
+__all__ = [
+           "TESTED_FAMILIES",
+           "Float64Sampling",
+           "HybridCache",
+           "HybridCausalLMOutput",
+           "HybridConfig",
+           "HybridLM",
+           "backbone_targets",
+           "float64_sampling",
+]

@@ -20,13 +20,21 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    GenerationMixin,
+    PreTrainedModel,
+)
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dihal_fast.bridge import Bridge, position_noise
+from dihal_fast.common.io import atomic_directory
 from dihal_fast.hybrid import slicing
 from dihal_fast.hybrid.cache import HybridCache
 from dihal_fast.hybrid.config import MODEL_TYPE, REMOTE_MODULE, HybridConfig
@@ -61,9 +69,9 @@ class HybridLM(PreTrainedModel, GenerationMixin):
     config_class = HybridConfig
     base_model_prefix = "hybrid"
     main_input_name = "input_ids"
-    _no_split_modules = ["Bridge"]
+    _no_split_modules: ClassVar[list[str]] = ["Bridge"]
     # The bridge was trained and validated in float32 and is small: a bf16/fp16 load keeps it float32 (README, dtype).
-    _keep_in_fp32_modules_strict = ["bridge"]
+    _keep_in_fp32_modules_strict: ClassVar[list[str]] = ["bridge"]
     _supports_sdpa = True
 
     def __init__(self, config: HybridConfig):
@@ -92,6 +100,24 @@ class HybridLM(PreTrainedModel, GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         """False: ``forward`` creates its own :class:`HybridCache` (bridge + retained layers) when asked."""
         return False
+
+    def prepare_inputs_for_generation(self, input_ids: Tensor, next_sequence_length: int | None = None,
+                                      cache: HybridCache | None = None, attention_mask: Tensor | None = None,
+                                      inputs_embeds: Tensor | None = None, is_first_iteration: bool | None = False,
+                                      **kwargs) -> dict:
+        """What ``generate`` feeds ``forward`` each step: the new tokens, the cache, the mask and the rest of the
+        keyword arguments (``nfe``, ``seed``, ...); the general version's work for compiled caches, multimodal
+        inputs and embeddings does not apply to the hybrid and costs time at every token."""
+        if inputs_embeds is not None:
+            raise ValueError("the hybrid takes input_ids (its condition is the token embedding), not inputs_embeds")
+        if next_sequence_length is not None:
+            input_ids = input_ids[:, -next_sequence_length:]
+        inputs = {key: value for key, value in kwargs.items() if key not in ("labels", "position_ids")}
+        position_ids = kwargs.get("position_ids")
+        if position_ids is not None:
+            inputs["position_ids"] = position_ids[:, -input_ids.shape[1]:]
+        inputs.update(input_ids=input_ids, cache=cache, attention_mask=attention_mask)
+        return inputs
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -261,13 +287,16 @@ class HybridLM(PreTrainedModel, GenerationMixin):
 
     # ----------------------------------------------------------------- persistence
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> Path:
-        """The transformers layout (see the module docstring) plus the ``auto_map`` module and the tokenizer."""
+        """The transformers layout (see the module docstring) plus the ``auto_map`` module and the tokenizer,
+        written whole into a fresh folder that then replaces ``save_directory``: complete or absent, and never
+        through a symbolic link (:func:`dihal_fast.common.io.atomic_directory`)."""
         directory = Path(save_directory)
         self.config.bridge = self.bridge.config.to_dict()  # target statistics may have been set on the module
-        super().save_pretrained(directory, **kwargs)
-        (directory / f"{REMOTE_MODULE}.py").write_text(_REMOTE_CODE)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(directory)
+        with atomic_directory(directory) as tmp:
+            super().save_pretrained(tmp, **kwargs)
+            (tmp / f"{REMOTE_MODULE}.py").write_text(_REMOTE_CODE)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tmp)
         return directory
 
     @classmethod
@@ -286,7 +315,7 @@ class HybridLM(PreTrainedModel, GenerationMixin):
                 raise FileNotFoundError(f"hybrid directory {path} lacks config.json")
         try:
             model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        except Exception as exc:  # safetensors / transformers raise many types for a damaged file
+        except Exception as exc:  # noqa: BLE001  (safetensors / transformers raise many types for a damaged file)
             raise ValueError(f"hybrid directory {path} is corrupt: {type(exc).__name__}: {exc}") from None
         if path.is_dir() and (path / "tokenizer_config.json").is_file():
             from transformers import AutoTokenizer

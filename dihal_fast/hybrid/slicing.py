@@ -33,7 +33,10 @@ _PER_LAYER_ATTRIBUTES = ("layer_types",)
 def check_family(config) -> str:
     """The backbone's ``model_type``, checked from its config alone to be a decoder-only causal LM with a
     layer count (what :func:`upper_config` needs); a ValueError that says why it cannot be cut otherwise."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
 
     family = getattr(config, "model_type", None)
     if getattr(config, "is_encoder_decoder", False):
