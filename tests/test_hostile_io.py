@@ -179,3 +179,19 @@ def test_a_checkpoint_interrupted_while_written_keeps_the_previous_one(tmp_path,
         train(tmp_path, config)
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000002"
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000002"]
+
+
+def test_a_hybrid_is_saved_whole_and_never_through_a_link(tmp_path, precious, tiny_checkpoints):
+    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.hybrid import HybridLM
+
+    model, tokenizer = load_causal_lm(tiny_checkpoints["llama"], "float32", "cpu")
+    hybrid = HybridLM.from_backbone(model, 1, tokenizer=tokenizer, backbone_dir=tiny_checkpoints["llama"])
+    out = tmp_path / "hybrid"
+    out.mkdir()
+    (out / "model.safetensors").symlink_to(precious)  # an earlier export's file replaced by a link
+    (out / "stale.txt").write_text("from an earlier export")
+    hybrid.save_pretrained(out)
+    assert not (out / "model.safetensors").is_symlink() and not (out / "stale.txt").exists()
+    assert not list(tmp_path.glob(".tmp_*")) and not list(tmp_path.glob(".old_*"))
+    assert HybridLM.from_pretrained(out).config.layer == 1
