@@ -147,6 +147,13 @@ QUESTIONS: dict[str, Question] = {
         "The four shared text corpora (`/work/shared/data/text`, train splits for training, `*.valid.txt` never "
         "trained on); every token after the first of each split scored once.",
     ),
+    "backbone_perplexity_qwen3": Question(
+        "Shipped backbone tiny-qwen3-16l: validation perplexity vs baselines", PIPELINE,
+        "Is the second shipped backbone (`dihal_fast/assets/backbone_qwen3`, 16 Qwen3 layers) a language model: its "
+        "held-out perplexity against unigram and bigram baselines, read from its own training report?",
+        "The four shared text corpora, train splits for training, `*.valid.txt` never trained on; every token after "
+        "the first of each split scored once.",
+    ),
     "hcdlm_sudoku": Question(
         "HC-DLM vs MDM / Latent DM / AR: 6x6 Sudoku at 10 CPU-minutes", HCDLM,
         "At the same training time, which model solves more held-out 6x6 Sudoku boards (easy = singles-only, "
