@@ -19,7 +19,12 @@ from dihal_fast.cli import main
 from dihal_fast.common.options import option  # noqa: F401  (the metadata these tests read)
 from dihal_fast.common.validation import INT_LIMIT
 from dihal_fast.evaluate.harness import EvalSettings
-from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, SampleConfig
+from dihal_fast.hcdlm.config import (
+    HCDLMModelConfig,
+    HCDLMTrainConfig,
+    ObjectiveConfig,
+    SampleConfig,
+)
 from dihal_fast.pipeline import LocateConfig
 from dihal_fast.pipeline.demo_stage import DemoConfig, DemoSettings
 from dihal_fast.pipeline.generate_stage import GenerateConfig

@@ -148,7 +148,7 @@ def test_a_full_disk_leaves_no_temporary_and_names_the_file(tmp_path, monkeypatc
 
 
 def test_a_full_disk_in_hcdlm_train_leaves_no_checkpoint_temporary_and_one_line(tmp_path, monkeypatch, capsys):
-    import dihal_fast.train.checkpoint as checkpoint
+    from dihal_fast.train import checkpoint
 
     monkeypatch.setattr(checkpoint, "save_file", _full_disk)
     run = tmp_path / "run"
@@ -164,7 +164,7 @@ def test_a_checkpoint_interrupted_while_written_keeps_the_previous_one(tmp_path,
     config = RunConfig(task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=20),
                        model=HCDLMModelConfig(hidden=32, heads=2, encoder_blocks=1, denoiser_blocks=1, predictor_blocks=1, latent_dim=8),
                        train=HCDLMTrainConfig(steps=4, batch_size=8, checkpoint_every=2))
-    import dihal_fast.train.checkpoint as checkpoint
+    from dihal_fast.train import checkpoint
 
     real, calls = checkpoint.save_file, []
 

@@ -10,7 +10,7 @@ import torch
 from dihal_fast.replace import BridgeTrainConfig, train_bridge
 
 TIMING = {"elapsed_s", "train_seconds_this_run", "seconds", "tokens_per_s"}
-WORDS = "the cat dog bird sat ran on under a mat tree house red blue small big and then it was happy".split()
+WORDS = ["the", "cat", "dog", "bird", "sat", "ran", "on", "under", "a", "mat", "tree", "house", "red", "blue", "small", "big", "and", "then", "it", "was", "happy"]
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import logging
 import platform
@@ -12,7 +13,7 @@ import numpy as np
 
 from dihal_fast.backbone.baselines import best_bigram_perplexity, unigram_perplexity
 from dihal_fast.backbone.evaluate import stream_nll
-from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
 from dihal_fast.common.metrics import perplexity, pooled_nll
 
 logger = logging.getLogger(__name__)
@@ -97,8 +98,10 @@ def plot_training_curve(log_path: Path, png_path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
+    atomic_write_bytes(png_path, buffer.getvalue())
 
 
 def describe_backbone(model_dir: str | Path) -> str:

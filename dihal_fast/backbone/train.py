@@ -12,6 +12,7 @@ Run directory layout (``--out``)::
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -28,7 +29,8 @@ from dihal_fast.backbone.corpus import default_valid_files, read_text_file, sha2
 from dihal_fast.backbone.data import WindowSampler
 from dihal_fast.backbone.evaluate import autocast_context, stream_nll
 from dihal_fast.backbone.model import build_model, resolve_precision
-from dihal_fast.common import atomic_write_json, read_json, seed_everything
+from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json, seed_everything
+from dihal_fast.common.io import append_line, write_into
 from dihal_fast.train.checkpoint import latest_checkpoint
 from dihal_fast.train.trainer import TrainingJob, TrainingRun, fit, prepare_deepspeed, resume_point, training_session
 
@@ -127,9 +129,9 @@ def encode_corpus(out: Path, tokenizer, corpus: Corpus) -> tuple[np.ndarray, dic
                 return data["train"], {name: data[f"valid/{name}"] for name in corpus.valid_texts}
     train_ids = encode_documents(tokenizer, corpus.train_texts)
     valid_ids = {name: encode_documents(tokenizer, [text]) for name, text in corpus.valid_texts.items()}
-    tmp = out / "tokens.tmp.npz"
-    np.savez(tmp, key=np.array(key), train=train_ids, **{f"valid/{k}": v for k, v in valid_ids.items()})
-    os.replace(tmp, cache)
+    buffer = io.BytesIO()
+    np.savez(buffer, key=np.array(key), train=train_ids, **{f"valid/{k}": v for k, v in valid_ids.items()})
+    atomic_write_bytes(cache, buffer.getvalue())
     return train_ids, valid_ids
 
 
@@ -182,7 +184,7 @@ class BackboneJob(TrainingJob):
 
     def on_checkpoint(self, step: int, run: TrainingRun) -> None:
         if run.engine.rank == 0:
-            self.model.save_pretrained(str(self.out))
+            write_into(self.out, self.model.save_pretrained)
 
 
 def train_backbone(
@@ -223,13 +225,13 @@ def train_backbone(
             tokenizer = PreTrainedTokenizerFast.from_pretrained(cfg.tokenizer)
             logger.info("reusing the tokenizer of %s (%d tokens)", cfg.tokenizer, len(tokenizer))
             if rank == 0:
-                tokenizer.save_pretrained(str(out))
+                write_into(out, tokenizer.save_pretrained)
                 atomic_write_json(out / CONFIG_NAME, cfg.to_dict())
         else:
             logger.info("training a byte-level BPE tokenizer (vocab %d) on %d documents", cfg.model.vocab_size, len(corpus.train_texts))
             tokenizer = train_tokenizer(corpus.train_texts, cfg.model.vocab_size)
             if rank == 0:
-                tokenizer.save_pretrained(str(out))
+                write_into(out, tokenizer.save_pretrained)
                 atomic_write_json(out / CONFIG_NAME, cfg.to_dict())
         train_ids, valid_ids = encode_corpus(out, tokenizer, corpus)
         logger.info("tokens: train %d, valid %s", len(train_ids), {k: len(v) for k, v in valid_ids.items()})
@@ -238,9 +240,8 @@ def train_backbone(
         job = BackboneJob(cfg, model, tokenizer, train_ids, valid_ids, out, precision, device, end)
         if saved_steps is not None and rank == 0:
             logger.warning("--steps changed from %d to %d: the cosine schedule is re-planned from the last checkpoint", saved_steps, cfg.steps)
-            with (out / "log.jsonl").open("a") as log:
-                log.write(json.dumps({"step": json.loads((checkpoint / "state.json").read_text())["step"],
-                                      "event": f"steps changed from {saved_steps} to {cfg.steps}"}) + "\n")
+            append_line(out / "log.jsonl", json.dumps({"step": json.loads((checkpoint / "state.json").read_text())["step"],
+                                                       "event": f"steps changed from {saved_steps} to {cfg.steps}"}))
             atomic_write_json(out / CONFIG_NAME, cfg.to_dict())
         run = fit(job, out, ds_config, checkpoint, stop_at=stop_at, progress=progress)
         return write_training_report(out, model, tokenizer, cfg, corpus, train_ids, valid_ids, run.step, run.elapsed_s,

@@ -22,7 +22,7 @@ import logging
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +208,23 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     replace_directory(tmp, path)
+
+
+def write_into(directory: str | os.PathLike, write: Callable[[Path], object]) -> None:
+    """Let ``write(folder)`` (e.g. transformers' ``save_pretrained``, which opens its files itself) fill a fresh
+    hidden folder, then move each file it wrote into ``directory`` atomically, refusing links and paths of the
+    wrong kind there first; the other files of ``directory`` stay."""
+    directory = make_directories(directory)
+    tmp = temporary_directory(directory / ".files")
+    try:
+        write(tmp)
+        written = sorted(p for p in tmp.rglob("*") if p.is_file())
+        targets = [check_file_target(directory / path.relative_to(tmp)) for path in written]
+        for path, target in zip(written, targets):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:

@@ -5,7 +5,6 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-
 # Documents longer than this many characters are tokenized piece by piece, so memory follows the piece and
 # not the document (a 25 MB one-line corpus took 5.6 GB whole). Pieces end before a space that starts a word,
 # a pre-tokenizer boundary of byte-level BPE: the tokens are the whole document's.

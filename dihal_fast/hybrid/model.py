@@ -35,7 +35,6 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dihal_fast.bridge import Bridge, position_noise
 from dihal_fast.common.io import atomic_directory
-from dihal_fast.common.io import atomic_directory
 from dihal_fast.hybrid import slicing
 from dihal_fast.hybrid.cache import HybridCache
 from dihal_fast.hybrid.config import MODEL_TYPE, REMOTE_MODULE, HybridConfig
