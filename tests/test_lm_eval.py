@@ -22,12 +22,17 @@ from dihal_fast.common.assets import DEFAULT_MODEL_DIR  # noqa: E402
 from dihal_fast.evaluate import downstream  # noqa: E402
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+# A launcher's variables make accelerate (inside HFLM) start torch.distributed; these tests are one process,
+# whatever an earlier test of the session (e.g. `dihal ... --local_rank=0`) left in the environment.
+LAUNCHER_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch):
+def _offline_single_process(monkeypatch):
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
+    for key in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
 
 
 @pytest.fixture(scope="module")
