@@ -20,7 +20,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -69,9 +69,9 @@ class HybridLM(PreTrainedModel, GenerationMixin):
     config_class = HybridConfig
     base_model_prefix = "hybrid"
     main_input_name = "input_ids"
-    _no_split_modules: ClassVar[list[str]] = ["Bridge"]
+    _no_split_modules = ["Bridge"]  # noqa: RUF012  (transformers declares these as plain lists)
     # The bridge was trained and validated in float32 and is small: a bf16/fp16 load keeps it float32 (README, dtype).
-    _keep_in_fp32_modules_strict: ClassVar[list[str]] = ["bridge"]
+    _keep_in_fp32_modules_strict = ["bridge"]  # noqa: RUF012
     _supports_sdpa = True
 
     def __init__(self, config: HybridConfig):
@@ -83,7 +83,7 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         self.bridge = Bridge(config.bridge_config)
         self.condition_position_table = (nn.Embedding(config.max_position_embeddings, config.hidden_size)
                                          if config.learned_positions else None)
-        self.tokenizer = None  # set by from_backbone / from_pretrained; saved beside the weights
+        self.tokenizer: Any = None  # set by from_backbone / from_pretrained; saved beside the weights
         self.post_init()
         if self.condition_position_table is not None:
             self.condition_position_table.requires_grad_(False)
