@@ -256,11 +256,15 @@ py::dict emulate_cuda_knn(py::array X, int64_t k, int64_t query_block, int64_t r
   return out;
 }
 
-// The certificate's limit (csrc/knn_logic.hpp) of one row, for tests: path "gemm32", "gemm64",
-// "gram" or "cuvs"; the list threshold must exceed it.
-double knn_certify_limit(const std::string& path, int64_t D, double kth_scaled, double norm_i, double max_norm2) {
+// The certificate's limit (csrc/knn_logic.hpp), vectorised over rows: path "gemm32", "gemm64",
+// "gram" or "cuvs"; the list threshold must exceed it (tests, and the GEMM fallback of backend_cuda).
+py::array_t<double> knn_certify_limit(const std::string& path, int64_t D,
+                                      py::array_t<double, py::array::c_style | py::array::forcecast> kth_scaled,
+                                      py::array_t<double, py::array::c_style | py::array::forcecast> norm_i,
+                                      double max_norm2) {
   namespace kl = dihal::knn_logic;
   if (D < 1) throw std::invalid_argument("D must be >= 1");
+  if (kth_scaled.size() != norm_i.size()) throw std::invalid_argument("kth_scaled and norm_i must have the same size");
   kl::ErrorModel m;
   if (path == "gemm32" || path == "gemm64")
     m = kl::gemm_model(D, path == "gemm64");
@@ -270,15 +274,21 @@ double knn_certify_limit(const std::string& path, int64_t D, double kth_scaled, 
     m = kl::cuvs_model(D);
   else
     throw std::invalid_argument("path must be 'gemm32', 'gemm64', 'gram' or 'cuvs', got '" + path + "'");
-  return kl::certify_limit(m, kth_scaled, norm_i, max_norm2);
+  py::array_t<double> out(std::vector<py::ssize_t>(kth_scaled.shape(), kth_scaled.shape() + kth_scaled.ndim()));
+  double* po = out.mutable_data();
+  const double *pk = kth_scaled.data(), *pn = norm_i.data();
+  for (py::ssize_t e = 0; e < kth_scaled.size(); ++e) po[e] = kl::certify_limit(m, pk[e], pn[e], max_norm2);
+  return out;
 }
 
-// The Jacobi routine of the GPU local-curvature kernel, on the host.
+// The parallel Jacobi routine of the GPU local-curvature kernel, on the host (its phases in order).
 double jacobi_top_eigenvalue(CArray<double> A) {
   if (A.ndim() != 2 || A.shape(0) != A.shape(1) || A.shape(0) < 1 || A.shape(0) > 255)
     throw std::invalid_argument("A must be a square matrix of size 1..255");
-  std::vector<double> work(A.data(), A.data() + A.size());
-  return dihal::jacobi_top_eigenvalue(work.data(), int(A.shape(0)));
+  const int m = int(A.shape(0));
+  std::vector<double> work(A.data(), A.data() + A.size()), cs(size_t(m + 1));
+  int stop = 0;
+  return dihal::jacobi_top_eigenvalue_team(work.data(), m, cs.data(), &stop, dihal::SerialTeam{});
 }
 
 py::dict build_info() {
@@ -326,8 +336,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("emulate_cuda_knn", &emulate_cuda_knn, py::arg("X"), py::arg("k"),
         py::arg("query_block") = dihal::knn_logic::kTiling.query_block,
         py::arg("ref_block") = dihal::knn_logic::kTiling.ref_block, py::arg("splits") = 0, py::arg("bfloat16") = false);
-  m.def("knn_certify_limit", &knn_certify_limit, py::arg("path"), py::arg("D"), py::arg("kth_scaled"), py::arg("norm_i"),
-        py::arg("max_norm2"));
+  m.def("knn_certify_limit", &knn_certify_limit, py::arg("path"), py::arg("D"), py::arg("kth_scaled"),
+        py::arg("norm_i"), py::arg("max_norm2"));
   m.def("jacobi_top_eigenvalue", &jacobi_top_eigenvalue, py::arg("A"));
   m.def("build_info", &build_info);
 }

@@ -327,9 +327,19 @@ def test_adversarial_rows_match_reference(backend, family, D, dtype):
         _assert_reference(X, out["idx"], out["sqdist"], k, rtol=1e-12)
         return
     _require(backend)
-    data = torch.from_numpy(X).cuda() if backend in ("cuda", "cuvs") else X
-    idx, d2 = df.knn(data, k, backend=backend)
     rtol = 1e-12 if dtype == "float64" else 1e-6
+    if backend not in ("cuda", "cuvs"):
+        idx, d2 = df.knn(X, k, backend=backend)
+        _assert_reference(X, idx, d2, k, rtol=rtol)
+        return
+    # bench/gpu_check.sh runs these with TF32 allowed (DIHAL_TEST_TF32=1) and not.
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32 = cudnn.allow_tf32 = os.environ.get("DIHAL_TEST_TF32") == "1"
+    try:
+        idx, d2 = df.knn(torch.from_numpy(X).cuda(), k, backend=backend)
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
     _assert_reference(X, idx, d2, k, rtol=rtol)
 
 
@@ -408,6 +418,38 @@ def test_emulated_multi_tile_planner_paths():
     for blocks in ((17, 23, 3), (50, 7, 1), (60, 60, 0)):
         small = emulate_cuda_knn(Y, 4, *blocks)
         _assert_reference(Y, small["idx"], small["sqdist"], 4, rtol=1e-12)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES) + ["gaussian"])
+def test_gemm_fallback_on_host_tensors(family):
+    """The CUDA backend's fallback (blocked float64 GEMM candidates, certified by the Gram model) on CPU tensors: every
+    row it certifies equals the reference, and on generic rows it certifies all of them."""
+    _require("cpu")
+    X = torch.from_numpy(gaussian(300, 40) if family == "gaussian" else FAMILIES[family](512)).float()
+    n, k = X.shape[0], 4
+    idx = torch.full((n, k), -1, dtype=torch.int64)
+    d2 = torch.zeros((n, k), dtype=torch.float64)
+    ok = backend_cuda.gemm_candidates(X, torch.arange(n), k, 20, idx, d2)
+    ridx, rd2 = ref.knn(X, k)
+    np.testing.assert_array_equal(idx[ok].numpy(), ridx[ok.numpy()])
+    np.testing.assert_allclose(d2[ok].numpy(), rd2[ok.numpy()], rtol=1e-12)
+    if family == "gaussian":
+        assert bool(ok.all())
+
+
+@pytest.mark.gpu
+def test_gpu_float16_covariance_near_the_float16_range():
+    """float16 rows up to +-60000 around a mean of 0: centred values reach 1.2e5 (beyond float16's 65504) and their
+    float32 products 3.6e9; the CUDA covariance scales such blocks by a power of two and matches the reference."""
+    _require("cuda")
+    rng = np.random.default_rng(4)
+    X = np.concatenate([np.full((600, 8), 60000.0), np.full((600, 8), -60000.0)]) + rng.integers(-8, 8, (1200, 8))
+    X16 = torch.from_numpy(X.astype(np.float16)).cuda()
+    cov = df.StreamingCovariance(8, backend="cuda")
+    cov.update(X16)
+    Xr = ref.to_float64(X16)
+    want = np.cov(Xr.T, bias=True)
+    np.testing.assert_allclose(cov.covariance, want, rtol=1e-6)
 
 
 # ---------------------------------------------------------------- the proxies

@@ -97,16 +97,6 @@ __device__ double warp_sqdist(const T* a, const T* b, int64_t D) {
   for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; row < (n); \
        row += int64_t(gridDim.x) * (blockDim.x >> 5))
 
-template <typename T>
-__global__ void row_max_abs_kernel(const T* X, int64_t n, int64_t D, const double* mean, double* row_max) {
-  DIHAL_FOR_EACH_WARP_ROW(row, n) {
-    double m = 0.0;
-    for (int64_t c = threadIdx.x & 31; c < D; c += 32) m = fmax(m, fabs(to_double(X[row * D + c]) - mean[c]));
-    for (int offset = 16; offset > 0; offset >>= 1) m = fmax(m, __shfl_down_sync(kFullMask, m, offset));
-    if ((threadIdx.x & 31) == 0) row_max[row] = m;
-  }
-}
-
 __global__ void scale_kernel(double* scalars) { scalars[1] = kl::pow2_scale(scalars[0]); }
 
 // The centred, scaled rows rows0 .. rows0 + rows - 1 of X in W (one tile's operand).
@@ -239,9 +229,7 @@ void centre_rows(const T* X, int64_t row0, int64_t rows, int64_t D, const Buffer
 template <typename T, typename W>
 void prepare(const T* X, int64_t n, int64_t D, const Buffers<W>& b, cudaStream_t stream) {
   column_mean(X, n, D, b.partial, b.mean, stream);
-  row_max_abs_kernel<T><<<blocks_for(n * 32), kThreads, 0, stream>>>(X, n, D, b.mean, b.row_max);
-  check_launch("row_max_abs_kernel");
-  device_max(b.row_max, n, b.scalars + 0, stream);
+  max_abs_deviation(X, n, D, b.mean, b.row_max, b.scalars + 0, stream);
   scale_kernel<<<1, 1, 0, stream>>>(b.scalars);
   check_launch("scale_kernel");
   if (b.centred) centre_rows(X, 0, n, D, b, b.centred, stream);
