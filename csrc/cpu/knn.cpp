@@ -1,8 +1,9 @@
 // Exact kNN: tiled distance products (GEMM in the input precision on mean-centred data) with a
 // fused per-row candidate list, then an exact float64 re-rank. A row whose float64 answer cannot be
-// certified from the candidates (the k-th exact distance is not clearly below every rejected
-// point's approximate distance minus the rounding bound) is recomputed exactly against all rows.
-// The logic shared with the CUDA kernels (scaling, candidate lists, bound) is csrc/knn_logic.hpp.
+// certified from the candidates (some rejected point's approximate distance does not exceed the
+// k-th exact distance plus the proven rounding bound of knn_logic::certify_limit) is recomputed
+// exactly against all rows. The logic shared with the CUDA kernels (scaling, candidate lists,
+// certificate) is csrc/knn_logic.hpp.
 #include <omp.h>
 
 #include <algorithm>
