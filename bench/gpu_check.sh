@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check of the CUDA backend (about 6-8 minutes on one H100/H200 without --full):
-#   1. build the package with DIHAL_CUDA=ON for this GPU's architecture only (in place, editable,
-#      with the machine's torch),
+#   1. build the package with DIHAL_CUDA=ON (sm_80 and sm_90, plus this GPU's architecture when it
+#      is newer; in place, editable, with the machine's torch),
 #   2. the first-run checks (each under its own timeout):
 #      a. the adversarial kNN certificate families on cuda and cuvs, with TF32 allowed and not,
 #      b. multi-tile kNN and covariance on two side streams from two threads at once vs the reference,
@@ -50,11 +50,14 @@ for mod in torch scipy_openblas32 nvtx scikit_build_core pybind11 pytest hypothe
   "$PY" -c "import $mod" 2>/dev/null || { echo "missing Python package: $mod (see --fetch-wheels)"; exit 1; }
 done
 
-ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '.')
-echo "== build (DIHAL_CUDA=ON, sm_${ARCH:-90})"
+# The default architectures (80-real;90) cover A100/H100/H200; a newer GPU adds its own.
+ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '.' || true)
+ARCHS="80-real;90"
+[[ -n "$ARCH" && "$ARCH" != 80 && "$ARCH" != 90 ]] && ARCHS="80-real;90-real;$ARCH"
+echo "== build (DIHAL_CUDA=ON, $ARCHS)"
 start=$(date +%s)
 DIHAL_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps -e . \
-  -Ccmake.define.DIHAL_CUDA_ARCHITECTURES="${ARCH:-90}" 2>&1 | tail -n 3
+  -Ccmake.define.DIHAL_CUDA_ARCHITECTURES="$ARCHS" 2>&1 | tail -n 3
 echo "build seconds: $(( $(date +%s) - start ))"
 "$PY" -c "import dihal_fast, json; print(json.dumps(dihal_fast.build_info()['backends'], indent=1))"
 
