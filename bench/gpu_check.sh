@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# The prepared GPU check of the CUDA backend (a few minutes on an H100/H200):
-#   1. build the package with DIHAL_CUDA=ON (in place, editable, with the machine's torch),
-#   2. run the CUDA tests with skips turned into failures (DIHAL_REQUIRE_GPU=1),
-#   3. time every kernel against its floor, torch and cuVS (bench/bench_gpu.py),
-#   4. profile a small locate pass (bench/profile_locate.py),
+# The prepared GPU check of the CUDA backend (about 6-8 minutes on one H100/H200 without --full):
+#   1. build the package with DIHAL_CUDA=ON (sm_80 and sm_90, plus this GPU's architecture when it
+#      is newer; in place, editable, with the machine's torch),
+#   2. the first-run checks (each under its own timeout):
+#      a. the adversarial kNN certificate families on cuda and cuvs, with TF32 allowed and not,
+#      b. multi-tile kNN and covariance on two side streams from two threads at once vs the reference,
+#         under compute-sanitizer memcheck and racecheck (tools/gpu_first_run.py streams),
+#      c. a large-index smoke, n * D > 2^31 bfloat16 rows: kNN and covariance, time and peak memory
+#         (tools/gpu_first_run.py large),
+#   3. run the CUDA tests with skips turned into failures (DIHAL_REQUIRE_GPU=1),
+#   4. with --full only: time every kernel against its floor, torch and cuVS (bench/bench_gpu.py) and
+#      profile a small locate pass (bench/profile_locate.py),
 # writing their records (figures, command, commit, machine) to bench/results/. The log and those records
 # are also copied to $OUT when it is set (the device tool brings that folder back).
 #
-#   bash bench/gpu_check.sh                 # on the GPU machine
+#   bash bench/gpu_check.sh                 # on the GPU machine (add --full for step 4)
 #   bash bench/gpu_check.sh --fetch-wheels  # on a networked machine: wheels the GPU image lacks -> .whl/
 #
 # A GPU machine without network gets missing Python packages from .whl/ (carried along; see
@@ -44,21 +51,46 @@ for mod in torch scipy_openblas32 nvtx scikit_build_core pybind11 pytest hypothe
   "$PY" -c "import $mod" 2>/dev/null || { echo "missing Python package: $mod (see --fetch-wheels)"; exit 1; }
 done
 
-echo "== build (DIHAL_CUDA=ON)"
+# The default architectures (80-real;90) cover A100/H100/H200; a newer GPU adds its own.
+ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d '.' || true)
+ARCHS="80-real;90"
+[[ -n "$ARCH" && "$ARCH" != 80 && "$ARCH" != 90 ]] && ARCHS="80-real;90-real;$ARCH"
+echo "== build (DIHAL_CUDA=ON, $ARCHS)"
 start=$(date +%s)
-DIHAL_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps -e . 2>&1 | tail -n 3
+DIHAL_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps -e . \
+  -Ccmake.define.DIHAL_CUDA_ARCHITECTURES="$ARCHS" 2>&1 | tail -n 3
 echo "build seconds: $(( $(date +%s) - start ))"
 "$PY" -c "import dihal_fast, json; print(json.dumps(dihal_fast.build_info()['backends'], indent=1))"
 
-echo "== CUDA tests"
 status=0
-DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider tests/test_geometry_kernels.py tests/test_cuda_build.py tests/test_profiling.py || status=$?
+step() {  # step SECONDS NAME COMMAND...: run one check under a timeout, keep going, remember failures
+  local limit=$1 name=$2; shift 2
+  echo "== $name"
+  local t0; t0=$(date +%s)
+  timeout "$limit" "$@" || { echo "FAILED ($?): $name"; status=1; }
+  echo "$name seconds: $(( $(date +%s) - t0 ))"
+}
+# TF32 not allowed: NVIDIA_TF32_OVERRIDE=0 (cuBLAS and cuVS) and torch's flags off; allowed: torch's flags on.
+for tf32 in 0 1; do
+  override=(); [[ $tf32 == 0 ]] && override=(NVIDIA_TF32_OVERRIDE=0)
+  step 90 "adversarial kNN certificate, TF32 allowed=$tf32" env "${override[@]}" DIHAL_TEST_TF32=$tf32 \
+    DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider tests/test_geometry_kernels.py \
+    -k "adversarial and (cuda- or cuvs-)"
+done
+SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for tool in memcheck racecheck; do
+  step 150 "two side streams under compute-sanitizer $tool" \
+    "$SANITIZER" --tool "$tool" --error-exitcode 3 "$PY" tools/gpu_first_run.py streams
+done
+step 120 "large-index smoke (bfloat16, n * D > 2^31)" "$PY" tools/gpu_first_run.py large
 
-echo "== kernel timings"
-"$PY" bench/bench_gpu.py || status=$?
+step 180 "CUDA tests" env DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider \
+  tests/test_geometry_kernels.py tests/test_cuda_build.py tests/test_profiling.py
 
-echo "== locate profile"
-"$PY" bench/profile_locate.py --max-tokens 16384 --repeats 3 --sample-size 2000 || status=$?
+if [[ " $* " == *" --full "* ]]; then
+  step 300 "kernel timings" "$PY" bench/bench_gpu.py
+  step 200 "locate profile" "$PY" bench/profile_locate.py --max-tokens 16384 --repeats 3 --sample-size 2000
+fi
 
 if [[ -n "${OUT:-}" ]]; then mkdir -p "$OUT/results" && cp bench/results/*.json "$OUT/results/"; fi
 echo "== gpu_check exit status $status"

@@ -115,11 +115,13 @@ py::tuple neighbours(int64_t n, int64_t k, Search&& search) {
 }
 
 template <typename T>
-py::tuple knn(CArray<T> X, int64_t k, bool symmetric) {
+py::tuple knn(CArray<T> X, int64_t k, bool symmetric, bool count_recomputed) {
   require_matrix(X, "X");
   const int64_t n = X.shape(0), D = X.shape(1);
   const T* x = X.data();
-  return neighbours(n, k, [&](int64_t* pi, double* pd) { dihal::knn<T>(x, n, D, k, pi, pd, symmetric); });
+  int64_t recomputed = 0;
+  py::tuple out = neighbours(n, k, [&](int64_t* pi, double* pd) { dihal::knn<T>(x, n, D, k, pi, pd, symmetric, &recomputed); });
+  return count_recomputed ? py::make_tuple(out[0], out[1], recomputed) : out;
 }
 
 template <typename T>
@@ -201,32 +203,92 @@ double max_abs(CArray<T> X) {
 }
 
 // Host emulation of the CUDA kNN kernels (tests of their logic without a GPU): X is a C-contiguous
-// float32/float64 matrix; returns (indices, squared distances, flags of rows the GPU recomputes).
-py::tuple emulate_cuda_knn(py::array X, int64_t k, int64_t query_block, int64_t ref_block, int64_t splits) {
-  const bool is_double = py::isinstance<py::array_t<double>>(X);
-  if (!is_double && !py::isinstance<py::array_t<float>>(X)) throw py::type_error("X must be float32 or float64");
+// float16/float32/float64 matrix, or uint16 holding bfloat16 patterns when bfloat16; the tiling is
+// the kernel's unless smaller blocks are given. Returns a dict: idx, sqdist (the final answer, flagged
+// rows recomputed exactly), cand_idx (the candidates' answer), flags, threshold, kth_scaled, norms,
+// max_norm2, scale and the plan (query_block, ref_block, splits, cap).
+py::dict emulate_cuda_knn(py::array X, int64_t k, int64_t query_block, int64_t ref_block, int64_t splits, bool bfloat16) {
+  using dihal::EmulatedInput;
+  EmulatedInput input;
+  if (bfloat16 && py::isinstance<py::array_t<uint16_t>>(X))
+    input = EmulatedInput::kBFloat16;
+  else if (bfloat16)
+    throw py::type_error("bfloat16 rows must be passed as their uint16 bit patterns");
+  else if (py::isinstance<py::array_t<double>>(X))
+    input = EmulatedInput::kFloat64;
+  else if (py::isinstance<py::array_t<float>>(X))
+    input = EmulatedInput::kFloat32;
+  else if (X.dtype().kind() == 'f' && X.dtype().itemsize() == 2)
+    input = EmulatedInput::kFloat16;
+  else
+    throw py::type_error("X must be float16, float32, float64 or (bfloat16=True) uint16");
   if (X.ndim() != 2 || !(X.flags() & py::array::c_style)) throw std::invalid_argument("X must be a C-contiguous matrix");
   const int64_t n = X.shape(0), D = X.shape(1);
+  dihal::knn_logic::Tiling tiling = dihal::knn_logic::kTiling;
+  tiling.query_block = query_block;
+  tiling.ref_block = ref_block;
   dihal::EmulatedKnn r;
   {
     py::gil_scoped_release release;
-    r = dihal::emulate_cuda_knn(X.data(), is_double, n, D, k, query_block, ref_block, splits);
+    r = dihal::emulate_cuda_knn(X.data(), input, n, D, k, tiling, splits);
   }
-  CArray<int64_t> idx({n, k});
-  CArray<double> d2({n, k});
-  CArray<int32_t> flags(n);
-  std::copy(r.idx.begin(), r.idx.end(), idx.mutable_data());
-  std::copy(r.sqdist.begin(), r.sqdist.end(), d2.mutable_data());
-  std::copy(r.flags.begin(), r.flags.end(), flags.mutable_data());
-  return py::make_tuple(idx, d2, flags);
+  const auto matrix = [n, k](const auto& v) {
+    CArray<typename std::decay_t<decltype(v)>::value_type> a({n, k});
+    std::copy(v.begin(), v.end(), a.mutable_data());
+    return a;
+  };
+  const auto vector = [](const auto& v) {
+    CArray<typename std::decay_t<decltype(v)>::value_type> a(int64_t(v.size()));
+    std::copy(v.begin(), v.end(), a.mutable_data());
+    return a;
+  };
+  py::dict out;
+  out["idx"] = matrix(r.idx);
+  out["sqdist"] = matrix(r.sqdist);
+  out["cand_idx"] = matrix(r.cand_idx);
+  out["flags"] = vector(r.flags);
+  out["threshold"] = vector(r.threshold);
+  out["kth_scaled"] = vector(r.kth_scaled);
+  out["norms"] = vector(r.norms);
+  out["max_norm2"] = r.max_norm2;
+  out["scale"] = r.scale;
+  out["plan"] = py::make_tuple(r.plan.query_block, r.plan.ref_block, r.plan.splits, r.plan.cap);
+  return out;
 }
 
-// The Jacobi routine of the GPU local-curvature kernel, on the host.
+// The certificate's limit (csrc/knn_logic.hpp), vectorised over rows: path "gemm32", "gemm64",
+// "gram" or "cuvs"; the list threshold must exceed it (tests, and the GEMM fallback of backend_cuda).
+py::array_t<double> knn_certify_limit(const std::string& path, int64_t D,
+                                      py::array_t<double, py::array::c_style | py::array::forcecast> kth_scaled,
+                                      py::array_t<double, py::array::c_style | py::array::forcecast> norm_i,
+                                      double max_norm2) {
+  namespace kl = dihal::knn_logic;
+  if (D < 1) throw std::invalid_argument("D must be >= 1");
+  if (kth_scaled.size() != norm_i.size()) throw std::invalid_argument("kth_scaled and norm_i must have the same size");
+  kl::ErrorModel m;
+  if (path == "gemm32" || path == "gemm64")
+    m = kl::gemm_model(D, path == "gemm64");
+  else if (path == "gram")
+    m = kl::gram_model(D);
+  else if (path == "cuvs")
+    m = kl::cuvs_model(D);
+  else
+    throw std::invalid_argument("path must be 'gemm32', 'gemm64', 'gram' or 'cuvs', got '" + path + "'");
+  py::array_t<double> out(std::vector<py::ssize_t>(kth_scaled.shape(), kth_scaled.shape() + kth_scaled.ndim()));
+  double* po = out.mutable_data();
+  const double *pk = kth_scaled.data(), *pn = norm_i.data();
+  for (py::ssize_t e = 0; e < kth_scaled.size(); ++e) po[e] = kl::certify_limit(m, pk[e], pn[e], max_norm2);
+  return out;
+}
+
+// The parallel Jacobi routine of the GPU local-curvature kernel, on the host (its phases in order).
 double jacobi_top_eigenvalue(CArray<double> A) {
   if (A.ndim() != 2 || A.shape(0) != A.shape(1) || A.shape(0) < 1 || A.shape(0) > 255)
     throw std::invalid_argument("A must be a square matrix of size 1..255");
-  std::vector<double> work(A.data(), A.data() + A.size());
-  return dihal::jacobi_top_eigenvalue(work.data(), int(A.shape(0)));
+  const int m = int(A.shape(0));
+  std::vector<double> work(A.data(), A.data() + A.size()), cs(size_t(m + 1));
+  int stop = 0;
+  return dihal::jacobi_top_eigenvalue_team(work.data(), m, cs.data(), &stop, dihal::SerialTeam{});
 }
 
 py::dict build_info() {
@@ -254,8 +316,8 @@ PYBIND11_MODULE(_core, m) {
         py::arg("pj"));
   m.def("gram_pair_quotients", &gram_pair_quotients<double>, py::arg("X"), py::arg("G"), py::arg("lam"), py::arg("pi"),
         py::arg("pj"));
-  m.def("knn", &knn<float>, py::arg("X"), py::arg("k"), py::arg("symmetric") = true);
-  m.def("knn", &knn<double>, py::arg("X"), py::arg("k"), py::arg("symmetric") = true);
+  m.def("knn", &knn<float>, py::arg("X"), py::arg("k"), py::arg("symmetric") = true, py::arg("count_recomputed") = false);
+  m.def("knn", &knn<double>, py::arg("X"), py::arg("k"), py::arg("symmetric") = true, py::arg("count_recomputed") = false);
   m.def("knn_from_gram", &knn_from_gram<float>, py::arg("X"), py::arg("G"), py::arg("k"));
   m.def("knn_from_gram", &knn_from_gram<double>, py::arg("X"), py::arg("G"), py::arg("k"));
   m.def("local_top_eigenvalues", &local_top_eigenvalues<float>, py::arg("X"), py::arg("indices"),
@@ -271,8 +333,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("top_eigenvalue_small", &top_eigenvalue_small, py::arg("A"));
   m.def("max_abs", &max_abs<float>, py::arg("X"));
   m.def("max_abs", &max_abs<double>, py::arg("X"));
-  m.def("emulate_cuda_knn", &emulate_cuda_knn, py::arg("X"), py::arg("k"), py::arg("query_block"), py::arg("ref_block"),
-        py::arg("splits"));
+  m.def("emulate_cuda_knn", &emulate_cuda_knn, py::arg("X"), py::arg("k"),
+        py::arg("query_block") = dihal::knn_logic::kTiling.query_block,
+        py::arg("ref_block") = dihal::knn_logic::kTiling.ref_block, py::arg("splits") = 0, py::arg("bfloat16") = false);
+  m.def("knn_certify_limit", &knn_certify_limit, py::arg("path"), py::arg("D"), py::arg("kth_scaled"),
+        py::arg("norm_i"), py::arg("max_norm2"));
   m.def("jacobi_top_eigenvalue", &jacobi_top_eigenvalue, py::arg("A"));
   m.def("build_info", &build_info);
 }

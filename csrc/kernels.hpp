@@ -22,8 +22,11 @@ void covariance(const T* X, int64_t n, int64_t D, bool float32_work, double* mea
 // Writes indices (n x k) and squared Euclidean distances computed in float64 (n x k).
 // symmetric: compute only the upper triangle of block pairs (half the GEMM work) when the
 // per-thread candidate lists fit in 512 MiB; otherwise rows are processed independently.
+// recomputed (when non-null) receives the number of rows the certificate could not prove from the
+// candidates, recomputed against all rows.
 template <typename T>
-void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* indices, double* sqdist, bool symmetric = true);
+void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* indices, double* sqdist, bool symmetric = true,
+         int64_t* recomputed = nullptr);
 
 // knn from the centred Gram matrix G (n x n, float64, see centred_gram) instead of new products:
 // candidates from G_ii + G_jj - 2 G_ij, then the same certified float64 re-rank.

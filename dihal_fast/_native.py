@@ -28,8 +28,34 @@ def _preload_openblas() -> None:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
 
 
+# The distributions that install the dihal_fast package: the CPU wheel and the CUDA variants. They
+# overwrite each other's files, so at most one may be installed.
+VARIANTS = ("dihal_fast", "dihal_fast_cu12", "dihal_fast_cu13")
+
+
+@functools.lru_cache(maxsize=None)
+def installed_variants() -> tuple[str, ...]:
+    """The installed distributions among :data:`VARIANTS` (normalised names)."""
+    from importlib import metadata
+
+    names = {dist.metadata["Name"].replace("-", "_").lower() for dist in metadata.distributions() if dist.metadata["Name"]}
+    return tuple(v for v in VARIANTS if v in names)
+
+
+def variant_conflict() -> str:
+    """A reason when more than one variant is installed (their compiled modules may be mixed), else ''."""
+    found = installed_variants()
+    if len(found) < 2:
+        return ""
+    return (f"several dihal_fast variants are installed ({', '.join(found)}) and overwrite each other's files: "
+            f"pip uninstall -y {' '.join(found)}, then install exactly one")
+
+
 @functools.lru_cache(maxsize=None)
 def _load(name: str) -> tuple[ModuleType | None, str]:
+    conflict = variant_conflict()
+    if conflict:
+        return None, conflict
     try:
         if name == "_core":
             _preload_openblas()
@@ -68,7 +94,8 @@ def build_info() -> dict:
     """What was compiled into this build and which backends can run on this machine."""
     from dihal_fast._version import __version__
 
-    info: dict = {"version": __version__, "backends": {}}
+    info: dict = {"version": __version__, "distribution": ", ".join(installed_variants()) or "(not installed)",
+                  "backends": {}}
     core_module, core_reason = _load("_core")
     info["backends"]["reference"] = {"compiled": True, "available": True, "reason": ""}
     info["backends"]["cpu"] = {

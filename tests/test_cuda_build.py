@@ -67,10 +67,16 @@ def test_unusable_gpu_setups_say_what_is_missing(monkeypatch, capability):
     monkeypatch.setattr(backend_cuda, "_library_candidates", lambda *a: ["/nonexistent/libcublas.so.13"])
     with pytest.raises(df.BackendUnavailable) as err:
         backend_cuda.create("cuda")
+    assert "nvidia-cublas" in str(err.value) and "/nonexistent/libcublas.so.13" in str(err.value)
+    # The architecture is checked on the device of the rows (not the current device), when they arrive.
+    seen = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: seen.append(device) or capability)
     if capability >= (8, 0):
-        assert "nvidia-cublas" in str(err.value) and "/nonexistent/libcublas.so.13" in str(err.value)
+        backend_cuda.require_capability(module, "cuda", torch.device("cuda", 1))
     else:
-        assert "sm_75" in str(err.value)
+        with pytest.raises(df.BackendUnavailable, match="sm_75"):
+            backend_cuda.require_capability(module, "cuda", torch.device("cuda", 1))
+    assert seen == [torch.device("cuda", 1)]
 
 
 def test_cuvs_backend_without_cuvs_says_what_to_install():
@@ -107,3 +113,33 @@ def test_wheel_variants_rewrite_pyproject(variant):
         assert project["name"] == f"dihal_fast_{variant}"
         assert project["dependencies"][: len(base["dependencies"])] == base["dependencies"]
         assert any(dep.startswith("nvidia-cublas") for dep in project["dependencies"])
+
+
+def test_two_installed_variants_refuse_to_load(monkeypatch):
+    """dihal_fast and dihal_fast_cu13 overwrite each other's files: the compiled modules are not loaded, with the fix."""
+    monkeypatch.setattr(_native, "installed_variants", lambda: ("dihal_fast", "dihal_fast_cu13"))
+    module, reason = _native._load.__wrapped__("_core")
+    assert module is None and "pip uninstall -y dihal_fast dihal_fast_cu13" in reason
+    monkeypatch.setattr(_native, "installed_variants", lambda: ("dihal_fast",))
+    assert _native.variant_conflict() == ""
+
+
+def test_wheel_variants_pin_cuda_and_architectures():
+    import importlib.util
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("wheel_variant", root / "csrc" / "cuda" / "wheel_variant.py")
+    wheel_variant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wheel_variant)
+    assert wheel_variant.architectures({80, 90}) == "80-real;90"
+    assert wheel_variant.architectures({80, 90, 100, 120}) == "80-real;90-real;100-real;120"
+    original = (root / "pyproject.toml").read_text()
+    for variant, cuda, pin in (("cpu", "OFF", None), ("cu12", "ON", "<13"), ("cu13", "ON", "<14")):
+        config = tomllib.loads(wheel_variant.apply(original, variant, {80, 90, 100, 120}))
+        defines = config["tool"]["scikit-build"]["cmake"]["define"]
+        assert defines["DIHAL_CUDA"] == cuda
+        if pin:
+            assert defines["DIHAL_CUDA_ARCHITECTURES"] == "80-real;90-real;100-real;120"
+            assert any(dep.startswith("nvidia-cublas") and dep.endswith(pin) for dep in config["project"]["dependencies"])

@@ -112,12 +112,21 @@ def column_major(X):
     return X.T.contiguous().T if isinstance(X, torch.Tensor) else np.asfortranarray(X)
 
 
-def _check_certified_rows(X, idx, d2, flags, k: int) -> None:
-    """Rows the emulated CUDA kNN certified (``flags == 0``) equal the reference; the GPU recomputes the others exactly."""
+def emulate_cuda_knn(X, k: int, query_block: int = 4096, ref_block: int = 4096, splits: int = 0) -> dict:
+    """The host emulation of the CUDA kNN on ``X`` (NumPy float16/32/64, or a torch bfloat16 tensor passed as its
+    16-bit patterns); blocks default to the kernel's planner."""
+    if isinstance(X, torch.Tensor):
+        bits = X.contiguous().view(torch.int16).numpy().view(np.uint16)
+        return _native.core().emulate_cuda_knn(bits, k, query_block, ref_block, splits, bfloat16=True)
+    return _native.core().emulate_cuda_knn(np.ascontiguousarray(X), k, query_block, ref_block, splits)
+
+
+def _check_emulated(X, out: dict, k: int) -> None:
+    """Every row of the emulated CUDA kNN (certified, ``flags == 0``, or recomputed exactly as the GPU does) equals the
+    reference."""
     ref_idx, ref_d2 = ref.knn(X, k)
-    ok = flags == 0
-    np.testing.assert_array_equal(idx[ok], ref_idx[ok])
-    np.testing.assert_allclose(d2[ok], ref_d2[ok], rtol=1e-12, atol=1e-300)
+    np.testing.assert_array_equal(out["idx"], ref_idx)
+    np.testing.assert_allclose(out["sqdist"], ref_d2, rtol=1e-12, atol=1e-300)
 
 
 # ---------------------------------------------------------------- kNN
@@ -133,10 +142,7 @@ def test_knn_matches_reference(knn_backend, dtype, kind, n, D, k):
     X = as_dtype(rows, dtype)
     ridx, rd2 = ref.knn(X, k)
     if knn_backend == "cuda-emulated":
-        if dtype not in ("float32", "float64"):
-            pytest.skip("the host emulation takes float32/float64 rows (the CUDA kernels read float16/bfloat16 on the device)")
-        idx, d2, flags = _native.core().emulate_cuda_knn(X, k, 128, 96, 6)
-        _check_certified_rows(X, idx, d2, flags, k)
+        _check_emulated(X, emulate_cuda_knn(X, k, 128, 96, 6), k)
         return
     X = on_backend(X, knn_backend)
     for view in (X, column_major(X)):  # contiguous and column-major strides
@@ -228,16 +234,222 @@ def test_emulated_cuda_knn_blocks_and_splits(n, D, kind, dtype, data):
     else:
         X = rng.standard_normal((n, D)) * 10.0 ** rng.uniform(-3, 3)
     X = np.ascontiguousarray(X, dtype=dtype)
-    idx, d2, flags = _native.core().emulate_cuda_knn(X, k, query_block, ref_block, splits)
-    _check_certified_rows(X, idx, d2, flags, k)
+    _check_emulated(X, emulate_cuda_knn(X, k, query_block, ref_block, splits), k)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_emulated_cuda_knn_certifies_generic_data(dtype):
     X = np.random.default_rng(1).standard_normal((400, 24)).astype(dtype)
-    idx, d2, flags = _native.core().emulate_cuda_knn(X, 16, 128, 96, 6)
-    assert flags.sum() == 0, "the candidate lists should certify continuous random data"
-    _check_certified_rows(X, idx, d2, flags, 16)
+    out = emulate_cuda_knn(X, 16, 128, 96, 6)
+    assert out["flags"].sum() == 0, "the candidate lists should certify continuous random data"
+    _check_emulated(X, out, 16)
+
+
+# ---------------------------------------------------------------- the kNN certificate on adversarial rows
+# The kNN certificate (csrc/knn_logic.hpp) on adversarial rows, on every backend that runs here.
+#
+# The candidates of the compiled kNN come from low-precision dot products; a row is *certified* when its list
+# threshold exceeds ``certify_limit`` (the k-th exact distance plus a proven rounding bound), and recomputed exactly
+# otherwise. These families are built to make the dot products err as much as they can: constant rows with exact
+# duplicates (a sequential accumulation of ``D`` equal terms errs by ``O(D u)``, not ``O(sqrt(D) u)``), mirrored
+# clusters (the mean is exactly zero, so centring does not help), integer-quantised rows with ties and a large common
+# offset. Every row of every backend must equal the float64 reference (indices, ties to the lower index; distances).
+# ``cuda-emulated`` is the CUDA pipeline on the host with one sequential FMA accumulation per dot product, as one cuBLAS
+# thread computes it; ``test_old_bound_certified_a_wrong_answer`` shows that the previous estimate
+# ``(4 sqrt(D) + 8) u (|x_i|^2 + max |x_j|^2)`` certified a wrong neighbour there and the proven bound does not.
+# On a GPU, bench/gpu_check.sh runs the ``cuda`` and ``cuvs`` columns (``gpu`` marker).
+U32 = 2.0**-24  # float32 unit roundoff
+
+
+def constant_duplicates(D: int, seed: int = 0, n_near: int = 40) -> np.ndarray:
+    """A query with constant coordinates (0.96710527, whose sequential float32 sum of squares over 8192 terms errs
+    the most among nearby constants), its exact duplicate, one very near point, ``n_near - 1`` near points at
+    squared distances 0.5 .. 1.2 (scaled units), and the mirror image of all of them (so the mean is exactly 0)."""
+    rng = np.random.default_rng(seed)
+    q = np.full(D, np.float32(0.9671052694320679), dtype=np.float64)
+    eps = np.r_[0.001, np.linspace(0.0135, 0.021, n_near - 1)] * np.sqrt(8192 / D)
+    near = q + eps[:, None] * rng.uniform(-1, 1, size=(n_near, D))
+    pos = np.vstack([q, q, near])
+    return np.vstack([pos, -pos])
+
+
+def mirrored_clusters(D: int, seed: int = 1) -> np.ndarray:
+    """Tight clusters at +c and -c around a constant-coordinate centre, each point duplicated once."""
+    rng = np.random.default_rng(seed)
+    centres = 0.9 + 0.05 * rng.uniform(size=(4, 1)) * np.ones((1, D))
+    pts = np.repeat(centres, 6, axis=0) + 1e-3 * rng.standard_normal((24, D))
+    pts = np.vstack([pts, pts[::3]])
+    return np.vstack([pts, -pts])
+
+
+def quantised_ties(D: int, seed: int = 2) -> np.ndarray:
+    """Integer rows in -3..3 with repeated rows: exact distance ties everywhere."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(-3, 4, size=(30, D)).astype(np.float64)
+    base[:, : D // 2] = 3.0  # half the coordinates constant: long runs of equal terms
+    return np.vstack([base, base[:12], base[:6]])[rng.permutation(48)]
+
+
+def large_offset(D: int, seed: int = 3) -> np.ndarray:
+    """A common offset 1e4 with spreads of 1e-2, duplicates included: the GEMM sees only the centred rows."""
+    rng = np.random.default_rng(seed)
+    X = 1e4 + 1e-2 * rng.standard_normal((40, D))
+    return np.vstack([X, X[:8]])
+
+
+FAMILIES = {"constant_duplicates": constant_duplicates, "mirrored_clusters": mirrored_clusters,
+            "quantised_ties": quantised_ties, "large_offset": large_offset}
+CASES = [(family, D) for family in FAMILIES for D in (64, 8192)]
+
+
+def _rows(family: str, D: int, dtype: str):
+    X = FAMILIES[family](D)
+    return torch.from_numpy(X).to(torch.bfloat16) if dtype == "bfloat16" else X.astype(dtype)
+
+
+def _assert_reference(X, idx, d2, k: int, rtol: float) -> None:
+    ridx, rd2 = ref.knn(X, k)
+    np.testing.assert_array_equal(idx, ridx)
+    np.testing.assert_allclose(d2, rd2, rtol=rtol, atol=1e-300)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("family,D", CASES)
+@pytest.mark.parametrize("backend", ["reference", "cpu", "cuda-emulated",
+                                     pytest.param("cuda", marks=pytest.mark.gpu),
+                                     pytest.param("cuvs", marks=pytest.mark.gpu)])
+def test_adversarial_rows_match_reference(backend, family, D, dtype):
+    X = _rows(family, D, dtype)
+    k = 3
+    if backend == "cuda-emulated":
+        _require("cpu")
+        out = emulate_cuda_knn(X, k)
+        _assert_reference(X, out["idx"], out["sqdist"], k, rtol=1e-12)
+        return
+    _require(backend)
+    rtol = 1e-12 if dtype == "float64" else 1e-6
+    if backend not in ("cuda", "cuvs"):
+        idx, d2 = df.knn(X, k, backend=backend)
+        _assert_reference(X, idx, d2, k, rtol=rtol)
+        return
+    # bench/gpu_check.sh runs these with TF32 allowed (DIHAL_TEST_TF32=1) and not.
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32 = cudnn.allow_tf32 = os.environ.get("DIHAL_TEST_TF32") == "1"
+    try:
+        idx, d2 = df.knn(torch.from_numpy(X).cuda(), k, backend=backend)
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
+    _assert_reference(X, idx, d2, k, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_adversarial_low_precision_rows_emulated(family, dtype):
+    """float16/bfloat16 rows as the CUDA kernels read them (exact float64 distances of the rounded values)."""
+    _require("cpu")
+    X = _rows(family, 1024, dtype)
+    out = emulate_cuda_knn(X, 3)
+    _assert_reference(X, out["idx"], out["sqdist"], 3, rtol=1e-12)
+
+
+def _old_certified(out: dict, D: int) -> np.ndarray:
+    """The rows the previous estimate (4 sqrt(D) + 8) u (|x_i|^2 + max |x_j|^2) certified."""
+    bound = (4 * np.sqrt(D) + 8) * U32 * (out["norms"] + out["max_norm2"])
+    return out["kth_scaled"] < out["threshold"] - bound
+
+
+def test_old_bound_certified_a_wrong_answer():
+    """On constant rows with an exact duplicate at D = 8192 (float32), one sequential FMA accumulation per dot product
+    puts the duplicate (true distance 0) behind 17 near points; the old estimate certified the wrong neighbour, the
+    proven bound flags those rows for the exact recomputation."""
+    _require("cpu")
+    X = constant_duplicates(8192).astype(np.float32)
+    out = emulate_cuda_knn(X, 1)
+    ridx, _ = ref.knn(X, 1)
+    wrong = (out["cand_idx"] != ridx).any(axis=1)
+    old = _old_certified(out, 8192)
+    assert (old & wrong).any(), "the family no longer fools the old estimate"
+    assert out["flags"][wrong].all(), "the proven bound certified a wrong candidate answer"
+    np.testing.assert_array_equal(out["idx"], ridx)
+    # The duplicate's approximate distance: 2 |q|^2 - 2 fl(q . q) with fl a sequential float32 FMA sum.
+    q = X[0].astype(np.float64)
+    acc = np.float32(0)
+    for v in q * q:
+        acc = np.float32(float(acc) + v)  # exact product, one rounding per step (an FMA)
+    dup = 2 * float(np.float32(q @ q)) - 2 * float(acc)
+    assert dup > out["threshold"][0] > out["kth_scaled"][0] + (4 * np.sqrt(8192) + 8) * U32 * 2 * out["max_norm2"]
+
+
+@pytest.mark.parametrize("path", ["gemm32", "gemm64", "gram", "cuvs"])
+def test_certify_limit_is_at_least_the_measured_error(path):
+    """certify_limit(K) - K bounds |approximate - exact| distance of the rows of the duplicate family (for the FMA
+    accumulation that makes the largest error there), and grows with D and with the norms."""
+    core = _native.core()
+    D = 8192
+    X = constant_duplicates(D).astype(np.float32)
+    out = emulate_cuda_knn(X, 1)
+    q = X[0].astype(np.float64)
+    acc = np.float32(0)
+    for v in q * q:
+        acc = np.float32(float(acc) + v)
+    measured = abs(2 * float(np.float32(q @ q)) - 2 * float(acc))
+    slack = core.knn_certify_limit(path, D, 0.0, out["norms"][0], out["max_norm2"])
+    if path in ("gemm32", "cuvs"):
+        assert slack > measured
+    assert core.knn_certify_limit(path, 2 * D, 0.0, 1.0, 1.0) > core.knn_certify_limit(path, D, 0.0, 1.0, 1.0)
+    assert core.knn_certify_limit(path, D, 0.0, 2.0, 2.0) > core.knn_certify_limit(path, D, 0.0, 1.0, 1.0)
+    assert core.knn_certify_limit(path, D, 0.5, 1.0, 1.0) > 0.5
+    with pytest.raises(ValueError, match="path must be"):
+        core.knn_certify_limit("tf32", D, 0.0, 1.0, 1.0)
+
+
+def test_emulated_multi_tile_planner_paths():
+    """Multi-tile paths with ragged edges: the kernel's own planner past one 4096-row tile (two query blocks, two
+    reference tiles, the last 300 rows ragged), and small blocks with several splits on D = 2048 rows."""
+    _require("cpu")
+    rng = np.random.default_rng(5)
+    X = (rng.standard_normal((4396, 4)) * [1.0, 0.1, 0.01, 3.0] + 5.0).astype(np.float32)
+    X[4000:4100] = X[:100]  # exact duplicates across the two tiles
+    out = emulate_cuda_knn(X, 5)
+    assert out["plan"][:2] == (4096, 4096)
+    _assert_reference(X, out["idx"], out["sqdist"], 5, rtol=1e-12)
+    Y = mirrored_clusters(2048).astype(np.float32)
+    for blocks in ((17, 23, 3), (50, 7, 1), (60, 60, 0)):
+        small = emulate_cuda_knn(Y, 4, *blocks)
+        _assert_reference(Y, small["idx"], small["sqdist"], 4, rtol=1e-12)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES) + ["gaussian"])
+def test_gemm_fallback_on_host_tensors(family):
+    """The CUDA backend's fallback (blocked float64 GEMM candidates, certified by the Gram model) on CPU tensors: every
+    row it certifies equals the reference, and on generic rows it certifies all of them."""
+    _require("cpu")
+    X = torch.from_numpy(gaussian(300, 40) if family == "gaussian" else FAMILIES[family](512)).float()
+    n, k = X.shape[0], 4
+    idx = torch.full((n, k), -1, dtype=torch.int64)
+    d2 = torch.zeros((n, k), dtype=torch.float64)
+    ok = backend_cuda.gemm_candidates(X, torch.arange(n), k, 20, idx, d2)
+    ridx, rd2 = ref.knn(X, k)
+    np.testing.assert_array_equal(idx[ok].numpy(), ridx[ok.numpy()])
+    np.testing.assert_allclose(d2[ok].numpy(), rd2[ok.numpy()], rtol=1e-12)
+    if family == "gaussian":
+        assert bool(ok.all())
+
+
+@pytest.mark.gpu
+def test_gpu_float16_covariance_near_the_float16_range():
+    """float16 rows up to +-60000 around a mean of 0: centred values reach 1.2e5 (beyond float16's 65504) and their
+    float32 products 3.6e9; the CUDA covariance scales such blocks by a power of two and matches the reference."""
+    _require("cuda")
+    rng = np.random.default_rng(4)
+    X = np.concatenate([np.full((600, 8), 60000.0), np.full((600, 8), -60000.0)]) + rng.integers(-8, 8, (1200, 8))
+    X16 = torch.from_numpy(X.astype(np.float16)).cuda()
+    cov = df.StreamingCovariance(8, backend="cuda")
+    cov.update(X16)
+    Xr = ref.to_float64(X16)
+    want = np.cov(Xr.T, bias=True)
+    np.testing.assert_allclose(cov.covariance, want, rtol=1e-6)
 
 
 # ---------------------------------------------------------------- the proxies

@@ -1,14 +1,16 @@
 // Exact kNN: tiled distance products (GEMM in the input precision on mean-centred data) with a
 // fused per-row candidate list, then an exact float64 re-rank. A row whose float64 answer cannot be
-// certified from the candidates (the k-th exact distance is not clearly below every rejected
-// point's approximate distance minus the rounding bound) is recomputed exactly against all rows.
-// The logic shared with the CUDA kernels (scaling, candidate lists, bound) is csrc/knn_logic.hpp.
+// certified from the candidates (some rejected point's approximate distance does not exceed the
+// k-th exact distance plus the proven rounding bound of knn_logic::certify_limit) is recomputed
+// exactly against all rows. The logic shared with the CUDA kernels (scaling, candidate lists,
+// certificate) is csrc/knn_logic.hpp.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "blas.hpp"
@@ -183,41 +185,42 @@ void symmetric_candidates(const kl::Scaled<T>& s, int64_t n, int64_t D, Candidat
   }
 }
 
-// Exact re-rank in float64 of each row's candidates, certified against the rounding bound
-// (rel x (||x_i||^2 + max_j ||x_j||^2), distances in units of `unit2` times the exact ones);
-// otherwise exact brute force. The candidates come sorted by approximate distance, so the exact
-// distances are computed in that order and stop at the first candidate whose approximate distance
-// minus the bound exceeds the k-th exact one found: neither it nor any later candidate nor any
-// rejected point (approximate distances at least its own) can be among the k nearest. This is the
-// certificate of knn_logic::certified with that candidate's distance as the threshold, and the
+// Exact re-rank in float64 of each row's candidates, certified by knn_logic::certify_limit under
+// the error model of the path that made the candidates (distances in units of `unit2` times the
+// exact ones); otherwise exact brute force. The candidates come sorted by approximate distance, so
+// the exact distances are computed in that order and stop at the first candidate whose approximate
+// distance exceeds the limit of the k-th exact one found: neither it nor any later candidate nor
+// any rejected point (approximate distances at least its own) can be among the k nearest. This is
+// the certificate of knn_logic::certified with that candidate's distance as the threshold, and the
 // answer is the one a re-rank of every candidate gives (usually after k + 1 or k + 2 of them).
 template <typename T, typename DT>
 void rerank(const T* X, int64_t n, int64_t D, int64_t k, CandidateSets<DT>& sets, const DT* norms, double max_norm2,
-            double rel, double unit2, int64_t* out_idx, double* out_d2) {
+            const kl::ErrorModel& model, double unit2, int64_t* out_idx, double* out_d2, int64_t* recomputed) {
   const int64_t cap = sets.cap;
   const auto less = [](const auto& x, const auto& y) { return x.first < y.first || (x.first == y.first && x.second < y.second); };
+  int64_t uncertified = 0;
 #pragma omp parallel if(parallel_worth(double(n) * double(k + 2) * double(D)))
   {
     std::vector<std::pair<double, int64_t>> pairs;
-#pragma omp for schedule(dynamic, 16)
+#pragma omp for schedule(dynamic, 16) reduction(+ : uncertified)
     for (int64_t i = 0; i < n; ++i) {
       const T* xi = X + i * D;
       const List<DT> list = sets.list(i);
-      const double bound = kl::distance_bound(rel, double(norms[i]), max_norm2);
+      const auto limit = [&] { return kl::certify_limit(model, pairs[size_t(k - 1)].first * unit2, double(norms[i]), max_norm2); };
       pairs.clear();
       bool certified = false;
       for (int c = 0; c < list.cap && list.idx[c] >= 0; ++c) {
-        if (int64_t(pairs.size()) >= k && pairs[size_t(k - 1)].first * unit2 < double(list.dist[c]) - bound) {
+        if (int64_t(pairs.size()) >= k && double(list.dist[c]) > limit()) {
           certified = true;
           break;
         }
         const std::pair<double, int64_t> p(sqdist_exact(xi, X + list.idx[c] * D, D), list.idx[c]);
         pairs.insert(std::upper_bound(pairs.begin(), pairs.end(), p, less), p);  // kept sorted
       }
-      certified = certified || (int64_t(pairs.size()) >= k &&
-                                kl::certified(cap == n - 1, pairs[size_t(k - 1)].first * unit2,
-                                              double(list.threshold()), bound));
+      certified = certified ||
+                  (int64_t(pairs.size()) >= k && kl::certified(cap == n - 1, double(list.threshold()), limit()));
       if (!certified) {
+        ++uncertified;
         pairs.clear();
         for (int64_t j = 0; j < n; ++j)
           if (j != i) pairs.emplace_back(sqdist_exact(xi, X + j * D, D), j);
@@ -228,13 +231,14 @@ void rerank(const T* X, int64_t n, int64_t D, int64_t k, CandidateSets<DT>& sets
         out_d2[i * k + c] = pairs[size_t(c)].first;
       }
     }
-  }
+  }  if (recomputed) *recomputed = uncertified;
 }
 
 }  // namespace
 
 template <typename T>
-void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* out_d2, bool symmetric) {
+void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* out_d2, bool symmetric,
+         int64_t* recomputed) {
   DIHAL_NVTX_RANGE("dihal/knn");
   const int64_t cap = kl::capacity(n, k);
   const kl::Scaled<T> s = kl::centre_and_scale<T, T>(X, n, D, parallel_worth(double(n) * double(D)));
@@ -244,8 +248,8 @@ void knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* out_idx, double* 
     symmetric_candidates(s, n, D, sets);
   else
     rowwise_candidates(s, n, D, sets);
-  rerank(X, n, D, k, sets, s.norms.data(), s.max_norm2, kl::rel_bound(D, std::numeric_limits<T>::epsilon() / 2),
-         s.scale * s.scale, out_idx, out_d2);
+  rerank(X, n, D, k, sets, s.norms.data(), s.max_norm2, kl::gemm_model(D, std::is_same_v<T, double>), s.scale * s.scale,
+         out_idx, out_d2, recomputed);
 }
 
 template <typename T>
@@ -258,12 +262,11 @@ void knn_from_gram(const T* X, int64_t n, int64_t D, const double* G, int64_t k,
   CandidateSets<double> sets(n, cap);
 #pragma omp parallel for schedule(static) if(parallel_worth(double(n) * double(n)))
   for (int64_t i = 0; i < n; ++i) kl::scan_tile(G + i * n, 1, norms[size_t(i)], norms.data(), 0, 0, n, i, sets.list(i));
-  rerank(X, n, D, k, sets, norms.data(), max_norm2, kl::rel_bound(D, std::numeric_limits<double>::epsilon() / 2), 1.0,
-         out_idx, out_d2);
+  rerank(X, n, D, k, sets, norms.data(), max_norm2, kl::gram_model(D), 1.0, out_idx, out_d2, nullptr);
 }
 
-template void knn<float>(const float*, int64_t, int64_t, int64_t, int64_t*, double*, bool);
-template void knn<double>(const double*, int64_t, int64_t, int64_t, int64_t*, double*, bool);
+template void knn<float>(const float*, int64_t, int64_t, int64_t, int64_t*, double*, bool, int64_t*);
+template void knn<double>(const double*, int64_t, int64_t, int64_t, int64_t*, double*, bool, int64_t*);
 template void knn_from_gram<float>(const float*, int64_t, int64_t, const double*, int64_t, int64_t*, double*);
 template void knn_from_gram<double>(const double*, int64_t, int64_t, const double*, int64_t, int64_t*, double*);
 

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -52,20 +53,58 @@ inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel)
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Makes `device` current for the lifetime of the guard. The static CUDA runtime keeps its own
-// current device, independent of torch's, so every entry point sets it explicitly.
+// The driver's current context of the calling thread (cuCtxGetCurrent / cuCtxSetCurrent from
+// libcuda.so.1, which the static runtime has loaded by the time a kernel runs); a CUcontext is an
+// opaque pointer, so these are declared with void*.
+struct DriverContext {
+  using Get = int (*)(void**);
+  using Set = int (*)(void*);
+  Get get = nullptr;
+  Set set = nullptr;
+
+  static const DriverContext& api() {
+    static const DriverContext d = [] {
+      DriverContext r;
+      void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+      if (!lib) lib = dlopen("libcuda.so.1", RTLD_NOW);
+      if (lib) {
+        r.get = reinterpret_cast<Get>(dlsym(lib, "cuCtxGetCurrent"));
+        r.set = reinterpret_cast<Set>(dlsym(lib, "cuCtxSetCurrent"));
+      }
+      return r;
+    }();
+    return d;
+  }
+};
+
+// Makes `device` current for the lifetime of the guard and then restores the thread's previous
+// driver context exactly, without creating one: cudaSetDevice initialises the device's primary
+// context (CUDA 12+), so restoring a previous device with it would create a context there (about
+// 0.5 GB on GPU 0 for a process whose tensors live elsewhere). The static CUDA runtime shares the
+// driver's thread-current context with torch's runtime; nothing is switched when it is already on
+// `device`.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+    const DriverContext& d = DriverContext::api();
+    if (!d.get || !d.set) throw std::runtime_error("libcuda.so.1 (cuCtxGetCurrent/cuCtxSetCurrent) is not available");
+    if (d.get(&previous_) != 0) previous_ = nullptr;
+    int current = -1;
+    if (previous_) check(cudaGetDevice(&current), "cudaGetDevice");
+    if (current != device) {
+      check(cudaSetDevice(device), "cudaSetDevice");
+      switched_ = true;
+    }
   }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
+  ~DeviceGuard() {
+    if (switched_) DriverContext::api().set(previous_);
+  }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = 0;
+  void* previous_ = nullptr;
+  bool switched_ = false;
 };
 
 // Carves aligned arrays out of one workspace. With base == nullptr it only counts, so the same

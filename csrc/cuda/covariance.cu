@@ -1,7 +1,9 @@
 // Streaming covariance on the GPU: blocks of rows centred at their own float64 mean, co-moment of
 // the block by cuBLAS (float32 accumulation of float16/bfloat16/float32, or a float64 SYRK), and
 // Chan's pairwise merge of (count, mean, co-moment) in float64 - the CPU algorithm of
-// csrc/cpu/covariance.cpp with the block products on the GPU.
+// csrc/cpu/covariance.cpp with the block products on the GPU. A low-precision block whose centred
+// values reach 2^15 is scaled by a power of two first (exact), so that float16 centred values never
+// overflow 65504 and the float32 sums never overflow; the merge undoes the scale in float64.
 #include <algorithm>
 #include <string>
 #include <type_traits>
@@ -48,6 +50,8 @@ struct Buffers {
   double* partial;
   double* block_mean;
   double* delta;
+  double* row_max;
+  double* scalars;  // max |x - block mean|, the block's scale, 1 / scale^2
   C* centred;
   typename GramOf<C>::type* gram;
 };
@@ -59,6 +63,8 @@ Buffers<C> carve(Workspace& ws, int64_t n, int64_t D) {
   b.partial = ws.take<double>(kMeanSplits * D);
   b.block_mean = ws.take<double>(D);
   b.delta = ws.take<double>(D);
+  b.row_max = ws.take<double>(rows);
+  b.scalars = ws.take<double>(3);
   b.centred = ws.take<C>(rows * D);
   b.gram = ws.take<typename GramOf<C>::type>(D * D);
   return b;
@@ -73,20 +79,31 @@ __global__ void delta_kernel(const double* block_mean, const double* mean, int64
   if (c < D) delta[c] = block_mean[c] - mean[c];
 }
 
-template <typename T, typename C>
-__global__ void centre_kernel(const T* X, int64_t rows, int64_t D, const double* mean, C* out) {
-  const int64_t total = rows * D;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
-    out[e] = from_double<C>(to_double(X[e]) - mean[e % D]);
+// scalars[1] = 2^-e with max |x - mean| 2^-e < 2^15 (1 when it already is), scalars[2] = 1 / scalars[1]^2.
+__global__ void block_scale_kernel(double* scalars) {
+  const double max_abs = scalars[0];
+  const double scale = max_abs >= 32768.0 ? ldexp(1.0, -(ilogb(max_abs) - 14)) : 1.0;
+  scalars[1] = scale;
+  scalars[2] = 1.0 / (scale * scale);
 }
 
-// M[a, b] += G[a, b] + w delta_a delta_b on the upper triangle (b >= a), all row-major.
+// out = (X - mean) * scale in C; scalars is null (scale 1) for float64 blocks.
+template <typename T, typename C>
+__global__ void centre_kernel(const T* X, int64_t rows, int64_t D, const double* mean, const double* scalars, C* out) {
+  const double scale = scalars ? scalars[1] : 1.0;
+  const int64_t total = rows * D;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
+    out[e] = from_double<C>((to_double(X[e]) - mean[e % D]) * scale);
+}
+
+// M[a, b] += G[a, b] / scale^2 + w delta_a delta_b on the upper triangle (b >= a), all row-major.
 template <typename G>
-__global__ void merge_kernel(double* M, const G* gram, const double* delta, double w, int64_t D) {
+__global__ void merge_kernel(double* M, const G* gram, const double* scalars, const double* delta, double w, int64_t D) {
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t a = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
   if (a >= D || b >= D || b < a) return;
-  M[a * D + b] += double(gram[a * D + b]) + (delta[a] * w) * delta[b];
+  const double unscale = scalars ? scalars[2] : 1.0;
+  M[a * D + b] += double(gram[a * D + b]) * unscale + (delta[a] * w) * delta[b];
 }
 
 __global__ void mean_update_kernel(double* mean, const double* delta, double fraction, int64_t D) {
@@ -131,11 +148,19 @@ int64_t update(const T* X, int64_t n, int64_t D, int64_t count, double* mean, do
     column_mean(Xb, rows, D, b.partial, b.block_mean, stream);
     delta_kernel<<<vec_grid, threads, 0, stream>>>(b.block_mean, mean, D, b.delta);
     check_launch("delta_kernel");
-    centre_kernel<T, C><<<grid_for(rows * D, threads), threads, 0, stream>>>(Xb, rows, D, b.block_mean, b.centred);
+    const double* scalars = nullptr;
+    if constexpr (!std::is_same_v<C, double>) {
+      max_abs_deviation(Xb, rows, D, b.block_mean, b.row_max, b.scalars, stream);
+      block_scale_kernel<<<1, 1, 0, stream>>>(b.scalars);
+      check_launch("block_scale_kernel");
+      scalars = b.scalars;
+    }
+    centre_kernel<T, C><<<grid_for(rows * D, threads), threads, 0, stream>>>(Xb, rows, D, b.block_mean, scalars,
+                                                                            b.centred);
     check_launch("centre_kernel");
     block_gram(h, b.centred, rows, D, b.gram);
     const double na = double(count), nb = double(rows), total = na + nb;
-    merge_kernel<<<merge_grid, merge_block, 0, stream>>>(M, b.gram, b.delta, na * nb / total, D);
+    merge_kernel<<<merge_grid, merge_block, 0, stream>>>(M, b.gram, scalars, b.delta, na * nb / total, D);
     check_launch("merge_kernel");
     mean_update_kernel<<<vec_grid, threads, 0, stream>>>(mean, b.delta, nb / total, D);
     check_launch("mean_update_kernel");

@@ -51,7 +51,8 @@ std::string loaded_path();
 // The loaded API; throws when load() has not succeeded.
 const Api& api();
 
-// The cuBLAS handle of `device` (created once per device), bound to `stream`.
+// The cuBLAS handle of (`device`, `stream`): created on first use and bound to `stream` once, so
+// calls on different streams or threads never share a handle's stream setting or workspace.
 Handle handle(int device, cudaStream_t stream);
 
 // Throws std::runtime_error naming `what` when status is not success.

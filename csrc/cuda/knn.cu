@@ -26,35 +26,21 @@ namespace {
 
 namespace kl = dihal::knn_logic;
 
-constexpr int64_t kQueryBlock = 4096;     // queries per block of work (rows of a tile)
-constexpr int64_t kRefBlock = 4096;       // reference rows per tile
-constexpr int64_t kTargetThreads = 65536; // (query, split) threads per tile scan
-constexpr int64_t kMaxSplits = 32;
-constexpr int64_t kListBytes = int64_t(128) << 20;
 constexpr int kThreads = 256;
+using kl::Plan;
 
-struct Plan {
-  int64_t query_block, ref_block, splits, cap;
-};
+Plan make_plan(int64_t n, int64_t k, int64_t list_entry_bytes) { return kl::make_plan(n, k, list_entry_bytes, kl::kTiling); }
 
-Plan make_plan(int64_t n, int64_t k, int64_t list_entry_bytes) {
-  Plan p;
-  p.cap = kl::capacity(n, k);
-  p.query_block = std::min(n, kQueryBlock);
-  p.ref_block = std::min(n, kRefBlock);
-  const int64_t per_split = p.query_block * p.cap * list_entry_bytes;
-  // Enough (query, split) threads to fill the GPU, but at least 4 cap columns per split and tile:
-  // filling a list costs O(cap^2), so short splits would spend their time filling lists.
-  p.splits = std::min({ceil_div(kTargetThreads, p.query_block), kMaxSplits, p.ref_block / (4 * p.cap),
-                       kListBytes / per_split});
-  p.splits = std::max<int64_t>(1, p.splits);
-  return p;
-}
-
+// Workspace of one call. The centred, scaled rows are made per tile (query block and reference
+// block, qrows / rrows) rather than as a full n x D copy: that copy would be as large as X in W
+// (128 GB of float64 at n = 1e6, D = 8192). cuVS indexes the whole dataset, so its path alone keeps
+// all rows centred in float32 (`centred`).
 template <typename W>
 struct Buffers {
   double *mean, *partial, *row_max, *scalars;  // scalars: max |x - mean|, scale, max ||x_c||^2
   W* centred;
+  W* qrows;
+  W* rrows;
   W* norms;
   double* norms64;
   W* tile;
@@ -73,13 +59,15 @@ Buffers<W> carve(Workspace& ws, int64_t n, int64_t D, const Plan& p, bool use_cu
   b.partial = ws.take<double>(kMeanSplits * D);
   b.row_max = ws.take<double>(n);
   b.scalars = ws.take<double>(3);
-  b.centred = ws.take<W>(n * D);
   b.norms = ws.take<W>(n);
   b.norms64 = ws.take<double>(n);
   if (use_cuvs) {
+    b.centred = ws.take<W>(n * D);
     b.cuvs_idx = ws.take<int64_t>(p.query_block * (p.cap + 1));
     b.cuvs_dist = ws.take<float>(p.query_block * (p.cap + 1));
   } else {
+    b.qrows = ws.take<W>(p.query_block * D);
+    b.rrows = ws.take<W>(p.ref_block * D);
     b.tile = ws.take<W>(p.query_block * p.ref_block);
     b.list_d = ws.take<W>(p.query_block * p.splits * p.cap);
     b.list_i = ws.take<int32_t>(p.query_block * p.splits * p.cap);
@@ -109,33 +97,28 @@ __device__ double warp_sqdist(const T* a, const T* b, int64_t D) {
   for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; row < (n); \
        row += int64_t(gridDim.x) * (blockDim.x >> 5))
 
-template <typename T>
-__global__ void row_max_abs_kernel(const T* X, int64_t n, int64_t D, const double* mean, double* row_max) {
-  DIHAL_FOR_EACH_WARP_ROW(row, n) {
-    double m = 0.0;
-    for (int64_t c = threadIdx.x & 31; c < D; c += 32) m = fmax(m, fabs(to_double(X[row * D + c]) - mean[c]));
-    for (int offset = 16; offset > 0; offset >>= 1) m = fmax(m, __shfl_down_sync(kFullMask, m, offset));
-    if ((threadIdx.x & 31) == 0) row_max[row] = m;
-  }
-}
-
 __global__ void scale_kernel(double* scalars) { scalars[1] = kl::pow2_scale(scalars[0]); }
 
+// The centred, scaled rows rows0 .. rows0 + rows - 1 of X in W (one tile's operand).
 template <typename T, typename W>
-__global__ void centre_scale_kernel(const T* X, int64_t n, int64_t D, const double* mean, const double* scalars,
-                                    W* out) {
+__global__ void centre_scale_kernel(const T* X, int64_t row0, int64_t rows, int64_t D, const double* mean,
+                                    const double* scalars, W* out) {
   const double scale = scalars[1];
-  const int64_t total = n * D;
+  const int64_t total = rows * D;
+  const T* src = X + row0 * D;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x)
-    out[e] = W((to_double(X[e]) - mean[e % D]) * scale);
+    out[e] = W((to_double(src[e]) - mean[e % D]) * scale);
 }
 
-template <typename W>
-__global__ void row_norms_kernel(const W* centred, int64_t n, int64_t D, W* norms, double* norms64) {
+// Squared norms of the centred, scaled rows (the values centre_scale_kernel writes), from X.
+template <typename T, typename W>
+__global__ void row_norms_kernel(const T* X, int64_t n, int64_t D, const double* mean, const double* scalars, W* norms,
+                                 double* norms64) {
+  const double scale = scalars[1];
   DIHAL_FOR_EACH_WARP_ROW(row, n) {
     double s = 0.0;
     for (int64_t c = threadIdx.x & 31; c < D; c += 32) {
-      const double v = double(centred[row * D + c]);
+      const double v = double(W((to_double(X[row * D + c]) - mean[c]) * scale));
       s += v * v;
     }
     s = warp_sum(s);
@@ -179,7 +162,7 @@ __global__ void merge_kernel(const W* list_d, const int32_t* list_i, int64_t nq,
 // each thread ranks candidates, writes the k best and, for rank k - 1, the certification flag.
 template <typename T, typename W>
 __global__ void rerank_kernel(const T* X, int64_t n, int64_t D, int64_t k, int64_t cap, int64_t q0, const W* merged_d,
-                              const int32_t* merged_i, const W* norms, const double* scalars, double rel,
+                              const int32_t* merged_i, const W* norms, const double* scalars, kl::ErrorModel model,
                               int64_t* out_idx, double* out_d2, int32_t* flags) {
   extern __shared__ double shared[];
   double* exact = shared;
@@ -196,7 +179,6 @@ __global__ void rerank_kernel(const T* X, int64_t n, int64_t D, int64_t k, int64
   }
   __syncthreads();
   const double scale = scalars[1], max_norm2 = scalars[2];
-  const double bound = kl::distance_bound(rel, double(norms[i]), max_norm2);
   const double threshold = double(merged_d[q * cap + cap - 1]);
   for (int64_t e = threadIdx.x; e < cap; e += blockDim.x) {
     const int r = kl::rank_of(exact, cand, int(cap), int(e));
@@ -204,7 +186,10 @@ __global__ void rerank_kernel(const T* X, int64_t n, int64_t D, int64_t k, int64
       out_idx[i * k + r] = cand[e];
       out_d2[i * k + r] = exact[e];
     }
-    if (r == k - 1) flags[i] = kl::certified(cap == n - 1, exact[e] * scale * scale, threshold, bound) ? 0 : 1;
+    if (r == k - 1) {
+      const double limit = kl::certify_limit(model, exact[e] * scale * scale, double(norms[i]), max_norm2);
+      flags[i] = kl::certified(cap == n - 1, threshold, limit) ? 0 : 1;
+    }
   }
 }
 
@@ -233,32 +218,39 @@ void tile_gemm(cublas::Handle h, const double* Xq, int64_t nq, const double* Xr,
                 "cublasDgemm (kNN tile)");
 }
 
-// Mean, power-of-two scale, centred rows in W, their squared norms and the largest one.
+template <typename T, typename W>
+void centre_rows(const T* X, int64_t row0, int64_t rows, int64_t D, const Buffers<W>& b, W* out, cudaStream_t stream) {
+  centre_scale_kernel<T, W><<<blocks_for(rows * D), kThreads, 0, stream>>>(X, row0, rows, D, b.mean, b.scalars, out);
+  check_launch("centre_scale_kernel");
+}
+
+// Mean, power-of-two scale, the squared norms of the centred rows in W and the largest one (and,
+// for cuVS, all centred rows).
 template <typename T, typename W>
 void prepare(const T* X, int64_t n, int64_t D, const Buffers<W>& b, cudaStream_t stream) {
   column_mean(X, n, D, b.partial, b.mean, stream);
-  row_max_abs_kernel<T><<<blocks_for(n * 32), kThreads, 0, stream>>>(X, n, D, b.mean, b.row_max);
-  check_launch("row_max_abs_kernel");
-  device_max(b.row_max, n, b.scalars + 0, stream);
+  max_abs_deviation(X, n, D, b.mean, b.row_max, b.scalars + 0, stream);
   scale_kernel<<<1, 1, 0, stream>>>(b.scalars);
   check_launch("scale_kernel");
-  centre_scale_kernel<T, W><<<blocks_for(n * D), kThreads, 0, stream>>>(X, n, D, b.mean, b.scalars, b.centred);
-  check_launch("centre_scale_kernel");
-  row_norms_kernel<W><<<blocks_for(n * 32), kThreads, 0, stream>>>(b.centred, n, D, b.norms, b.norms64);
+  if (b.centred) centre_rows(X, 0, n, D, b, b.centred, stream);
+  row_norms_kernel<T, W><<<blocks_for(n * 32), kThreads, 0, stream>>>(X, n, D, b.mean, b.scalars, b.norms, b.norms64);
   check_launch("row_norms_kernel");
   device_max(b.norms64, n, b.scalars + 2, stream);
 }
 
 // Candidate lists of queries [q0, q0 + nq) from the own tiled kernel, merged into b.merged_*.
-template <typename W>
-void tiled_candidates(const Buffers<W>& b, const Plan& p, int64_t n, int64_t D, int64_t q0, int64_t nq,
+template <typename T, typename W>
+void tiled_candidates(const T* X, const Buffers<W>& b, const Plan& p, int64_t n, int64_t D, int64_t q0, int64_t nq,
                       cublas::Handle h, cudaStream_t stream) {
   const int64_t lists = nq * p.splits * p.cap;
   clear_lists_kernel<W><<<blocks_for(lists), kThreads, 0, stream>>>(b.list_d, b.list_i, lists);
   check_launch("clear_lists_kernel");
+  centre_rows(X, q0, nq, D, b, b.qrows, stream);
   for (int64_t r0 = 0; r0 < n; r0 += p.ref_block) {
     const int64_t nr = std::min(p.ref_block, n - r0);
-    tile_gemm(h, b.centred + q0 * D, nq, b.centred + r0 * D, nr, D, b.tile);
+    const bool same = r0 == q0 && nr == nq;  // the diagonal tile reads the query rows twice
+    if (!same) centre_rows(X, r0, nr, D, b, b.rrows, stream);
+    tile_gemm(h, b.qrows, nq, same ? b.qrows : b.rrows, nr, D, b.tile);
     scan_kernel<W><<<blocks_for(nq * p.splits), kThreads, 0, stream>>>(b.tile, nq, nr, p.splits, p.cap, b.norms, q0,
                                                                        r0, b.list_d, b.list_i);
     check_launch("scan_kernel");
@@ -274,7 +266,9 @@ void run_knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* idx, double* 
   const Plan p = make_plan(n, k, int64_t(sizeof(W) + sizeof(int32_t)));
   const Buffers<W> b = carve<W>(ws, n, D, p, use_cuvs);
   prepare<T, W>(X, n, D, b, stream);
-  const double rel = kl::rel_bound(D, double(std::numeric_limits<W>::epsilon()) / 2);
+  // The error model of the path that makes the candidates (csrc/knn_logic.hpp): the own GEMM in W,
+  // or cuVS's float32 kernels.
+  const kl::ErrorModel model = use_cuvs ? kl::cuvs_model(D) : kl::gemm_model(D, std::is_same_v<W, double>);
   const size_t rerank_shared = size_t(p.cap) * (sizeof(double) + sizeof(int32_t));
 #if DIHAL_HAVE_CUVS
   std::unique_ptr<CuvsBruteForce> cuvs;
@@ -285,7 +279,7 @@ void run_knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* idx, double* 
   for (int64_t q0 = 0; q0 < n; q0 += p.query_block) {
     const int64_t nq = std::min(p.query_block, n - q0);
     if (!use_cuvs) {
-      tiled_candidates(b, p, n, D, q0, nq, h, stream);
+      tiled_candidates(X, b, p, n, D, q0, nq, h, stream);
     } else {
 #if DIHAL_HAVE_CUVS
       if constexpr (std::is_same_v<W, float>)
@@ -293,7 +287,7 @@ void run_knn(const T* X, int64_t n, int64_t D, int64_t k, int64_t* idx, double* 
 #endif
     }
     rerank_kernel<T, W><<<unsigned(nq), 128, rerank_shared, stream>>>(X, n, D, k, p.cap, q0, b.merged_d, b.merged_i,
-                                                                      b.norms, b.scalars, rel, idx, d2, flags);
+                                                                      b.norms, b.scalars, model, idx, d2, flags);
     check_launch("rerank_kernel");
   }
 }

@@ -1,6 +1,6 @@
 // Local curvature on the GPU: one block per point gathers the point and its k neighbours, builds
 // their centred (k+1) x (k+1) float64 Gram matrix in shared memory column chunk by column chunk
-// (never a D x D matrix), and one thread takes its top eigenvalue by Jacobi rotations.
+// (never a D x D matrix), and the whole block takes its top eigenvalue by parallel Jacobi rotations.
 #include <algorithm>
 #include <string>
 
@@ -15,11 +15,26 @@ namespace {
 constexpr int kThreads = 128;
 constexpr size_t kSharedLimit = 48 * 1024;  // default dynamic shared memory per block
 
-// Shared bytes for m points and column chunks of `chunk`: Gram, padded chunk, pair codes.
+// Shared bytes for m points and column chunks of `chunk`: Gram, padded chunk (reused for the
+// rotations of the eigen step), pair codes.
 size_t shared_bytes(int m, int chunk) {
   const int pairs = m * (m + 1) / 2;
   return sizeof(double) * (size_t(m) * m + size_t(m) * (chunk + 1)) + sizeof(uint16_t) * pairs;
 }
+
+// The Team of jacobi_top_eigenvalue_team: the threads of the block.
+struct BlockTeam {
+  template <typename F>
+  __device__ void for_each(int count, F&& f) const {
+    for (int e = threadIdx.x; e < count; e += blockDim.x) f(e);
+    __syncthreads();
+  }
+  template <typename F>
+  __device__ void single(F&& f) const {
+    if (threadIdx.x == 0) f();
+    __syncthreads();
+  }
+};
 
 int chunk_for(int m) {
   int chunk = 32;
@@ -31,6 +46,7 @@ template <typename T>
 __global__ void local_eigen_kernel(const T* X, int64_t D, const int64_t* idx, int k, int chunk, double* out) {
   extern __shared__ double shared[];
   __shared__ int64_t rows[kMaxLocalPoints];
+  __shared__ int stop;
   const int m = k + 1, stride = chunk + 1, pairs = m * (m + 1) / 2;
   double* G = shared;
   double* tile = G + m * m;
@@ -71,7 +87,9 @@ __global__ void local_eigen_kernel(const T* X, int64_t D, const int64_t* idx, in
     G[b * m + a] = G[a * m + b];
   }
   __syncthreads();
-  if (threadIdx.x == 0) out[i] = jacobi_top_eigenvalue(G, m) / double(m);
+  // The rotations' (c, s) pairs reuse the chunk tile: m * (chunk + 1) >= m + 1 >= 2 * (M / 2) doubles.
+  const double top = jacobi_top_eigenvalue_team(G, m, tile, &stop, BlockTeam{});
+  if (threadIdx.x == 0) out[i] = top / double(m);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Column means and maxima in float64, deterministic (fixed reduction order, no atomics).
 #pragma once
+#include <algorithm>
 #include <cmath>
 
 #include "common.cuh"
@@ -56,6 +57,29 @@ __global__ inline void max_kernel(const double* values, int64_t count, double* o
 inline void device_max(const double* values, int64_t count, double* out, cudaStream_t stream) {
   max_kernel<<<1, 1024, 0, stream>>>(values, count, out);
   check_launch("max_kernel");
+}
+
+// row_max[r] = max_c |X[r, c] - mean[c]| in float64, one warp per row.
+template <typename T>
+__global__ void row_max_abs_kernel(const T* X, int64_t n, int64_t D, const double* mean, double* row_max) {
+  for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; row < n;
+       row += int64_t(gridDim.x) * (blockDim.x >> 5)) {
+    double m = 0.0;
+    for (int64_t c = threadIdx.x & 31; c < D; c += 32) m = fmax(m, fabs(to_double(X[row * D + c]) - mean[c]));
+    for (int offset = 16; offset > 0; offset >>= 1) m = fmax(m, __shfl_down_sync(kFullMask, m, offset));
+    if ((threadIdx.x & 31) == 0) row_max[row] = m;
+  }
+}
+
+// out[0] = max |X[r, c] - mean[c]| over the rows x D block (row_max holds `rows` doubles).
+template <typename T>
+void max_abs_deviation(const T* X, int64_t rows, int64_t D, const double* mean, double* row_max, double* out,
+                       cudaStream_t stream) {
+  const int threads = 256;
+  row_max_abs_kernel<T><<<unsigned(std::min<int64_t>(ceil_div(rows * 32, threads), int64_t(1) << 20)), threads, 0,
+                          stream>>>(X, rows, D, mean, row_max);
+  check_launch("row_max_abs_kernel");
+  device_max(row_max, rows, out, stream);
 }
 
 }  // namespace dihal::cuda

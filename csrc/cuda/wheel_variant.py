@@ -1,30 +1,63 @@
-"""cibuildwheel before-build: turn the project (the build container's copy) into one wheel variant.
+"""cibuildwheel before-build (and packaging/build_wheels.sh): turn the project (the build container's
+copy) into one wheel variant.
 
-DIHAL_WHEEL_VARIANT=cpu leaves it alone. cu12 / cu13 rename the distribution to dihal_fast_cu12 /
-dihal_fast_cu13 (the import package stays dihal_fast), add the nvidia cuBLAS wheel of that CUDA
-major as a dependency (opened at run time by dihal_fast._cuda) and make sure nvcc is there, so that
-a CUDA variant can never be built without its CUDA module.
+cpu builds the CPU module only (DIHAL_CUDA=OFF even where nvcc exists, so a CPU wheel never carries
+a CUDA module under the CPU name). cu12 / cu13 rename the distribution to dihal_fast_cu12 /
+dihal_fast_cu13 (the import package stays dihal_fast; dihal_fast._native refuses to load compiled
+modules when more than one variant is installed, the conflict pip cannot express), require the CUDA
+module (DIHAL_CUDA=ON), pin the nvidia cuBLAS wheel to the CUDA runtime's major (opened at run time
+by dihal_fast._cuda, never a library of the other major) and set the architectures the toolkit can
+build: SASS for sm_80 and sm_90, plus sm_100 and sm_120 where nvcc knows them, and PTX of the newest.
 """
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
-RUNTIME_WHEELS = {"cu12": ["nvidia-cublas-cu12>=12.1"], "cu13": ["nvidia-cublas>=13.0"]}
+RUNTIME_WHEELS = {"cu12": ["nvidia-cublas-cu12>=12.1,<13"], "cu13": ["nvidia-cublas>=13.0,<14"]}
+CMAKE_TABLE = "[tool.scikit-build.cmake.define]"
 
 
-def apply(pyproject: str, variant: str) -> str:
-    """The pyproject.toml text for ``variant`` (cpu, cu12 or cu13)."""
+def architectures(supported: set[int]) -> str:
+    """CMake CUDA_ARCHITECTURES: SASS of sm_80 / sm_90 and of sm_100 / sm_120 where supported, PTX of the newest."""
+    archs = [a for a in (80, 90, 100, 120) if a in supported or a <= 90]
+    return ";".join(f"{a}-real" for a in archs[:-1]) + f";{archs[-1]}"
+
+
+def nvcc_architectures() -> set[int]:
+    """The sm_XY numbers of ``nvcc --list-gpu-arch`` (empty without nvcc)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return set()
+    out = subprocess.run([nvcc, "--list-gpu-arch"], check=True, capture_output=True, text=True).stdout
+    return {int(m) for m in re.findall(r"compute_(\d+)", out)}
+
+
+def _set_define(text: str, key: str, value: str) -> str:
+    line = f'{key} = "{value}"'  # fixed for the variant: no environment variable can change it
+    pattern = rf"(?m)^{key} = .*$"
+    if re.search(pattern, text):
+        return re.sub(pattern, lambda _: line, text)
+    if CMAKE_TABLE not in text:
+        raise ValueError(f"pyproject.toml has no {CMAKE_TABLE} table")
+    return text.replace(CMAKE_TABLE + "\n", CMAKE_TABLE + "\n" + line + "\n", 1)
+
+
+def apply(pyproject: str, variant: str, supported: set[int] | None = None) -> str:
+    """The pyproject.toml text for ``variant`` (cpu, cu12 or cu13); ``supported``: nvcc's architectures."""
     if variant == "cpu":
-        return pyproject
+        return _set_define(pyproject, "DIHAL_CUDA", "OFF")
     if variant not in RUNTIME_WHEELS:
         raise ValueError(f"DIHAL_WHEEL_VARIANT must be cpu, cu12 or cu13, got {variant!r}")
-    if f'name = "dihal_fast_{variant}"' in pyproject:  # already applied (before-build runs per Python)
-        return pyproject
-    text, renamed = re.subn(r'(?m)^name = "dihal_fast"$', f'name = "dihal_fast_{variant}"', pyproject)
+    text = _set_define(pyproject, "DIHAL_CUDA", "ON")
+    text = _set_define(text, "DIHAL_CUDA_ARCHITECTURES", architectures(supported or set()))
+    if f'name = "dihal_fast_{variant}"' in text:  # already applied (before-build runs per Python)
+        return text
+    text, renamed = re.subn(r'(?m)^name = "dihal_fast"$', f'name = "dihal_fast_{variant}"', text)
     text, extended = re.subn(
         r"(?ms)^dependencies = \[\n(.*?)^\]",
         lambda m: "dependencies = [\n" + m.group(1) + "".join(f'  "{w}",\n' for w in RUNTIME_WHEELS[variant]) + "]",
@@ -38,10 +71,10 @@ def apply(pyproject: str, variant: str) -> str:
 def main() -> int:
     variant = os.environ.get("DIHAL_WHEEL_VARIANT", "cpu")
     path = Path(__file__).resolve().parents[2] / "pyproject.toml"
-    path.write_text(apply(path.read_text(), variant))
     if variant != "cpu" and not shutil.which("nvcc"):
         print(f"variant {variant}: nvcc is not on the PATH (did before-all install the toolkit?)", file=sys.stderr)
         return 1
+    path.write_text(apply(path.read_text(), variant, nvcc_architectures()))
     return 0
 
 

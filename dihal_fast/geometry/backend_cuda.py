@@ -35,16 +35,10 @@ def create(name: str) -> "CudaBackend":
             f"backend={name!r} needs a CUDA build of torch; torch {torch.__version__} cannot use the GPU "
             "(install torch from the CUDA wheel index matching your driver)"
         )
-    capability = torch.cuda.get_device_capability()
-    if capability < (8, 0):
-        raise BackendUnavailable(
-            f"backend={name!r}: the kernels are built for sm_80 and newer (architectures "
-            f"{module.build_info()['cuda_architectures']}); this GPU is sm_{capability[0]}{capability[1]}"
-        )
+    # cuBLAS of the CUDA runtime's major only: a cu13 module on libcublas.so.12 would mix majors.
     major = int(module.build_info()["cuda_runtime_version"]) // 1000
-    majors = (major, 12 if major != 12 else 13)
     try:
-        module.load_cublas(_library_candidates("libcublas", majors, ("cu13/lib", "cublas/lib", "cu12/lib")))
+        module.load_cublas(_library_candidates("libcublas", (major,), ("cu13/lib", "cublas/lib", "cu12/lib")))
     except RuntimeError as exc:
         raise BackendUnavailable(
             f"backend={name!r} needs cuBLAS and it could not be loaded ({exc}). Install it with "
@@ -54,6 +48,18 @@ def create(name: str) -> "CudaBackend":
     if name == "cuvs":
         _load_cuvs(module)
     return CudaBackend(module, use_cuvs=name == "cuvs")
+
+
+def require_capability(module: ModuleType, name: str, device) -> None:
+    """BackendUnavailable unless ``device`` (the device of the rows, not the current one) is sm_80 or newer."""
+    import torch
+
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 0):
+        raise BackendUnavailable(
+            f"backend={name!r}: the kernels are built for sm_80 and newer (architectures "
+            f"{module.build_info()['cuda_architectures']}); {device} is sm_{capability[0]}{capability[1]}"
+        )
 
 
 def _site_dirs() -> list[str]:
@@ -90,6 +96,47 @@ def _load_cuvs(module: ModuleType) -> None:
         ) from None
 
 
+def gemm_candidates(X, rows, k: int, cap: int, idx, d2):
+    """The kNN of ``rows`` of X (any torch device) as a blocked float64 GEMM: the rows centred at the column mean in
+    float64, distances ``|q|^2 + |r|^2 - 2 q.r`` against tiles of all rows, the ``cap`` smallest per row re-ranked
+    with exact float64 distances, and certified by the float64 Gram model of csrc/knn_logic.hpp (knn_certify_limit).
+    Writes the certified rows of ``idx`` / ``d2`` (n x k) and returns the certified mask over ``rows``; the rest
+    need exact distances to all rows. This is the fallback of the candidate kernel (rows it could not certify, or
+    ``k`` beyond its lists): GEMM work instead of reading all of X once per row."""
+    import torch
+
+    core = _native.core()
+    n, D = X.shape
+    mean = X.mean(dim=0, dtype=torch.float64)
+    tile = max(1, _CHUNK_BYTES // (8 * D))  # reference rows per float64 tile
+    norms = torch.cat([((X[r0:r0 + tile].double() - mean) ** 2).sum(dim=1) for r0 in range(0, n, tile)])
+    max_norm2 = float(norms.max())
+    certified = torch.zeros(rows.numel(), dtype=torch.bool, device=X.device)
+    complete = cap >= n - 1
+    per_chunk = max(1, min(_CHUNK_BYTES // (8 * n), _CHUNK_BYTES // (8 * D * max(cap, 1))))
+    for c0 in range(0, rows.numel(), per_chunk):
+        chunk = rows[c0:c0 + per_chunk]
+        Q = X[chunk].double() - mean
+        approx = torch.empty((chunk.numel(), n), dtype=torch.float64, device=X.device)
+        for r0 in range(0, n, tile):
+            R = X[r0:r0 + tile].double() - mean
+            approx[:, r0:r0 + R.shape[0]] = norms[chunk, None] + norms[None, r0:r0 + R.shape[0]] - 2.0 * (Q @ R.T)
+        approx[torch.arange(chunk.numel(), device=X.device), chunk] = float("inf")
+        width = min(cap, n - 1)
+        values, cand = torch.topk(approx, width, dim=1, largest=False, sorted=True)
+        threshold = values[:, -1]
+        cand, _ = torch.sort(cand, dim=1)  # by index first, so the stable sort below ties to the lower index
+        exact = ((X[cand].double() - X[chunk, None].double()) ** 2).sum(dim=2)
+        exact, order = torch.sort(exact, dim=1, stable=True)
+        cand = torch.gather(cand, 1, order)
+        limit = core.knn_certify_limit("gram", D, exact[:, k - 1].cpu().numpy(), norms[chunk].cpu().numpy(), max_norm2)
+        ok = torch.as_tensor(limit, device=X.device) < threshold if not complete else torch.ones_like(threshold, dtype=torch.bool)
+        idx[chunk[ok]] = cand[ok, :k]
+        d2[chunk[ok]] = exact[ok, :k]
+        certified[c0:c0 + chunk.numel()] = ok
+    return certified
+
+
 class CudaBackend:
     """Kernels of ``dihal_fast._cuda`` on CUDA tensors; results that the proxies reduce on the host
     (kNN, local eigenvalues, pair quotients) come back as NumPy arrays, the covariance stays on the GPU."""
@@ -102,6 +149,7 @@ class CudaBackend:
         self.use_cuvs = use_cuvs
         self.name = "cuvs" if use_cuvs else "cuda"
         self._codes = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
+        self._checked_devices: set[int] = set()
 
     # ------------------------------------------------------------------ helpers
     def _matrix(self, X: Any):
@@ -113,6 +161,9 @@ class CudaBackend:
             X = X.to(torch.device("cuda", torch.cuda.current_device()))
         if X.dtype not in self._codes:
             raise TypeError(f"X must be float16, bfloat16, float32 or float64, got {X.dtype}")
+        if X.device.index not in self._checked_devices:
+            require_capability(self._m, self.name, X.device)
+            self._checked_devices.add(X.device.index)
         return X.detach().contiguous()
 
     def _on(self, X, values: Any, dtype) -> Any:
@@ -233,6 +284,9 @@ class CudaBackend:
             rows = torch.nonzero(flags).flatten()  # rows whose candidates could not certify the answer
         else:
             rows = torch.arange(n, device=X.device)
+        if rows.numel():
+            certified = gemm_candidates(X, rows, k, m.knn_capacity(n, k), idx, d2)
+            rows = rows[~certified]
         if rows.numel():
             self._exact_rows(X, k, rows, idx, d2)
         return idx, d2

