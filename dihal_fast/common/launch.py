@@ -135,7 +135,7 @@ def launcher_env(env: MutableMapping[str, str] | None = None) -> LaunchInfo:
         raise ValueError(f"WORLD_SIZE={world} but RANK is not set; launch with torchrun --nproc_per_node {world} "
                          "(or the deepspeed launcher, or srun)")
     rank = rank or 0
-    if rank >= world:
+    if rank >= world and "WORLD_SIZE" in env:
         raise ValueError(f"RANK={rank} must be smaller than WORLD_SIZE={world}")
     local_rank = _integer(env, "LOCAL_RANK", 0)
     return LaunchInfo(rank, rank if local_rank is None else local_rank, world, launcher)
