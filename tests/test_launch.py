@@ -105,8 +105,11 @@ def test_local_rank_flag_sets_the_environment_and_refuses_a_contradiction():
 
 @pytest.fixture
 def clean_env(monkeypatch):
+    """No launcher variables, and whatever a test sets (``--local_rank`` writes ``LOCAL_RANK``) undone after it:
+    setenv first so that monkeypatch records each variable, also one that was absent."""
     for key in LAUNCH_VARS:
-        monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
 
 
 @pytest.mark.parametrize("argv", [
