@@ -33,7 +33,7 @@ class Question:
     data: str
 
 
-GEOMETRY, PIPELINE, HCDLM = "Geometry kernels and locate", "DiHAL pipeline", "HC-DLM"
+GEOMETRY, PIPELINE, HCDLM, PACKAGING = "Geometry kernels and locate", "DiHAL pipeline", "HC-DLM", "Packaging"
 
 # Display order. A script that writes a new question key adds its entry here (the test fails on a record
 # whose key is missing).
@@ -212,6 +212,13 @@ QUESTIONS: dict[str, Question] = {
         "bench_hcdlm_variants.py --quick at equal process-CPU budget and seed 0, one thread, scored on the validation "
         "split only (150 easy + 150 hard, seed 7), 50 steps, argmax, EMA weights; ablations at s = 0.05 / 0.5 / 0.95.",
     ),
+    "wheels": Question(
+        "Wheels: CPU and CUDA builds, repaired and checked", PACKAGING,
+        "Do the sdist and the wheel variants build, repair to a manylinux tag, carry the right compiled modules "
+        "(CUDA architectures, no bundled runtime), and pass the tests from a fresh venv without a compiler?",
+        "`packaging/build_wheels.sh` on this machine (glibc 2.36: manylinux_2_34 only; manylinux_2_28 comes from "
+        "`[tool.cibuildwheel]`'s container); a fresh-venv smoke run of a copy of tests/.",
+    ),
     "gpu_kernels": Question(
         "CUDA kernels against their floors, torch and cuVS", GEOMETRY,
         "How fast are the CUDA kernels against their FLOP/byte floors, what a researcher would write in torch, "
@@ -220,7 +227,7 @@ QUESTIONS: dict[str, Question] = {
     ),
 }
 
-GROUPS = (GEOMETRY, PIPELINE, HCDLM)
+GROUPS = (GEOMETRY, PIPELINE, HCDLM, PACKAGING)
 
 INTRO = """# Benchmarks
 
