@@ -78,10 +78,10 @@ def convert_legacy_hybrid(source: str | Path, target: str | Path | None = None) 
     if (source / "tokenizer_config.json").is_file():
         model.tokenizer = AutoTokenizer.from_pretrained(source)
     model.save_pretrained(target)
-    if target == source:
+    if target == source:  # save_pretrained replaces the folder whole: whatever of the old layout is left goes
         for name in _LEGACY_FILES:
-            (source / name).unlink()
-        shutil.rmtree(source / "upper")
+            (source / name).unlink(missing_ok=True)
+        shutil.rmtree(source / "upper", ignore_errors=True)
     return target
 
 
