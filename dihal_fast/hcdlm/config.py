@@ -90,8 +90,8 @@ class ObjectiveConfig(CheckedConfig):
     # Without detached latents, small CPU runs collapse the latents to a constant (regression -> 0,
     # reconstruction stuck at copying the givens).
     detach_latents: bool = option(True, "stop the latent regression's gradient into the encoder")
-    # 0.5, not 1.0 (issue 23, 6x6 validation, 5 CPU-minutes: 63.3 / 34.0 % of easy / hard boards against 44.0 / 20.7 %
-    # with the old defaults; on 9x9 1.0 made "ignore the inputs" a stable optimum): bench/results/hcdlm_defaults.json
+    # 0.5, not 1.0 (issue 23, 6x6 validation, 5 CPU-minutes: 63.3 / 34.0 % of easy / hard boards, 54.7 / 36.0 % at 1.0,
+    # 44.0 / 20.7 % with all the old defaults; on 9x9 1.0 made "ignore the inputs" a stable optimum): bench/results/hcdlm_defaults.json
     exposure_share: float = option(0.5, "share of each batch whose x_t and scaffold are built from the model's own "
                                    "no-grad prediction at a higher noise level (not in the paper; 0 = the paper's training)",
                                    min=0.0, max=1.0)
