@@ -16,7 +16,6 @@ Rerunning the same command resumes finished/unfinished runs instead of retrainin
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time

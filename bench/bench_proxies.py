@@ -98,7 +98,8 @@ def main() -> None:
     body = table(header, rows) + "\n\n" + table(accuracy_header, accuracy)
     body += (
         f"\n\nk=16, ridge=1e-3, 10,000 pairs. Machine sgemm rate {rate:.0f} GFLOP/s; GEMM floor: the big products "
-        "(n >= D: n^2 D + 2 n D^2; n < D, the float64 Gram route: n^2 D) at that rate. Targets: speed-up >= 20x (float32) and >= 10x (float64) at 3,000 x 1,024, >= 20x at 3,000 x 4,096."
+        "(n >= D: n^2 D + 2 n D^2; n < D, the float64 Gram route: n^2 D) at that rate. "
+        "Targets: speed-up >= 20x (float32) and >= 10x (float64) at 3,000 x 1,024, >= 20x at 3,000 x 4,096."
     )
     targets = []
     for row in rows:  # the stated targets: >= 10x float64 and >= 20x float32 at D = 1,024, >= 20x at D = 4,096

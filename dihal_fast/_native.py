@@ -17,7 +17,7 @@ class BackendUnavailable(RuntimeError):
     """A backend was asked for that is not compiled into this build or cannot run here."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _preload_openblas() -> None:
     # The extension links libscipy_openblas.so; loading it first by full path makes the import
     # independent of the rpath (editable installs, relocated environments).
@@ -33,7 +33,7 @@ def _preload_openblas() -> None:
 VARIANTS = ("dihal_fast", "dihal_fast_cu12", "dihal_fast_cu13")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def installed_variants() -> tuple[str, ...]:
     """The installed distributions among :data:`VARIANTS` (normalised names)."""
     from importlib import metadata
@@ -51,7 +51,7 @@ def variant_conflict() -> str:
             f"pip uninstall -y {' '.join(found)}, then install exactly one")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(name: str) -> tuple[ModuleType | None, str]:
     conflict = variant_conflict()
     if conflict:

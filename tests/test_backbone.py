@@ -20,9 +20,9 @@ from dihal_fast.backbone.data import WindowSampler
 from dihal_fast.backbone.evaluate import stream_nll
 from dihal_fast.backbone.tokenizer import encode_documents, train_tokenizer
 from dihal_fast.backbone.train import train_backbone
+from dihal_fast.cli import main
 from dihal_fast.train.checkpoint import latest_checkpoint
 from dihal_fast.train.settings import lr_factor
-from dihal_fast.cli import main
 
 WORDS = "the a little big red dog cat girl boy saw ran to park home and then was happy sad with her his".split()
 
@@ -205,7 +205,7 @@ def test_out_dir_with_a_model_is_not_overwritten(tiny_texts, tmp_path):
 
 def test_bad_corpus_files_are_refused(tmp_path, capsys):
     bad = tmp_path / "latin1.txt"
-    bad.write_bytes("caf".encode() + "é".encode("latin-1") + b" ok\n")
+    bad.write_bytes(b"caf" + "é".encode("latin-1") + b" ok\n")
     with pytest.raises(ValueError, match=r"latin1.txt is not valid UTF-8: byte offset 3"):
         read_text_file(bad)
     empty = tmp_path / "empty.txt"

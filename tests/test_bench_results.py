@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
-import _common
-import render_results
+import _common  # noqa: E402 (from bench/, put on sys.path above)
+import render_results  # noqa: E402
 
 
 def write(tmp_path: Path, question: str = "knn_vs_faiss", **fields) -> Path:

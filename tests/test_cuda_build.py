@@ -95,8 +95,9 @@ def test_library_candidates_try_sonames_first():
 @pytest.mark.parametrize("variant", ["cpu", "cu12", "cu13"])
 def test_wheel_variants_rewrite_pyproject(variant):
     import importlib.util
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("wheel_variant", root / "csrc" / "cuda" / "wheel_variant.py")
@@ -126,8 +127,9 @@ def test_two_installed_variants_refuse_to_load(monkeypatch):
 
 def test_wheel_variants_pin_cuda_and_architectures():
     import importlib.util
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("wheel_variant", root / "csrc" / "cuda" / "wheel_variant.py")

@@ -207,7 +207,7 @@ def test_streaming_covariance_state_round_trip_and_errors(tmp_path):
     with pytest.raises(ValueError, match="corrupt"):
         df.StreamingCovariance(5).load_state_dict(bad)
     with pytest.raises(ValueError, match="no rows"):
-        df.StreamingCovariance(5).covariance
+        _ = df.StreamingCovariance(5).covariance
     with pytest.raises(ValueError, match="dim"):
         df.StreamingCovariance(0)
     empty = df.StreamingCovariance(5).update(np.zeros((0, 5)))

@@ -480,7 +480,7 @@ PROXY_CASES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _proxy_case(case: str, dtype: str):
     """(rows in ``dtype``, keyword arguments, tolerance, reference proxies): computed once for all backends."""
     rows, kwargs, rel = PROXY_CASES[case]

@@ -8,9 +8,9 @@ import torch
 
 from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.layers import SlotPositions, count_parameters
-from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet, build_model
-from dihal_fast.hcdlm.objective import hcdlm_loss
+from dihal_fast.hcdlm.models import HCDLM, ARNet, MDMNet, build_model
 from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel, make_kernel, noisy_token_probs
+from dihal_fast.hcdlm.objective import hcdlm_loss
 from dihal_fast.hcdlm.sampler import generate, guided_x0, sample_hcdlm, sample_mdm
 from dihal_fast.hcdlm.trainer import compute_loss
 from dihal_fast.tasks.base import TaskSpec

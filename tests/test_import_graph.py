@@ -179,4 +179,4 @@ def test_every_stage_has_a_python_entry_point_that_its_command_calls(name):
     stage = getattr(pipeline, name)
     assert list(inspect.signature(stage).parameters)[:2] == ["config", "out"]
     command = (PACKAGE / "cli" / f"{name}.py").read_text()
-    assert f"from dihal_fast.pipeline import" in command and f"{name}(dataclass_from_options(" in command
+    assert "from dihal_fast.pipeline import" in command and f"{name}(dataclass_from_options(" in command

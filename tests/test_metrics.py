@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
+from dihal_fast.evaluate.sampling import sample_categorical
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dihal_fast.evaluate import metrics
-from dihal_fast.evaluate.sampling import sample_categorical
 
 
 def _two_step_logits() -> torch.Tensor:

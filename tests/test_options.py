@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from dihal_fast.cli import build_parser
-from dihal_fast.common.options import HelpFormatter, add_dataclass_options, comma_integers, dataclass_from_options, option
+from dihal_fast.common.options import (
+    HelpFormatter,
+    add_dataclass_options,
+    comma_integers,
+    dataclass_from_options,
+    option,
+)
 
 
 @dataclass

@@ -4,7 +4,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dihal_fast.tasks.data import load_sudoku_csv
 from dihal_fast.tasks.sudoku import (

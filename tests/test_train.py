@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 from dihal_fast.hybrid import HybridLM
 from dihal_fast.replace import BridgeTrainConfig, train_bridge
 from dihal_fast.replace.config import add_config_arguments, config_from_args
-from dihal_fast.train.deepspeed_engine import check_deepspeed_config
 from dihal_fast.replace.objective import kd_loss, lm_loss
+from dihal_fast.train.deepspeed_engine import check_deepspeed_config
 
 WORDS = ("the cat dog bird sat ran on under a mat tree house red blue small big and then it was happy sad day night "
          "girl boy saw with to").split()

@@ -27,11 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dihal_fast.evaluate.report import METRICS, downstream_table
-    from dihal_fast.pipeline import EvaluateConfig, evaluate
-
     from dihal_fast.cli import UserError
     from dihal_fast.evaluate.downstream import MissingHarness
+    from dihal_fast.evaluate.report import METRICS, downstream_table
+    from dihal_fast.pipeline import EvaluateConfig, evaluate
 
     try:
         report = evaluate(dataclass_from_options(EvaluateConfig, args), args.out)

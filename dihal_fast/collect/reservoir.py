@@ -94,7 +94,7 @@ class TokenReservoir:
             row_index = torch.from_numpy(rows).to(source.device)
             self.vectors[layer][slot_index] = source.index_select(0, row_index).to("cpu", self.dtype)
 
-    def merge(self, other: "TokenReservoir") -> "TokenReservoir":
+    def merge(self, other: TokenReservoir) -> TokenReservoir:
         """Fold another reservoir (disjoint tokens, same layers/dim) into this one; unbiased by construction."""
         if other.layers != self.layers or other.dim != self.dim:
             raise ValueError(
@@ -106,7 +106,7 @@ class TokenReservoir:
         )
         return self
 
-    def sorted(self) -> "TokenReservoir":
+    def sorted(self) -> TokenReservoir:
         """The same tokens in key order (the canonical order for estimates and files): a copy, or
         ``self`` when the slots are already in key order."""
         keys = self.keys[: self.size]
@@ -139,7 +139,7 @@ class TokenReservoir:
             state[f"vectors.{layer}"] = self.vectors[layer][:n].contiguous()
         return state
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> "TokenReservoir":
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> TokenReservoir:
         """Restore :meth:`state_dict` output, checking sizes, layers and dtype."""
         try:
             keys = state["keys"].numpy().view(np.uint64)

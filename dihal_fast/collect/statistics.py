@@ -69,7 +69,7 @@ class LayerStatistics:
             )
         return int(flat.numel())
 
-    def merge(self, other: "LayerStatistics") -> "LayerStatistics":
+    def merge(self, other: LayerStatistics) -> LayerStatistics:
         """Count-weighted pairwise merge of every covariance; bottom-k merge of the reservoirs."""
         if other.layers != self.layers or other.seed != self.seed:
             raise ValueError("cannot merge statistics collected with different layers or seeds")
@@ -88,7 +88,7 @@ class LayerStatistics:
             state[f"reservoir.{name}"] = value
         return state
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> "LayerStatistics":
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> LayerStatistics:
         """Restore :meth:`state_dict` output (raises ``ValueError`` on a mismatch)."""
         for layer, cov in self.covariances.items():
             prefix = f"cov.{layer}."

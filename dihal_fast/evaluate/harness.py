@@ -10,8 +10,8 @@ import torch
 
 from dihal_fast.common import metrics
 from dihal_fast.common.options import option
-from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.common.sampling import PROTOCOL as SAMPLING_PROTOCOL
+from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.evaluate.generation import Generation
 from dihal_fast.evaluate.scoring import GEN_PPL_PROTOCOL, generative_perplexity, teacher_forced
 

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dihal_fast.common.progress import progress_bar
 from dihal_fast.common.metrics import perplexity, pooled_nll, token_kl, token_nll
+from dihal_fast.common.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 

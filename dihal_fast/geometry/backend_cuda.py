@@ -25,7 +25,7 @@ _DENSE_EIGEN_MAX = 256  # covariances up to this size use a dense eigensolver
 _LANCZOS_CHECK_EVERY = 8
 
 
-def create(name: str) -> "CudaBackend":
+def create(name: str) -> CudaBackend:
     """The ``cuda`` (own kNN kernel) or ``cuvs`` (cuVS brute-force candidates) backend."""
     module = _native.cuda_module()  # BackendUnavailable: not compiled, or no usable device
     import torch

@@ -9,7 +9,6 @@ from dihal_fast.geometry.backends import get_backend, symmetrize_upper
 from dihal_fast.geometry.inputs import as_matrix
 from dihal_fast.profiling import nvtx_range
 
-
 # "input": blocks of up to 16k rows multiply in the input precision (float32 for 16/32-bit inputs,
 # about 1e-6 relative, at GEMM speed) and merge in float64; "float64": every product in float64,
 # exact to float64 rounding whatever the batch sizes (about half the speed).
@@ -72,7 +71,7 @@ class StreamingCovariance:
         elif device == "cpu" and on_device:
             self._mean, self._comoment = self._host(self._mean).copy(), self._host(self._comoment).copy()
 
-    def update(self, X: Any) -> "StreamingCovariance":
+    def update(self, X: Any) -> StreamingCovariance:
         """Add the rows of ``X`` (``batch x dim``; a batch of zero rows is a no-op)."""
         if getattr(X, "ndim", None) == 2 and X.shape[0] == 0:
             if X.shape[1] != self.dim:
@@ -90,7 +89,7 @@ class StreamingCovariance:
             self._count = ops.covariance_update(data, self._count, self._mean, self._comoment)
         return self
 
-    def merge(self, other: "StreamingCovariance") -> "StreamingCovariance":
+    def merge(self, other: StreamingCovariance) -> StreamingCovariance:
         """Fold another accumulator into this one (count-weighted pairwise update)."""
         if not isinstance(other, StreamingCovariance):
             raise TypeError(f"can only merge a StreamingCovariance, got {type(other).__name__}")
@@ -121,7 +120,7 @@ class StreamingCovariance:
             "comoment": symmetrize_upper(self._host(self._comoment)),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> "StreamingCovariance":
+    def load_state_dict(self, state: dict[str, Any]) -> StreamingCovariance:
         """Restore a state produced by :meth:`state_dict`; a corrupt one is a ``ValueError`` naming the field."""
         self._count, self._mean, self._comoment = _checked_state(state, self.dim)
         return self

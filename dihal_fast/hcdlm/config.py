@@ -196,7 +196,7 @@ class RunConfig:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RunConfig":
+    def from_dict(cls, data: dict) -> RunConfig:
         parts = {"task": TaskConfig, "model": HCDLMModelConfig, "objective": ObjectiveConfig, "train": HCDLMTrainConfig}
         if not isinstance(data, dict) or any(not isinstance(data.get(name, {}), dict) for name in parts):
             raise ValueError(f"run config must be an object with the sections {sorted(parts)} (objects), got "
@@ -211,7 +211,7 @@ class RunConfig:
         atomic_write_json(path, self.to_dict())
 
     @classmethod
-    def load(cls, path: Path) -> "RunConfig":
+    def load(cls, path: Path) -> RunConfig:
         data = read_json(path, "run config")
         try:
             return cls.from_dict(data)

@@ -124,7 +124,7 @@ def readout_by_step(run: LoadedRun, examples: list[EvalExample], cfg: SampleConf
         batch = examples[start : start + cfg.batch_size]
         contexts = torch.tensor([ex.context for ex in batch], dtype=torch.long, device=run.device).reshape(len(batch), -1)
         readouts: list[list[list[int]]] = []
-        sample_hcdlm(run.model, run.kernel, contexts, cfg, generator, on_step=lambda *args: readouts.append(args[-1].tolist()))
+        sample_hcdlm(run.model, run.kernel, contexts, cfg, generator, on_step=lambda *args, out=readouts: out.append(args[-1].tolist()))
         for rows, tokens in zip(per_step, readouts):
             rows.extend(run.task.score(ex, target) for ex, target in zip(batch, tokens))
     return [{"step": i + 1, **mean_scores(rows)} for i, rows in enumerate(per_step)]

@@ -11,7 +11,15 @@ import torch
 from torch import nn
 
 from dihal_fast.hcdlm.config import HCDLMModelConfig
-from dihal_fast.hcdlm.layers import Block, ContextEmbedding, SlotPositions, TimeEmbedding, count_parameters, position_table, run_blocks
+from dihal_fast.hcdlm.layers import (
+    Block,
+    ContextEmbedding,
+    SlotPositions,
+    TimeEmbedding,
+    count_parameters,
+    position_table,
+    run_blocks,
+)
 from dihal_fast.tasks.base import TaskSpec
 
 LOGVAR_MAX = 0.0  # sigma <= 1: the noise never swamps the unit-scale mean

@@ -23,7 +23,13 @@ from dihal_fast.hcdlm.evaluate import (
     readout_by_step,
     sample_targets,
 )
-from dihal_fast.hcdlm.mechanism import ABLATION_LEVELS, ablation_effects, ablation_readout, check_levels, readout_trajectory
+from dihal_fast.hcdlm.mechanism import (
+    ABLATION_LEVELS,
+    ablation_effects,
+    ablation_readout,
+    check_levels,
+    readout_trajectory,
+)
 from dihal_fast.hcdlm.plots import plot_ablations, plot_accuracy_vs_steps, plot_readout_by_step, plot_trajectories
 
 logger = logging.getLogger(__name__)
@@ -156,7 +162,8 @@ def solve_puzzle(run_dir: str | Path, puzzle: str, sample: SampleConfig | None =
                  raw_weights: bool = False, device: str = "auto") -> Solution | None:
     """The run's answer to one Sudoku grid ('.' or 0 for blanks) or Countdown problem ('n1,n2,...,target'),
     checked exactly; None when the puzzle has no solution at all. Bad puzzle text is a ValueError."""
-    from dihal_fast.tasks.countdown import parse_problem, solve as solve_countdown
+    from dihal_fast.tasks.countdown import parse_problem
+    from dihal_fast.tasks.countdown import solve as solve_countdown
     from dihal_fast.tasks.sudoku import format_grid, parse_grid, solve_all
 
     check_value("seed", seed, int)

@@ -16,7 +16,7 @@ from dihal_fast.common import read_json, resolve_device, seed_everything
 from dihal_fast.common.rundir import run_directory
 from dihal_fast.hcdlm.config import HCDLMTrainConfig, ObjectiveConfig, RunConfig
 from dihal_fast.hcdlm.layers import count_parameters
-from dihal_fast.hcdlm.models import ARNet, HCDLM, MDMNet, build_model
+from dihal_fast.hcdlm.models import HCDLM, ARNet, MDMNet, build_model
 from dihal_fast.hcdlm.noise import make_kernel
 from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss
 from dihal_fast.tasks.registry import build_task

@@ -19,7 +19,8 @@ from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.cpu_threads import poll_threads
 from dihal_fast.evaluate import report as md
 from dihal_fast.evaluate.harness import EvalSettings
-from dihal_fast.pipeline.evaluate_stage import EvaluateConfig, evaluate as evaluate_stage
+from dihal_fast.pipeline.evaluate_stage import EvaluateConfig
+from dihal_fast.pipeline.evaluate_stage import evaluate as evaluate_stage
 from dihal_fast.pipeline.generate_stage import GenerateConfig, generate
 from dihal_fast.pipeline.locate_stage import LocateConfig
 from dihal_fast.pipeline.reports import DemoReport

@@ -17,8 +17,8 @@ from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.assets import corpus_or_default
 from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
-from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.common.progress import progress_bar
+from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.evaluate.correlation import plot_sweep, score_loss_correlations
 from dihal_fast.pipeline.locate_stage import LocateConfig
 from dihal_fast.pipeline.reports import SweepReport

@@ -34,10 +34,18 @@ from dihal_fast.hybrid.slicing import check_family, check_layer
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.replace.data import Blocks, batch_indices, load_blocks, step_generator
 from dihal_fast.replace.objective import BridgeObjective
-from dihal_fast.train.runlog import RunLog
 from dihal_fast.replace.statistics import target_statistics
-from dihal_fast.train.trainer import LOG_NAME, TrainingJob, TrainingRun, fit, prepare_deepspeed, resume_point, training_session
 from dihal_fast.replace.validation import validation_bridge_loss
+from dihal_fast.train.runlog import RunLog
+from dihal_fast.train.trainer import (
+    LOG_NAME,
+    TrainingJob,
+    TrainingRun,
+    fit,
+    prepare_deepspeed,
+    resume_point,
+    training_session,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,15 @@ import random
 import torch
 
 from dihal_fast.tasks.base import EvalExample, TaskSpec, stack_pairs
-from dihal_fast.tasks.countdown import (COUNTS, Problem, check_loose, check_strict, generate, shortest_solution,
-                                        true_step_share)
+from dihal_fast.tasks.countdown import (
+    COUNTS,
+    Problem,
+    check_loose,
+    check_strict,
+    generate,
+    shortest_solution,
+    true_step_share,
+)
 
 TARGET_CHARS = "0123456789+-*/=,"
 CONTEXT_CHARS = "0123456789,"

@@ -5,13 +5,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from dihal_fast.common.models import load_tokenizer
 from dihal_fast.common.options import comma_integers, option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.tasks.countdown import COUNTS, shortest_solution
 from dihal_fast.tasks.countdown_task import CountdownTask
 from dihal_fast.tasks.sudoku_grade import DIFFICULTIES
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool, parse_box
-from dihal_fast.common.models import load_tokenizer
 from dihal_fast.tasks.text_task import TextTask, tokenize_files
 
 logger = logging.getLogger(__name__)

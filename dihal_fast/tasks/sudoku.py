@@ -41,7 +41,7 @@ class Geometry:
         return (row // self.box_rows) * self.box_rows + col // self.box_cols
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def geometry(box_rows: int = 3, box_cols: int = 3) -> Geometry:
     """The (cached) geometry of a Sudoku with ``box_rows x box_cols`` boxes."""
     if not (1 <= box_rows <= 3 and 1 <= box_cols <= 3) or box_rows * box_cols < 2:

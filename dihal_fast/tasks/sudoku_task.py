@@ -10,7 +10,14 @@ import torch
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.tasks.base import EvalExample, TaskSpec, stack_pairs
-from dihal_fast.tasks.sudoku import Geometry, blank_cell_accuracy, format_grid, geometry, is_valid_solution, random_symmetry
+from dihal_fast.tasks.sudoku import (
+    Geometry,
+    blank_cell_accuracy,
+    format_grid,
+    geometry,
+    is_valid_solution,
+    random_symmetry,
+)
 from dihal_fast.tasks.sudoku_grade import generate
 
 logger = logging.getLogger(__name__)

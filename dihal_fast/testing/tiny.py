@@ -49,8 +49,18 @@ def make_tiny_checkpoint(
 ) -> Path:
     """Write a tiny random ``family`` checkpoint with its tokenizer to ``out_dir`` and return the path."""
     import torch
-    from transformers import (AutoModelForCausalLM, Gemma2Config, GemmaConfig, GPT2Config, GPTNeoXConfig, LlamaConfig,
-                              MistralConfig, Phi3Config, Qwen2Config, Qwen3Config)
+    from transformers import (
+        AutoModelForCausalLM,
+        Gemma2Config,
+        GemmaConfig,
+        GPT2Config,
+        GPTNeoXConfig,
+        LlamaConfig,
+        MistralConfig,
+        Phi3Config,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     if family not in FAMILIES + MORE_FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES + MORE_FAMILIES}, got {family!r}")
