@@ -6,6 +6,7 @@ to run them through the same argument checks.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -60,7 +61,9 @@ def weighted_median(values: np.ndarray, counts: np.ndarray) -> float:
     ends = np.cumsum(counts[order])
     total = int(ends[-1])
     lo, hi = np.searchsorted(ends, [(total - 1) // 2, total // 2], side="right")
-    return float(values[order[lo]] / 2 + values[order[hi]] / 2)  # halves first: no overflow near the float64 limit
+    low, high = float(values[order[lo]]), float(values[order[hi]])
+    middle = (low + high) / 2  # np.median's arithmetic (exact for subnormals, where halving first would round to 0)
+    return middle if math.isfinite(middle) else low / 2 + high / 2  # near the float64 limit the sum overflows
 
 
 def covariance(X) -> tuple[np.ndarray, np.ndarray]:

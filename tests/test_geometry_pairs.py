@@ -73,3 +73,11 @@ def test_huge_n_pairs_stays_under_a_memory_ceiling(tmp_path):
                          env={"OMP_NUM_THREADS": "1", "PATH": ""}, cwd=tmp_path)  # not the source tree: the installed package
     assert run.returncode == 0, run.stderr[-2000:]
     assert 0 < float(run.stdout.strip().splitlines()[-1]) < np.inf
+
+
+def test_weighted_median_of_subnormals_and_of_values_near_the_float64_limit():
+    """Found by hypothesis in CI: halving before adding rounded the median of [0, 5e-324, 5e-324] to 0."""
+    tiny = np.array([0.0, 5e-324]), np.array([1, 2])
+    assert ref.weighted_median(*tiny) == np.median(np.repeat(*tiny)) == 5e-324
+    huge = np.array([1.5e308, 1.7e308]), np.array([1, 1])
+    assert ref.weighted_median(*huge) == 1.6e308
