@@ -5,6 +5,7 @@ the body and writes ``bench/results/<question>.json`` (overwritten by each run: 
 the current ones, the history stays in git). ``python bench/render_results.py`` regenerates
 ``bench/README.md`` from those records. ``DIHAL_BENCH_RESULTS=DIR`` sends a trial run's record elsewhere.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -72,6 +73,7 @@ def machine() -> str:
 
 def table(header: list[str], rows: list[list[object]]) -> str:
     """A markdown table."""
+
     def fmt(v: object) -> str:
         return f"{v:.4g}" if isinstance(v, float) else str(v)
 
@@ -123,13 +125,23 @@ def command_line() -> str:
 
 def commit() -> str:
     """``git rev-parse HEAD``, with ``+dirty`` when tracked code (package, kernels, bench) differs from it."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
 
     try:
         head = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no", "--", "dihal_fast", "csrc", "bench",
-                    ":(exclude)bench/results", ":(exclude)bench/README.md")
+        dirty = git(
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            "dihal_fast",
+            "csrc",
+            "bench",
+            ":(exclude)bench/results",
+            ":(exclude)bench/README.md",
+        )
     except (OSError, subprocess.CalledProcessError):
         return NOT_RECORDED
     return head + ("+dirty" if dirty else "")
@@ -160,12 +172,16 @@ def jsonable(value: Any) -> Any:
 
 
 def validate(record: Mapping[str, Any], where: str) -> None:
-    """Raise ValueError (TypeError for non-dict figures) naming ``where`` unless ``record`` has every field, non-empty, with known statuses."""
+    """Raise ValueError (TypeError for non-dict figures) naming ``where`` unless ``record`` has every field,
+    non-empty, with known statuses."""
     missing = [key for key in REQUIRED if key not in record]
     if missing:
         raise ValueError(f"{where}: record lacks {', '.join(missing)} (expected fields: {', '.join(REQUIRED)})")
-    empty = [key for key in ("question", "title", "command", "commit", "machine", "date", "body")
-             if not isinstance(record[key], str) or not record[key].strip()]
+    empty = [
+        key
+        for key in ("question", "title", "command", "commit", "machine", "date", "body")
+        if not isinstance(record[key], str) or not record[key].strip()
+    ]
     if empty:
         raise ValueError(f"{where}: {', '.join(empty)} must be non-empty strings (use {NOT_RECORDED!r} when unknown)")
     if not isinstance(record["figures"], dict):
@@ -226,6 +242,8 @@ def report(
         "body": body.strip(),
     }
     path = write_record(record, results_dir)
-    print(f"\n## {title}\n\n`{record['command']}` ({record['date']}; {record['machine']}; {record['commit']})\n\n{body}\n")
+    print(
+        f"\n## {title}\n\n`{record['command']}` ({record['date']}; {record['machine']}; {record['commit']})\n\n{body}\n"
+    )
     print(f"record: {path}  (re-render bench/README.md: python bench/render_results.py)")
     return path

@@ -10,6 +10,7 @@ demo's budget (200 steps, 8 x 128 tokens, seed 0), then for each hybrid and the 
 
 Target (issue 14): hybrid tokens/s >= 0.9x the backbone with the PPL ratio <= 1.15.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,10 @@ def main() -> None:
     from dihal_fast.evaluate.models import load_lm
     from dihal_fast.evaluate.scoring import teacher_forced
 
-    hybrids = {name: load_lm(train(Path(args.out) / f"variant_{i}", options, args.steps), nfe=nfe)
-               for i, (name, (options, nfe)) in enumerate(VARIANTS.items())}
+    hybrids = {
+        name: load_lm(train(Path(args.out) / f"variant_{i}", options, args.steps), nfe=nfe)
+        for i, (name, (options, nfe)) in enumerate(VARIANTS.items())
+    }
     backbone = load_lm(next(iter(hybrids.values())).backbone_dir)
     settings = EvalSettings()
     blocks = heldout_blocks(backbone.tokenizer, [default_corpus()], settings)
@@ -77,17 +80,30 @@ def main() -> None:
             tokens = settings.n_samples * settings.max_new_tokens
             wall[name] = max(wall[name], tokens / (time.perf_counter() - start))
             cpu[name] = max(cpu[name], tokens / (time.process_time() - start_cpu))
-    rows = [[name, ppl.get(name, 1.0), wall[name], wall[name] / wall["backbone"], cpu[name], cpu[name] / cpu["backbone"]]
-            for name in models]
+    rows = [
+        [name, ppl.get(name, 1.0), wall[name], wall[name] / wall["backbone"], cpu[name], cpu[name] / cpu["backbone"]]
+        for name in models
+    ]
     header = ["model", "PPL / backbone", "tokens/s (wall)", "x backbone", "tokens/s (CPU)", "x backbone"]
-    body = (f"Layer 1 of the shipped backbone, {args.steps} training steps per bridge, 1 thread, "
-            f"{settings.n_samples} x {settings.max_new_tokens} tokens per sampling call, fastest of {args.rounds} "
-            "interleaved rounds.\n\n" + table(header, rows))
+    body = (
+        f"Layer 1 of the shipped backbone, {args.steps} training steps per bridge, 1 thread, "
+        f"{settings.n_samples} x {settings.max_new_tokens} tokens per sampling call, fastest of {args.rounds} "
+        "interleaved rounds.\n\n" + table(header, rows)
+    )
     default = next(row for row in rows if row[0].endswith("(new default)"))  # a VARIANTS name
-    report("Bridge cost at generation: tokens/s and PPL together", body, question="bridge_speed",
-           figures={"variants": rows_figure(header, rows), "training_steps": args.steps, "rounds": args.rounds},
-           targets=[target("default hybrid tokens/s >= 0.9x the backbone with PPL ratio <= 1.15",
-                           f"{default[5]:.3g} (PPL {default[1]:.4g}, CPU time)", default[5] >= 0.9 and default[1] <= 1.15)])
+    report(
+        "Bridge cost at generation: tokens/s and PPL together",
+        body,
+        question="bridge_speed",
+        figures={"variants": rows_figure(header, rows), "training_steps": args.steps, "rounds": args.rounds},
+        targets=[
+            target(
+                "default hybrid tokens/s >= 0.9x the backbone with PPL ratio <= 1.15",
+                f"{default[5]:.3g} (PPL {default[1]:.4g}, CPU time)",
+                default[5] >= 0.9 and default[1] <= 1.15,
+            )
+        ],
+    )
 
 
 if __name__ == "__main__":

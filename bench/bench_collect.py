@@ -10,6 +10,7 @@ against the bare forward pass on the same batches.
 
 Uses the shipped backbone when present, otherwise a random Llama of its architecture built here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,10 +43,18 @@ def _model_dir(work: Path) -> tuple[str, str]:
         from dihal_fast.testing import make_tiny_tokenizer
 
         tokenizer = make_tiny_tokenizer()
-        config = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=8,
-                             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
-                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id)
+        config = LlamaConfig(
+            vocab_size=4096,
+            hidden_size=256,
+            intermediate_size=688,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=512,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         torch.manual_seed(0)
         LlamaForCausalLM(config).save_pretrained(path)
         tokenizer.save_pretrained(path)
@@ -72,20 +81,46 @@ def child_memory(args: argparse.Namespace) -> None:
 
     load_causal_lm(args.model)  # the model's own footprint, to separate it from the collection's
     after_model = _max_rss_mb()
-    config = CollectConfig(model=args.model, corpus=[args.corpus], seq_len=args.seq_len, batch_size=args.batch_size,
-                           max_tokens=args.tokens, reservoir_size=args.reservoir, checkpoint_every=10**9)
+    config = CollectConfig(
+        model=args.model,
+        corpus=[args.corpus],
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        max_tokens=args.tokens,
+        reservoir_size=args.reservoir,
+        checkpoint_every=10**9,
+    )
     with tempfile.TemporaryDirectory() as run:
         start = time.perf_counter()
         result = collect(config, run, progress=False)
         seconds = time.perf_counter() - start
-    print(json.dumps({"tokens": result.n_tokens, "rss_model_mb": after_model, "rss_peak_mb": _max_rss_mb(), "seconds": seconds}))
+    print(
+        json.dumps(
+            {"tokens": result.n_tokens, "rss_model_mb": after_model, "rss_peak_mb": _max_rss_mb(), "seconds": seconds}
+        )
+    )
 
 
 def memory(args: argparse.Namespace, model: str, corpus: str) -> list[dict]:
     rows = []
     for tokens in (args.tokens, 10 * args.tokens):
-        cmd = [sys.executable, __file__, "--child-memory", "--model", model, "--corpus", corpus, "--tokens", str(tokens),
-               "--reservoir", str(args.reservoir), "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child-memory",
+            "--model",
+            model,
+            "--corpus",
+            corpus,
+            "--tokens",
+            str(tokens),
+            "--reservoir",
+            str(args.reservoir),
+            "--seq-len",
+            str(args.seq_len),
+            "--batch-size",
+            str(args.batch_size),
+        ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
     return rows
@@ -117,10 +152,16 @@ def throughput(args: argparse.Namespace, model_dir: str, corpus: str) -> dict[st
 
     def collect_step():
         for i, ids in enumerate(batches):
-            positions = (i * args.batch_size + torch.arange(ids.shape[0]))[:, None] * args.seq_len + torch.arange(args.seq_len)
+            positions = (i * args.batch_size + torch.arange(ids.shape[0]))[:, None] * args.seq_len + torch.arange(
+                args.seq_len
+            )
             stats.update(model_hidden_states(model.base_model, ids, attention), mask, positions, ids)
 
-    runs = {"bare forward (model(input_ids))": bare, "backbone + output_hidden_states": hidden, "collection step": collect_step}
+    runs = {
+        "bare forward (model(input_ids))": bare,
+        "backbone + output_hidden_states": hidden,
+        "collection step": collect_step,
+    }
     for fn in runs.values():  # warm-up (the reservoir fills here, as in a long run)
         fn()
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -138,7 +179,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=20_000, help="N for the memory test (the second run uses 10 N)")
     parser.add_argument("--reservoir", type=int, default=3000, help="reservoir size (tokens per layer)")
     parser.add_argument("--seq-len", type=int, default=256, help="tokens per block")
-    parser.add_argument("--threads", type=int, default=None, help="torch and OpenMP threads (default: the libraries' own)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch and OpenMP threads (default: the libraries' own)"
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="blocks per forward")
     parser.add_argument("--batches", type=int, default=6, help="batches per throughput round")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved throughput rounds (median reported)")
@@ -159,29 +202,45 @@ def main() -> None:
     mem = memory(args, model, corpus)
     rates = throughput(args, model, corpus)
     bare = rates["bare forward (model(input_ids))"]
-    mem_rows = [[r["tokens"], r["rss_model_mb"], r["rss_peak_mb"], r["rss_peak_mb"] - r["rss_model_mb"], r["seconds"]] for r in mem]
+    mem_rows = [
+        [r["tokens"], r["rss_model_mb"], r["rss_peak_mb"], r["rss_peak_mb"] - r["rss_model_mb"], r["seconds"]]
+        for r in mem
+    ]
     rate_rows = [[name, rate, bare / rate - 1.0] for name, rate in rates.items()]
     ratio = mem[1]["rss_peak_mb"] / mem[0]["rss_peak_mb"]
     overhead = bare / rates["collection step"] - 1.0
     over_hidden = rates["backbone + output_hidden_states"] / rates["collection step"] - 1.0
     mem_header = ["tokens in statistics", "RSS after model load MB", "peak RSS MB", "collection MB", "collect s"]
     rate_header = ["pass over the same batches", "tokens/s", "time overhead vs bare forward"]
-    body = "\n\n".join([
-        f"Model: {what} ({model}); corpus {Path(corpus).name}; seq_len {args.seq_len}, batch {args.batch_size}, "
-        f"reservoir {args.reservoir} tokens per layer, float32, CPU, torch threads {torch.get_num_threads()}.",
-        table(mem_header, mem_rows),
-        f"Peak RSS ratio 10N / N = {ratio:.3f} (target <= 1.2).",
-        table(rate_header, rate_rows),
-        f"Collection overhead vs the bare forward pass: {100 * overhead:.1f} % (target <= 15 %); vs the backbone "
-        f"forward that yields the hidden states (no LM head): {100 * over_hidden:.1f} %. Medians of "
-        f"{args.rounds} interleaved rounds of {args.batches} batches.",
-    ])
-    report("Streaming collection: memory vs tokens, throughput vs the bare forward", body, question="collection",
-           figures={"memory": rows_figure(mem_header, mem_rows), "throughput": rows_figure(rate_header, rate_rows),
-                    "peak_rss_ratio_10n_over_n": ratio, "collection_overhead": overhead},
-           targets=[target("peak RSS of 10 N tokens / N tokens <= 1.2", f"{ratio:.3f}", ratio <= 1.2),
-                    target("collection step time overhead vs the bare forward <= 15 %", f"{100 * overhead:.1f} %",
-                           overhead <= 0.15)])
+    body = "\n\n".join(
+        [
+            f"Model: {what} ({model}); corpus {Path(corpus).name}; seq_len {args.seq_len}, batch {args.batch_size}, "
+            f"reservoir {args.reservoir} tokens per layer, float32, CPU, torch threads {torch.get_num_threads()}.",
+            table(mem_header, mem_rows),
+            f"Peak RSS ratio 10N / N = {ratio:.3f} (target <= 1.2).",
+            table(rate_header, rate_rows),
+            f"Collection overhead vs the bare forward pass: {100 * overhead:.1f} % (target <= 15 %); vs the backbone "
+            f"forward that yields the hidden states (no LM head): {100 * over_hidden:.1f} %. Medians of "
+            f"{args.rounds} interleaved rounds of {args.batches} batches.",
+        ]
+    )
+    report(
+        "Streaming collection: memory vs tokens, throughput vs the bare forward",
+        body,
+        question="collection",
+        figures={
+            "memory": rows_figure(mem_header, mem_rows),
+            "throughput": rows_figure(rate_header, rate_rows),
+            "peak_rss_ratio_10n_over_n": ratio,
+            "collection_overhead": overhead,
+        },
+        targets=[
+            target("peak RSS of 10 N tokens / N tokens <= 1.2", f"{ratio:.3f}", ratio <= 1.2),
+            target(
+                "collection step time overhead vs the bare forward <= 15 %", f"{100 * overhead:.1f} %", overhead <= 0.15
+            ),
+        ],
+    )
 
 
 if __name__ == "__main__":

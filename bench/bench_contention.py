@@ -10,6 +10,7 @@ and the neighbour's own), so that a polluted row can be seen as such; ratios wit
 Targets (issue 14): beside one busy process the default is at most 1.2x the idle 1-thread time, and
 the idle default is no slower than the idle 2-thread time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -112,22 +113,36 @@ def main() -> None:
                         command = [sys.executable, "-c", GEOMETRY.format(repeats=args.geometry_repeats)]
                     run = run_once(command, settings, neighbour)
                 results[name].append(run)
-                print(f"{workload:8s} {name:44s} {run.seconds:7.2f} s  cpu {run.cpu_seconds:7.2f} s  "
-                      f"other processes {run.foreign_cores:.2f} cores", flush=True)
+                print(
+                    f"{workload:8s} {name:44s} {run.seconds:7.2f} s  cpu {run.cpu_seconds:7.2f} s  "
+                    f"other processes {run.foreign_cores:.2f} cores",
+                    flush=True,
+                )
         best = {name: min(runs, key=lambda r: r.seconds) for name, runs in results.items()}
         idle_one = best.get("idle, 1 thread")
-        rows = [[name, run.seconds, run.cpu_seconds, run.foreign_cores,
-                 run.seconds / idle_one.seconds if idle_one else "-"] for name, run in best.items()]
-        label = (f"`dihal replace --layer 1 --steps {args.steps}`" if workload == "replace"
-                 else f"`geometry_proxies` 3,000 x 1,024 float32, {args.geometry_repeats} calls")
+        rows = [
+            [name, run.seconds, run.cpu_seconds, run.foreign_cores, run.seconds / idle_one.seconds if idle_one else "-"]
+            for name, run in best.items()
+        ]
+        label = (
+            f"`dihal replace --layer 1 --steps {args.steps}`"
+            if workload == "replace"
+            else f"`geometry_proxies` 3,000 x 1,024 float32, {args.geometry_repeats} calls"
+        )
         header = ["condition", "wall s", "own CPU s", "other processes (cores)", "/ idle 1 thread"]
         sections.append(f"{label}:\n\n" + table(header, rows))
         figures[workload] = rows_figure(header, rows)
     load_after = os.getloadavg()
-    loads = f"load averages (1, 5, 15 min) before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, " \
-            f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; best of {args.rounds} round(s)"
-    report("Thread behaviour beside a busy neighbour", loads + "\n\n" + "\n\n".join(sections),
-           question="thread_contention", figures={**figures, "rounds": args.rounds, "steps": args.steps})
+    loads = (
+        f"load averages (1, 5, 15 min) before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+        f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; best of {args.rounds} round(s)"
+    )
+    report(
+        "Thread behaviour beside a busy neighbour",
+        loads + "\n\n" + "\n\n".join(sections),
+        question="thread_contention",
+        figures={**figures, "rounds": args.rounds, "steps": args.steps},
+    )
 
 
 if __name__ == "__main__":

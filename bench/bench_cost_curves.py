@@ -7,6 +7,7 @@ torch.cov for the covariance. The slow peers run on the smaller sizes only. Writ
 with the fitted exponent of each curve (slope of log time against log size) and appends the table
 as the record of bench/README.md's cost-curve section.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,7 +78,11 @@ def main() -> None:
     parser.add_argument("--plot", default=str(Path(__file__).with_name("cost_curves.png")))
     args = parser.parse_args()
 
-    ops = {"knn": _knn_methods(args.k), "geometry_proxies": _proxy_methods(), "covariance update": _covariance_methods()}
+    ops = {
+        "knn": _knn_methods(args.k),
+        "geometry_proxies": _proxy_methods(),
+        "covariance update": _covariance_methods(),
+    }
     slow = {"sklearn brute", "sklearn+NumPy"}
     grids = {"n": [(n, args.dim) for n in args.ns], "D": [(args.n, D) for D in args.dims]}
     curves: dict[tuple[str, str, str], tuple[list[int], list[float]]] = {}
@@ -104,14 +109,24 @@ def main() -> None:
     body = table(header, rows)
     body += (
         f"\n\nfloat32 low-rank-plus-noise rows (bench_proxies.data), k={args.k}, one timed call each (a warm-up "
-        f"call for the small sizes). sklearn peers only up to n={args.peer_max_n} (proxies up to D={args.peer_max_dim}). "
+        f"call for the small sizes). sklearn peers only up to n={args.peer_max_n} (proxies up to "
+        f"D={args.peer_max_dim}). "
         "Expected exponents: kNN and proxies n^2 D (the kNN product), covariance n D^2."
         f"\n\n![cost against n and D, log-log]({Path(args.plot).name})"
     )
-    report("Cost curves: knn, geometry_proxies, StreamingCovariance.update against n and D", body, question="cost_curves",
-           figures={"curves": rows_figure(header, rows), "k": args.k,
-                    "seconds": {f"{op} | {name} | {axis}": dict(zip(map(str, sizes), times))
-                                for (axis, op, name), (sizes, times) in curves.items()}})
+    report(
+        "Cost curves: knn, geometry_proxies, StreamingCovariance.update against n and D",
+        body,
+        question="cost_curves",
+        figures={
+            "curves": rows_figure(header, rows),
+            "k": args.k,
+            "seconds": {
+                f"{op} | {name} | {axis}": dict(zip(map(str, sizes), times))
+                for (axis, op, name), (sizes, times) in curves.items()
+            },
+        },
+    )
 
 
 def _plot(curves: dict, args: argparse.Namespace) -> None:
@@ -130,8 +145,14 @@ def _plot(curves: dict, args: argparse.Namespace) -> None:
                 continue
             style = styles[seen.setdefault(op, 0) % len(styles)]
             seen[op] += 1
-            ax.loglog(sizes, times, style, marker="o", color=colours[op],
-                      label=f"{op}: {name} (slope {exponent(sizes, times):.2f})")
+            ax.loglog(
+                sizes,
+                times,
+                style,
+                marker="o",
+                color=colours[op],
+                label=f"{op}: {name} (slope {exponent(sizes, times):.2f})",
+            )
         ax.set_xlabel(f"{axis} ({'D=' + str(args.dim) if axis == 'n' else 'n=' + str(args.n)})")
         ax.set_ylabel("seconds")
         ax.grid(True, which="both", alpha=0.3)

@@ -8,6 +8,7 @@ bridge noise. Per model: each metric ± the harness's standard error; per metric
 hybrid - backbone on the same examples, ± its standard error (std of the per-example differences / sqrt n),
 which is far tighter than the two errors together.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,9 @@ def paired(hybrid: list[float], backbone: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="runs/bench_downstream", help="run directory of the hybrid's training (reused)")
+    parser.add_argument(
+        "--out", default="runs/bench_downstream", help="run directory of the hybrid's training (reused)"
+    )
     parser.add_argument("--hybrid", help="an existing hybrid directory instead (its backbone: the recorded one)")
     parser.add_argument("--batch-size", type=int, default=16, help="HFLM batch size")
     parser.add_argument("--limit", type=int, help="first N examples per task (a trial run)")
@@ -61,13 +64,21 @@ def main() -> None:
     hybrid_dir = Path(args.hybrid) if args.hybrid else trained_hybrid(Path(args.out))
     hybrid = AutoModelForCausalLM.from_pretrained(hybrid_dir, trust_remote_code=True)
     backbone_dir = Path(hybrid.config.backbone_dir)
-    models = {"backbone": (AutoModelForCausalLM.from_pretrained(backbone_dir, dtype=torch.float32), backbone_dir),
-              "hybrid": (hybrid, hybrid_dir)}
+    models = {
+        "backbone": (AutoModelForCausalLM.from_pretrained(backbone_dir, dtype=torch.float32), backbone_dir),
+        "hybrid": (hybrid, hybrid_dir),
+    }
     results, seconds = {}, {}
     for name, (model, directory) in models.items():
         start, cpu = time.perf_counter(), time.process_time()
-        results[name] = downstream.run_tasks(model.eval(), AutoTokenizer.from_pretrained(directory), tasks,
-                                             batch_size=args.batch_size, limit=args.limit, per_example=True)
+        results[name] = downstream.run_tasks(
+            model.eval(),
+            AutoTokenizer.from_pretrained(directory),
+            tasks,
+            batch_size=args.batch_size,
+            limit=args.limit,
+            per_example=True,
+        )
         seconds[name] = (time.perf_counter() - start, time.process_time() - cpu)
 
     header = ["task", "metric", "backbone", "hybrid", "hybrid - backbone (paired)"]
@@ -77,7 +88,9 @@ def main() -> None:
             cells = [f"{results[m][task][metric]:.4g} ± {results[m][task][metric + '_stderr']:.2g}" for m in models]
             rows.append([task, metric, *cells, ""])
         for metric in PAIRED[task]:
-            mean, err = paired(results["hybrid"][task]["per_example"][metric], results["backbone"][task]["per_example"][metric])
+            mean, err = paired(
+                results["hybrid"][task]["per_example"][metric], results["backbone"][task]["per_example"][metric]
+            )
             label = "target log-likelihood (nats)" if metric == "loglikelihood" else metric
             match = next((row for row in rows if row[0] == task and row[1] == metric), None)
             if match is not None:
@@ -86,17 +99,36 @@ def main() -> None:
                 rows.append([task, label, "", "", f"{mean:+.4f} ± {err:.4f}"])
     n = {task: results["backbone"][task]["n"] for task in tasks}
     timing = ", ".join(f"{m} {w:.0f} s wall / {c:.0f} s CPU" for m, (w, c) in seconds.items())
-    body = (f"Backbone `{backbone_dir}`, hybrid `{hybrid_dir}` (layer {hybrid.config.layer}); examples {n}; "
-            f"HFLM batch {args.batch_size}, float32, CPU; lm-eval {downstream.require_lm_eval().__version__}; "
-            f"{timing}. Chance: cloze acc 0.25.\n\n" + table(header, rows))
-    worst = max(-paired(results["hybrid"][t]["per_example"]["acc"], results["backbone"][t]["per_example"]["acc"])[0]
-                for t in tasks)
-    report("Downstream tasks: hybrid vs backbone", body, question="downstream_tasks",
-           figures={"table": rows_figure(header, rows), "examples": n, "seconds": seconds,
-                    "results": {m: {t: {k: v for k, v in r.items() if k != "per_example"} for t, r in res.items()}
-                                for m, res in results.items()}},
-           targets=[target("hybrid task accuracy against its backbone (reported, no target set)",
-                           f"largest accuracy drop {worst:+.4f}", None)])
+    body = (
+        f"Backbone `{backbone_dir}`, hybrid `{hybrid_dir}` (layer {hybrid.config.layer}); examples {n}; "
+        f"HFLM batch {args.batch_size}, float32, CPU; lm-eval {downstream.require_lm_eval().__version__}; "
+        f"{timing}. Chance: cloze acc 0.25.\n\n" + table(header, rows)
+    )
+    worst = max(
+        -paired(results["hybrid"][t]["per_example"]["acc"], results["backbone"][t]["per_example"]["acc"])[0]
+        for t in tasks
+    )
+    report(
+        "Downstream tasks: hybrid vs backbone",
+        body,
+        question="downstream_tasks",
+        figures={
+            "table": rows_figure(header, rows),
+            "examples": n,
+            "seconds": seconds,
+            "results": {
+                m: {t: {k: v for k, v in r.items() if k != "per_example"} for t, r in res.items()}
+                for m, res in results.items()
+            },
+        },
+        targets=[
+            target(
+                "hybrid task accuracy against its backbone (reported, no target set)",
+                f"largest accuracy drop {worst:+.4f}",
+                None,
+            )
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Each kernel is timed (CUDA-synchronised wall clock, best of --repeat after a war
   * cuVS brute force (backend="cuvs") where this build has it.
 Prints a table and writes it with the command as bench/results/gpu_kernels.json (see bench/README.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,14 +88,26 @@ def main() -> int:
     ops = get_backend("cuda")
     cuvs = get_backend("cuvs") if df.build_info()["backends"]["cuvs"]["available"] else None
     r, D, k = args.repeat, args.dim, args.k
-    rates = {dt: gemm_rate(dt, 8192 if dt != torch.float64 else 4096, r) for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+    rates = {
+        dt: gemm_rate(dt, 8192 if dt != torch.float64 else 4096, r)
+        for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    }
     bandwidth = copy_bandwidth(r)
     rows = []
 
     def add(kernel, case, ours, floor_s, torch_s=None, cuvs_s=None):
-        rows.append([kernel, case, 1e3 * ours, 1e3 * floor_s, floor_s / ours,
-                     "" if torch_s is None else 1e3 * torch_s, "" if torch_s is None else torch_s / ours,
-                     "" if cuvs_s is None else 1e3 * cuvs_s])
+        rows.append(
+            [
+                kernel,
+                case,
+                1e3 * ours,
+                1e3 * floor_s,
+                floor_s / ours,
+                "" if torch_s is None else 1e3 * torch_s,
+                "" if torch_s is None else torch_s / ours,
+                "" if cuvs_s is None else 1e3 * cuvs_s,
+            ]
+        )
 
     # Streaming covariance update: SYRK flops n D^2 at the input type's rate, input bytes read once.
     for dt in (torch.bfloat16, torch.float16, torch.float32):
@@ -121,10 +134,12 @@ def main() -> int:
     idx = torch.randint(0, n, (n, k), device="cuda")
     ours = gpu_time(lambda: ops.local_top_eigenvalues(X, idx), r)
     fl = floor(2.0 * n * (k + 1) ** 2 * D, rates[torch.float64], n * (k + 1) * D * X.element_size(), bandwidth)
+
     def torch_local():
         N = X[torch.cat([torch.arange(n, device="cuda")[:, None], idx], 1)[:2000]].double()
         N = N - N.mean(1, keepdim=True)
         return torch.linalg.eigvalsh(N @ N.transpose(1, 2))[:, -1]
+
     theirs = gpu_time(torch_local, r) * n / 2000
     add("local_top_eigenvalues", f"{n} x {D} bf16, k={k}", ours, fl, theirs)
 
@@ -136,11 +151,13 @@ def main() -> int:
     ours = gpu_time(lambda: ops.pair_quotients(X, mean, cov, lam, pi, pj), r)
     fl = floor(D**3 / 3 + 10000.0 * D * D, rates[torch.float64], 2 * 10000 * D * 4, bandwidth)
     Pi, Pj = torch.from_numpy(pi).cuda(), torch.from_numpy(pj).cuda()
+
     def torch_pairs():
         L = torch.linalg.cholesky(cov + lam * torch.eye(D, dtype=torch.float64, device="cuda"))
         d = (X[Pi] - X[Pj]).double()
         y = torch.linalg.solve_triangular(L, d.T, upper=False)
         return (y * y).sum(0) / (d * d).sum(1)
+
     add("pair_quotients", f"3000 x {D} f32, 10000 pairs", ours, fl, gpu_time(torch_pairs, r))
 
     # Top eigenvalue of the covariance (Lanczos on the GPU) against a dense eigensolver.
@@ -162,9 +179,17 @@ def main() -> int:
         + f"; copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write). torch local eigenvalues timed on 2,000 "
         "points and scaled. geometry_proxies: k=16, 10,000 pairs (no floor: a sum of the rows above)."
     )
-    report(f"CUDA kernels against their floors, torch and cuVS ({gpu})", body, question="gpu_kernels",
-           figures={"kernels": rows_figure(header, rows), "gpu": gpu, "copy_bandwidth_tb_s": bandwidth / 1e12,
-                    "gemm_tflop_s": {str(dt)[6:]: v / 1e12 for dt, v in rates.items()}})
+    report(
+        f"CUDA kernels against their floors, torch and cuVS ({gpu})",
+        body,
+        question="gpu_kernels",
+        figures={
+            "kernels": rows_figure(header, rows),
+            "gpu": gpu,
+            "copy_bandwidth_tb_s": bandwidth / 1e12,
+            "gemm_tflop_s": {str(dt)[6:]: v / 1e12 for dt, v in rates.items()},
+        },
+    )
     return 0
 
 

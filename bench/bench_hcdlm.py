@@ -13,6 +13,7 @@ Rerunning the same command resumes finished/unfinished runs instead of retrainin
     python bench/bench_hcdlm.py --tasks sudoku --minutes 5
     python bench/bench_hcdlm.py --tasks countdown --minutes 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,44 +38,79 @@ from dihal_fast.hcdlm.trainer import train  # noqa: E402
 from dihal_fast.tasks.registry import TaskConfig  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-LABELS = {"hcdlm": "HC-DLM", "hcdlm_absorbing": "HC-DLM (absorbing)", "hcdlm_paper": "HC-DLM (paper objective)",
-          "hcdlm_absorbing_paper": "HC-DLM (absorbing, paper objective)", "mdm": "MDM", "latent": "Latent DM", "ar": "AR"}
+LABELS = {
+    "hcdlm": "HC-DLM",
+    "hcdlm_absorbing": "HC-DLM (absorbing)",
+    "hcdlm_paper": "HC-DLM (paper objective)",
+    "hcdlm_absorbing_paper": "HC-DLM (absorbing, paper objective)",
+    "mdm": "MDM",
+    "latent": "Latent DM",
+    "ar": "AR",
+}
 # bench name -> (model kind, scaffold kernel, objective overrides); "paper objective" = without our exposure share,
 # with the paper's scaffold drop for guidance
 PAPER_OBJECTIVE = {"exposure_share": 0.0, "guidance_training": True}
-VARIANTS = {"hcdlm_absorbing": ("hcdlm", "absorbing", {}), "hcdlm_paper": ("hcdlm", "uniform", PAPER_OBJECTIVE),
-            "hcdlm_absorbing_paper": ("hcdlm", "absorbing", PAPER_OBJECTIVE)}
+VARIANTS = {
+    "hcdlm_absorbing": ("hcdlm", "absorbing", {}),
+    "hcdlm_paper": ("hcdlm", "uniform", PAPER_OBJECTIVE),
+    "hcdlm_absorbing_paper": ("hcdlm", "absorbing", PAPER_OBJECTIVE),
+}
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--tasks", default="sudoku,countdown", help="comma-separated: sudoku, countdown, text")
-    p.add_argument("--models", default="hcdlm,hcdlm_absorbing,mdm,latent,ar",
-                   help="comma-separated models (hcdlm = uniform scaffold kernel, hcdlm_absorbing = [MASK] kernel)")
+    p.add_argument(
+        "--models",
+        default="hcdlm,hcdlm_absorbing,mdm,latent,ar",
+        help="comma-separated models (hcdlm = uniform scaffold kernel, hcdlm_absorbing = [MASK] kernel)",
+    )
     p.add_argument("--minutes", type=float, default=5.0, help="training time per model")
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="what --minutes measures")
     p.add_argument("--hidden", type=int, default=64, help="width of every network (baselines get matched depth)")
     p.add_argument("--batch-size", type=int, default=64, help="training batch")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (the paper: 1e-4 at batch 256)")
-    p.add_argument("--blocks", default="1,6,1", help="HC-DLM encoder,denoiser,predictor blocks (the solving is the denoiser's)")
+    p.add_argument(
+        "--blocks", default="1,6,1", help="HC-DLM encoder,denoiser,predictor blocks (the solving is the denoiser's)"
+    )
     p.add_argument("--sudoku-box", default="2x3", help="Sudoku box shape")
     p.add_argument("--sudoku-pool", type=int, default=3000, help="generated training puzzles (singles grade)")
     p.add_argument("--eval-n", type=int, default=300, help="test problems per group (fresh puzzles / real file)")
-    p.add_argument("--val-n", type=int, default=150, help="validation problems per group, used only to pick sampler settings")
+    p.add_argument(
+        "--val-n", type=int, default=150, help="validation problems per group, used only to pick sampler settings"
+    )
     p.add_argument("--seeds", default="0", help="comma-separated training seeds per model (tables show mean +- std)")
     p.add_argument("--steps-list", default="5,10,25,50", help="sampling steps for the accuracy-vs-steps curve")
-    p.add_argument("--sample-steps", default="50",
-                   help="sampling-step candidates, chosen on validation with the other sampler settings (the paper: 50)")
-    p.add_argument("--cfg-weight", type=float, default=2.75, help="guidance weight among HC-DLM's validation candidates (0 = never)")
+    p.add_argument(
+        "--sample-steps",
+        default="50",
+        help="sampling-step candidates, chosen on validation with the other sampler settings (the paper: 50)",
+    )
+    p.add_argument(
+        "--cfg-weight",
+        type=float,
+        default=2.75,
+        help="guidance weight among HC-DLM's validation candidates (0 = never)",
+    )
     p.add_argument("--text-len", type=int, default=64, help="text: tokens per sample")
     p.add_argument("--text-latents", type=int, default=4, help="text: HC-DLM latent vectors M")
     p.add_argument("--text-samples", type=int, default=64, help="text: samples scored for Gen PPL")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (on a GPU use --clock wall: CPU time misses GPU work)")
+    p.add_argument(
+        "--device", default="cpu", help="cpu, cuda or cuda:N (on a GPU use --clock wall: CPU time misses GPU work)"
+    )
     p.add_argument("--out", type=Path, default=Path("runs/bench_hcdlm"), help="run directories and results.json")
     p.add_argument("--no-append", action="store_true", help="print only; do not write the record under bench/results/")
-    p.add_argument("--train-only", action="store_true",
-                   help="train (or resume) the runs and stop: start one process per model to share the cores, then rerun without it to evaluate")
+    p.add_argument(
+        "--train-only",
+        action="store_true",
+        help=(
+            "train (or resume) the runs and stop: start one process per model to share the cores, then rerun without "
+            "it to evaluate"
+        ),
+    )
     return p.parse_args()
 
 
@@ -87,20 +123,46 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
     else:
         from dihal_fast.backbone import default_model_dir
 
-        task_cfg = TaskConfig("text", text_files=[str(SHARED / "text" / "tinystories.train.txt")], text_len=args.text_len,
-                              text_max_chars=400_000, tokenizer_dir=str(default_model_dir()))
+        task_cfg = TaskConfig(
+            "text",
+            text_files=[str(SHARED / "text" / "tinystories.train.txt")],
+            text_len=args.text_len,
+            text_max_chars=400_000,
+            tokenizer_dir=str(default_model_dir()),
+        )
         latents = args.text_latents
     kind, kernel, objective = VARIANTS.get(model, (model, "uniform", {}))
     encoder, denoiser, predictor = (int(b) for b in args.blocks.split(","))
     if kind in ("mdm", "ar"):  # HC-DLM-only options off, so a baseline's saved config claims no slot head
         objective = {**objective, "slot_aux_weight": 0.0}
-    model_cfg = HCDLMModelConfig(kind=kind, kernel=kernel, hidden=args.hidden, heads=4, latents=latents, encoder_blocks=encoder,
-                                 slot_head=kind not in ("mdm", "ar"),
-                                 denoiser_blocks=denoiser, predictor_blocks=predictor)
-    return RunConfig(task=task_cfg, model=model_cfg, objective=ObjectiveConfig(**objective),
-                     train=HCDLMTrainConfig(steps=10**7, batch_size=args.batch_size, lr=args.lr, max_minutes=args.minutes, seed=seed,
-                                            budget_clock=args.clock, threads=args.threads, checkpoint_every=200, log_every=50,
-                                            device=args.device))
+    model_cfg = HCDLMModelConfig(
+        kind=kind,
+        kernel=kernel,
+        hidden=args.hidden,
+        heads=4,
+        latents=latents,
+        encoder_blocks=encoder,
+        slot_head=kind not in ("mdm", "ar"),
+        denoiser_blocks=denoiser,
+        predictor_blocks=predictor,
+    )
+    return RunConfig(
+        task=task_cfg,
+        model=model_cfg,
+        objective=ObjectiveConfig(**objective),
+        train=HCDLMTrainConfig(
+            steps=10**7,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            max_minutes=args.minutes,
+            seed=seed,
+            budget_clock=args.clock,
+            threads=args.threads,
+            checkpoint_every=200,
+            log_every=50,
+            device=args.device,
+        ),
+    )
 
 
 def eval_examples(task: str, run, args: argparse.Namespace, split: str = "test") -> list:
@@ -108,7 +170,9 @@ def eval_examples(task: str, run, args: argparse.Namespace, split: str = "test")
     count = args.eval_n if split == "test" else args.val_n
     if task == "sudoku":
         seed = 123 if split == "test" else 7
-        examples = generated_sudoku(run.task, "easy", count, seed=seed) + generated_sudoku(run.task, "hard", count, seed=seed)
+        examples = generated_sudoku(run.task, "easy", count, seed=seed) + generated_sudoku(
+            run.task, "hard", count, seed=seed
+        )
         kaggle = SHARED / "sudoku_kaggle3m_curated5000.csv"
         if run.task.geo.n == 9 and kaggle.is_file():  # the real puzzles, one group per rated level
             by_level: dict[str, list] = {}
@@ -195,22 +259,44 @@ def bench_text(models: list[str], args: argparse.Namespace) -> dict:
         run = load_run(run_dir, device=args.device)
         if reference is None:
             reference = text_windows(run.task, SHARED / "text" / "tinystories.valid.txt", args.text_samples)
-        report_ = evaluate_text(run, args.text_samples, SampleConfig(steps=steps, temperature=1.0, batch_size=64),
-                                default_model_dir(), reference)
-        results[model] = {"train": summary, **{k: v for k, v in report_.items() if k != "examples"}, "examples": report_["examples"][:2]}
+        report_ = evaluate_text(
+            run,
+            args.text_samples,
+            SampleConfig(steps=steps, temperature=1.0, batch_size=64),
+            default_model_dir(),
+            reference,
+        )
+        results[model] = {
+            "train": summary,
+            **{k: v for k, v in report_.items() if k != "examples"},
+            "examples": report_["examples"][:2],
+        }
     atomic_write_json(args.out / "text_results.json", results)
     return {"results": results, "steps": steps}
 
 
 def render_text(out: dict, args: argparse.Namespace) -> str:
-    rows = [[LABELS[m], r["train"]["parameters"], r["train"]["step"], round(r["train"]["elapsed_s"]), round(r["gen_ppl"], 1), round(r["entropy"], 3)]
-            for m, r in out["results"].items()]
+    rows = [
+        [
+            LABELS[m],
+            r["train"]["parameters"],
+            r["train"]["step"],
+            round(r["train"]["elapsed_s"]),
+            round(r["gen_ppl"], 1),
+            round(r["entropy"], 3),
+        ]
+        for m, r in out["results"].items()
+    ]
     data = next(iter(out["results"].values()))["data_reference"]
     rows.append(["data (tinystories.valid windows)", "", "", "", round(data["gen_ppl"], 1), round(data["entropy"], 3)])
-    return (table(["model", "params", "train steps", f"train {args.clock} s", "Gen PPL", "entropy"], rows)
-            + f"\n\n{args.text_samples} samples of {args.text_len} tokens, {out['steps']} steps (AR: left to right), float64 sampling at "
-            "temperature 1; Gen PPL under the shipped backbone (float32, token-pooled, its BOS prepended), entropy = mean "
-            "per-sample unigram entropy (nats) of the evaluator's tokens. Trained on the first 400k characters of tinystories.train.")
+    return (
+        table(["model", "params", "train steps", f"train {args.clock} s", "Gen PPL", "entropy"], rows)
+        + f"\n\n{args.text_samples} samples of {args.text_len} tokens, {out['steps']} steps (AR: left to right), "
+        "float64 sampling at "
+        "temperature 1; Gen PPL under the shipped backbone (float32, token-pooled, its BOS prepended), entropy = mean "
+        "per-sample unigram entropy (nats) of the evaluator's tokens. Trained on the first 400k characters of "
+        "tinystories.train."
+    )
 
 
 def pooled(row: dict, key: str) -> float:
@@ -235,19 +321,50 @@ def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
             chosen, tried = pick_sampler(run, model, val, base, args)
             curve = accuracy_vs_steps(run, examples, steps_list, replace(base, **chosen))
             main_row = next(row for row in curve if row["steps"] == chosen.get("steps", max(steps_list)))
-            runs.append({"seed": seed, "train": summary, "sampler": tried, "chosen": chosen,
-                         "curve": curve, "groups": main_row["groups"], "accuracy": main_row["accuracy"]})
-            logging.info("%s/%s seed %d: %s", task, model, seed, {g: round(v["accuracy"], 4) for g, v in runs[-1]["groups"].items()})
-        results[model] = {"runs": runs, "train": runs[0]["train"], "curve": runs[0]["curve"], "groups": runs[0]["groups"]}
+            runs.append(
+                {
+                    "seed": seed,
+                    "train": summary,
+                    "sampler": tried,
+                    "chosen": chosen,
+                    "curve": curve,
+                    "groups": main_row["groups"],
+                    "accuracy": main_row["accuracy"],
+                }
+            )
+            logging.info(
+                "%s/%s seed %d: %s",
+                task,
+                model,
+                seed,
+                {g: round(v["accuracy"], 4) for g, v in runs[-1]["groups"].items()},
+            )
+        results[model] = {
+            "runs": runs,
+            "train": runs[0]["train"],
+            "curve": runs[0]["curve"],
+            "groups": runs[0]["groups"],
+        }
     timing = {}
     if "hcdlm" in results and "mdm" in results:
-        timing = sampling_seconds({m: load_run(args.out / task / m, device=args.device) for m in ("hcdlm", "mdm")}, examples, steps_list)
-    plot = plot_accuracy_vs_steps({LABELS[m]: r["curve"] for m, r in results.items()}, args.out / f"{task}_accuracy_vs_steps.png",
-                                  f"{task}: accuracy vs sampling steps (seed 0)")
+        timing = sampling_seconds(
+            {m: load_run(args.out / task / m, device=args.device) for m in ("hcdlm", "mdm")}, examples, steps_list
+        )
+    plot = plot_accuracy_vs_steps(
+        {LABELS[m]: r["curve"] for m, r in results.items()},
+        args.out / f"{task}_accuracy_vs_steps.png",
+        f"{task}: accuracy vs sampling steps (seed 0)",
+    )
     key = "blank_cells" if task == "sudoku" else "true_steps"
-    plot_accuracy_vs_steps({LABELS[m]: [{"steps": c["steps"], "accuracy": pooled(c, key)} for c in r["curve"]] for m, r in results.items()},
-                           args.out / f"{task}_{key}_vs_steps.png", f"{task}: {key.replace('_', ' ')} vs sampling steps",
-                           f"{key.replace('_', ' ')} (%)")
+    plot_accuracy_vs_steps(
+        {
+            LABELS[m]: [{"steps": c["steps"], "accuracy": pooled(c, key)} for c in r["curve"]]
+            for m, r in results.items()
+        },
+        args.out / f"{task}_{key}_vs_steps.png",
+        f"{task}: {key.replace('_', ' ')} vs sampling steps",
+        f"{key.replace('_', ' ')} (%)",
+    )
     atomic_write_json(args.out / f"{task}_results.json", {"models": results, "sampling_seconds": timing})
     return {"results": results, "plot": str(plot), "steps_list": steps_list, "timing": timing}
 
@@ -264,31 +381,66 @@ def mean_std(values: list[float]) -> str:
 def render(task: str, out: dict, args: argparse.Namespace) -> str:
     results, steps_list = out["results"], out["steps_list"]
     groups = list(next(iter(results.values()))["groups"])  # easy/hard (+ Kaggle levels for 9x9) or cd3/cd4
-    extras = [("blank_cells", "blank cells")] if task == "sudoku" else [("loose", "loose"), ("true_steps", "true steps")]
+    extras = (
+        [("blank_cells", "blank cells")] if task == "sudoku" else [("loose", "loose"), ("true_steps", "true steps")]
+    )
     header = ["model", "seeds", "params", "train steps", f"train {args.clock} s", "sampler (chosen on validation)"]
     header += [f"{g} acc %" for g in groups] + [f"{g} {label} %" for key, label in extras for g in groups]
     rows = []
     for model, r in results.items():
         runs = r["runs"]
-        chosen = "; ".join(sorted({", ".join(f"{k}={v}" for k, v in run["chosen"].items()) or "left to right" for run in runs}))
+        chosen = "; ".join(
+            sorted({", ".join(f"{k}={v}" for k, v in run["chosen"].items()) or "left to right" for run in runs})
+        )
         cells = [mean_std([run["groups"][g]["accuracy"] for run in runs]) for g in groups]
         cells += [mean_std([run["groups"][g][key] for run in runs]) for key, _ in extras for g in groups]
-        rows.append([LABELS[model], len(runs), r["train"]["parameters"], round(sum(run["train"]["step"] for run in runs) / len(runs)),
-                     round(r["train"]["elapsed_s"]), chosen] + cells)
+        rows.append(
+            [
+                LABELS[model],
+                len(runs),
+                r["train"]["parameters"],
+                round(sum(run["train"]["step"] for run in runs) / len(runs)),
+                round(r["train"]["elapsed_s"]),
+                chosen,
+            ]
+            + cells
+        )
     text = table(header, rows)
     partial_key, partial_label = extras[-1]
-    curve_rows = [[LABELS[m]] + [f"{100 * c['accuracy']:.1f} / {100 * pooled(c, partial_key):.1f}" for c in r["curve"]] for m, r in results.items()]
-    text += f"\n\nAccuracy / {partial_label} (%, all groups, seed 0, chosen sampler) vs sampling steps (AR decodes left to right; its row repeats):\n\n"
+    curve_rows = [
+        [LABELS[m]] + [f"{100 * c['accuracy']:.1f} / {100 * pooled(c, partial_key):.1f}" for c in r["curve"]]
+        for m, r in results.items()
+    ]
+    text += (
+        f"\n\nAccuracy / {partial_label} (%, all groups, seed 0, chosen sampler) vs sampling steps "
+        "(AR decodes left to right; its row repeats):\n\n"
+    )
     text += table(["model"] + [str(s) for s in steps_list], curve_rows)
     if out["timing"]:
         t_h, t_m = out["timing"]["hcdlm"], out["timing"]["mdm"]
-        kind = "wall-clock seconds on " + args.device if args.device.startswith("cuda") else "process CPU seconds on one thread"
-        text += f"\n\nSampling time per batch of 64, {kind} (median of 3 interleaved rounds, no guidance or clamping):\n\n"
-        text += table(["steps", "HC-DLM s", "MDM s", "HC-DLM / MDM"], [[s, round(t_h[s], 3), round(t_m[s], 3), round(t_h[s] / t_m[s], 2)] for s in steps_list])
-        text += "\n\nMDM skips steps that reveal no token, so beyond L steps (L = target tokens) its cost stops growing."
-    text += f"\n\nTest: {args.eval_n} problems per group; sampler settings picked per run on {args.val_n} separate validation problems " \
-            f"per group, sampling steps among {args.sample_steps}. Main accuracies at the chosen steps, argmax tokens, EMA weights, HC-DLM M=1 (blocks " \
-            f"encoder,denoiser,predictor = {args.blocks}; confidence re-masking for the absorbing kernel); plot: `{out['plot']}`."
+        kind = (
+            "wall-clock seconds on " + args.device
+            if args.device.startswith("cuda")
+            else "process CPU seconds on one thread"
+        )
+        text += (
+            f"\n\nSampling time per batch of 64, {kind} (median of 3 interleaved rounds, no guidance or clamping):\n\n"
+        )
+        text += table(
+            ["steps", "HC-DLM s", "MDM s", "HC-DLM / MDM"],
+            [[s, round(t_h[s], 3), round(t_m[s], 3), round(t_h[s] / t_m[s], 2)] for s in steps_list],
+        )
+        text += (
+            "\n\nMDM skips steps that reveal no token, so beyond L steps (L = target tokens) its cost stops growing."
+        )
+    text += (
+        f"\n\nTest: {args.eval_n} problems per group; sampler settings picked per run on {args.val_n} separate "
+        "validation problems "
+        f"per group, sampling steps among {args.sample_steps}. Main accuracies at the chosen steps, argmax tokens, "
+        "EMA weights, HC-DLM M=1 (blocks "
+        f"encoder,denoiser,predictor = {args.blocks}; confidence re-masking for the absorbing kernel); plot: "
+        f"`{out['plot']}`."
+    )
     return text
 
 
@@ -304,7 +456,9 @@ def main() -> int:
     args = parse_args()
     if args.device.startswith("cuda") and args.clock == "cpu":
         raise SystemExit("--device cuda needs --clock wall: process CPU time does not count GPU work")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     torch.set_num_threads(args.threads)
     models = [m for m in args.models.split(",") if m]
     if args.train_only:
@@ -320,12 +474,19 @@ def main() -> int:
         else:
             out = bench_task(task, models, args)
             body = render(task, out, args)
-        title = f"HC-DLM vs MDM / Latent DM / AR: {task} ({args.minutes:g} {args.clock}-minutes of training per model, hidden {args.hidden})"
+        title = (
+            f"HC-DLM vs MDM / Latent DM / AR: {task} ({args.minutes:g} {args.clock}-minutes of training per model, "
+            f"hidden {args.hidden})"
+        )
         if args.no_append:
             print(body)
         else:
-            report(title, body, question=question_key(task, args),
-                   figures={"tables": markdown_tables(body), "minutes": args.minutes, "models": models})
+            report(
+                title,
+                body,
+                question=question_key(task, args),
+                figures={"tables": markdown_tables(body), "minutes": args.minutes, "models": models},
+            )
     return 0
 
 

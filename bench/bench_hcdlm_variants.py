@@ -6,11 +6,13 @@ scores EMA and raw weights, with and without clamping, on the validation puzzles
 (never the test puzzles), plus the read-out accuracy after the first and the last sampling step, the
 encoder's settled sigma on those puzzles, and the input ablations of :mod:`dihal_fast.hcdlm.mechanism`
 (x_t -> noise, scaffold -> true / random tokens) at s = 0.05, 0.5, 0.95; ``--quick`` scores the EMA
-weights only (no raw / clamp rows), for CPU-starved comparisons. Every variant of ``--out``'s variants.jsonl (the latest line per name) becomes the record
+weights only (no raw / clamp rows), for CPU-starved comparisons. Every variant of ``--out``'s variants.jsonl (the
+latest line per name) becomes the record
 bench/results/hcdlm_variants.json.
 
     python bench/bench_hcdlm_variants.py exposure1 --minutes 5 --set objective.exposure_share=1.0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,17 +35,27 @@ from dihal_fast.hcdlm.trainer import train  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("name", help="variant name (run directory under --out)")
     p.add_argument("--model", default="hcdlm", help="a bench_hcdlm model name (hcdlm, hcdlm_absorbing, ...)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override of the run config, e.g. objective.exposure_share=1.0 or model.latent_dim=256 (JSON values)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override of the run config, e.g. objective.exposure_share=1.0 or model.latent_dim=256 (JSON values)",
+    )
     p.add_argument("--minutes", type=float, default=5.0, help="training budget (process CPU minutes, 1 thread)")
     p.add_argument("--val-n", type=int, default=150, help="validation puzzles per group (easy, hard)")
     p.add_argument("--out", type=Path, default=Path("runs/hcdlm_variants"), help="run directories and variants.jsonl")
     p.add_argument("--quick", action="store_true", help="score the EMA weights only (skip the raw and clamp rows)")
-    p.add_argument("--question", default="hcdlm_variants",
-                   help="bench/results/ record the variants of --out become (hcdlm_defaults: issue 23's choice of defaults)")
+    p.add_argument(
+        "--question",
+        default="hcdlm_variants",
+        help="bench/results/ record the variants of --out become (hcdlm_defaults: issue 23's choice of defaults)",
+    )
     return p.parse_args()
 
 
@@ -65,18 +77,33 @@ def main() -> int:
     base = SampleConfig(steps=50, batch_size=200)
     settings = {"ema": (run, base)}
     if not args.quick:
-        settings.update({"raw": (load_run(run_dir, use_ema=False, device="cpu"), base), "ema_clamp": (run, replace(base, clamp=True))})
+        settings.update(
+            {
+                "raw": (load_run(run_dir, use_ema=False, device="cpu"), base),
+                "ema_clamp": (run, replace(base, clamp=True)),
+            }
+        )
     for label, (weights, sample) in settings.items():
         groups = evaluate_examples(weights, val, sample, show=0)["groups"]
-        result[label] = {g: {"boards": round(100 * v["accuracy"], 1), "blank_cells": round(100 * v["blank_cells"], 1)} for g, v in groups.items()}
+        result[label] = {
+            g: {"boards": round(100 * v["accuracy"], 1), "blank_cells": round(100 * v["blank_cells"], 1)}
+            for g, v in groups.items()
+        }
     if hasattr(run.model, "denoiser"):
         rows = readout_by_step(run, val, base)
-        result["readout_blank_cells_first_last"] = [round(100 * rows[0]["blank_cells"], 1), round(100 * rows[-1]["blank_cells"], 1)]
+        result["readout_blank_cells_first_last"] = [
+            round(100 * rows[0]["blank_cells"], 1),
+            round(100 * rows[-1]["blank_cells"], 1),
+        ]
         result["sigma"] = settled_sigma(run, val)
         ablations = ablation_readout(run, val, (0.05, 0.5, 0.95))
-        result["ablation_blank_cells"] = {f"s={row['s']}": {k: round(100 * v["blank_cells"], 1) for k, v in row.items() if k != "s"}
-                                          for row in ablations}
-        result["ablation_effects"] = {k: round(100 * v, 1) for k, v in ablation_effects(ablations, "blank_cells").items()}
+        result["ablation_blank_cells"] = {
+            f"s={row['s']}": {k: round(100 * v["blank_cells"], 1) for k, v in row.items() if k != "s"}
+            for row in ablations
+        }
+        result["ablation_effects"] = {
+            k: round(100 * v, 1) for k, v in ablation_effects(ablations, "blank_cells").items()
+        }
     print(json.dumps(result))
     with (args.out / "variants.jsonl").open("a") as handle:
         handle.write(json.dumps(result) + "\n")
@@ -104,16 +131,43 @@ def report_variants(path: Path, question: str = "hcdlm_variants") -> None:
         e = r.get("ablation_effects")
         return "-" if e is None else f"{e['x_t_noise']} / {e['true_minus_random_scaffold']}"
 
-    header = ["variant", "--set", "minutes", "steps", "easy / hard boards % (EMA)", "easy / hard blank cells % (EMA)",
-              "raw weights, boards %", "clamp, boards %", "sigma (median)", "x_t->noise / true-random scaffold, cells pts"]
-    rows = [[r["name"], " ".join(r["set"]) or "-", r["minutes"], r["step"], pair(r, "ema", "boards"),
-             pair(r, "ema", "blank_cells"), pair(r, "raw", "boards"), pair(r, "ema_clamp", "boards"),
-             r.get("sigma", {}).get("median", "-"), effects(r)]
-            for r in latest.values()]
-    body = (table(header, rows) + f"\n\nValidation split of bench_hcdlm (never the test puzzles), 50 sampling steps, "
-            f"argmax; variants of `{path}`.")
-    report("HC-DLM objective variants on 6x6 Sudoku (validation puzzles only)", body, question=question,
-           figures={"variants": rows_figure(header, rows), "results": list(latest.values())})
+    header = [
+        "variant",
+        "--set",
+        "minutes",
+        "steps",
+        "easy / hard boards % (EMA)",
+        "easy / hard blank cells % (EMA)",
+        "raw weights, boards %",
+        "clamp, boards %",
+        "sigma (median)",
+        "x_t->noise / true-random scaffold, cells pts",
+    ]
+    rows = [
+        [
+            r["name"],
+            " ".join(r["set"]) or "-",
+            r["minutes"],
+            r["step"],
+            pair(r, "ema", "boards"),
+            pair(r, "ema", "blank_cells"),
+            pair(r, "raw", "boards"),
+            pair(r, "ema_clamp", "boards"),
+            r.get("sigma", {}).get("median", "-"),
+            effects(r),
+        ]
+        for r in latest.values()
+    ]
+    body = (
+        table(header, rows) + f"\n\nValidation split of bench_hcdlm (never the test puzzles), 50 sampling steps, "
+        f"argmax; variants of `{path}`."
+    )
+    report(
+        "HC-DLM objective variants on 6x6 Sudoku (validation puzzles only)",
+        body,
+        question=question,
+        figures={"variants": rows_figure(header, rows), "results": list(latest.values())},
+    )
 
 
 def bench_defaults() -> argparse.Namespace:

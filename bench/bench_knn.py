@@ -10,6 +10,7 @@ certifies (flags of ``emulate_cuda_knn``; with the new build also what the previ
 ``(4 sqrt(D) + 8) u (|x_i|^2 + max |x_j|^2)`` would have certified on the same candidates). Run it with an
 older build's interpreter to get its "before" column: the script adapts to the API it finds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,12 +64,25 @@ def wide_table(args: argparse.Namespace) -> str:
     rows = []
     for dim in args.wide_dims:
         rng = np.random.default_rng(dim)
-        X = (rng.standard_normal((3000, 32)) @ rng.standard_normal((32, dim)) + 0.1 * rng.standard_normal((3000, dim))
-             + 3.0 * rng.standard_normal(dim)).astype(np.float32)
+        X = (
+            rng.standard_normal((3000, 32)) @ rng.standard_normal((32, dim))
+            + 0.1 * rng.standard_normal((3000, dim))
+            + 3.0 * rng.standard_normal(dim)
+        ).astype(np.float32)
         rows.append([dim, *certified_shares(X, args.k, 1000)])
-    body = table(["D", "certified (CPU kernel)", "certified (CUDA emulation, first 1000 rows)",
-                  "same candidates, previous estimate"], rows)
-    return body + f"\n\nLow-rank (32) rows plus 10 % noise and an offset, n=3000, k={args.k}, float32; package {df.__file__}."
+    body = table(
+        [
+            "D",
+            "certified (CPU kernel)",
+            "certified (CUDA emulation, first 1000 rows)",
+            "same candidates, previous estimate",
+        ],
+        rows,
+    )
+    return (
+        body
+        + f"\n\nLow-rank (32) rows plus 10 % noise and an offset, n=3000, k={args.k}, float32; package {df.__file__}."
+    )
 
 
 def hidden_state_table(args: argparse.Namespace) -> str:
@@ -86,10 +100,22 @@ def hidden_state_table(args: argparse.Namespace) -> str:
 
         t_faiss = best_time(run_faiss, args.repeat)
         rows.append([layer, t_ours, t_faiss, t_faiss / t_ours, *certified_shares(X, args.k, args.emulate_rows)])
-    body = table(["layer", "ours s", "faiss s", "faiss / ours", "certified (CPU kernel)",
-                  f"certified (CUDA emulation, first {args.emulate_rows} rows)", "same candidates, previous estimate"], rows)
-    return body + (f"\n\nShipped backbone hidden states, n={args.hidden_tokens} tokens (128-token blocks of the shipped "
-                   f"corpus), D={X.shape[1]}, k={args.k}, float32; package {df.__file__}.")
+    body = table(
+        [
+            "layer",
+            "ours s",
+            "faiss s",
+            "faiss / ours",
+            "certified (CPU kernel)",
+            f"certified (CUDA emulation, first {args.emulate_rows} rows)",
+            "same candidates, previous estimate",
+        ],
+        rows,
+    )
+    return body + (
+        f"\n\nShipped backbone hidden states, n={args.hidden_tokens} tokens (128-token blocks of the shipped "
+        f"corpus), D={X.shape[1]}, k={args.k}, float32; package {df.__file__}."
+    )
 
 
 def main() -> None:
@@ -98,16 +124,23 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=256, help="columns")
     parser.add_argument("--k", type=int, default=16, help="neighbours")
     parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is kept)")
-    parser.add_argument("--hidden-tokens", type=int, default=16384, help="hidden-state rows per layer (0: skip the table)")
+    parser.add_argument(
+        "--hidden-tokens", type=int, default=16384, help="hidden-state rows per layer (0: skip the table)"
+    )
     parser.add_argument("--layers", type=int, nargs="+", default=[1, 4, 8], help="hidden states (0 = embeddings)")
     parser.add_argument("--emulate-rows", type=int, default=3000, help="rows given to the CUDA host emulation")
-    parser.add_argument("--wide-dims", type=int, nargs="*", default=[], help="also certified shares of synthetic rows at these D")
+    parser.add_argument(
+        "--wide-dims", type=int, nargs="*", default=[], help="also certified shares of synthetic rows at these D"
+    )
     args = parser.parse_args()
 
     import faiss
 
     rng = np.random.default_rng(0)
-    X = (rng.standard_normal((args.n, 32)) @ rng.standard_normal((32, args.dim)) + 0.1 * rng.standard_normal((args.n, args.dim))).astype(np.float32)
+    X = (
+        rng.standard_normal((args.n, 32)) @ rng.standard_normal((32, args.dim))
+        + 0.1 * rng.standard_normal((args.n, args.dim))
+    ).astype(np.float32)
 
     t_ours = best_time(lambda: df.knn(X, args.k), args.repeat)
 
@@ -136,11 +169,21 @@ def main() -> None:
         body += "\n\n" + hidden_state_table(args)
     if args.wide_dims:
         body += "\n\n" + wide_table(args)
-    report("kNN: dihal_fast vs FAISS", body, question="knn_vs_faiss",
-           figures={"timings": rows_figure(["method", "seconds", "time / ours", "GEMM floor / time"], rows),
-                    "n": args.n, "dim": args.dim, "k": args.k, "sgemm_gflops": rate, "gemm_floor_s": floor,
-                    "agreement_with_faiss": agreement},
-           targets=[target("time <= FAISS IndexFlatL2 time", f"{t_ours:.3g} s vs {t_faiss:.3g} s", t_ours <= t_faiss)])
+    report(
+        "kNN: dihal_fast vs FAISS",
+        body,
+        question="knn_vs_faiss",
+        figures={
+            "timings": rows_figure(["method", "seconds", "time / ours", "GEMM floor / time"], rows),
+            "n": args.n,
+            "dim": args.dim,
+            "k": args.k,
+            "sgemm_gflops": rate,
+            "gemm_floor_s": floor,
+            "agreement_with_faiss": agreement,
+        },
+        targets=[target("time <= FAISS IndexFlatL2 time", f"{t_ours:.3g} s vs {t_faiss:.3g} s", t_ours <= t_faiss)],
+    )
 
 
 if __name__ == "__main__":

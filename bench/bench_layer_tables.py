@@ -18,6 +18,7 @@ All text is held out from every backbone's training: the shipped corpus (the Gut
 Every stage reuses what ``--out`` already holds, so an interrupted run continues. Each backbone's
 figures become the record ``layer_tables_<name>`` and its geometry plot ``bench/results/geometry_<name>.png``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,12 @@ def main() -> None:
 
     defaults = SweepSettings()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", nargs="+", default=list(SHIPPED), help="shipped backbone names or checkpoint directories")
-    parser.add_argument("--out", default="runs/layer_tables", help="run directory (one sub-folder per backbone; reused)")
+    parser.add_argument(
+        "--model", nargs="+", default=list(SHIPPED), help="shipped backbone names or checkpoint directories"
+    )
+    parser.add_argument(
+        "--out", default="runs/layer_tables", help="run directory (one sub-folder per backbone; reused)"
+    )
     parser.add_argument("--budget-steps", type=int, default=defaults.budget_steps, help="sweep: bridge steps per layer")
     parser.add_argument("--score-repeats", type=int, default=defaults.score_repeats, help="sweep: repeated score runs")
     parser.add_argument("--final-steps", type=int, default=600, help="Table 4: bridge steps of each final hybrid")
@@ -47,9 +52,15 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="Table 4: tokens per sample")
     parser.add_argument("--skip-final", action="store_true", help="only the sweep and Table 1")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    parser.add_argument("--train-layers", type=int, nargs="+", default=None, metavar="L",
-                        help="only train these layers' sweep bridges and exit (split one sweep over processes: "
-                        "the full run reuses them)")
+    parser.add_argument(
+        "--train-layers",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="L",
+        help="only train these layers' sweep bridges and exit (split one sweep over processes: "
+        "the full run reuses them)",
+    )
     args = parser.parse_args()
     if args.budget_steps < 1 or args.final_steps < 1 or args.score_repeats < 2:
         parser.error("--budget-steps and --final-steps must be >= 1, --score-repeats >= 2")
@@ -98,65 +109,137 @@ def backbone_tables(model: str, out: Path, args: argparse.Namespace) -> None:
     geometry = sweep["selected_layer"]
     ordered = sorted(layers, key=lambda r: r["bridge_loss"])
     oracle, worst = ordered[0]["layer"], ordered[-1]["layer"]
-    roles = [("geometry (l*)", geometry), ("best (oracle)", oracle), ("worst", worst),
-             ("shallowest", min(by_layer)), ("deepest", max(by_layer))]
+    roles = [
+        ("geometry (l*)", geometry),
+        ("best (oracle)", oracle),
+        ("worst", worst),
+        ("shallowest", min(by_layer)),
+        ("deepest", max(by_layer)),
+    ]
     n = len(layers)
     backbone_ppl = layers[0]["backbone_ppl"]
 
-    sweep_rows = [[r["layer"], r["score"], r["score_std"], r["score_rank"], r["bridge_loss"], r["loss_rank"],
-                   r["hybrid_ppl"], r["kl"]] for r in layers]
-    corr_rows = [[name, sweep[name]["mean"], sweep[name]["std"], sweep[name]["n_runs"]]
-                 for name in ("spearman", "kendall", "pearson")]
-    table1 = [[role, layer, by_layer[layer]["score"], f"{by_layer[layer]['score_rank']}/{n}",
-               by_layer[layer]["bridge_loss"], f"{by_layer[layer]['loss_rank']}/{n}", by_layer[layer]["hybrid_ppl"],
-               by_layer[layer]["hybrid_ppl"] / backbone_ppl, by_layer[layer]["kl"]] for role, layer in roles]
+    sweep_rows = [
+        [
+            r["layer"],
+            r["score"],
+            r["score_std"],
+            r["score_rank"],
+            r["bridge_loss"],
+            r["loss_rank"],
+            r["hybrid_ppl"],
+            r["kl"],
+        ]
+        for r in layers
+    ]
+    corr_rows = [
+        [name, sweep[name]["mean"], sweep[name]["std"], sweep[name]["n_runs"]]
+        for name in ("spearman", "kendall", "pearson")
+    ]
+    table1 = [
+        [
+            role,
+            layer,
+            by_layer[layer]["score"],
+            f"{by_layer[layer]['score_rank']}/{n}",
+            by_layer[layer]["bridge_loss"],
+            f"{by_layer[layer]['loss_rank']}/{n}",
+            by_layer[layer]["hybrid_ppl"],
+            by_layer[layer]["hybrid_ppl"] / backbone_ppl,
+            by_layer[layer]["kl"],
+        ]
+        for role, layer in roles
+    ]
     rho = sweep["spearman"]["mean"]
     geometry_rank = by_layer[geometry]["loss_rank"]
     targets = [
-        ["Spearman(score, -bridge loss) >= 0.9 (sweep protocol, held-out text)",
-         "n/a" if rho is None else f"{rho:.3f} +- {sweep['spearman']['std']:.3f}",
-         None if rho is None else rho >= 0.9],
-        ["geometry layer within the best three of the sweep", f"layer {geometry}: loss rank {geometry_rank} of {n}",
-         geometry_rank <= 3],
+        [
+            "Spearman(score, -bridge loss) >= 0.9 (sweep protocol, held-out text)",
+            "n/a" if rho is None else f"{rho:.3f} +- {sweep['spearman']['std']:.3f}",
+            None if rho is None else rho >= 0.9,
+        ],
+        [
+            "geometry layer within the best three of the sweep",
+            f"layer {geometry}: loss rank {geometry_rank} of {n}",
+            geometry_rank <= 3,
+        ],
     ]
     sections = [
-        (f"Backbone `{Path(model).name}` (`{model_dir}`), {n} candidate layers; held-out text: the shipped corpus "
-         f"(`gutenberg_nltk.valid.txt` + `state_union.valid.txt`, never seen by either backbone). Sweep: "
-         f"{settings.budget_steps} bridge steps per layer (batch {settings.batch_size} x {settings.seq_len} tokens, "
-         f"validation on the last {settings.val_blocks} blocks of the corpus), scores from {settings.score_repeats} runs "
-         f"of {settings.score_sample} tokens; torch threads {torch.get_num_threads()}; sweep {sweep_s:.0f} s (stages "
-         f"reused from an earlier run take no time). Backbone PPL on the sweep's validation blocks {backbone_ppl:.2f}."),
+        (
+            f"Backbone `{Path(model).name}` (`{model_dir}`), {n} candidate layers; held-out text: the shipped corpus "
+            f"(`gutenberg_nltk.valid.txt` + `state_union.valid.txt`, never seen by either backbone). Sweep: "
+            f"{settings.budget_steps} bridge steps per layer (batch {settings.batch_size} x {settings.seq_len} tokens, "
+            f"validation on the last {settings.val_blocks} blocks of the corpus), scores from "
+            f"{settings.score_repeats} runs "
+            f"of {settings.score_sample} tokens; torch threads {torch.get_num_threads()}; sweep {sweep_s:.0f} s "
+            "(stages "
+            "reused from an earlier run take no time). Backbone PPL on the sweep's validation blocks "
+            f"{backbone_ppl:.2f}."
+        ),
         "**Sweep** (ranks: 1 = highest score / lowest loss):\n\n"
-        + table(["layer", "score (mean)", "score std", "score rank", "bridge loss", "loss rank", "hybrid PPL", "KL"],
-                sweep_rows),
+        + table(
+            ["layer", "score (mean)", "score std", "score rank", "bridge loss", "loss rank", "hybrid PPL", "KL"],
+            sweep_rows,
+        ),
         table(["correlation", "mean", "std", "runs"], corr_rows)
         + f"\n\nrank gap {sweep['rank_gap']} (best score: layer {sweep['predicted_layer']}, lowest loss: layer "
         f"{sweep['observed_best_layer']}); layer gap {sweep['layer_gap']}.",
         f"**Table 1** (same budget, {settings.budget_steps} steps per layer):\n\n"
-        + table(["layer role", "layer", "score", "score rank", "bridge loss", "loss rank", "hybrid PPL",
-                 "PPL / backbone", "KL"], table1),
+        + table(
+            [
+                "layer role",
+                "layer",
+                "score",
+                "score rank",
+                "bridge loss",
+                "loss rank",
+                "hybrid PPL",
+                "PPL / backbone",
+                "KL",
+            ],
+            table1,
+        ),
     ]
-    figures: dict = {"sweep_s": sweep_s, "selected_layer": geometry, "oracle_layer": oracle, "worst_layer": worst,
-                     "rank_gap": sweep["rank_gap"], "n_layers": n, "backbone_ppl": backbone_ppl}
+    figures: dict = {
+        "sweep_s": sweep_s,
+        "selected_layer": geometry,
+        "oracle_layer": oracle,
+        "worst_layer": worst,
+        "rank_gap": sweep["rank_gap"],
+        "n_layers": n,
+        "backbone_ppl": backbone_ppl,
+    }
     names = ["sweep_layers", "correlations", "table1"]
     if not args.skip_final:
-        final_rows, final_figures, final_target = _final_table(model, corpus, out / "final", geometry, oracle, worst, args)
+        final_rows, final_figures, final_target = _final_table(
+            model, corpus, out / "final", geometry, oracle, worst, args
+        )
         sections.append(final_rows)
         figures.update(final_figures)
         targets.append(final_target)
         names.append("table4")
-    body = "\n\n".join(sections + [table(["target", "measured", "status"],
-                                         [[t, m, "met" if s else ("missed" if s is not None else "reported")]
-                                          for t, m, s in targets])])
+    body = "\n\n".join(
+        sections
+        + [
+            table(
+                ["target", "measured", "status"],
+                [[t, m, "met" if s else ("missed" if s is not None else "reported")] for t, m, s in targets],
+            )
+        ]
+    )
     names.append("targets")
     name = Path(model).name
     geometry_png = out / "sweep" / "locate" / "geometry.png"
     if geometry_png.is_file():
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(geometry_png, RESULTS_DIR / f"geometry_{name}.png")
-    report(f"Layer tables on {name} (bench_layer_tables.py)", body, question=f"layer_tables_{name.replace('-', '_')}",
-           figures={**dict(zip(names, markdown_tables(body))), **figures},
-           targets=[target(t, m, s) for t, m, s in targets])
+    report(
+        f"Layer tables on {name} (bench_layer_tables.py)",
+        body,
+        question=f"layer_tables_{name.replace('-', '_')}",
+        figures={**dict(zip(names, markdown_tables(body))), **figures},
+        targets=[target(t, m, s) for t, m, s in targets],
+    )
 
 
 def _layer_rows(sweep: dict, read_json) -> list[dict]:
@@ -164,8 +247,14 @@ def _layer_rows(sweep: dict, read_json) -> list[dict]:
     rows = []
     for row in sweep["layers"]:
         validation = read_json(Path(row["hybrid_dir"]).parent / "result.json", "bridge training summary")["validation"]
-        rows.append({**row, "hybrid_ppl": validation["hybrid_ppl"], "backbone_ppl": validation["backbone_ppl"],
-                     "kl": validation["kl"]})
+        rows.append(
+            {
+                **row,
+                "hybrid_ppl": validation["hybrid_ppl"],
+                "backbone_ppl": validation["backbone_ppl"],
+                "kl": validation["kl"],
+            }
+        )
     by_score = sorted(rows, key=lambda r: -r["score"])
     by_loss = sorted(rows, key=lambda r: r["bridge_loss"])
     for row in rows:
@@ -174,8 +263,9 @@ def _layer_rows(sweep: dict, read_json) -> list[dict]:
     return rows
 
 
-def _final_table(model: str, corpus: list[str], out: Path, geometry: int, oracle: int, worst: int,
-                 args: argparse.Namespace) -> tuple[str, dict, list]:
+def _final_table(
+    model: str, corpus: list[str], out: Path, geometry: int, oracle: int, worst: int, args: argparse.Namespace
+) -> tuple[str, dict, list]:
     """Table 4: the geometry, oracle and worst layers trained for ``--final-steps`` and evaluated together."""
     from dihal_fast.common import seed_everything
     from dihal_fast.common.rundir import run_directory
@@ -186,10 +276,16 @@ def _final_table(model: str, corpus: list[str], out: Path, geometry: int, oracle
 
     config = BridgeTrainConfig(steps=args.final_steps, seq_len=FINAL_SEQ_LEN, val_blocks=FINAL_VAL_BLOCKS, seed=0)
     start = time.perf_counter()
-    hybrids = {layer: ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus, config)["hybrid_dir"]
-               for layer in dict.fromkeys((geometry, oracle, worst))}
-    settings = EvalSettings(seq_len=FINAL_SEQ_LEN, eval_blocks=FINAL_VAL_BLOCKS, n_samples=args.n_samples,
-                            max_new_tokens=args.max_new_tokens)
+    hybrids = {
+        layer: ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus, config)["hybrid_dir"]
+        for layer in dict.fromkeys((geometry, oracle, worst))
+    }
+    settings = EvalSettings(
+        seq_len=FINAL_SEQ_LEN,
+        eval_blocks=FINAL_VAL_BLOCKS,
+        n_samples=args.n_samples,
+        max_new_tokens=args.max_new_tokens,
+    )
     controls = {f"layer {layer}": hybrids[layer] for layer in hybrids if layer != geometry}
     seed_everything(settings.seed)
     with run_directory(out / "evaluate", "bench_layer_tables evaluate"):
@@ -198,21 +294,32 @@ def _final_table(model: str, corpus: list[str], out: Path, geometry: int, oracle
     roles = {geometry: ["geometry (l*)"], oracle: [], worst: []}
     roles[oracle].append("oracle")
     roles[worst].append("worst")
-    columns = {"backbone": evaluation["backbone"],
-               **{f"{' = '.join(roles[layer])} (layer {layer})": evaluation["hybrid"] if layer == geometry
-                  else evaluation["controls"][f"layer {layer}"] for layer in hybrids}}
+    columns = {
+        "backbone": evaluation["backbone"],
+        **{
+            f"{' = '.join(roles[layer])} (layer {layer})": evaluation["hybrid"]
+            if layer == geometry
+            else evaluation["controls"][f"layer {layer}"]
+            for layer in hybrids
+        },
+    }
     metrics = ("nll", "ppl", "kl", "gen_ppl", "entropy", "diversity_dihal", "diversity_ld4lg", "tokens_per_s")
     rows = [[m, *("n/a" if c.get(m) is None else c[m] for c in columns.values())] for m in metrics]
     geometry_ppl = evaluation["hybrid"]["ppl"]
     oracle_ppl = geometry_ppl if oracle == geometry else evaluation["controls"][f"layer {oracle}"]["ppl"]
     gap = geometry_ppl / oracle_ppl - 1
-    text = (f"**Table 4** (each hybrid trained for {args.final_steps} bridge steps, batch {config.batch_size} x "
-            f"{FINAL_SEQ_LEN}; evaluated on the last {FINAL_VAL_BLOCKS} blocks of {FINAL_SEQ_LEN} tokens of the shipped "
-            f"corpus, the tail held out from bridge training; {args.n_samples} samples of {args.max_new_tokens} tokens, "
-            f"Gen PPL under the evaluator `{evaluation['evaluator']['path']}` (the default, tiny-llama-8l); "
-            f"{final_s:.0f} s):\n\n" + table(["metric", *columns], rows))
-    final_target = ["geometry layer's trained hybrid within 5 % of the oracle layer's PPL",
-                    f"{geometry_ppl:.2f} vs {oracle_ppl:.2f} ({gap:+.1%})", gap <= 0.05]
+    text = (
+        f"**Table 4** (each hybrid trained for {args.final_steps} bridge steps, batch {config.batch_size} x "
+        f"{FINAL_SEQ_LEN}; evaluated on the last {FINAL_VAL_BLOCKS} blocks of {FINAL_SEQ_LEN} tokens of the shipped "
+        f"corpus, the tail held out from bridge training; {args.n_samples} samples of {args.max_new_tokens} tokens, "
+        f"Gen PPL under the evaluator `{evaluation['evaluator']['path']}` (the default, tiny-llama-8l); "
+        f"{final_s:.0f} s):\n\n" + table(["metric", *columns], rows)
+    )
+    final_target = [
+        "geometry layer's trained hybrid within 5 % of the oracle layer's PPL",
+        f"{geometry_ppl:.2f} vs {oracle_ppl:.2f} ({gap:+.1%})",
+        gap <= 0.05,
+    ]
     return text, {"final_s": final_s, "final_geometry_ppl": geometry_ppl, "final_oracle_ppl": oracle_ppl}, final_target
 
 

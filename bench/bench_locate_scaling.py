@@ -19,6 +19,7 @@ selection CPU s = a + b calls flops(n, D), calls = repeats x (L - 1), flops foll
 float32 reservoir, R = min(tokens, repeats x sample size)). The 32 x 4,096 figures are extrapolations and
 are labelled so; one geometry_proxies call at n x 4,096 is also timed directly as a check of the selection's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -157,10 +158,17 @@ def make_checkpoint(shape: Shape, out: str | Path, seq_len: int, seed: int = 0) 
     tokenizer = make_tiny_tokenizer(shape.vocab)
     heads = max(1, shape.width // 64)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=shape.width, intermediate_size=shape.ffn, num_hidden_layers=shape.layers,
-        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=seq_len,
+        vocab_size=len(tokenizer),
+        hidden_size=shape.width,
+        intermediate_size=shape.ffn,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=seq_len,
         tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(config).save_pretrained(out)
@@ -172,12 +180,36 @@ def measure(shape: Shape, args: argparse.Namespace, work: Path) -> Point:
     """Build ``shape``, time the model load alone, run ``dihal locate`` (float64) and the reruns."""
     name = f"{shape.layers}x{shape.width}"
     env, model, run = child_env(args.threads), work / f"model_{name}", work / f"run_{name}"
-    subprocess.run([sys.executable, "-c", BUILD, str(Path(__file__).parent), str(model), str(shape.layers),
-                    str(shape.width), str(args.seq_len)], env=env, cwd=work, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            BUILD,
+            str(Path(__file__).parent),
+            str(model),
+            str(shape.layers),
+            str(shape.width),
+            str(args.seq_len),
+        ],
+        env=env,
+        cwd=work,
+        check=True,
+        capture_output=True,
+    )
     shutil.rmtree(run, ignore_errors=True)
     load = run_child([sys.executable, "-c", LOAD, str(model)], env, work)
-    base = [args.dihal, "locate", "--model", str(model), "--out", str(run), "--max-tokens", str(args.max_tokens),
-            "--seq-len", str(args.seq_len)]
+    base = [
+        args.dihal,
+        "locate",
+        "--model",
+        str(model),
+        "--out",
+        str(run),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--seq-len",
+        str(args.seq_len),
+    ]
     locate = run_child(base + ["--precision", "float64"], env, work)
     result = json.loads((run / "locate.json").read_text())
     select_cpu = {"float64": result["timings"]["select_s"] * locate.cpu_share("collect", "proxies:")}
@@ -190,11 +222,14 @@ def measure(shape: Shape, args: argparse.Namespace, work: Path) -> Point:
         shutil.rmtree(model)
         shutil.rmtree(run)
     point = Point(shape, locate, load, result, select_cpu)
-    print(f"{shape}: {point.tokens} tokens, collect {point.collect_cpu:.1f} CPU s, select "
-          + ", ".join(f"{p} {s:.1f}" for p, s in select_cpu.items())
-          + f" CPU s, total {locate.wall_s:.1f} s wall / {locate.cpu_s:.1f} s CPU, "
-          f"peak {locate.peak_bytes / 2**20:.0f} MB, "
-          f"other processes {locate.other_cores:.2f} cores", flush=True)
+    print(
+        f"{shape}: {point.tokens} tokens, collect {point.collect_cpu:.1f} CPU s, select "
+        + ", ".join(f"{p} {s:.1f}" for p, s in select_cpu.items())
+        + f" CPU s, total {locate.wall_s:.1f} s wall / {locate.cpu_s:.1f} s CPU, "
+        f"peak {locate.peak_bytes / 2**20:.0f} MB, "
+        f"other processes {locate.other_cores:.2f} cores",
+        flush=True,
+    )
     return point
 
 
@@ -277,47 +312,107 @@ def measured_table(points: list[Point], precisions: list[str]) -> str:
     rows = []
     for p in points:
         timings = p.report["timings"]
-        rows.append([str(p.shape), f"{p.shape.params / 1e6:.1f}", p.tokens, f"{timings['collect_s']:.1f}",
-                     f"{p.collect_cpu:.1f}", f"{p.tokens / timings['collect_s']:.0f}",
-                     f"{p.tokens / p.collect_cpu:.0f}",
-                     *(f"{p.select_cpu[q]:.1f}" for q in precisions), f"{timings['select_s']:.1f}",
-                     f"{p.locate.wall_s:.1f}", f"{p.locate.cpu_s:.1f}", f"{p.locate.peak_bytes / 2**20:.0f}",
-                     f"{p.load.peak_bytes / 2**20:.0f}", f"{p.locate.other_cores:.2f}"])
-    header = ["layers x width", "params M", "tokens", "collect wall s", "collect CPU s", "tokens / s",
-              "tokens / CPU-s", *(f"select {q} CPU s" for q in precisions), "select float64 wall s",
-              "total wall s", "total CPU s", "peak RSS MB", "RSS with weights read MB", "other processes (cores)"]
+        rows.append(
+            [
+                str(p.shape),
+                f"{p.shape.params / 1e6:.1f}",
+                p.tokens,
+                f"{timings['collect_s']:.1f}",
+                f"{p.collect_cpu:.1f}",
+                f"{p.tokens / timings['collect_s']:.0f}",
+                f"{p.tokens / p.collect_cpu:.0f}",
+                *(f"{p.select_cpu[q]:.1f}" for q in precisions),
+                f"{timings['select_s']:.1f}",
+                f"{p.locate.wall_s:.1f}",
+                f"{p.locate.cpu_s:.1f}",
+                f"{p.locate.peak_bytes / 2**20:.0f}",
+                f"{p.load.peak_bytes / 2**20:.0f}",
+                f"{p.locate.other_cores:.2f}",
+            ]
+        )
+    header = [
+        "layers x width",
+        "params M",
+        "tokens",
+        "collect wall s",
+        "collect CPU s",
+        "tokens / s",
+        "tokens / CPU-s",
+        *(f"select {q} CPU s" for q in precisions),
+        "select float64 wall s",
+        "total wall s",
+        "total CPU s",
+        "peak RSS MB",
+        "RSS with weights read MB",
+        "other processes (cores)",
+    ]
     return table(header, rows)
 
 
-def fit_table(points: list[Point], models: dict[str, Model], predicted: dict[str, float], target: Shape,
-              precisions: list[str], checks: dict[str, float]) -> str:
+def fit_table(
+    points: list[Point],
+    models: dict[str, Model],
+    predicted: dict[str, float],
+    target: Shape,
+    precisions: list[str],
+    checks: dict[str, float],
+) -> str:
     """Measured / fitted for each measured shape, and the extrapolation to ``target`` (the selection also
     as calls x one call measured at ``target``'s width, from ``checks``)."""
+
     def both(measured: float, fitted: float, scale: float) -> str:
         return f"{measured * scale:.3g} / {fitted * scale:.3g}"
 
     fitted = [predict(models, p.shape, p.tokens, precisions) for p in points]
-    rows = [["collection CPU ms / token", f"{models['collect'].a * 1e3:.3g} + {models['collect'].b * 1e3:.3g} L D^2",
-             *(both(p.collect_cpu / p.tokens, f["collect"], 1e3) for p, f in zip(points, fitted)),
-             f"{predicted['collect'] * 1e3:.3g}"]]
+    rows = [
+        [
+            "collection CPU ms / token",
+            f"{models['collect'].a * 1e3:.3g} + {models['collect'].b * 1e3:.3g} L D^2",
+            *(both(p.collect_cpu / p.tokens, f["collect"], 1e3) for p, f in zip(points, fitted)),
+            f"{predicted['collect'] * 1e3:.3g}",
+        ]
+    ]
     for q in precisions:
         m = models[q]
-        rows.append([f"selection CPU s, {q}", f"{m.a:.3g} + {m.b * 1e9:.3g} calls x GFLOP",
-                     *(both(p.select_cpu[q], f[q], 1) for p, f in zip(points, fitted)), f"{predicted[q]:.4g}"])
+        rows.append(
+            [
+                f"selection CPU s, {q}",
+                f"{m.a:.3g} + {m.b * 1e9:.3g} calls x GFLOP",
+                *(both(p.select_cpu[q], f[q], 1) for p, f in zip(points, fitted)),
+                f"{predicted[q]:.4g}",
+            ]
+        )
         if q in checks:
-            rows.append([f"selection CPU s, {q}", f"calls x one call measured at D = {target.width}",
-                         *("-" for _ in points), f"{selection_calls(target) * checks[q]:.4g}"])
+            rows.append(
+                [
+                    f"selection CPU s, {q}",
+                    f"calls x one call measured at D = {target.width}",
+                    *("-" for _ in points),
+                    f"{selection_calls(target) * checks[q]:.4g}",
+                ]
+            )
     w, s = models["weights"], models["statistics"]
-    rows.append(["peak RSS GB", f"({w.a / 2**30:.2g} + {w.b:.3g} weights) + ({s.a / 2**30:.2g} + {s.b:.3g} statistics)",
-                 *(both(p.locate.peak_bytes, f["peak"], 2**-30) for p, f in zip(points, fitted)),
-                 f"{predicted['peak'] / 2**30:.3g}"])
-    header = ["quantity (measured / fitted)", "fitted model", *(str(p.shape) for p in points),
-              f"{target} EXTRAPOLATED"]
+    rows.append(
+        [
+            "peak RSS GB",
+            f"({w.a / 2**30:.2g} + {w.b:.3g} weights) + ({s.a / 2**30:.2g} + {s.b:.3g} statistics)",
+            *(both(p.locate.peak_bytes, f["peak"], 2**-30) for p, f in zip(points, fitted)),
+            f"{predicted['peak'] / 2**30:.3g}",
+        ]
+    )
+    header = ["quantity (measured / fitted)", "fitted model", *(str(p.shape) for p in points), f"{target} EXTRAPOLATED"]
     return table(header, rows)
 
 
-def plot(points: list[Point], models: dict[str, Model], target: Shape, predicted: dict[str, float],
-         precisions: list[str], checks: dict[str, float], path: str) -> None:
+def plot(
+    points: list[Point],
+    models: dict[str, Model],
+    target: Shape,
+    predicted: dict[str, float],
+    precisions: list[str],
+    checks: dict[str, float],
+    path: str,
+) -> None:
     """Log-log panels of the three cost models: measured points, fitted line, extrapolated target (and
     the selection as calls x one call measured at the target width, from ``checks``)."""
     import matplotlib
@@ -327,13 +422,24 @@ def plot(points: list[Point], models: dict[str, Model], target: Shape, predicted
 
     tokens = max(p.tokens for p in points)
     panels = [
-        ("collection CPU s / token", "L D^2", lambda s: s.layers * s.width**2,
-         {"collect": [p.collect_cpu / p.tokens for p in points]}),
-        ("selection CPU s", "calls x flops of the proxies", selection_work,
-         {q: [p.select_cpu[q] for p in points] for q in precisions}),
-        ("peak RSS bytes", "weight + statistics bytes",
-         lambda s: 4.0 * s.params + statistics_bytes(s, min(tokens, DEFAULT_REPEATS * DEFAULT_SAMPLE_SIZE)),
-         {"peak": [p.locate.peak_bytes for p in points]}),
+        (
+            "collection CPU s / token",
+            "L D^2",
+            lambda s: s.layers * s.width**2,
+            {"collect": [p.collect_cpu / p.tokens for p in points]},
+        ),
+        (
+            "selection CPU s",
+            "calls x flops of the proxies",
+            selection_work,
+            {q: [p.select_cpu[q] for p in points] for q in precisions},
+        ),
+        (
+            "peak RSS bytes",
+            "weight + statistics bytes",
+            lambda s: 4.0 * s.params + statistics_bytes(s, min(tokens, DEFAULT_REPEATS * DEFAULT_SAMPLE_SIZE)),
+            {"peak": [p.locate.peak_bytes for p in points]},
+        ),
     ]
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     shapes = [p.shape for p in points]
@@ -347,8 +453,14 @@ def plot(points: list[Point], models: dict[str, Model], target: Shape, predicted
             ax.loglog(xs[order], np.array(fitted)[order], ":x", color=line.get_color(), label=f"{name}: fitted")
             ax.loglog(xs[-1:], fitted[-1:], "*", ms=14, color=line.get_color(), label=f"{name}: {target} EXTRAPOLATED")
             if name in checks:
-                ax.loglog(xs[-1:], [selection_calls(target) * checks[name]], "D", ms=8, color=line.get_color(),
-                          label=f"{name}: {target}, calls x one call measured at D = {target.width}")
+                ax.loglog(
+                    xs[-1:],
+                    [selection_calls(target) * checks[name]],
+                    "D",
+                    ms=8,
+                    color=line.get_color(),
+                    label=f"{name}: {target}, calls x one call measured at D = {target.width}",
+                )
         for s, x in zip(shapes, xs):
             ax.annotate(str(s), (x, ax.get_ylim()[0]), fontsize=7, rotation=90, va="bottom")
         ax.set(xlabel=xlabel, ylabel=ylabel)
@@ -376,24 +488,48 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--widths", type=int, nargs="+", default=[256, 1024, 2048], help="hidden widths at --layers")
     parser.add_argument("--layers", type=int, default=8, help="decoder layers of the --widths models")
-    parser.add_argument("--extra", type=parse_shape, nargs="*", default=[Shape(16, 1024)], metavar="LxD",
-                        help="further LAYERSxWIDTH models (none: pass --extra with no value)")
+    parser.add_argument(
+        "--extra",
+        type=parse_shape,
+        nargs="*",
+        default=[Shape(16, 1024)],
+        metavar="LxD",
+        help="further LAYERSxWIDTH models (none: pass --extra with no value)",
+    )
     parser.add_argument("--max-tokens", type=int, default=12288, help="dihal locate --max-tokens (blocks of --seq-len)")
     parser.add_argument("--seq-len", type=int, default=128, help="dihal locate --seq-len (also the models' context)")
-    parser.add_argument("--precisions", nargs="+", default=["float64", "float32"], choices=["float64", "float32"],
-                        help="selection precisions; float64 runs with the collection, others rerun it with --resume")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="DIHAL_NUM_THREADS and OMP_NUM_THREADS of the children "
-                             "(0: the package's adaptive default)")
-    parser.add_argument("--predict", type=parse_shape, default=Shape(32, 4096, 32000), metavar="LxD",
-                        help="shape to extrapolate to (vocabulary --predict-vocab, untied head)")
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        default=["float64", "float32"],
+        choices=["float64", "float32"],
+        help="selection precisions; float64 runs with the collection, others rerun it with --resume",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="DIHAL_NUM_THREADS and OMP_NUM_THREADS of the children (0: the package's adaptive default)",
+    )
+    parser.add_argument(
+        "--predict",
+        type=parse_shape,
+        default=Shape(32, 4096, 32000),
+        metavar="LxD",
+        help="shape to extrapolate to (vocabulary --predict-vocab, untied head)",
+    )
     parser.add_argument("--predict-vocab", type=int, default=32000, help="vocabulary of --predict (its weights)")
     parser.add_argument("--predict-tokens", type=int, default=500_000, help="corpus tokens of the extrapolated run")
-    parser.add_argument("--no-anchor", action="store_true",
-                        help="skip timing one geometry_proxies call at the --predict width")
+    parser.add_argument(
+        "--no-anchor", action="store_true", help="skip timing one geometry_proxies call at the --predict width"
+    )
     parser.add_argument("--work", default=None, help="keep checkpoints and runs here (default: a temporary directory)")
     parser.add_argument("--plot", default=str(Path(__file__).with_name("locate_scaling.png")), help="PNG to write")
-    parser.add_argument("--no-results", action="store_true", help="print the tables only; do not write bench/results/locate_scaling.json")
+    parser.add_argument(
+        "--no-results",
+        action="store_true",
+        help="print the tables only; do not write bench/results/locate_scaling.json",
+    )
     args = parser.parse_args()
     args.predict = Shape(args.predict.layers, args.predict.width, args.predict_vocab)
     if "float64" not in args.precisions:
@@ -412,49 +548,74 @@ def main() -> None:
     models = fit_models(points, args.precisions)
     predicted = predict(models, args.predict, args.predict_tokens, args.precisions)
     plot(points, models, args.predict, predicted, args.precisions, checks, args.plot)
-    setup = (f"load averages (1, 5, 15 min) before {load_before}, after {load_after}; children pinned to "
-             f"{args.threads or 'the default number of'} thread(s); `dihal locate --max-tokens {args.max_tokens} "
-             f"--seq-len {args.seq_len}` on the shipped corpus, repeats {DEFAULT_REPEATS} x sample "
-             f"{DEFAULT_SAMPLE_SIZE}, float32 model; SwiGLU width {LLAMA_FFN_RATIO:.4g} x D; plot "
-             f"below; peak RSS of the bench process {own_peak:.0f} MB (a floor of each child's).")
-    body = "\n\n".join([setup, measured_table(points, args.precisions),
-                         fit_table(points, models, predicted, args.predict, args.precisions, checks),
-                         reading(args, models, predicted, checks),
-                         f"![locate cost against model size]({Path(args.plot).name})"])
+    setup = (
+        f"load averages (1, 5, 15 min) before {load_before}, after {load_after}; children pinned to "
+        f"{args.threads or 'the default number of'} thread(s); `dihal locate --max-tokens {args.max_tokens} "
+        f"--seq-len {args.seq_len}` on the shipped corpus, repeats {DEFAULT_REPEATS} x sample "
+        f"{DEFAULT_SAMPLE_SIZE}, float32 model; SwiGLU width {LLAMA_FFN_RATIO:.4g} x D; plot "
+        f"below; peak RSS of the bench process {own_peak:.0f} MB (a floor of each child's)."
+    )
+    body = "\n\n".join(
+        [
+            setup,
+            measured_table(points, args.precisions),
+            fit_table(points, models, predicted, args.predict, args.precisions, checks),
+            reading(args, models, predicted, checks),
+            f"![locate cost against model size]({Path(args.plot).name})",
+        ]
+    )
     if args.no_results:
         print(body)
     else:
         measured, fitted = markdown_tables(body)
-        report(f"dihal locate cost against model size, extrapolated to {args.predict}", body, question="locate_scaling",
-               figures={"runs": measured, "cost_models": fitted, "predicted": predicted, "anchor_cpu_s": checks,
-                        "predict": str(args.predict), "predict_tokens": args.predict_tokens})
+        report(
+            f"dihal locate cost against model size, extrapolated to {args.predict}",
+            body,
+            question="locate_scaling",
+            figures={
+                "runs": measured,
+                "cost_models": fitted,
+                "predicted": predicted,
+                "anchor_cpu_s": checks,
+                "predict": str(args.predict),
+                "predict_tokens": args.predict_tokens,
+            },
+        )
 
 
-def reading(args: argparse.Namespace, models: dict[str, Model], predicted: dict[str, float],
-            checks: dict[str, float]) -> str:
+def reading(
+    args: argparse.Namespace, models: dict[str, Model], predicted: dict[str, float], checks: dict[str, float]
+) -> str:
     """The extrapolation in words: CPU hours of collection, minutes of selection, the peak's parts."""
     target, tokens = args.predict, args.predict_tokens
     reservoir = min(tokens, DEFAULT_REPEATS * DEFAULT_SAMPLE_SIZE)
     calls = selection_calls(target)
     flops_per_ld2 = 2 * (4 + 3 * LLAMA_FFN_RATIO) + 1  # forward GEMMs + the covariance update, per token
     selection = ", ".join(f"{q} {predicted[q] / 60:.1f}" for q in args.precisions)
-    text = (f"EXTRAPOLATED to {target} (vocabulary {target.vocab}, {target.params / 1e9:.2f} B parameters, float32, "
-            f"{args.threads or 'default'} thread(s)): collection {predicted['collect'] * 1e3:.0f} CPU ms per token "
-            f"(the fitted slope is {flops_per_ld2 / models['collect'].b / 1e9:.0f} GFLOP/s at "
-            f"{flops_per_ld2:.1f} flops per L D^2 per token), so "
-            f"{tokens:,} tokens take {predicted['collect'] * tokens / 3600:.1f} CPU hours; selection "
-            f"({calls} proxy calls at n = {DEFAULT_SAMPLE_SIZE}) {selection} CPU minutes; peak RSS "
-            f"{predicted['peak'] / 2**30:.1f} GB, of which weights {4 * target.params / 2**30:.1f} GB, "
-            "float64 covariances "
-            f"{(target.layers + 1) * target.width**2 * 8 / 2**30:.1f} GB and the reservoir of {reservoir:,} tokens "
-            f"{(target.layers + 1) * reservoir * target.width * 4 / 2**30:.1f} GB (raw bytes).")
+    text = (
+        f"EXTRAPOLATED to {target} (vocabulary {target.vocab}, {target.params / 1e9:.2f} B parameters, float32, "
+        f"{args.threads or 'default'} thread(s)): collection {predicted['collect'] * 1e3:.0f} CPU ms per token "
+        f"(the fitted slope is {flops_per_ld2 / models['collect'].b / 1e9:.0f} GFLOP/s at "
+        f"{flops_per_ld2:.1f} flops per L D^2 per token), so "
+        f"{tokens:,} tokens take {predicted['collect'] * tokens / 3600:.1f} CPU hours; selection "
+        f"({calls} proxy calls at n = {DEFAULT_SAMPLE_SIZE}) {selection} CPU minutes; peak RSS "
+        f"{predicted['peak'] / 2**30:.1f} GB, of which weights {4 * target.params / 2**30:.1f} GB, "
+        "float64 covariances "
+        f"{(target.layers + 1) * target.width**2 * 8 / 2**30:.1f} GB and the reservoir of {reservoir:,} tokens "
+        f"{(target.layers + 1) * reservoir * target.width * 4 / 2**30:.1f} GB (raw bytes)."
+    )
     if checks:
-        direct = ", ".join(f"{q} {checks[q]:.2f} CPU s x {calls} = {checks[q] * calls / 60:.1f} CPU min"
-                           for q in args.precisions if q in checks)
-        text += (f" Check of the selection's extrapolation: one geometry_proxies call on {DEFAULT_SAMPLE_SIZE} x "
-                 f"{target.width} random float32 rows measured directly: {direct}; where the two differ, trust "
-                 f"this one (the proxies take the n x n Gram route when D > n = {DEFAULT_SAMPLE_SIZE}, whose cost "
-                 "a flop model fitted on narrower models need not predict).")
+        direct = ", ".join(
+            f"{q} {checks[q]:.2f} CPU s x {calls} = {checks[q] * calls / 60:.1f} CPU min"
+            for q in args.precisions
+            if q in checks
+        )
+        text += (
+            f" Check of the selection's extrapolation: one geometry_proxies call on {DEFAULT_SAMPLE_SIZE} x "
+            f"{target.width} random float32 rows measured directly: {direct}; where the two differ, trust "
+            f"this one (the proxies take the n x n Gram route when D > n = {DEFAULT_SAMPLE_SIZE}, whose cost "
+            "a flop model fitted on narrower models need not predict)."
+        )
     return text
 
 

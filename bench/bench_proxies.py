@@ -7,6 +7,7 @@ numbers (checked below); the ratios are measured in the same run, for our float6
 float32 paths. A second table puts the float32 path's error next to the spread of each proxy
 between repeated subsamples of the same data (the quantity DESIGN.md reports as mean +- std).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -85,16 +86,31 @@ def main() -> None:
         # for n < D the one Gram product (n^2 D, in float64: counted twice at the float32 rate).
         flops = args.n**2 * D + 2.0 * args.n * D**2 if args.n >= D else 2.0 * args.n**2 * D
         floor = flops / (rate * 1e9)
-        rows.append([f"{args.n} x {D}", t64, t32, t_theirs, t_theirs / t64, t_theirs / t32, floor / t32, f"{max_rel:.1e}"])
+        rows.append(
+            [f"{args.n} x {D}", t64, t32, t_theirs, t_theirs / t64, t_theirs / t32, floor / t32, f"{max_rel:.1e}"]
+        )
         spread = subsample_spread(pool, args.n, args.subsamples)
         for key in exact:
             error = abs(np.log(fast[key] / exact[key]))
             ratio = f"{spread[key] / error:.2g}" if error > 0 else "identical"
             accuracy.append([f"{args.n} x {D}", key, f"{error:.1e}", f"{spread[key]:.1e}", ratio])
-    header = ["X (float32)", "ours float64 s", "ours float32 s", "sklearn+NumPy s", "speed-up float64",
-              "speed-up float32", "GEMM floor / ours float32", "max rel. diff float64"]
-    accuracy_header = ["X", "proxy", "abs(log float32 - log float64)", f"std of log over {args.subsamples} subsamples",
-                       "spread / float32 error"]
+    header = [
+        "X (float32)",
+        "ours float64 s",
+        "ours float32 s",
+        "sklearn+NumPy s",
+        "speed-up float64",
+        "speed-up float32",
+        "GEMM floor / ours float32",
+        "max rel. diff float64",
+    ]
+    accuracy_header = [
+        "X",
+        "proxy",
+        "abs(log float32 - log float64)",
+        f"std of log over {args.subsamples} subsamples",
+        "spread / float32 error",
+    ]
     body = table(header, rows) + "\n\n" + table(accuracy_header, accuracy)
     body += (
         f"\n\nk=16, ridge=1e-3, 10,000 pairs. Machine sgemm rate {rate:.0f} GFLOP/s; GEMM floor: the big products "
@@ -104,15 +120,32 @@ def main() -> None:
     targets = []
     for row in rows:  # the stated targets: >= 10x float64 and >= 20x float32 at D = 1,024, >= 20x at D = 4,096
         if row[0].endswith(" x 1024"):
-            targets += [target(f"float64 speed-up >= 10x at {row[0]}", f"{row[4]:.3g}x", row[4] >= 10),
-                        target(f"float32 speed-up >= 20x at {row[0]}", f"{row[5]:.3g}x", row[5] >= 20)]
+            targets += [
+                target(f"float64 speed-up >= 10x at {row[0]}", f"{row[4]:.3g}x", row[4] >= 10),
+                target(f"float32 speed-up >= 20x at {row[0]}", f"{row[5]:.3g}x", row[5] >= 20),
+            ]
         elif row[0].endswith(" x 4096"):
-            targets.append(target(f"speed-up >= 20x at {row[0]}", f"{row[4]:.3g}x float64, {row[5]:.3g}x float32",
-                                  min(row[4], row[5]) >= 20))
-    report("geometry_proxies (float64 and float32 paths) vs a hand-written sklearn + NumPy pipeline", body,
-           question="proxies_vs_sklearn", targets=targets,
-           figures={"timings": rows_figure(header, rows), "float32_error_vs_spread": rows_figure(accuracy_header, accuracy),
-                    "k": 16, "ridge": 1e-3, "n_pairs": 10000, "sgemm_gflops": rate})
+            targets.append(
+                target(
+                    f"speed-up >= 20x at {row[0]}",
+                    f"{row[4]:.3g}x float64, {row[5]:.3g}x float32",
+                    min(row[4], row[5]) >= 20,
+                )
+            )
+    report(
+        "geometry_proxies (float64 and float32 paths) vs a hand-written sklearn + NumPy pipeline",
+        body,
+        question="proxies_vs_sklearn",
+        targets=targets,
+        figures={
+            "timings": rows_figure(header, rows),
+            "float32_error_vs_spread": rows_figure(accuracy_header, accuracy),
+            "k": 16,
+            "ridge": 1e-3,
+            "n_pairs": 10000,
+            "sgemm_gflops": rate,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ as shipped (``HybridLM.from_backbone`` loads the retained layers with ``assign``
 tensors) and with that load forced to copy (``--copy``, what earlier versions did). Per rank: the bytes of every
 distinct parameter storage alive after step 2 (teacher, hybrid, bridge) and the peak RSS (``ru_maxrss``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,9 @@ def _worker(out: str, ds_config: str, copy: bool) -> None:
 
     if copy:
         load = nn.Module.load_state_dict
-        nn.Module.load_state_dict = lambda self, state, strict=True, assign=False: load(self, state, strict=strict, assign=False)
+        nn.Module.load_state_dict = lambda self, state, strict=True, assign=False: load(
+            self, state, strict=strict, assign=False
+        )
     from dihal_fast.backbone import default_corpus
     from dihal_fast.replace import BridgeTrainConfig, train_bridge
 
@@ -36,12 +39,16 @@ def _worker(out: str, ds_config: str, copy: bool) -> None:
 
     def measure(info) -> None:
         if info.step == 2:
-            storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
-                        for p in gc.get_objects() if isinstance(p, nn.Parameter)}
+            storages = {
+                p.untyped_storage().data_ptr(): p.untyped_storage().nbytes()
+                for p in gc.get_objects()
+                if isinstance(p, nn.Parameter)
+            }
             figures["parameter_storage_mb"] = sum(storages.values()) / 2**20
 
-    config = BridgeTrainConfig(seq_len=64, batch_size=2, val_blocks=2, stats_blocks=4, steps=STEPS, log_every=1,
-                               checkpoint_every=10)
+    config = BridgeTrainConfig(
+        seq_len=64, batch_size=2, val_blocks=2, stats_blocks=4, steps=STEPS, log_every=1, checkpoint_every=10
+    )
     train_bridge(None, LAYER, default_corpus(), out, config, deepspeed_config=ds_config, callback=measure)
     figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("FIGURES " + json.dumps({"rank": int(os.environ.get("RANK", "0")), **figures}), flush=True)
@@ -54,8 +61,18 @@ def _run(copy: bool, workdir: Path) -> list[dict]:
     (workdir / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
     out = workdir / ("copy" if copy else "shared")
     torchrun = Path(sys.executable).parent / "torchrun"
-    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_port", str(port), __file__, "--worker", str(out),
-           str(workdir / "ds.json"), *(["--copy"] if copy else [])]
+    cmd = [
+        str(torchrun),
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        __file__,
+        "--worker",
+        str(out),
+        str(workdir / "ds.json"),
+        *(["--copy"] if copy else []),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
     if proc.returncode:
         raise SystemExit(proc.stderr[-3000:])
@@ -76,14 +93,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = {"copy": _run(True, Path(tmp)), "shared": _run(False, Path(tmp))}
     header = ["retained layers", "rank", "parameter storage MB", "peak RSS MB"]
-    rows = [[mode, r["rank"], round(r["parameter_storage_mb"], 2), round(r["peak_rss_mb"], 1)]
-            for mode, ranks in results.items() for r in ranks]
-    body = "| " + " | ".join(header) + " |\n| --- | --- | --- | --- |\n" + "\n".join(
-        "| " + " | ".join(str(c) for c in row) + " |" for row in rows)
-    body += (f"\n\nShipped backbone, `replace --layer {LAYER}`, {STEPS} steps, ZeRO-2, 2 gloo processes on CPU; "
-             "'copy' forces the copying load of earlier versions.")
-    report("Memory per rank of bridge training: shared against copied retained layers", body,
-           question="rank_memory", figures={"per_rank": rows_figure(header, rows)})
+    rows = [
+        [mode, r["rank"], round(r["parameter_storage_mb"], 2), round(r["peak_rss_mb"], 1)]
+        for mode, ranks in results.items()
+        for r in ranks
+    ]
+    body = (
+        "| "
+        + " | ".join(header)
+        + " |\n| --- | --- | --- | --- |\n"
+        + "\n".join("| " + " | ".join(str(c) for c in row) + " |" for row in rows)
+    )
+    body += (
+        f"\n\nShipped backbone, `replace --layer {LAYER}`, {STEPS} steps, ZeRO-2, 2 gloo processes on CPU; "
+        "'copy' forces the copying load of earlier versions."
+    )
+    report(
+        "Memory per rank of bridge training: shared against copied retained layers",
+        body,
+        question="rank_memory",
+        figures={"per_rank": rows_figure(header, rows)},
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ printed; otherwise the script times the same ``dihal/<stage>`` ranges itself
 (:func:`dihal_fast.profiling.record_ranges`, CUDA-synchronised at range edges). The table and the
 command are written as the record of bench/README.md's NVTX section (bench/results/locate_nvtx.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,23 @@ from _common import report  # noqa: E402
 
 
 def locate_argv(args: argparse.Namespace, out: Path) -> list[str]:
-    argv = ["locate", "--out", str(out / "run"), "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
-            "--sample-size", str(args.sample_size), "--n-pairs", str(args.n_pairs), "--backend", args.backend,
-            "--device", args.device]
+    argv = [
+        "locate",
+        "--out",
+        str(out / "run"),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--repeats",
+        str(args.repeats),
+        "--sample-size",
+        str(args.sample_size),
+        "--n-pairs",
+        str(args.n_pairs),
+        "--backend",
+        args.backend,
+        "--device",
+        args.device,
+    ]
     return argv + (["--model", args.model] if args.model else [])
 
 
@@ -33,10 +48,15 @@ def run_under_nsys(args: argparse.Namespace, out: Path) -> str:
     profile = out / "locate"
     child = [sys.executable, str(Path(__file__).resolve()), "--no-nsys", "--no-report", "--out", str(out)]
     child += [a for a in sys.argv[1:] if a not in ("--no-nsys", "--no-report")]
-    subprocess.run(["nsys", "profile", "--trace=cuda,nvtx,osrt", "--force-overwrite=true", "-o", str(profile), *child],
-                   check=True)
-    stats = subprocess.run(["nsys", "stats", "--report", "nvtx_sum", "--format", "table", f"{profile}.nsys-rep"],
-                           check=True, capture_output=True, text=True)
+    subprocess.run(
+        ["nsys", "profile", "--trace=cuda,nvtx,osrt", "--force-overwrite=true", "-o", str(profile), *child], check=True
+    )
+    stats = subprocess.run(
+        ["nsys", "stats", "--report", "nvtx_sum", "--format", "table", f"{profile}.nsys-rep"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return f"nsys report: {profile}.nsys-rep\n\n```\n{stats.stdout.strip()}\n```"
 
 
@@ -62,7 +82,9 @@ def main() -> int:
     parser.add_argument("--device", default="auto", help="model device (auto, cpu, cuda)")
     parser.add_argument("--out", default=None, help="folder for the run and the nsys report (default: a temporary one)")
     parser.add_argument("--no-nsys", action="store_true", help="time the ranges in-process even if nsys is available")
-    parser.add_argument("--no-report", action="store_true", help="print only; do not write bench/results/locate_nvtx.json")
+    parser.add_argument(
+        "--no-report", action="store_true", help="print only; do not write bench/results/locate_nvtx.json"
+    )
     args = parser.parse_args()
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="dihal_profile_"))

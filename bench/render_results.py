@@ -8,6 +8,7 @@ its own history (that stays in git), and the same records always give the same b
     python bench/render_results.py           # rewrite bench/README.md
     python bench/render_results.py --check   # exit 1 when bench/README.md is not what the records give
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,20 +40,23 @@ GEOMETRY, PIPELINE, HCDLM, PACKAGING = "Geometry kernels and locate", "DiHAL pip
 # whose key is missing).
 QUESTIONS: dict[str, Question] = {
     "knn_vs_faiss": Question(
-        "kNN: dihal_fast vs FAISS", GEOMETRY,
+        "kNN: dihal_fast vs FAISS",
+        GEOMETRY,
         "How fast is exact kNN (`dihal_fast.knn`, float32 GEMM with a float64 re-rank) against FAISS "
         "`IndexFlatL2`, and how close does it come to the floor of its distance product (2 n^2 D flops at the "
         "machine's float32 GEMM rate)? Also checks that both return the same neighbour sets.",
         "n = 20,000 low-rank-plus-noise float32 rows (rank 32 + 0.1 noise), D = 256, k = 16, seed 0.",
     ),
     "covariance_throughput": Question(
-        "StreamingCovariance.update throughput", GEOMETRY,
+        "StreamingCovariance.update throughput",
+        GEOMETRY,
         "How close does one `StreamingCovariance.update` (a SYRK, b D (D + 1) flops, float64 merge) come to the "
         "machine's sgemm rate, and how does it compare with NumPy float64 X^T X and `torch.cov` (float32 end to end)?",
         "16,384 standard-normal float32 rows (+3 offset) per update at D = 1,024, 2,048 and 4,096, seed 0.",
     ),
     "proxies_vs_sklearn": Question(
-        "geometry_proxies vs a hand-written sklearn + NumPy pipeline", GEOMETRY,
+        "geometry_proxies vs a hand-written sklearn + NumPy pipeline",
+        GEOMETRY,
         "How fast is `geometry_proxies` (float64 exact path and float32 path) against the pipeline a researcher "
         "would write by hand (scikit-learn brute-force kNN, NumPy eigh / inverse / batched local Gram "
         "eigenvalues), with the same numbers? And is the float32 path's error small next to the spread of each "
@@ -61,40 +65,46 @@ QUESTIONS: dict[str, Question] = {
         "D = 1,024 and 4,096; k = 16, ridge 1e-3, 10,000 pairs; 5 subsamples for the spread.",
     ),
     "cost_curves": Question(
-        "Cost curves: knn, geometry_proxies, StreamingCovariance.update against n and D", GEOMETRY,
+        "Cost curves: knn, geometry_proxies, StreamingCovariance.update against n and D",
+        GEOMETRY,
         "How does the cost of the three kernels and their peers grow with n (at D = 256) and with D (at "
         "n = 3,000)? The fitted exponent is the slope of log time against log size over the three largest sizes.",
         "`bench_proxies.data` rows, k = 16; n in 1,000-30,000, D in 256-4,096; slow peers on the smaller sizes only.",
     ),
     "collection": Question(
-        "Streaming collection: memory vs tokens, throughput vs the bare forward", GEOMETRY,
+        "Streaming collection: memory vs tokens, throughput vs the bare forward",
+        GEOMETRY,
         "Does streaming collection keep memory flat in the number of tokens (peak RSS of 10 N tokens over N, "
         "fresh processes) and how much slower is a collection step than the bare forward pass on the same batches?",
         "The shipped backbone, `gutenberg_nltk.train.txt`, seq_len 256, batch 8, reservoir 3,000 tokens per layer, "
         "float32, CPU, 1 torch thread.",
     ),
     "locate_nvtx": Question(
-        "NVTX ranges of a locate pass", GEOMETRY,
+        "NVTX ranges of a locate pass",
+        GEOMETRY,
         "Where does a `dihal locate` pass spend its time, stage by stage (`dihal/<stage>` NVTX ranges; self-timed "
         "when `nsys` is not on the PATH)?",
         "The shipped backbone on its corpus, 4,096 tokens, 2 repeats x 1,000-token samples, 2,000 pairs, CPU.",
     ),
     "locate_scaling": Question(
-        "dihal locate cost against model size, extrapolated to 32 x 4096", GEOMETRY,
+        "dihal locate cost against model size, extrapolated to 32 x 4096",
+        GEOMETRY,
         "What does `dihal locate` cost (collection CPU time per token, selection CPU time, peak RSS) as the model "
         "grows, and what do fitted cost models predict for a 32-layer, 4,096-wide (7B-class) model?",
         "Random Llama checkpoints 8 x 256, 8 x 1,024, 8 x 2,048 and 16 x 1,024 (SwiGLU width 2.69 x D), "
         "12,288 tokens of the shipped corpus, default repeats (10 x 3,000), float32 model, children on 1 thread.",
     ),
     "thread_contention": Question(
-        "Thread behaviour beside a busy neighbour", GEOMETRY,
+        "Thread behaviour beside a busy neighbour",
+        GEOMETRY,
         "Does a busy neighbour process make the CPU pipeline collapse, and does the default thread setting (the "
         "`dihal` command's governor and the bounded libgomp spin-wait) stay near the idle 1-thread time?",
         "`dihal replace --layer 1 --steps 60` on the shipped backbone and 10 calls of `geometry_proxies` on "
         "3,000 x 1,024 float32 rows, each in a fresh process, alone and beside one `while True: pass` process.",
     ),
     "pipeline_targets": Question(
-        "DiHAL pipeline targets: layer sweep and evaluation", PIPELINE,
+        "DiHAL pipeline targets: layer sweep and evaluation",
+        PIPELINE,
         "Does the pipeline meet its paper-level targets on the shipped backbone: does the geometry score rank "
         "the layers as the bridge losses do (Spearman >= 0.8, selected layer in the best third), and is the "
         "hybrid's PPL within 1.25x of the backbone's?",
@@ -102,7 +112,8 @@ QUESTIONS: dict[str, Question] = {
         "scores from 30 runs of 500 tokens; evaluation on 16 held-out blocks, 16 samples of 64 tokens; 1 thread.",
     ),
     "layer_tables_tiny_llama_8l": Question(
-        "Layer tables on tiny-llama-8l (paper Tables 1, 2, 4)", PIPELINE,
+        "Layer tables on tiny-llama-8l (paper Tables 1, 2, 4)",
+        PIPELINE,
         "On the 8-layer Llama-architecture backbone: does the geometry score rank the candidate layers as the "
         "fixed-budget bridge losses do (Spearman / Kendall / Pearson, rank gap; target Spearman >= 0.9, l* within "
         "the best three), how does l* compare with the best, worst, shallowest and deepest layer under the same "
@@ -111,28 +122,32 @@ QUESTIONS: dict[str, Question] = {
         "backbone's training); the sweep's protocol (`bench/bench_layer_tables.py`); 1 thread on a shared 2-core CPU.",
     ),
     "layer_tables_tiny_qwen3_16l": Question(
-        "Layer tables on tiny-qwen3-16l (paper Tables 1, 2, 4)", PIPELINE,
+        "Layer tables on tiny-qwen3-16l (paper Tables 1, 2, 4)",
+        PIPELINE,
         "The same questions as for tiny-llama-8l on the 16-layer Qwen3-architecture backbone (QK-norm, "
         "grouped-query attention, untied head): does the score still rank 15 candidate layers, and does l* stay "
         "shallow at twice the depth?",
         "As for tiny-llama-8l: the shipped corpus, the sweep's protocol, 1 thread on a shared 2-core CPU.",
     ),
     "demo": Question(
-        "dihal demo on the shipped backbone", PIPELINE,
+        "dihal demo on the shipped backbone",
+        PIPELINE,
         "What do the defaults give end to end (`dihal demo`: locate, replace, evaluate, generate) and how long "
         "does it take?",
         "The shipped backbone and corpus, seed 0, the demo's defaults (200 bridge steps, Diffusion-LM control "
         "with the same budget).",
     ),
     "bridge_speed": Question(
-        "Bridge cost at generation: tokens/s and PPL together", PIPELINE,
+        "Bridge cost at generation: tokens/s and PPL together",
+        PIPELINE,
         "Which bridge keeps up with its backbone: tokens/s and PPL ratio of hybrids with different bridge "
         "sizes, measured together (target: >= 0.9x the backbone's tokens/s at PPL ratio <= 1.15)?",
         "Layer 1 of the shipped backbone, 200 training steps per bridge (8 x 128 tokens, seed 0); PPL on the "
         "demo's 32 held-out blocks; 16 x 64-token sampling calls, backbone and hybrids interleaved, 1 thread.",
     ),
     "downstream_tasks": Question(
-        "Downstream tasks: hybrid vs backbone", PIPELINE,
+        "Downstream tasks: hybrid vs backbone",
+        PIPELINE,
         "How does the hybrid do on downstream tasks against its backbone: accuracy (± the harness's standard error) "
         "on the shipped offline LAMBADA-style last-word and next-sentence cloze tasks, through lm-evaluation-harness's "
         "own HFLM, and the paired difference hybrid - backbone on the same examples?",
@@ -141,21 +156,24 @@ QUESTIONS: dict[str, Question] = {
         "shipped backbone and its hybrid (`dihal replace` defaults, layer 1); zero-shot, float32, 1 thread.",
     ),
     "backbone_perplexity": Question(
-        "Embedded default backbone: validation perplexity vs baselines", PIPELINE,
+        "Embedded default backbone: validation perplexity vs baselines",
+        PIPELINE,
         "Is the shipped backbone (`dihal_fast/assets/backbone`) a real language model: its held-out perplexity "
         "against unigram and bigram baselines; and does bf16 autocast help on this CPU?",
         "The four shared text corpora (`/work/shared/data/text`, train splits for training, `*.valid.txt` never "
         "trained on); every token after the first of each split scored once.",
     ),
     "backbone_perplexity_qwen3": Question(
-        "Shipped backbone tiny-qwen3-16l: validation perplexity vs baselines", PIPELINE,
+        "Shipped backbone tiny-qwen3-16l: validation perplexity vs baselines",
+        PIPELINE,
         "Is the second shipped backbone (`dihal_fast/assets/backbone_qwen3`, 16 Qwen3 layers) a language model: its "
         "held-out perplexity against unigram and bigram baselines, read from its own training report?",
         "The four shared text corpora, train splits for training, `*.valid.txt` never trained on; every token after "
         "the first of each split scored once.",
     ),
     "hcdlm_sudoku": Question(
-        "HC-DLM vs MDM / Latent DM / AR: 6x6 Sudoku at 10 CPU-minutes", HCDLM,
+        "HC-DLM vs MDM / Latent DM / AR: 6x6 Sudoku at 10 CPU-minutes",
+        HCDLM,
         "At the same training time, which model solves more held-out 6x6 Sudoku boards (easy = singles-only, "
         "the training grade; hard = needs strategies absent from training), and what does sampling cost?",
         "Fresh generated 6x6 puzzles: 300 easy + 300 hard test boards (generator seed 123), 150 + 150 "
@@ -163,41 +181,48 @@ QUESTIONS: dict[str, Question] = {
         "model on one thread, width 64.",
     ),
     "hcdlm_sudoku_budget": Question(
-        "HC-DLM vs MDM: 6x6 Sudoku accuracy against the training budget", HCDLM,
+        "HC-DLM vs MDM: 6x6 Sudoku accuracy against the training budget",
+        HCDLM,
         "Does HC-DLM catch up with MDM on the hard split as the CPU budget grows from 5 to 60 minutes?",
         "The same 6x6 test and validation puzzles as above; lr 1e-3, one seed, 50 sampling steps.",
     ),
     "hcdlm_lr_search": Question(
-        "HC-DLM vs MDM: learning-rate search on 6x6 Sudoku", HCDLM,
+        "HC-DLM vs MDM: learning-rate search on 6x6 Sudoku",
+        HCDLM,
         "Which learning rate does each model prefer at a 5-CPU-minute budget, chosen on the validation split?",
         "The same 6x6 test and validation puzzles; lr in {3e-4, 1e-3, 3e-3}, one seed each, 50 sampling steps.",
     ),
     "hcdlm_sudoku9": Question(
-        "HC-DLM vs MDM: 9x9 Sudoku at 30 CPU-minutes", HCDLM,
+        "HC-DLM vs MDM: 9x9 Sudoku at 30 CPU-minutes",
+        HCDLM,
         "Does the comparison hold on 9x9 boards, including the real Kaggle puzzles per rated level?",
         "Training pool: 3,000 generated singles-grade 9x9 puzzles; test: 150 boards per group (generated easy and "
         "hard, and the first 150 of each level of `sudoku_kaggle3m_curated5000.csv`), 50 validation boards per group.",
     ),
     "hcdlm_countdown": Question(
-        "HC-DLM vs MDM / AR: Countdown CD3 / CD4", HCDLM,
+        "HC-DLM vs MDM / AR: Countdown CD3 / CD4",
+        HCDLM,
         "Do the models learn Countdown arithmetic (strict: every number used once; loose; share of true "
         "equation steps) at CPU budgets?",
         "`countdown.jsonl` from the shared data: the first 256 CD3 and first 300 CD4 problems as test.",
     ),
     "hcdlm_text": Question(
-        "HC-DLM vs MDM / Latent DM / AR: text at 2 CPU-minutes", HCDLM,
+        "HC-DLM vs MDM / Latent DM / AR: text at 2 CPU-minutes",
+        HCDLM,
         "Does the text path run end to end, and what do the generative perplexity and entropy look like at a "
         "tiny budget?",
         "The first 400k characters of `tinystories.train`; 64 samples of 64 tokens scored under the shipped backbone.",
     ),
     "hcdlm_variants": Question(
-        "HC-DLM objective variants on 6x6 Sudoku", HCDLM,
+        "HC-DLM objective variants on 6x6 Sudoku",
+        HCDLM,
         "Which objective / architecture choice makes HC-DLM's uniform kernel learn at CPU scale?",
         "The benchmark's HC-DLM (uniform kernel, width 64, blocks 1/6/1, lr 1e-3, batch 64, 1 thread) per "
         "variant, scored on the validation split only (150 easy + 150 hard, seed 7), 50 steps, argmax.",
     ),
     "rank_memory": Question(
-        "Memory per rank of bridge training: shared against copied retained layers", PIPELINE,
+        "Memory per rank of bridge training: shared against copied retained layers",
+        PIPELINE,
         "How much memory does each rank of a DeepSpeed bridge training hold when the hybrid's frozen retained "
         "layers share the teacher's tensors, against a copy of them (distinct parameter storage after step 2, "
         "peak RSS)?",
@@ -205,7 +230,8 @@ QUESTIONS: dict[str, Question] = {
         "(ZeRO-2, gloo on CPU), once shared and once with the copying load forced.",
     ),
     "hcdlm_defaults": Question(
-        "HC-DLM defaults chosen on the 6x6 validation split (issue 23)", HCDLM,
+        "HC-DLM defaults chosen on the 6x6 validation split (issue 23)",
+        HCDLM,
         "Which defaults should `dihal hcdlm train` use: the old ones (exposure share 1.0, hard log-variance clamp, "
         "scaffold drop always) or the soft variance without the drop, at exposure 1.0 or 0.5? Does the model use its "
         "latent (x_t -> noise) and its scaffold (true - random)?",
@@ -213,14 +239,16 @@ QUESTIONS: dict[str, Question] = {
         "split only (150 easy + 150 hard, seed 7), 50 steps, argmax, EMA weights; ablations at s = 0.05 / 0.5 / 0.95.",
     ),
     "wheels": Question(
-        "Wheels: CPU and CUDA builds, repaired and checked", PACKAGING,
+        "Wheels: CPU and CUDA builds, repaired and checked",
+        PACKAGING,
         "Do the sdist and the wheel variants build, repair to a manylinux tag, carry the right compiled modules "
         "(CUDA architectures, no bundled runtime), and pass the tests from a fresh venv without a compiler?",
         "`packaging/build_wheels.sh` on this machine (glibc 2.36: manylinux_2_34 only; manylinux_2_28 comes from "
         "`[tool.cibuildwheel]`'s container); a fresh-venv smoke run of a copy of tests/.",
     ),
     "gpu_kernels": Question(
-        "CUDA kernels against their floors, torch and cuVS", GEOMETRY,
+        "CUDA kernels against their floors, torch and cuVS",
+        GEOMETRY,
         "How fast are the CUDA kernels against their FLOP/byte floors, what a researcher would write in torch, "
         "and cuVS brute force? (needs a CUDA GPU: `bash bench/gpu_check.sh`)",
         "Synthetic float32/float64 rows per kernel at the sizes of `bench_gpu.py`.",
@@ -284,8 +312,10 @@ def _section(key: str, record: dict[str, Any] | None) -> str:
     lines += [
         f"**Command.** `{record['command']}`",
         "",
-        (f"**Latest run.** {record['date']}; {record['machine']}; commit {record['commit']}; "
-         f"record [`results/{key}.json`](results/{key}.json)."),
+        (
+            f"**Latest run.** {record['date']}; {record['machine']}; commit {record['commit']}; "
+            f"record [`results/{key}.json`](results/{key}.json)."
+        ),
         "",
         record["body"],
         "",

@@ -14,6 +14,7 @@ Importing the package changes nothing in the process environment. The ``dihal`` 
 spin-wait before torch loads (:func:`dihal_fast.cpu_threads.configure_openmp`); a library user who shares
 the CPU with other busy processes can call that function before ``import torch`` to get the same.
 """
+
 from dihal_fast._native import BackendUnavailable, build_info
 from dihal_fast._version import __version__
 from dihal_fast.geometry import (

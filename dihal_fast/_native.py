@@ -4,6 +4,7 @@
 modules are loaded on first use, and a missing one raises :class:`BackendUnavailable` with what was
 tried and what to install.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -38,7 +39,9 @@ def installed_variants() -> tuple[str, ...]:
     """The installed distributions among :data:`VARIANTS` (normalised names)."""
     from importlib import metadata
 
-    names = {dist.metadata["Name"].replace("-", "_").lower() for dist in metadata.distributions() if dist.metadata["Name"]}
+    names = {
+        dist.metadata["Name"].replace("-", "_").lower() for dist in metadata.distributions() if dist.metadata["Name"]
+    }
     return tuple(v for v in VARIANTS if v in names)
 
 
@@ -47,8 +50,10 @@ def variant_conflict() -> str:
     found = installed_variants()
     if len(found) < 2:
         return ""
-    return (f"several dihal_fast variants are installed ({', '.join(found)}) and overwrite each other's files: "
-            f"pip uninstall -y {' '.join(found)}, then install exactly one")
+    return (
+        f"several dihal_fast variants are installed ({', '.join(found)}) and overwrite each other's files: "
+        f"pip uninstall -y {' '.join(found)}, then install exactly one"
+    )
 
 
 @functools.cache
@@ -94,8 +99,11 @@ def build_info() -> dict:
     """What was compiled into this build and which backends can run on this machine."""
     from dihal_fast._version import __version__
 
-    info: dict = {"version": __version__, "distribution": ", ".join(installed_variants()) or "(not installed)",
-                  "backends": {}}
+    info: dict = {
+        "version": __version__,
+        "distribution": ", ".join(installed_variants()) or "(not installed)",
+        "backends": {},
+    }
     core_module, core_reason = _load("_core")
     info["backends"]["reference"] = {"compiled": True, "available": True, "reason": ""}
     info["backends"]["cpu"] = {

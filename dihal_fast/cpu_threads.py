@@ -18,6 +18,7 @@ against 31-48 s with 1 thread). ``import dihal_fast`` therefore bounds the spin 
 idle behaviour (back-to-back parallel regions still find the worker awake) and limits the damage while
 the governor has not yet reacted to a new neighbour.
 """
+
 from __future__ import annotations
 
 import logging

@@ -9,6 +9,7 @@ Without a profiler, :func:`record_ranges` times the same ranges itself::
         df.geometry_proxies(X)
     print(timings.table())
 """
+
 from __future__ import annotations
 
 import contextlib

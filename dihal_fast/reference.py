@@ -4,6 +4,7 @@ These are the ground truth the compiled kernels are tested against: short, liter
 (``O(n^2 D)`` memory-light loops, dense inverses). Use ``backend="reference"`` in the public API
 to run them through the same argument checks.
 """
+
 from __future__ import annotations
 
 import math

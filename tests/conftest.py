@@ -1,4 +1,5 @@
 """Shared fixtures: the real data in ../shared/data (skipped with a reason when absent), tiny checkpoints."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Tests of the embedded backbone: tokenizer, baselines, data order, training/resume, bad input, shipped assets."""
+
 from __future__ import annotations
 
 import math
@@ -46,14 +47,28 @@ def tiny_texts(tmp_path_factory) -> dict[str, Path]:
 
 
 def tiny_config(files: dict[str, Path], steps: int = 20, **overrides) -> BackboneTrainConfig:
-    model = BackboneModelConfig(vocab_size=320, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seq_len=32)
-    base = dict(corpus=[str(files["train"])], valid=[str(files["valid"])], model=model, steps=steps, batch_size=4,
-                lr=1e-2, warmup_steps=3, eval_every=5, eval_windows=4, checkpoint_every=5, precision="fp32")
+    model = BackboneModelConfig(
+        vocab_size=320, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seq_len=32
+    )
+    base = dict(
+        corpus=[str(files["train"])],
+        valid=[str(files["valid"])],
+        model=model,
+        steps=steps,
+        batch_size=4,
+        lr=1e-2,
+        warmup_steps=3,
+        eval_every=5,
+        eval_windows=4,
+        checkpoint_every=5,
+        precision="fp32",
+    )
     base.update(overrides)
     return BackboneTrainConfig(**base)
 
 
 # --- tokenizer ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tokenizer():
@@ -80,6 +95,7 @@ def test_tokenizer_saves_and_loads_with_auto(tokenizer, tmp_path):
 
 # --- baselines ------------------------------------------------------------------------------------
 
+
 def test_baselines_against_hand_computed_values():
     train, ev = np.array([0, 1, 0, 1, 2]), np.array([0, 1, 2])
     # unigram add-1: counts (2, 2, 1), N = 5, V = 3 -> p(1) = 3/8, p(2) = 2/8 on targets [1, 2]
@@ -88,8 +104,11 @@ def test_baselines_against_hand_computed_values():
     assert bigram_perplexity(train, ev, 3, 0.5) == pytest.approx(1 / math.sqrt(2.5 / 3.5 * 1.5 / 3.5))
 
 
-@given(st.lists(st.integers(0, 5), min_size=2, max_size=60), st.lists(st.integers(0, 5), min_size=2, max_size=30),
-       st.sampled_from([1e-3, 0.1, 1.0]))
+@given(
+    st.lists(st.integers(0, 5), min_size=2, max_size=60),
+    st.lists(st.integers(0, 5), min_size=2, max_size=30),
+    st.sampled_from([1e-3, 0.1, 1.0]),
+)
 def test_bigram_matches_dictionary_reference(train, ev, k):
     pairs, contexts = Counter(zip(train[:-1], train[1:])), Counter(train[:-1])
     logp = [math.log((pairs[(v, w)] + k) / (contexts[v] + 6 * k)) for v, w in zip(ev[:-1], ev[1:])]
@@ -107,6 +126,7 @@ def test_best_bigram_picks_lowest_and_bad_ids_are_refused():
 
 
 # --- data order, schedule, evaluation ---------------------------------------------------------------
+
 
 def test_window_sampler_is_a_function_of_the_step():
     stream = np.arange(1000, dtype=np.int32)
@@ -130,19 +150,27 @@ def test_stream_nll_scores_every_token_once(tokenizer):
     from dihal_fast.backbone.model import build_model
 
     torch.manual_seed(0)
-    model = build_model(BackboneModelConfig(vocab_size=len(tokenizer), hidden_size=32, num_layers=2, num_heads=2,
-                                            intermediate_size=64, seq_len=64), tokenizer)
+    model = build_model(
+        BackboneModelConfig(
+            vocab_size=len(tokenizer), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seq_len=64
+        ),
+        tokenizer,
+    )
     ids = encode_documents(tokenizer, [english_like(5, 20)])[:41]
     assert len(ids) == 41
     total, count = stream_nll(model, ids, seq_len=40)  # one window: the whole stream
     with torch.no_grad():
-        full = torch.nn.functional.cross_entropy(model(input_ids=torch.tensor(ids[None, :-1], dtype=torch.long)).logits[0],
-                                                 torch.tensor(ids[1:], dtype=torch.long), reduction="sum")
+        full = torch.nn.functional.cross_entropy(
+            model(input_ids=torch.tensor(ids[None, :-1], dtype=torch.long)).logits[0],
+            torch.tensor(ids[1:], dtype=torch.long),
+            reduction="sum",
+        )
     assert count == 40 and total == pytest.approx(float(full), rel=1e-5)
     assert stream_nll(model, ids, seq_len=7, batch_size=3)[1] == 40
 
 
 # --- training, resume, bad input ------------------------------------------------------------------
+
 
 def test_tiny_training_lowers_the_loss(tiny_texts, tmp_path):
     import json
@@ -172,8 +200,13 @@ def test_resume_equals_uninterrupted(tiny_texts, tmp_path):
     for name in full:
         assert torch.equal(full[name], split[name]), name
     timing = ("tokens_per_s", "elapsed_s")
-    logs = [[{k: v for k, v in json.loads(line).items() if k not in timing}
-             for line in (tmp_path / d / "log.jsonl").read_text().splitlines()] for d in ("full", "split")]
+    logs = [
+        [
+            {k: v for k, v in json.loads(line).items() if k not in timing}
+            for line in (tmp_path / d / "log.jsonl").read_text().splitlines()
+        ]
+        for d in ("full", "split")
+    ]
     assert logs[0] == logs[1] and len(logs[0]) == 2 + 4  # train loss at steps 10, 20; validation every 5
 
 
@@ -226,6 +259,7 @@ def test_split_tail_cuts_at_a_line_break():
 
 # --- the shipped assets ---------------------------------------------------------------------------
 
+
 def test_shipped_backbone_loads_offline_and_beats_bigram(monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -271,7 +305,9 @@ def test_deepspeed_zero1_run_equals_plain_torch(tiny_texts, tmp_path):
 
     (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
     train_backbone(tiny_config(tiny_texts, steps=3), tmp_path / "plain", progress=False)
-    train_backbone(tiny_config(tiny_texts, steps=3), tmp_path / "zero", progress=False, deepspeed_config=tmp_path / "ds.json")
+    train_backbone(
+        tiny_config(tiny_texts, steps=3), tmp_path / "zero", progress=False, deepspeed_config=tmp_path / "ds.json"
+    )
     plain, zero = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("plain", "zero"))
     assert plain.keys() == zero.keys()
     for name in plain:

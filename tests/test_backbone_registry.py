@@ -1,5 +1,6 @@
 """Tests of the shipped backbones by name (``--model tiny-qwen3-16l``), ``dihal backbone list`` and the
 Qwen3-family backbone: its construction, training with a reused tokenizer, and the shipped checkpoint."""
+
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ needs_qwen3 = pytest.mark.skipif(not QWEN3_SHIPPED, reason=f"the tiny-qwen3-16l 
 
 
 # --- name resolution ------------------------------------------------------------------------------
+
 
 def test_none_and_the_default_name_are_the_first_backbone():
     assert DEFAULT_BACKBONE == "tiny-llama-8l"
@@ -57,8 +59,13 @@ def test_every_command_takes_a_shipped_name(tmp_path, capsys):
     lm = load_lm("tiny-llama-8l")
     assert lm.kind == "backbone" and lm.path == default_model_dir()
     capsys.readouterr()  # the weight-loading bar of load_lm
-    for command in (["locate", "--max-tokens", "1000"], ["replace", "--layer", "1", "--steps", "1"],
-                    ["sweep", "--budget-steps", "1"], ["demo"], ["generate", "--prompt", "x"]):
+    for command in (
+        ["locate", "--max-tokens", "1000"],
+        ["replace", "--layer", "1", "--steps", "1"],
+        ["sweep", "--budget-steps", "1"],
+        ["demo"],
+        ["generate", "--prompt", "x"],
+    ):
         code = main([*command, "--model", "tiny-gpt-99l", "--out", str(tmp_path / command[0])])
         err = capsys.readouterr().err
         assert code == 2 and "tiny-qwen3-16l" in err and len(err.strip().splitlines()) == 1, (command, err)
@@ -68,12 +75,27 @@ def test_every_command_takes_a_shipped_name(tmp_path, capsys):
 
 def test_generate_runs_on_a_shipped_name(tmp_path, capsys):
     out = tmp_path / "samples.json"
-    assert main(["generate", "--model", "tiny-llama-8l", "--prompt", "Once upon a time", "--max-new-tokens", "4",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                "tiny-llama-8l",
+                "--prompt",
+                "Once upon a time",
+                "--max-new-tokens",
+                "4",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert json.loads(out.read_text())["model"] == str(default_model_dir())
 
 
 # --- dihal backbone list --------------------------------------------------------------------------
+
 
 def test_backbone_list_json_shape(capsys):
     assert main(["backbone", "list", "--json"]) == 0
@@ -98,10 +120,21 @@ def test_backbone_list_table(capsys):
 
 # --- the Qwen3 family -----------------------------------------------------------------------------
 
+
 def test_qwen3_family_builds_qk_norm_grouped_query_untied(tmp_path):
     tokenizer = load_tokenizer(None)
-    cfg = BackboneModelConfig(family="qwen3", vocab_size=4096, hidden_size=48, num_layers=3, num_heads=4,
-                              num_kv_heads=2, head_dim=16, intermediate_size=64, seq_len=32, tie_embeddings=False)
+    cfg = BackboneModelConfig(
+        family="qwen3",
+        vocab_size=4096,
+        hidden_size=48,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=64,
+        seq_len=32,
+        tie_embeddings=False,
+    )
     cfg.validate()
     model = build_model(cfg, tokenizer)
     assert type(model).__name__ == "Qwen3ForCausalLM"
@@ -122,14 +155,24 @@ def test_llama_family_default_is_unchanged():
         assert getattr(model.config, key) == shipped_config[key], key
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"family": "gpt"}, "family must be one of llama, qwen3"),
-    ({"num_heads": 4, "num_kv_heads": 3}, "do not split into groups"),
-    ({"hidden_size": 30, "num_heads": 4}, "pass --head-dim"),
-    ({"head_dim": 7}, "must be even"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"family": "gpt"}, "family must be one of llama, qwen3"),
+        ({"num_heads": 4, "num_kv_heads": 3}, "do not split into groups"),
+        ({"hidden_size": 30, "num_heads": 4}, "pass --head-dim"),
+        ({"head_dim": 7}, "must be even"),
+    ],
+)
 def test_bad_shapes_are_refused(overrides, message):
-    base = {"family": "qwen3", "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "seq_len": 16}
+    base = {
+        "family": "qwen3",
+        "hidden_size": 32,
+        "num_layers": 2,
+        "num_heads": 2,
+        "intermediate_size": 64,
+        "seq_len": 16,
+    }
     with pytest.raises(ValueError, match=message):
         BackboneModelConfig(**{**base, **overrides}).validate()
 
@@ -142,11 +185,32 @@ def test_qwen3_trains_with_a_reused_tokenizer(tmp_path):
     body = text.read_text()[:60_000]
     train.write_text(body[:50_000])
     valid.write_text(body[50_000:])
-    model = BackboneModelConfig(family="qwen3", vocab_size=4096, hidden_size=32, num_layers=2, num_heads=2,
-                                num_kv_heads=1, head_dim=16, intermediate_size=64, seq_len=32, tie_embeddings=False)
-    cfg = BackboneTrainConfig(corpus=[str(train)], valid=[str(valid)], model=model, steps=6, batch_size=4, lr=1e-2,
-                              warmup_steps=2, eval_every=3, eval_windows=2, checkpoint_every=3, precision="fp32",
-                              tokenizer=str(default_model_dir()))
+    model = BackboneModelConfig(
+        family="qwen3",
+        vocab_size=4096,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        seq_len=32,
+        tie_embeddings=False,
+    )
+    cfg = BackboneTrainConfig(
+        corpus=[str(train)],
+        valid=[str(valid)],
+        model=model,
+        steps=6,
+        batch_size=4,
+        lr=1e-2,
+        warmup_steps=2,
+        eval_every=3,
+        eval_windows=2,
+        checkpoint_every=3,
+        precision="fp32",
+        tokenizer=str(default_model_dir()),
+    )
     report = train_backbone(cfg, tmp_path / "run", progress=False)
     assert report["architecture"] == "Qwen3ForCausalLM" and report["steps_completed"] == 6
     assert load_tokenizer(tmp_path / "run").get_vocab() == load_tokenizer(None).get_vocab()
@@ -155,6 +219,7 @@ def test_qwen3_trains_with_a_reused_tokenizer(tmp_path):
 
 
 # --- the shipped Qwen3 backbone -------------------------------------------------------------------
+
 
 @needs_qwen3
 def test_shipped_qwen3_loads_offline_and_beats_bigram(monkeypatch):

@@ -1,4 +1,5 @@
 """Bench records and the generated bench/README.md: round trip, determinism, and the document in sync."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,15 @@ import render_results  # noqa: E402
 
 def write(tmp_path: Path, question: str = "knn_vs_faiss", **fields) -> Path:
     record = {
-        "question": question, "title": "t", "command": "python bench/x.py", "commit": "abc", "machine": "m",
-        "date": "2026-12-01 11:00", "figures": {}, "targets": [], "body": "b",
+        "question": question,
+        "title": "t",
+        "command": "python bench/x.py",
+        "commit": "abc",
+        "machine": "m",
+        "date": "2026-12-01 11:00",
+        "figures": {},
+        "targets": [],
+        "body": "b",
     }
     record.update(fields)
     path = tmp_path / f"{question}.json"
@@ -30,15 +38,29 @@ def write(tmp_path: Path, question: str = "knn_vs_faiss", **fields) -> Path:
 
 
 def test_report_round_trip(tmp_path, capsys):
-    figures = {"times": _common.rows_figure(["method", "s"], [["ours", np.float32(1.5)], ["faiss", 3]]),
-               "rate": np.float64(141.0), "agreement": 1.0, "sizes": np.arange(3)}
+    figures = {
+        "times": _common.rows_figure(["method", "s"], [["ours", np.float32(1.5)], ["faiss", 3]]),
+        "rate": np.float64(141.0),
+        "agreement": 1.0,
+        "sizes": np.arange(3),
+    }
     targets = [_common.target("time <= FAISS time", "0.15x", True), _common.target("ratio", 0.6, None)]
-    path = _common.report("kNN: test", "| a |\n|---|\n| 1 |\n", question="knn_vs_faiss", figures=figures,
-                          targets=targets, results_dir=tmp_path)
+    path = _common.report(
+        "kNN: test",
+        "| a |\n|---|\n| 1 |\n",
+        question="knn_vs_faiss",
+        figures=figures,
+        targets=targets,
+        results_dir=tmp_path,
+    )
     assert path == tmp_path / "knn_vs_faiss.json"
     record = _common.read_record(path)
-    assert record["figures"] == {"times": {"columns": ["method", "s"], "rows": [["ours", 1.5], ["faiss", 3]]},
-                                 "rate": 141.0, "agreement": 1.0, "sizes": [0, 1, 2]}
+    assert record["figures"] == {
+        "times": {"columns": ["method", "s"], "rows": [["ours", 1.5], ["faiss", 3]]},
+        "rate": 141.0,
+        "agreement": 1.0,
+        "sizes": [0, 1, 2],
+    }
     assert [t["status"] for t in record["targets"]] == ["met", "reported"]
     assert record["body"] == "| a |\n|---|\n| 1 |"
     assert record["command"].startswith("python ")
@@ -64,9 +86,13 @@ def test_legacy_report_call_writes_a_record(tmp_path):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
-                    max_leaves=10))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+        max_leaves=10,
+    )
+)
 def test_jsonable_gives_strict_json(value):
     text = json.dumps(_common.jsonable({"v": value}), allow_nan=False)
     assert json.loads(text).keys() == {"v"}
@@ -78,11 +104,14 @@ def test_unserialisable_figure_is_refused(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"commit": ""}, "commit must be non-empty"),
-    ({"targets": [{"target": "x", "measured": "1", "status": "ok"}]}, "status in"),
-    ({"figures": []}, "figures must be a dict"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"commit": ""}, "commit must be non-empty"),
+        ({"targets": [{"target": "x", "measured": "1", "status": "ok"}]}, "status in"),
+        ({"figures": []}, "figures must be a dict"),
+    ],
+)
 def test_bad_record_names_the_file(tmp_path, fields, message):
     path = write(tmp_path, **fields)
     with pytest.raises((ValueError, TypeError), match=message) as error:
@@ -143,6 +172,10 @@ def test_plots_the_records_cite_are_in_bench():
 
 
 def test_every_question_a_script_names_is_registered():
-    named = {key for script in BENCH.glob("*.py") for key in re.findall(r'question(?:: str)? ?= ?"(\w+)"', script.read_text())}
+    named = {
+        key
+        for script in BENCH.glob("*.py")
+        for key in re.findall(r'question(?:: str)? ?= ?"(\w+)"', script.read_text())
+    }
     assert {"knn_vs_faiss", "covariance_throughput", "proxies_vs_sklearn", "hcdlm_variants"} <= named
     assert named <= set(render_results.QUESTIONS), f"unregistered: {named - set(render_results.QUESTIONS)}"

@@ -1,5 +1,6 @@
 """The diffusion bridge: schedules, parameterisations, samplers (against exact and analytic denoisers),
 causality and caching of the bridge network."""
+
 from __future__ import annotations
 
 import math
@@ -96,7 +97,9 @@ def test_samplers_return_exact_x0_for_an_exact_model(pair, sampler, nfe):
     generator = torch.Generator().manual_seed(nfe)
     x0 = 3.0 * torch.randn(4, 7, 5, generator=generator, dtype=torch.float64) + 1.0
     noise = torch.randn(nfe, 4, 7, 5, generator=generator, dtype=torch.float64)
-    out = make_sampler(sampler).sample(_oracle(x0, schedule, prediction), schedule, prediction, noise[0], nfe, noise[1:])
+    out = make_sampler(sampler).sample(
+        _oracle(x0, schedule, prediction), schedule, prediction, noise[0], nfe, noise[1:]
+    )
     torch.testing.assert_close(out, x0, rtol=1e-7, atol=1e-7)
 
 
@@ -120,7 +123,9 @@ def test_samplers_draw_the_data_distribution_with_the_exact_score(pair, sampler,
     generator = torch.Generator().manual_seed(0)
     noise = torch.randn(nfe, 20000, dtype=torch.float64, generator=generator)
     chosen = make_sampler(sampler)
-    samples = chosen.sample(_gaussian_denoiser(2.0, 0.5, schedule, prediction), schedule, prediction, noise[0], nfe, noise[1:])
+    samples = chosen.sample(
+        _gaussian_denoiser(2.0, 0.5, schedule, prediction), schedule, prediction, noise[0], nfe, noise[1:]
+    )
     assert float(samples.mean()) == pytest.approx(2.0, abs=0.02)
     assert float(samples.std()) == pytest.approx(0.5, abs=0.03)
 
@@ -134,7 +139,9 @@ def test_stochastic_sampler_requires_noise():
 
 def _bridge(seed: int = 0, **overrides) -> Bridge:
     torch.manual_seed(seed)
-    options = dict(hidden_size=16, condition_size=12, layer=1, width=16, heads=2, context_layers=2, unet_depth=2, time_dim=8)
+    options = dict(
+        hidden_size=16, condition_size=12, layer=1, width=16, heads=2, context_layers=2, unet_depth=2, time_dim=8
+    )
     bridge = Bridge(BridgeConfig(**{**options, **overrides})).eval()
     torch.nn.init.normal_(bridge.out.weight, std=0.3)  # the zero-initialised head would hide every dependency
     return bridge
@@ -175,7 +182,9 @@ def test_bridge_cache_equals_full_recompute(cuts, pad):
             start = end
     assert cache.length == length
     for level, reference in enumerate(full):
-        torch.testing.assert_close(torch.cat([p[level] for p in pieces], dim=1)[1, pad:], reference[1, pad:], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            torch.cat([p[level] for p in pieces], dim=1)[1, pad:], reference[1, pad:], atol=1e-5, rtol=1e-5
+        )
         torch.testing.assert_close(torch.cat([p[level] for p in pieces], dim=1)[0], reference[0], atol=1e-5, rtol=1e-5)
 
 
@@ -231,13 +240,16 @@ def test_fresh_bridge_predicts_the_mean_and_normalisation_round_trips():
     assert BridgeConfig.from_dict(bridge.config.to_dict()) == bridge.config
 
 
-@pytest.mark.parametrize("bad,match", [
-    ({"heads": 3}, "heads of even size"),
-    ({"nfe": 0}, "nfe"),
-    ({"unet_depth": 9}, "unet_depth"),
-    ({"schedule": "flow", "prediction": "eps"}, "alpha"),
-    ({"target_mean": [0.0]}, "target_mean"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"heads": 3}, "heads of even size"),
+        ({"nfe": 0}, "nfe"),
+        ({"unet_depth": 9}, "unet_depth"),
+        ({"schedule": "flow", "prediction": "eps"}, "alpha"),
+        ({"target_mean": [0.0]}, "target_mean"),
+    ],
+)
 def test_bridge_config_rejects_bad_values(bad, match):
     with pytest.raises(ValueError, match=match):
         BridgeConfig(**{"hidden_size": 16, "condition_size": 16, "layer": 1, "width": 16, **bad})

@@ -1,5 +1,6 @@
 """Collection: streamed statistics against hidden states computed directly, reservoir sampling,
 padding/first-position masks, checkpoint + resume, and merging across (virtual) ranks."""
+
 from __future__ import annotations
 
 import re
@@ -41,14 +42,22 @@ def corpus(tmp_path_factory):
 
 
 def _config(model, corpus, **overrides) -> CollectConfig:
-    settings = dict(model=str(model), corpus=[str(corpus)], seq_len=SEQ_LEN, batch_size=BATCH,
-                    max_tokens=SEQ_LEN * 20, reservoir_size=150, checkpoint_every=2)
+    settings = dict(
+        model=str(model),
+        corpus=[str(corpus)],
+        seq_len=SEQ_LEN,
+        batch_size=BATCH,
+        max_tokens=SEQ_LEN * 20,
+        reservoir_size=150,
+        checkpoint_every=2,
+    )
     settings.update(overrides)
     return CollectConfig(**settings)
 
 
 def _reference_hidden_states(model_dir, config: CollectConfig) -> list[np.ndarray]:
-    """``hidden[layer]``: ``n_blocks x seq x D`` float64 from the full model's ``output_hidden_states``, block by block."""
+    """``hidden[layer]``: ``n_blocks x seq x D`` float64 from the full model's ``output_hidden_states``, block by
+    block."""
     model, tokenizer = load_causal_lm(model_dir)
     blocks = token_blocks(tokenizer, read_texts(config.corpus), config.seq_len, config.max_tokens)
     with torch.no_grad():
@@ -57,6 +66,7 @@ def _reference_hidden_states(model_dir, config: CollectConfig) -> list[np.ndarra
 
 
 # --------------------------------------------------------------------------- reservoir (no model)
+
 
 def _bottom(keys: np.ndarray, n: int) -> np.ndarray:
     return np.sort(np.argsort(keys, kind="stable")[:n])
@@ -88,7 +98,9 @@ def test_reservoir_keeps_smallest_keys_whatever_the_batches(n_tokens, capacity, 
     assert np.all(keys[1:] > keys[:-1])  # key order
 
 
-@given(n_tokens=st.integers(2, 200), capacity=st.integers(1, 60), share=st.lists(st.booleans(), min_size=200, max_size=200))
+@given(
+    n_tokens=st.integers(2, 200), capacity=st.integers(1, 60), share=st.lists(st.booleans(), min_size=200, max_size=200)
+)
 def test_reservoir_merge_equals_single_pass(n_tokens, capacity, share):
     positions = np.arange(n_tokens, dtype=np.int64)
     keys = token_keys(positions, 5)
@@ -132,10 +144,14 @@ def test_reservoir_state_round_trip_and_checks():
 
 # --------------------------------------------------------------------------- masks and statistics (no model)
 
+
 def test_token_mask_excludes_padding_and_first_real_token():
     attention = torch.tensor([[1, 1, 1, 0], [0, 0, 1, 1], [0, 0, 0, 0]])
     assert token_mask(attention, keep_first=False).tolist() == [
-        [False, True, True, False], [False, False, False, True], [False, False, False, False]]
+        [False, True, True, False],
+        [False, False, False, True],
+        [False, False, False, False],
+    ]
     assert torch.equal(token_mask(attention, keep_first=True), attention.bool())
 
 
@@ -150,22 +166,29 @@ def test_statistics_merge_of_rank_shares_equals_one_stream():
             positions = (b * 6 + torch.arange(6))[None]
             stats.update(hidden, token_mask(torch.ones(1, 6), False), positions, positions)
 
-    whole, rank0, rank1 = (LayerStatistics(range(3), 8, reservoir_size=12, dtype=torch.float64, seed=1) for _ in range(3))
+    whole, rank0, rank1 = (
+        LayerStatistics(range(3), 8, reservoir_size=12, dtype=torch.float64, seed=1) for _ in range(3)
+    )
     feed(whole, range(7))
     feed(rank0, range(0, 7, 2))
     feed(rank1, range(1, 7, 2))
     merged = rank0.merge(rank1)
     assert merged.count == whole.count == 7 * 5
     for layer in range(3):
-        np.testing.assert_allclose(merged.covariances[layer].covariance, whole.covariances[layer].covariance, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            merged.covariances[layer].covariance, whole.covariances[layer].covariance, rtol=1e-12, atol=1e-12
+        )
         rows = torch.cat([blocks[b][layer][1:] for b in range(7)]).numpy()
-        np.testing.assert_allclose(whole.covariances[layer].covariance, np.cov(rows.T, bias=True), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            whole.covariances[layer].covariance, np.cov(rows.T, bias=True), rtol=1e-12, atol=1e-12
+        )
     a, b = merged.reservoir.sorted(), whole.reservoir.sorted()
     assert np.array_equal(a.positions[:12], b.positions[:12])
     assert torch.equal(a.layer_vectors(2), b.layer_vectors(2))
 
 
 # --------------------------------------------------------------------------- with models
+
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gpt2"])
 def test_streamed_statistics_match_direct_hidden_states(tiny_checkpoints, corpus, tmp_path, family):
@@ -181,7 +204,9 @@ def test_streamed_statistics_match_direct_hidden_states(tiny_checkpoints, corpus
         rows = h[:, 1:].reshape(-1, h.shape[-1])  # first position excluded
         scale = np.abs(rows).max() ** 2
         np.testing.assert_allclose(stats.covariances[layer].mean, rows.mean(0), rtol=1e-5, atol=1e-6 * np.sqrt(scale))
-        np.testing.assert_allclose(stats.covariances[layer].covariance, np.cov(rows.T, bias=True), rtol=1e-4, atol=1e-6 * scale)
+        np.testing.assert_allclose(
+            stats.covariances[layer].covariance, np.cov(rows.T, bias=True), rtol=1e-4, atol=1e-6 * scale
+        )
 
     # the reservoir holds the smallest-key tokens, with exactly their hidden states
     reservoir = stats.reservoir.sorted()
@@ -190,14 +215,20 @@ def test_streamed_statistics_match_direct_hidden_states(tiny_checkpoints, corpus
     assert np.array_equal(np.sort(reservoir.positions[: reservoir.size]), expected)
     block, offset = np.divmod(reservoir.positions[: reservoir.size], SEQ_LEN)
     for layer, h in enumerate(hidden):
-        np.testing.assert_allclose(reservoir.layer_vectors(layer).double().numpy(), h[block, offset], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            reservoir.layer_vectors(layer).double().numpy(), h[block, offset], rtol=1e-5, atol=1e-5
+        )
 
     # proxies from the reservoir == geometry_proxies on the directly computed vectors at the same rows
     layers = list(range(1, result.n_layers))
-    estimate = estimate_geometry({l: reservoir.layer_vectors(l) for l in layers}, layers, repeats=2, sample_size=100, k=8, n_pairs=500)
+    estimate = estimate_geometry(
+        {l: reservoir.layer_vectors(l) for l in layers}, layers, repeats=2, sample_size=100, k=8, n_pairs=500
+    )
     for r in range(2):
         rows, pair_seed = subsample(reservoir.size, 100, 0, r)
-        direct = {l: geometry_proxies(hidden[l][block[rows], offset[rows]], k=8, n_pairs=500, seed=pair_seed) for l in layers}
+        direct = {
+            l: geometry_proxies(hidden[l][block[rows], offset[rows]], k=8, n_pairs=500, seed=pair_seed) for l in layers
+        }
         scores, _ = selection_scores(direct)
         for i, l in enumerate(layers):
             for name in ("m_curv", "m_mono", "k_eff"):
@@ -213,14 +244,22 @@ def test_padding_is_excluded(tiny_checkpoints):
     attention = (torch.arange(10) < torch.tensor([[10], [6]])).long()
     positions = torch.arange(20).reshape(2, 10)
     batched, separate = (LayerStatistics(range(5), 32, reservoir_size=50) for _ in range(2))
-    batched.update(model_hidden_states(model.base_model, padded, attention), token_mask(attention, False), positions, padded)
+    batched.update(
+        model_hidden_states(model.base_model, padded, attention), token_mask(attention, False), positions, padded
+    )
     for row, ids in enumerate((long, short)):
         ones = torch.ones(1, ids.numel(), dtype=torch.long)
-        separate.update(model_hidden_states(model.base_model, ids[None], ones), token_mask(ones, False),
-                        positions[row : row + 1, : ids.numel()], ids[None])
+        separate.update(
+            model_hidden_states(model.base_model, ids[None], ones),
+            token_mask(ones, False),
+            positions[row : row + 1, : ids.numel()],
+            ids[None],
+        )
     assert batched.count == separate.count == 9 + 5
     for layer in range(5):
-        np.testing.assert_allclose(batched.covariances[layer].covariance, separate.covariances[layer].covariance, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(
+            batched.covariances[layer].covariance, separate.covariances[layer].covariance, rtol=1e-4, atol=1e-6
+        )
     assert np.array_equal(np.sort(batched.reservoir.positions[:14]), np.sort(separate.reservoir.positions[:14]))
 
 
@@ -264,7 +303,9 @@ def partial_run(tiny_checkpoints, corpus, tmp_path_factory):
 
 
 def _recompute_keys(tensors):
-    tensors["reservoir.keys"] = torch.from_numpy(token_keys(tensors["reservoir.positions"].numpy(), 0).view(np.int64).copy())
+    tensors["reservoir.keys"] = torch.from_numpy(
+        token_keys(tensors["reservoir.positions"].numpy(), 0).view(np.int64).copy()
+    )
 
 
 def _duplicate_token(tensors, progress):
@@ -282,19 +323,22 @@ def _non_psd_comoment(tensors, progress):
     c[0, 1] = c[1, 0] = 2 * torch.sqrt(c[0, 0] * c[1, 1])
 
 
-@pytest.mark.parametrize("tamper, field", [
-    (_duplicate_token, "reservoir.positions"),
-    (lambda t, p: p.update(blocks_done=0, batches_done=0), "cov.*.count"),
-    (lambda t, p: p.update(blocks_done=10**9), "progress.blocks_done"),
-    (lambda t, p: p.update(blocks_done=1.5), "progress.blocks_done"),
-    (lambda t, p: p.update(exhausted="no"), "progress.exhausted"),
-    (_non_psd_comoment, "comoment"),
-    (lambda t, p: t["reservoir.vectors.2"].__setitem__((3, 0), float("nan")), "reservoir.vectors.2"),
-    (lambda t, p: t["reservoir.token_ids"].__setitem__(0, 10**9), "reservoir.token_ids"),
-    (_negative_position, "reservoir.positions"),
-    (lambda t, p: t["reservoir.keys"].__setitem__(0, t["reservoir.keys"][0] + 1), "reservoir.keys"),
-    (lambda t, p: t.update({k: v[:-1] for k, v in t.items() if k.startswith("reservoir.")}), "reservoir.keys"),
-])
+@pytest.mark.parametrize(
+    "tamper, field",
+    [
+        (_duplicate_token, "reservoir.positions"),
+        (lambda t, p: p.update(blocks_done=0, batches_done=0), "cov.*.count"),
+        (lambda t, p: p.update(blocks_done=10**9), "progress.blocks_done"),
+        (lambda t, p: p.update(blocks_done=1.5), "progress.blocks_done"),
+        (lambda t, p: p.update(exhausted="no"), "progress.exhausted"),
+        (_non_psd_comoment, "comoment"),
+        (lambda t, p: t["reservoir.vectors.2"].__setitem__((3, 0), float("nan")), "reservoir.vectors.2"),
+        (lambda t, p: t["reservoir.token_ids"].__setitem__(0, 10**9), "reservoir.token_ids"),
+        (_negative_position, "reservoir.positions"),
+        (lambda t, p: t["reservoir.keys"].__setitem__(0, t["reservoir.keys"][0] + 1), "reservoir.keys"),
+        (lambda t, p: t.update({k: v[:-1] for k, v in t.items() if k.startswith("reservoir.")}), "reservoir.keys"),
+    ],
+)
 def test_an_edited_collection_checkpoint_is_refused_naming_the_file_and_field(partial_run, tmp_path, tamper, field):
     """Issue 21: an edited locate checkpoint was resumed into a different l* score with exit 0."""
     import json
@@ -336,13 +380,21 @@ def test_seq_len_beyond_the_model_is_a_clear_error(tiny_checkpoints, corpus, tmp
 
 
 def test_keep_first_keeps_every_position(tiny_checkpoints, corpus, tmp_path):
-    result = collect(_config(tiny_checkpoints["llama"], corpus, keep_first=True, max_tokens=SEQ_LEN * 6), tmp_path / "r", progress=False)
+    result = collect(
+        _config(tiny_checkpoints["llama"], corpus, keep_first=True, max_tokens=SEQ_LEN * 6),
+        tmp_path / "r",
+        progress=False,
+    )
     assert result.n_tokens == 6 * SEQ_LEN
     assert np.any(result.statistics.reservoir.positions[: result.statistics.reservoir.size] % SEQ_LEN == 0)
 
 
 def test_bfloat16_collection_keeps_the_dtype_in_the_reservoir(tiny_checkpoints, corpus, tmp_path):
-    result = collect(_config(tiny_checkpoints["llama"], corpus, dtype="bfloat16", max_tokens=SEQ_LEN * 6), tmp_path / "r", progress=False)
+    result = collect(
+        _config(tiny_checkpoints["llama"], corpus, dtype="bfloat16", max_tokens=SEQ_LEN * 6),
+        tmp_path / "r",
+        progress=False,
+    )
     reservoir = result.statistics.reservoir
     assert reservoir.layer_vectors(2).dtype == torch.bfloat16
     assert np.isfinite(result.statistics.covariances[2].covariance).all()

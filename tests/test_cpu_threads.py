@@ -1,4 +1,5 @@
 """The CPU thread governor: free cores from the other processes' load, pinning, rate limit."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,9 +9,20 @@ from dihal_fast import cpu_threads
 from dihal_fast.cpu_threads import CpuSample, ThreadGovernor, choose_threads, other_busy_cores, pinned_threads
 
 
-@pytest.mark.parametrize(("cores", "other", "expected"), [
-    (2, 0.0, 2), (2, 0.2, 2), (2, 0.45, 2), (2, 0.6, 1), (2, 1.0, 1), (2, 3.5, 1), (4, 1.0, 3), (4, 1.6, 2), (1, 0.0, 1),
-])
+@pytest.mark.parametrize(
+    ("cores", "other", "expected"),
+    [
+        (2, 0.0, 2),
+        (2, 0.2, 2),
+        (2, 0.45, 2),
+        (2, 0.6, 1),
+        (2, 1.0, 1),
+        (2, 3.5, 1),
+        (4, 1.0, 3),
+        (4, 1.6, 2),
+        (1, 0.0, 1),
+    ],
+)
 def test_choose_threads_leaves_the_busy_cores(cores, other, expected):
     assert choose_threads(cores, other) == expected
 
@@ -110,8 +122,10 @@ def test_the_library_import_leaves_the_environment_alone_and_the_command_bounds_
     import subprocess
     import sys
 
-    code = ("import os; os.environ.pop('GOMP_SPINCOUNT', None); os.environ.pop('OMP_WAIT_POLICY', None); "
-            "import dihal_fast; print(os.environ.get('GOMP_SPINCOUNT')); "
-            "import dihal_fast.cli; print(os.environ.get('GOMP_SPINCOUNT'))")
+    code = (
+        "import os; os.environ.pop('GOMP_SPINCOUNT', None); os.environ.pop('OMP_WAIT_POLICY', None); "
+        "import dihal_fast; print(os.environ.get('GOMP_SPINCOUNT')); "
+        "import dihal_fast.cli; print(os.environ.get('GOMP_SPINCOUNT'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["None", str(cpu_threads.SPIN_COUNT)]

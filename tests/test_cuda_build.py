@@ -1,6 +1,7 @@
 """The CUDA build: what was compiled, availability reporting, the errors of unusable GPU setups and the
 wheel variants (all run on any machine). The CUDA kernels themselves are tested against
 ``dihal_fast.reference`` in the backend x dtype grid of ``test_geometry_kernels.py``."""
+
 from __future__ import annotations
 
 import os
@@ -117,7 +118,8 @@ def test_wheel_variants_rewrite_pyproject(variant):
 
 
 def test_two_installed_variants_refuse_to_load(monkeypatch):
-    """dihal_fast and dihal_fast_cu13 overwrite each other's files: the compiled modules are not loaded, with the fix."""
+    """dihal_fast and dihal_fast_cu13 overwrite each other's files: the compiled modules are not loaded, with the
+    fix."""
     monkeypatch.setattr(_native, "installed_variants", lambda: ("dihal_fast", "dihal_fast_cu13"))
     module, reason = _native._load.__wrapped__("_core")
     assert module is None and "pip uninstall -y dihal_fast dihal_fast_cu13" in reason
@@ -144,4 +146,6 @@ def test_wheel_variants_pin_cuda_and_architectures():
         assert defines["DIHAL_CUDA"] == cuda
         if pin:
             assert defines["DIHAL_CUDA_ARCHITECTURES"] == "80-real;90-real;100-real;120"
-            assert any(dep.startswith("nvidia-cublas") and dep.endswith(pin) for dep in config["project"]["dependencies"])
+            assert any(
+                dep.startswith("nvidia-cublas") and dep.endswith(pin) for dep in config["project"]["dependencies"]
+            )

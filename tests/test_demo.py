@@ -1,4 +1,5 @@
 """``dihal demo`` end to end on a tiny checkpoint (tiny budgets), and its resume."""
+
 from __future__ import annotations
 
 import math
@@ -9,14 +10,40 @@ from dihal_fast.evaluate.report import METRICS
 
 
 def _argv(model, corpus, out):
-    return ["demo", "--out", str(out), "--model", str(model), "--corpus", str(corpus), "--locate-max-tokens", "1024",
-            "--locate-repeats", "2", "--locate-sample", "40", "--train-steps", "3", "--n-samples", "3",
-            "--max-new-tokens", "8", "--eval-blocks", "2", "--val-blocks", "2", "--seq-len", "32"]
+    return [
+        "demo",
+        "--out",
+        str(out),
+        "--model",
+        str(model),
+        "--corpus",
+        str(corpus),
+        "--locate-max-tokens",
+        "1024",
+        "--locate-repeats",
+        "2",
+        "--locate-sample",
+        "40",
+        "--train-steps",
+        "3",
+        "--n-samples",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--eval-blocks",
+        "2",
+        "--val-blocks",
+        "2",
+        "--seq-len",
+        "32",
+    ]
 
 
 def test_demo_runs_end_to_end_and_resumes(tiny_checkpoints, tmp_path):
     corpus = tmp_path / "text.txt"
-    corpus.write_text("\n\n".join(f"Story {i}: a fox and a dog went to the river {i % 7} and read books." for i in range(60)))
+    corpus.write_text(
+        "\n\n".join(f"Story {i}: a fox and a dog went to the river {i % 7} and read books." for i in range(60))
+    )
     out = tmp_path / "demo"
     assert main(_argv(tiny_checkpoints["llama"], corpus, out)) == 0
     report = read_json(out / "report.json")

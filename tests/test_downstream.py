@@ -1,6 +1,7 @@
 """The offline downstream tasks: the builders (deterministic, well-formed examples, the shipped files
 rebuilt byte for byte from the shared data), the shipped package data and the runner's input checks.
 lm-evaluation-harness itself is exercised in tests/test_lm_eval.py."""
+
 from __future__ import annotations
 
 import hashlib
@@ -29,14 +30,16 @@ SMALL = TaskSettings(n_per_source=1, min_context_words=8, max_context_words=60)
 
 
 def _rows(name: str) -> list[dict]:
-    return [json.loads(line) for line in (downstream.TASKS_DIR / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [
+        json.loads(line) for line in (downstream.TASKS_DIR / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
 
 
 def test_paragraph_and_sentence_spans():
-    text = "A b. C d!\n\n \"E f?\" G h\n"
+    text = 'A b. C d!\n\n "E f?" G h\n'
     spans = task_data.paragraphs(text)
-    assert [text[a:b] for a, b in spans] == ["A b. C d!", "\"E f?\" G h"]
-    assert [text[s.start:s.end] for s in task_data.sentences(text, spans)] == ["A b.", "C d!", "\"E f?\"", "G h"]
+    assert [text[a:b] for a, b in spans] == ["A b. C d!", '"E f?" G h']
+    assert [text[s.start : s.end] for s in task_data.sentences(text, spans)] == ["A b.", "C d!", '"E f?"', "G h"]
 
 
 def test_lambada_examples_end_before_a_word_of_the_passage():
@@ -45,26 +48,32 @@ def test_lambada_examples_end_before_a_word_of_the_passage():
     for example in examples:
         word = example["target"]
         assert word.startswith(" ") and word[1:].isalpha() and word[1:].lower() not in task_data.FUNCTION_WORDS
-        assert STORY[example["offset"]:].startswith(word[1:]) and STORY[:example["offset"] - 1].endswith(example["context"])
+        assert STORY[example["offset"] :].startswith(word[1:]) and STORY[: example["offset"] - 1].endswith(
+            example["context"]
+        )
         assert word[1:].lower() in re.findall(r"[a-z]+", example["context"].lower())
         assert 8 <= len(example["context"].split()) <= 60 and not example["context"][-1].isspace()
     assert [e["offset"] for e in examples] == sorted(e["offset"] for e in examples)
 
 
 def test_cloze_examples_hold_the_true_next_sentence_once():
-    settings = TaskSettings(n_per_source=2, min_context_words=8, max_context_words=60, n_choices=3, length_tolerance=1.0)
+    settings = TaskSettings(
+        n_per_source=2, min_context_words=8, max_context_words=60, n_choices=3, length_tolerance=1.0
+    )
     for example in cloze_examples(STORY, settings, seed=0):
         true = example["choices"][example["label"]]
         assert len(example["choices"]) == 3 and len({c.lower() for c in example["choices"]}) == 3
-        assert STORY[example["offset"]:].startswith(true)
-        assert STORY[:example["offset"]].endswith(example["context"] + " ")
+        assert STORY[example["offset"] :].startswith(true)
+        assert STORY[: example["offset"]].endswith(example["context"] + " ")
         assert all(c not in example["context"] for c in example["choices"] if c != true)
 
 
 @given(seed=st.integers(0, 2**31 - 1))
 def test_builders_are_functions_of_text_settings_and_seed(seed):
     assert lambada_examples(STORY, SMALL, seed) == lambada_examples(STORY, SMALL, seed)
-    settings = TaskSettings(n_per_source=1, min_context_words=8, max_context_words=60, n_choices=3, length_tolerance=1.0)
+    settings = TaskSettings(
+        n_per_source=1, min_context_words=8, max_context_words=60, n_choices=3, length_tolerance=1.0
+    )
     assert cloze_examples(STORY, settings, seed) == cloze_examples(STORY, settings, seed)
 
 
@@ -82,10 +91,13 @@ def test_too_few_examples_and_bad_settings_are_one_clear_error(tmp_path):
 def test_build_tasks_writes_files_and_manifest(tmp_path):
     source = tmp_path / "story.txt"
     source.write_text(STORY, encoding="utf-8")
-    settings = TaskSettings(n_per_source=1, min_context_words=8, max_context_words=60, n_choices=3, length_tolerance=1.0)
+    settings = TaskSettings(
+        n_per_source=1, min_context_words=8, max_context_words=60, n_choices=3, length_tolerance=1.0
+    )
     manifest = task_data.build_tasks([source], tmp_path / "tasks", settings)
-    assert manifest["sources"] == [{"name": "story.txt", "bytes": source.stat().st_size,
-                                    "sha256": hashlib.sha256(source.read_bytes()).hexdigest()}]
+    assert manifest["sources"] == [
+        {"name": "story.txt", "bytes": source.stat().st_size, "sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
+    ]
     for name in task_data.TASK_NAMES:
         data = (tmp_path / "tasks" / f"{name}.jsonl").read_bytes()
         assert manifest["files"][f"{name}.jsonl"] == {"sha256": hashlib.sha256(data).hexdigest(), "examples": 1}
@@ -129,6 +141,9 @@ def test_evaluate_tasks_without_the_harness_is_one_line_before_any_work(monkeypa
 
     monkeypatch.setitem(sys.modules, "lm_eval", None)
     out = tmp_path / "run"
-    assert main(["evaluate", "--hybrid", str(tmp_path / "no_hybrid"), "--out", str(out), "--tasks", "dihal_lambada_local"]) == 2
+    assert (
+        main(["evaluate", "--hybrid", str(tmp_path / "no_hybrid"), "--out", str(out), "--tasks", "dihal_lambada_local"])
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pip install 'dihal_fast[lm_eval]'" in err and not out.exists()

@@ -1,4 +1,5 @@
 """The evaluation harness and ``dihal evaluate`` on tiny checkpoints (a few steps, small budgets)."""
+
 from __future__ import annotations
 
 import math
@@ -106,9 +107,29 @@ def tiny_hybrid(tiny_checkpoints, tmp_path_factory):
 
 
 def _evaluate_argv(hybrid, corpus, out, evaluator):
-    return ["evaluate", "--hybrid", str(hybrid), "--corpus", str(corpus), "--out", str(out), "--evaluator", str(evaluator),
-            "--seq-len", "24", "--eval-blocks", "3", "--n-samples", "3", "--max-new-tokens", "8", "--nfe", "2",
-            "--diffusion-lm-steps", "5"]
+    return [
+        "evaluate",
+        "--hybrid",
+        str(hybrid),
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+        "--evaluator",
+        str(evaluator),
+        "--seq-len",
+        "24",
+        "--eval-blocks",
+        "3",
+        "--n-samples",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--nfe",
+        "2",
+        "--diffusion-lm-steps",
+        "5",
+    ]
 
 
 def test_evaluate_cli_writes_every_section_and_resumes(tiny_hybrid, tiny_checkpoints, corpus, tmp_path, capsys):

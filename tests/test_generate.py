@@ -1,5 +1,6 @@
 """Sampling from causal LMs through ``model.generate`` with the float64 protocol (cache equivalence, seeds, EOS,
 bad input), ``dihal generate`` on a hybrid and a backbone, and Gen PPL under an evaluator."""
+
 from __future__ import annotations
 
 import math
@@ -119,8 +120,9 @@ def tiny_hybrid_dir(tiny_checkpoints, tmp_path_factory):
 
     model, tokenizer = load_causal_lm(tiny_checkpoints["llama"])
     torch.manual_seed(0)
-    return HybridLM.from_backbone(model, 1, tokenizer=tokenizer, backbone_dir=tiny_checkpoints["llama"]).save_pretrained(
-        tmp_path_factory.mktemp("hybrid") / "run" / "hybrid")
+    return HybridLM.from_backbone(
+        model, 1, tokenizer=tokenizer, backbone_dir=tiny_checkpoints["llama"]
+    ).save_pretrained(tmp_path_factory.mktemp("hybrid") / "run" / "hybrid")
 
 
 def test_generate_cli_greedy_top_p_and_eos(tiny_hybrid_dir, tmp_path):
@@ -129,13 +131,19 @@ def test_generate_cli_greedy_top_p_and_eos(tiny_hybrid_dir, tmp_path):
 
     base = ["--model", str(tiny_hybrid_dir), "--prompt", "The quick", "--n-samples", "2", "--max-new-tokens", "6"]
     for seed in ("1", "2"):
-        assert main(["generate", *base, "--no-do-sample", "--seed", seed, "--out", str(tmp_path / f"g{seed}.json")]) == 0
+        assert (
+            main(["generate", *base, "--no-do-sample", "--seed", seed, "--out", str(tmp_path / f"g{seed}.json")]) == 0
+        )
     greedy = [read_json(tmp_path / f"g{seed}.json") for seed in ("1", "2")]
     assert greedy[0]["samples"] == greedy[1]["samples"] and greedy[0]["temperature"] == 0.0
     assert greedy[0]["samples"][0] == greedy[0]["samples"][1]
     assert main(["generate", *base, "--top-p", "0.9", "--no-stop-at-eos", "--out", str(tmp_path / "p.json")]) == 0
     report = read_json(tmp_path / "p.json")
-    assert report["top_p"] == 0.9 and not report["stop_at_eos"] and all(len(s["token_ids"]) == 6 for s in report["samples"])
+    assert (
+        report["top_p"] == 0.9
+        and not report["stop_at_eos"]
+        and all(len(s["token_ids"]) == 6 for s in report["samples"])
+    )
 
 
 def test_generate_cli_on_hybrid_run_dir_and_backbone(tiny_hybrid_dir, tiny_checkpoints, tmp_path, capsys):
@@ -144,8 +152,15 @@ def test_generate_cli_on_hybrid_run_dir_and_backbone(tiny_hybrid_dir, tiny_check
 
     base = ["--prompt", "The quick", "--prompt", "Once", "--n-samples", "2", "--max-new-tokens", "5", "--seed", "3"]
     # a `dihal replace` run directory (hybrid in RUN/hybrid) is accepted as well as the hybrid directory
-    assert main(["generate", "--model", str(tiny_hybrid_dir.parent), *base, "--nfe", "2", "--out", str(tmp_path / "a.json")]) == 0
-    assert main(["generate", "--model", str(tiny_hybrid_dir), *base, "--nfe", "2", "--out", str(tmp_path / "b.json")]) == 0
+    assert (
+        main(
+            ["generate", "--model", str(tiny_hybrid_dir.parent), *base, "--nfe", "2", "--out", str(tmp_path / "a.json")]
+        )
+        == 0
+    )
+    assert (
+        main(["generate", "--model", str(tiny_hybrid_dir), *base, "--nfe", "2", "--out", str(tmp_path / "b.json")]) == 0
+    )
     a, b = read_json(tmp_path / "a.json"), read_json(tmp_path / "b.json")
     assert a["kind"] == "hybrid" and len(a["samples"]) == 4 and a["samples"] == b["samples"]  # seeded
     assert all(len(s["token_ids"]) == 5 for s in a["samples"]) and a["tokens_per_s"] > 0
@@ -153,11 +168,14 @@ def test_generate_cli_on_hybrid_run_dir_and_backbone(tiny_hybrid_dir, tiny_check
     assert read_json(tmp_path / "c.json")["kind"] == "backbone"
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--n-samples", "0"], "n-samples must be >= 1"),
-    (["--max-new-tokens", "400"], "exceeds the model's context"),
-    (["--prompt", "dog " * 200], "exceeds the model's context"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--n-samples", "0"], "n-samples must be >= 1"),
+        (["--max-new-tokens", "400"], "exceeds the model's context"),
+        (["--prompt", "dog " * 200], "exceeds the model's context"),
+    ],
+)
 def test_generate_cli_bad_input(tiny_hybrid_dir, extra, message, capsys):
     from dihal_fast.cli import main
 

@@ -1,4 +1,5 @@
 """Public API contract: argument checking, backend switch, selection score, streaming covariance."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -51,7 +52,14 @@ def test_bad_inputs_raise_clear_errors(name, bad, error, message):
 
 def test_k_checks():
     X = good(5)
-    for k, error in [(5, ValueError), (9, ValueError), (0, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError)]:
+    for k, error in [
+        (5, ValueError),
+        (9, ValueError),
+        (0, ValueError),
+        (-1, ValueError),
+        (2.5, TypeError),
+        (True, TypeError),
+    ]:
         with pytest.raises(error, match="k must"):
             df.knn(X, k)
     with pytest.raises(ValueError, match="k must satisfy"):
@@ -89,7 +97,13 @@ def test_backend_switch():
             df.effective_rank(X, backend="cuda")
 
 
-@given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=0, max_dims=3, max_side=6), elements=st.floats(allow_nan=True, allow_infinity=True, width=64)))
+@given(
+    hnp.arrays(
+        np.float64,
+        hnp.array_shapes(min_dims=0, max_dims=3, max_side=6),
+        elements=st.floats(allow_nan=True, allow_infinity=True, width=64),
+    )
+)
 def test_fuzz_never_crashes(X):
     """Any float array either works or raises a ValueError/TypeError: never a crash or a NaN result."""
     for name, func in FUNCS.items():
@@ -97,20 +111,28 @@ def test_fuzz_never_crashes(X):
             out = func(X)
         except (ValueError, TypeError):
             continue
-        values = out.values() if isinstance(out, dict) else [out] if np.isscalar(out) else [np.asarray(o).sum() for o in out]
+        values = (
+            out.values() if isinstance(out, dict) else [out] if np.isscalar(out) else [np.asarray(o).sum() for o in out]
+        )
         assert all(np.isfinite(v) for v in values), (name, out)
 
 
 def test_selection_scores_match_reference_and_ties():
     rng = np.random.default_rng(1)
-    proxies = {l: {"m_curv": rng.uniform(1, 9), "m_mono": rng.uniform(1, 9), "k_eff": rng.uniform(1, 9)} for l in range(1, 8)}
+    proxies = {
+        l: {"m_curv": rng.uniform(1, 9), "m_mono": rng.uniform(1, 9), "k_eff": rng.uniform(1, 9)} for l in range(1, 8)
+    }
     scores, best = df.selection_scores(proxies)
     want_scores, want_best = ref.selection_scores(proxies)
     assert best == want_best
     for layer in proxies:
         assert scores[layer] == pytest.approx(want_scores[layer], rel=1e-12, abs=1e-12)
     assert best == max(scores, key=lambda l: (scores[l], -l))
-    twins = {3: {"m_curv": 2.0, "m_mono": 2.0, "k_eff": 1.0}, 5: {"m_curv": 2.0, "m_mono": 2.0, "k_eff": 1.0}, 1: {"m_curv": 1.0, "m_mono": 1.0, "k_eff": 2.0}}
+    twins = {
+        3: {"m_curv": 2.0, "m_mono": 2.0, "k_eff": 1.0},
+        5: {"m_curv": 2.0, "m_mono": 2.0, "k_eff": 1.0},
+        1: {"m_curv": 1.0, "m_mono": 1.0, "k_eff": 2.0},
+    }
     assert df.selection_scores(twins)[1] == 3  # tie -> shallower layer
     with pytest.raises(ValueError, match="at least 2 candidate layers"):  # issue 21: was ({4: 0.0}, 4)
         df.selection_scores({4: {"m_curv": 1.0, "m_mono": 1.0, "k_eff": 1.0}})
@@ -120,8 +142,12 @@ def test_selection_scores_match_reference_and_ties():
 
 @pytest.mark.parametrize(
     "proxies,message",
-    [({}, "empty"), ({1: {"m_curv": 1.0, "m_mono": 1.0}}, "k_eff"), ({1: {"m_curv": 0.0, "m_mono": 1.0, "k_eff": 1.0}}, "m_curv"),
-     ({1: {"m_curv": 1.0, "m_mono": float("nan"), "k_eff": 1.0}}, "m_mono")],
+    [
+        ({}, "empty"),
+        ({1: {"m_curv": 1.0, "m_mono": 1.0}}, "k_eff"),
+        ({1: {"m_curv": 0.0, "m_mono": 1.0, "k_eff": 1.0}}, "m_curv"),
+        ({1: {"m_curv": 1.0, "m_mono": float("nan"), "k_eff": 1.0}}, "m_mono"),
+    ],
 )
 def test_selection_scores_bad_input(proxies, message):
     with pytest.raises(ValueError, match=message):
@@ -237,26 +263,36 @@ def test_streaming_covariance_keeps_cuda_batches_on_the_device():
     assert acc.count == 2010
 
 
-@pytest.mark.parametrize("change, field", [
-    (lambda s: {"comoment": s["comoment"] + np.triu(np.ones((5, 5)), 1)}, "comoment"),  # asymmetric
-    (lambda s: {"count": np.array(3.7)}, "count"),  # fractional
-    (lambda s: {"count": np.array(-1)}, "count"),
-    (lambda s: {"count": np.array([100, 100])}, "count"),  # not a scalar
-    (lambda s: {"count": np.array(0)}, "count"),  # no rows but a non-zero mean and co-moment
-    (lambda s: {"dim": np.array(6)}, "dim"),  # disagrees with the arrays and the accumulator
-    (lambda s: {"mean": s["mean"].astype(np.complex128)}, "mean"),
-    (lambda s: {"comoment": s["comoment"] - 2 * np.diag(np.diag(s["comoment"]))}, "comoment"),  # negative sums of squares
-    (lambda s: {"comoment": np.full((5, 5), np.inf)}, "comoment"),
-    (lambda s: {"mean": s["mean"][:4]}, "mean"),
-    (lambda s: {"mean": np.full(5, np.nan)}, "mean"),
-    (lambda s: {"comoment": s["comoment"][:4, :4]}, "comoment"),
-    (lambda s: {"count": np.array(2**64, dtype=np.float64)}, "count"),
-    (lambda s: {"count": np.array(1)}, "count"),  # one row has no spread: the co-moment must be zero
-    # |c01| > sqrt(c00 c11): symmetric with a positive diagonal, yet no data has this co-moment
-    (lambda s: {"comoment": np.diag(np.diag(s["comoment"])) + 2 * np.sqrt(np.outer(np.diag(s["comoment"]),
-                                                                               np.diag(s["comoment"]))) * (1 - np.eye(5))},
-     "comoment"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda s: {"comoment": s["comoment"] + np.triu(np.ones((5, 5)), 1)}, "comoment"),  # asymmetric
+        (lambda s: {"count": np.array(3.7)}, "count"),  # fractional
+        (lambda s: {"count": np.array(-1)}, "count"),
+        (lambda s: {"count": np.array([100, 100])}, "count"),  # not a scalar
+        (lambda s: {"count": np.array(0)}, "count"),  # no rows but a non-zero mean and co-moment
+        (lambda s: {"dim": np.array(6)}, "dim"),  # disagrees with the arrays and the accumulator
+        (lambda s: {"mean": s["mean"].astype(np.complex128)}, "mean"),
+        (
+            lambda s: {"comoment": s["comoment"] - 2 * np.diag(np.diag(s["comoment"]))},
+            "comoment",
+        ),  # negative sums of squares
+        (lambda s: {"comoment": np.full((5, 5), np.inf)}, "comoment"),
+        (lambda s: {"mean": s["mean"][:4]}, "mean"),
+        (lambda s: {"mean": np.full(5, np.nan)}, "mean"),
+        (lambda s: {"comoment": s["comoment"][:4, :4]}, "comoment"),
+        (lambda s: {"count": np.array(2**64, dtype=np.float64)}, "count"),
+        (lambda s: {"count": np.array(1)}, "count"),  # one row has no spread: the co-moment must be zero
+        # |c01| > sqrt(c00 c11): symmetric with a positive diagonal, yet no data has this co-moment
+        (
+            lambda s: {
+                "comoment": np.diag(np.diag(s["comoment"]))
+                + 2 * np.sqrt(np.outer(np.diag(s["comoment"]), np.diag(s["comoment"]))) * (1 - np.eye(5))
+            },
+            "comoment",
+        ),
+    ],
+)
 def test_streaming_covariance_refuses_corrupt_states_naming_the_field(change, field):
     state = df.StreamingCovariance(5).update(good(50, 5)).state_dict()
     target = df.StreamingCovariance(5).update(good(7, 5))
@@ -267,14 +303,17 @@ def test_streaming_covariance_refuses_corrupt_states_naming_the_field(change, fi
     assert all(np.array_equal(before[k], after[k]) for k in before)  # a refused state changes nothing
 
 
-@pytest.mark.parametrize("layout, tolerance", [
-    (np.asfortranarray, 1e-12),
-    (lambda a: a.astype(np.float32), 1e-6),
-    (lambda a: np.repeat(a, 2, axis=-1)[..., ::2], 1e-12),  # a non-contiguous view
-    (lambda a: torch.from_numpy(np.ascontiguousarray(a)), 1e-12),
-    (lambda a: torch.from_numpy(np.ascontiguousarray(a)).T.contiguous().T, 1e-12),  # a column-major tensor
-    (lambda a: a.astype(">f8"), 1e-12),  # big-endian
-])
+@pytest.mark.parametrize(
+    "layout, tolerance",
+    [
+        (np.asfortranarray, 1e-12),
+        (lambda a: a.astype(np.float32), 1e-6),
+        (lambda a: np.repeat(a, 2, axis=-1)[..., ::2], 1e-12),  # a non-contiguous view
+        (lambda a: torch.from_numpy(np.ascontiguousarray(a)), 1e-12),
+        (lambda a: torch.from_numpy(np.ascontiguousarray(a)).T.contiguous().T, 1e-12),  # a column-major tensor
+        (lambda a: a.astype(">f8"), 1e-12),  # big-endian
+    ],
+)
 def test_streaming_covariance_state_of_any_layout_keeps_updating_exactly(layout, tolerance):
     """A saved state in another layout is converted (issue 21: a Fortran-ordered one was loaded, then never updated)."""
     first, second = good(50, 5), good(70, 5) * 3 + 1

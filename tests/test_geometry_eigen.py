@@ -2,6 +2,7 @@
 iteration on the tridiagonal matrix with a Sturm-bisection finish) on the cases where an iteration
 could stall: multiple, clustered, zero and negative top eigenvalues, diagonal and graded matrices.
 Stated tolerance: 1e-13 relative to the largest |eigenvalue| (largest seen ~3e-15)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ n x n centred Gram matrix instead of the D x D covariance.
 Stated tolerance of the proxies against the reference: relative 1e-7 (largest seen: ~2e-9 for m_mono
 on rank-deficient data, where n (2 - n lam |L^-1 u|^2) loses digits to cancellation; ~1e-12 on
 full-rank data). kNN indices are exact (certified re-rank)."""
+
 from __future__ import annotations
 
 import numpy as np

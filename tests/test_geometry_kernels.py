@@ -13,6 +13,7 @@ availability reporting of the CUDA module are tested in ``test_cuda_build.py``.
 Tolerances are per backend where the kernels round differently (the CUDA kNN returns distances of
 low-precision rows to 2e-3); each is the one its test had before the CPU and GPU files were merged.
 """
+
 from __future__ import annotations
 
 import functools
@@ -95,7 +96,9 @@ def gaussian(n: int, D: int, seed: int = 0, rank: int | None = None) -> np.ndarr
     if rank is None:
         X = torch.randn(n, D, generator=g, dtype=torch.float64)
     else:
-        X = torch.randn(n, rank, generator=g, dtype=torch.float64) @ torch.randn(rank, D, generator=g, dtype=torch.float64)
+        X = torch.randn(n, rank, generator=g, dtype=torch.float64) @ torch.randn(
+            rank, D, generator=g, dtype=torch.float64
+        )
         X += 0.01 * torch.randn(n, D, generator=g, dtype=torch.float64)
     return X.numpy()
 
@@ -130,8 +133,14 @@ def _check_emulated(X, out: dict, k: int) -> None:
 
 
 # ---------------------------------------------------------------- kNN
-KNN_CASES = [("low_rank", 257, 33, 16), ("low_rank", 90, 7, 5), ("low_rank", 40, 129, 1),
-             ("gaussian", 517, 67, 16), ("gaussian", 300, 9, 200), ("gaussian", 41, 3, 40)]
+KNN_CASES = [
+    ("low_rank", 257, 33, 16),
+    ("low_rank", 90, 7, 5),
+    ("low_rank", 40, 129, 1),
+    ("gaussian", 517, 67, 16),
+    ("gaussian", 300, 9, 200),
+    ("gaussian", 41, 3, 40),
+]
 CUDA_KNN_RTOL = {"float32": 1e-5, "float64": 1e-12, "float16": 2e-3, "bfloat16": 2e-3}
 
 
@@ -297,8 +306,12 @@ def large_offset(D: int, seed: int = 3) -> np.ndarray:
     return np.vstack([X, X[:8]])
 
 
-FAMILIES = {"constant_duplicates": constant_duplicates, "mirrored_clusters": mirrored_clusters,
-            "quantised_ties": quantised_ties, "large_offset": large_offset}
+FAMILIES = {
+    "constant_duplicates": constant_duplicates,
+    "mirrored_clusters": mirrored_clusters,
+    "quantised_ties": quantised_ties,
+    "large_offset": large_offset,
+}
 CASES = [(family, D) for family in FAMILIES for D in (64, 8192)]
 
 
@@ -315,9 +328,16 @@ def _assert_reference(X, idx, d2, k: int, rtol: float) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("family,D", CASES)
-@pytest.mark.parametrize("backend", ["reference", "cpu", "cuda-emulated",
-                                     pytest.param("cuda", marks=pytest.mark.gpu),
-                                     pytest.param("cuvs", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "reference",
+        "cpu",
+        "cuda-emulated",
+        pytest.param("cuda", marks=pytest.mark.gpu),
+        pytest.param("cuvs", marks=pytest.mark.gpu),
+    ],
+)
 def test_adversarial_rows_match_reference(backend, family, D, dtype):
     X = _rows(family, D, dtype)
     k = 3
@@ -467,7 +487,10 @@ def test_non_contiguous_inputs(backend, layout):
     }[layout]()
     dense = ref.to_float64(view)
     np.testing.assert_array_equal(df.knn(view, 6, backend=backend)[0], ref.knn(dense, 6)[0])
-    got, want = df.geometry_proxies(view, k=6, n_pairs=500, backend=backend), ref.geometry_proxies(dense, k=6, n_pairs=500)
+    got, want = (
+        df.geometry_proxies(view, k=6, n_pairs=500, backend=backend),
+        ref.geometry_proxies(dense, k=6, n_pairs=500),
+    )
     for key in want:
         assert got[key] == pytest.approx(want[key], rel=1e-9)
 
@@ -475,7 +498,11 @@ def test_non_contiguous_inputs(backend, layout):
 # (rows, proxy keyword arguments, relative tolerance)
 PROXY_CASES = {
     "low_rank_300x48": (lambda: low_rank(300, 48, seed=4), dict(k=16, n_pairs=2000, seed=7), 1e-9),
-    "rank8_600x64": (lambda: gaussian(600, 64, seed=6, rank=8), dict(k=16, n_pairs=2000), 1e-8),  # dense eigensolver on GPU
+    "rank8_600x64": (
+        lambda: gaussian(600, 64, seed=6, rank=8),
+        dict(k=16, n_pairs=2000),
+        1e-8,
+    ),  # dense eigensolver on GPU
     "rank8_600x300": (lambda: gaussian(600, 300, seed=6, rank=8), dict(k=16, n_pairs=2000), 1e-8),  # Lanczos on GPU
 }
 
@@ -502,7 +529,9 @@ def test_single_proxies_agree_with_combined(backend):
     X = on_backend(low_rank(200, 30, seed=5).astype(np.float32), backend)
     combined = df.geometry_proxies(X, k=8, ridge=1e-2, n_pairs=1000, seed=3, backend=backend)
     assert df.curvature_proxy(X, k=8, backend=backend) == pytest.approx(combined["m_curv"], rel=1e-12)
-    assert df.monotonicity_proxy(X, ridge=1e-2, n_pairs=1000, seed=3, backend=backend) == pytest.approx(combined["m_mono"], rel=1e-12)
+    assert df.monotonicity_proxy(X, ridge=1e-2, n_pairs=1000, seed=3, backend=backend) == pytest.approx(
+        combined["m_mono"], rel=1e-12
+    )
     assert df.effective_rank(X, backend=backend) == pytest.approx(combined["k_eff"], rel=1e-12)
 
 
@@ -520,7 +549,9 @@ def test_rank_one_data(backend):
     rng = np.random.default_rng(7)
     X = np.outer(rng.normal(size=150), rng.normal(size=20))
     assert df.effective_rank(on_backend(X, backend), backend=backend) == pytest.approx(1.0, rel=1e-9)
-    assert df.geometry_proxies(on_backend(X, backend), k=4, backend=backend)["k_eff"] == pytest.approx(ref.effective_rank(X), rel=1e-9)
+    assert df.geometry_proxies(on_backend(X, backend), k=4, backend=backend)["k_eff"] == pytest.approx(
+        ref.effective_rank(X), rel=1e-9
+    )
 
 
 @GIVEN_WITH_BACKEND
@@ -667,7 +698,9 @@ def test_proxies_on_hidden_states_of_a_transformers_model(compiled_backend, tiny
     assert len(layers) >= 3
     for H in (layers[1], layers[-1]):
         H = H[:400]
-        np.testing.assert_array_equal(df.knn(on_backend(H, compiled_backend), 16, backend=compiled_backend)[0], ref.knn(H, 16)[0])
+        np.testing.assert_array_equal(
+            df.knn(on_backend(H, compiled_backend), 16, backend=compiled_backend)[0], ref.knn(H, 16)[0]
+        )
         got = df.geometry_proxies(on_backend(H, compiled_backend), n_pairs=3000, backend=compiled_backend)
         want = ref.geometry_proxies(H, n_pairs=3000)
         for key in want:
@@ -681,8 +714,23 @@ def test_proxies_on_hidden_states_of_a_transformers_model(compiled_backend, tiny
 
 # Magnitudes from near the smallest to near the largest float64, powers of two and not (issue 21:
 # k_eff was 7.63 instead of 6.10 at 1e77, "zero variance" was claimed at 1e-200).
-EXTREME_SCALES = [2.0**-1000, 1e-300, 1e-200, 1e-150, 1e-90, 2.0**-70, 1e-30, 3.7, 1e30, 2.0**70, 1e77, 1e150,
-                  1e200, 1e300, 2.0**1000]
+EXTREME_SCALES = [
+    2.0**-1000,
+    1e-300,
+    1e-200,
+    1e-150,
+    1e-90,
+    2.0**-70,
+    1e-30,
+    3.7,
+    1e30,
+    2.0**70,
+    1e77,
+    1e150,
+    1e200,
+    1e300,
+    2.0**1000,
+]
 
 
 def _unit_power_of_two(Y: np.ndarray) -> tuple[np.ndarray, int]:

@@ -1,4 +1,5 @@
 """The pair sampler of m_mono: the same draws everywhere, memory bounded whatever n_pairs."""
+
 from __future__ import annotations
 
 import subprocess
@@ -69,8 +70,14 @@ def test_huge_n_pairs_stays_under_a_memory_ceiling(tmp_path):
         print(df.monotonicity_proxy(X, n_pairs=10**9))
         """
     )
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         env={"OMP_NUM_THREADS": "1", "PATH": ""}, cwd=tmp_path)  # not the source tree: the installed package
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"OMP_NUM_THREADS": "1", "PATH": ""},
+        cwd=tmp_path,
+    )  # not the source tree: the installed package
     assert run.returncode == 0, run.stderr[-2000:]
     assert 0 < float(run.stdout.strip().splitlines()[-1]) < np.inf
 

@@ -7,6 +7,7 @@ cond(Sigma + lam I) ~ 1e5; on full-rank inputs ~1e-6; for n < D the Gram route k
 products and the error is ~1e-11). For float64 inputs the float32 path also rounds the input, which on
 ill-conditioned data costs more (up to ~3e-4 on rank-3 data with 1e-3 noise); those are checked at 1e-2.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """HC-DLM pieces on tiny models: shapes, kernels' marginals, the Euler update, guidance, samplers, losses."""
+
 from __future__ import annotations
 
 import random
@@ -39,9 +40,22 @@ def test_shapes_and_sampling(kind, which, sudoku4):
     task = sudoku4 if which == "sudoku" else CountdownTask((3,), target_len=14)
     model = build_model(task.spec, HCDLMModelConfig(kind=kind, latents=2, **TINY)).eval()
     context, target = _batch(task)
-    loss, parts = compute_loss(model, make_kernel("uniform", task.spec.target_vocab), context, target, RunConfig().objective, torch.Generator().manual_seed(0))
+    loss, parts = compute_loss(
+        model,
+        make_kernel("uniform", task.spec.target_vocab),
+        context,
+        target,
+        RunConfig().objective,
+        torch.Generator().manual_seed(0),
+    )
     assert loss.dim() == 0 and torch.isfinite(loss) and parts["loss"] == pytest.approx(loss.item())
-    out = generate(model, make_kernel("absorbing", task.spec.target_vocab), context, SampleConfig(steps=3), torch.Generator().manual_seed(1))
+    out = generate(
+        model,
+        make_kernel("absorbing", task.spec.target_vocab),
+        context,
+        SampleConfig(steps=3),
+        torch.Generator().manual_seed(1),
+    )
     assert out.shape == target.shape and out.dtype == torch.long
     assert int(out.min()) >= 0 and int(out.max()) < task.spec.target_vocab
 
@@ -68,7 +82,9 @@ def test_loss_decreases(kind, sudoku4):
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     for step in range(30):
-        loss, _ = compute_loss(model, kernel, context, target, RunConfig().objective, torch.Generator().manual_seed(step % 3))
+        loss, _ = compute_loss(
+            model, kernel, context, target, RunConfig().objective, torch.Generator().manual_seed(step % 3)
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -81,7 +97,10 @@ def test_baselines_match_the_parameter_budget(sudoku4):
     cfg = HCDLMModelConfig(hidden=64, heads=4)
     budget = count_parameters(build_model(sudoku4.spec, cfg))
     for kind in ("latent", "mdm", "ar"):
-        assert abs(count_parameters(build_model(sudoku4.spec, HCDLMModelConfig(kind=kind, hidden=64, heads=4))) - budget) < 0.15 * budget
+        assert (
+            abs(count_parameters(build_model(sudoku4.spec, HCDLMModelConfig(kind=kind, hidden=64, heads=4))) - budget)
+            < 0.15 * budget
+        )
 
 
 @pytest.mark.parametrize("kernel_cls", [UniformKernel, AbsorbingKernel])
@@ -134,11 +153,15 @@ def test_flow_noise_and_euler_step():
     x0, eps = torch.randn(3, 2, 4), torch.randn(3, 2, 4)
     s = torch.tensor([0.0, 0.5, 1.0])
     xs = LATENT_FLOW.noise(x0, s, eps)
-    assert torch.allclose(xs[0], x0[0]) and torch.allclose(xs[2], eps[2]) and torch.allclose(xs[1], (x0[1] + eps[1]) / 2)
+    assert (
+        torch.allclose(xs[0], x0[0]) and torch.allclose(xs[2], eps[2]) and torch.allclose(xs[1], (x0[1] + eps[1]) / 2)
+    )
     # With the exact x0, one Euler step from level t lands on the flow at level t - 1.
     steps, t = 10, 7
     x_t = LATENT_FLOW.noise(x0, torch.full((3,), t / steps), eps)
-    assert torch.allclose(LATENT_FLOW.euler_step(x_t, x0, t), LATENT_FLOW.noise(x0, torch.full((3,), (t - 1) / steps), eps), atol=1e-6)
+    assert torch.allclose(
+        LATENT_FLOW.euler_step(x_t, x0, t), LATENT_FLOW.noise(x0, torch.full((3,), (t - 1) / steps), eps), atol=1e-6
+    )
     with pytest.raises(ValueError):
         LATENT_FLOW.euler_step(x_t, x0, 0)
 
@@ -160,21 +183,47 @@ def test_objective_and_sampler_numbers_are_unchanged(sudoku4):
     (with the options of that time named: the hard log-variance clamp and the scaffold drop always on)."""
     context, target = _batch(sudoku4)
     torch.manual_seed(0)
-    model = build_model(sudoku4.spec, HCDLMModelConfig(kind="hcdlm", kernel="uniform", latents=2, logvar_bound="clamp", **TINY))
+    model = build_model(
+        sudoku4.spec, HCDLMModelConfig(kind="hcdlm", kernel="uniform", latents=2, logvar_bound="clamp", **TINY)
+    )
     kernel = make_kernel("uniform", 4)
-    loss, _ = hcdlm_loss(model, kernel, context, target, ObjectiveConfig(exposure_share=0.5, latent_drop=0.1, guidance_training=True),
-                         torch.Generator().manual_seed(3))
+    loss, _ = hcdlm_loss(
+        model,
+        kernel,
+        context,
+        target,
+        ObjectiveConfig(exposure_share=0.5, latent_drop=0.1, guidance_training=True),
+        torch.Generator().manual_seed(3),
+    )
     assert loss.item() == pytest.approx(5.574204921722412, rel=1e-6, abs=0)
     trace = []
-    tokens = sample_hcdlm(model.eval(), kernel, context, SampleConfig(steps=4, cfg_weight=1.5), torch.Generator().manual_seed(5),
-                          on_step=lambda t, x, *_: trace.append(x.clone()))
-    expected_x = [0.23588255047798157, -0.8312816023826599, -0.7338953018188477, 0.13681429624557495,
-                  0.3673851788043976, -0.019114729017019272, -0.24312230944633484, -1.0830706357955933]
+    tokens = sample_hcdlm(
+        model.eval(),
+        kernel,
+        context,
+        SampleConfig(steps=4, cfg_weight=1.5),
+        torch.Generator().manual_seed(5),
+        on_step=lambda t, x, *_: trace.append(x.clone()),
+    )
+    expected_x = [
+        0.23588255047798157,
+        -0.8312816023826599,
+        -0.7338953018188477,
+        0.13681429624557495,
+        0.3673851788043976,
+        -0.019114729017019272,
+        -0.24312230944633484,
+        -1.0830706357955933,
+    ]
     assert torch.allclose(trace[-1][0, 0], torch.tensor(expected_x), rtol=1e-5, atol=1e-6)
     assert tokens.tolist() == [
-        [3, 0, 3, 0, 2, 2, 3, 3, 3, 3, 3, 3, 2, 2, 3, 3], [0, 0, 3, 3, 2, 2, 3, 3, 3, 3, 3, 3, 3, 2, 3, 3],
-        [0, 0, 3, 3, 2, 2, 3, 3, 3, 1, 3, 3, 2, 2, 3, 3], [0, 0, 3, 0, 2, 2, 3, 3, 3, 3, 3, 3, 3, 2, 3, 3],
-        [0, 0, 3, 3, 2, 2, 3, 3, 3, 3, 3, 3, 2, 2, 3, 3], [0, 0, 3, 3, 2, 2, 3, 3, 3, 3, 3, 3, 3, 2, 3, 3]]
+        [3, 0, 3, 0, 2, 2, 3, 3, 3, 3, 3, 3, 2, 2, 3, 3],
+        [0, 0, 3, 3, 2, 2, 3, 3, 3, 3, 3, 3, 3, 2, 3, 3],
+        [0, 0, 3, 3, 2, 2, 3, 3, 3, 1, 3, 3, 2, 2, 3, 3],
+        [0, 0, 3, 0, 2, 2, 3, 3, 3, 3, 3, 3, 3, 2, 3, 3],
+        [0, 0, 3, 3, 2, 2, 3, 3, 3, 3, 3, 3, 2, 2, 3, 3],
+        [0, 0, 3, 3, 2, 2, 3, 3, 3, 3, 3, 3, 3, 2, 3, 3],
+    ]
 
 
 def test_sampler_follows_algorithm_2(sudoku4):
@@ -183,8 +232,14 @@ def test_sampler_follows_algorithm_2(sudoku4):
     model = HCDLM(sudoku4.spec, HCDLMModelConfig(kernel="absorbing", **TINY)).eval()
     context, _ = _batch(sudoku4, 3)
     trace = []
-    sample_hcdlm(model, AbsorbingKernel(4), context, SampleConfig(steps=5), torch.Generator().manual_seed(0),
-                 on_step=lambda t, x, x_hat, k, _: trace.append((t, x.clone(), x_hat.clone(), k.clone())))
+    sample_hcdlm(
+        model,
+        AbsorbingKernel(4),
+        context,
+        SampleConfig(steps=5),
+        torch.Generator().manual_seed(0),
+        on_step=lambda t, x, x_hat, k, _: trace.append((t, x.clone(), x_hat.clone(), k.clone())),
+    )
     assert [t for t, *_ in trace] == [5, 4, 3, 2, 1]
     for (t, x, x_hat, _), (_, x_next, _, _) in zip(trace, trace[1:]):
         assert torch.allclose(x_next, x - (x - x_hat) / t, atol=1e-6)
@@ -217,7 +272,9 @@ def test_mdm_unmasks_on_schedule(order, sudoku4):
     assert not bool((out == model.mask_id).any())
     calls = []
     original = model.forward
-    model.forward = lambda tokens, ctx: (calls.append(int((tokens == model.mask_id).sum(1)[0])), original(tokens, ctx))[1]
+    model.forward = lambda tokens, ctx: (calls.append(int((tokens == model.mask_id).sum(1)[0])), original(tokens, ctx))[
+        1
+    ]
     sample_mdm(model, context, SampleConfig(steps=4, order=order))
     assert calls == [16, 12, 8, 4]
 
@@ -227,11 +284,15 @@ def test_objective_parts_and_detach(sudoku4):
     context, target = _batch(sudoku4, 4)
     from dihal_fast.hcdlm.objective import hcdlm_loss
 
-    cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, mask_aux_weight=0, lambda_token=0, exposure_share=0, slot_aux_weight=0)
+    cfg = ObjectiveConfig(
+        lambda_recon=0, lambda_ent=0, mask_aux_weight=0, lambda_token=0, exposure_share=0, slot_aux_weight=0
+    )
     loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
     loss.backward()
     assert set(parts) == {"recon", "neg_entropy", "cont", "loss"}
-    assert all(p.grad is None or float(p.grad.abs().sum()) == 0 for p in model.encoder.parameters())  # regression is detached
+    assert all(
+        p.grad is None or float(p.grad.abs().sum()) == 0 for p in model.encoder.parameters()
+    )  # regression is detached
     assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in model.denoiser.parameters())
 
 
@@ -244,13 +305,22 @@ def test_token_term_trains_denoiser_and_predictor(sudoku4, weighting, exposure):
     torch.manual_seed(0)
     model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY))
     context, target = _batch(sudoku4, 4)
-    cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, lambda_cont=0, mask_aux_weight=0, slot_aux_weight=0, token_weighting=weighting,
-                          exposure_share=exposure)
+    cfg = ObjectiveConfig(
+        lambda_recon=0,
+        lambda_ent=0,
+        lambda_cont=0,
+        mask_aux_weight=0,
+        slot_aux_weight=0,
+        token_weighting=weighting,
+        exposure_share=exposure,
+    )
     loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
     loss.backward()
     assert parts["token"] > 0 and parts["loss"] == pytest.approx(parts["token"])
-    grads = {name: sum(float(p.grad.abs().sum()) for p in part.parameters() if p.grad is not None)
-             for name, part in (("encoder", model.encoder), ("denoiser", model.denoiser), ("predictor", model.predictor))}
+    grads = {
+        name: sum(float(p.grad.abs().sum()) for p in part.parameters() if p.grad is not None)
+        for name, part in (("encoder", model.encoder), ("denoiser", model.denoiser), ("predictor", model.predictor))
+    }
     assert grads["encoder"] == 0 and grads["denoiser"] > 0 and grads["predictor"] > 0
 
 
@@ -260,14 +330,26 @@ def test_slot_auxiliary_reaches_only_the_denoiser(sudoku4):
 
     torch.manual_seed(0)
     context, target = _batch(sudoku4, 4)
-    cfg = ObjectiveConfig(lambda_recon=0, lambda_ent=0, lambda_cont=0, lambda_token=0, mask_aux_weight=0, slot_aux_weight=1.0)
+    cfg = ObjectiveConfig(
+        lambda_recon=0, lambda_ent=0, lambda_cont=0, lambda_token=0, mask_aux_weight=0, slot_aux_weight=1.0
+    )
     with pytest.raises(ValueError, match="slot head"):
-        hcdlm_loss(HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY, slot_head=False)), UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
+        hcdlm_loss(
+            HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY, slot_head=False)),
+            UniformKernel(4),
+            context,
+            target,
+            cfg,
+            torch.Generator().manual_seed(0),
+        )
     model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY))
     loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
     loss.backward()
     assert parts["loss"] == pytest.approx(parts["slot_aux"]) and parts["slot_aux"] > 0
-    assert all(p.grad is None or float(p.grad.abs().sum()) == 0 for p in [*model.encoder.parameters(), *model.predictor.parameters()])
+    assert all(
+        p.grad is None or float(p.grad.abs().sum()) == 0
+        for p in [*model.encoder.parameters(), *model.predictor.parameters()]
+    )
     assert float(model.denoiser.slot_head[1].weight.grad.abs().sum()) > 0
 
 
@@ -340,14 +422,17 @@ def test_denoiser_reads_every_slot(sudoku4):
 
 
 def _token_only(**overrides) -> ObjectiveConfig:
-    return ObjectiveConfig(lambda_recon=0, lambda_ent=0, lambda_cont=0, mask_aux_weight=0, slot_aux_weight=0, exposure_share=0,
-                           **overrides)
+    return ObjectiveConfig(
+        lambda_recon=0, lambda_ent=0, lambda_cont=0, mask_aux_weight=0, slot_aux_weight=0, exposure_share=0, **overrides
+    )
 
 
 def _captured_denoiser_inputs(model):
     """Record the scaffold and x_hat_0 of every denoiser call."""
     seen = []
-    model.denoiser.register_forward_hook(lambda module, args, out: seen.append((args[1], out[0] if isinstance(out, tuple) else out)))
+    model.denoiser.register_forward_hook(
+        lambda module, args, out: seen.append((args[1], out[0] if isinstance(out, tuple) else out))
+    )
     return seen
 
 
@@ -374,8 +459,14 @@ def test_scaffolds_are_dropped_only_when_guidance_is_trained(sudoku4, guidance):
     model = HCDLM(sudoku4.spec, HCDLMModelConfig(kernel="absorbing", **TINY))
     context, target = _batch(sudoku4, 16)
     seen = _captured_denoiser_inputs(model)
-    hcdlm_loss(model, AbsorbingKernel(4), context, target, _token_only(guidance_training=guidance, scaffold_drop=1.0),
-               torch.Generator().manual_seed(0))
+    hcdlm_loss(
+        model,
+        AbsorbingKernel(4),
+        context,
+        target,
+        _token_only(guidance_training=guidance, scaffold_drop=1.0),
+        torch.Generator().manual_seed(0),
+    )
     scaffold = seen[-1][0]
     kernel_draw = (scaffold == 4) | (scaffold == target)
     assert bool(kernel_draw.all()) != guidance
@@ -391,8 +482,14 @@ def test_auto_token_weighting_is_the_papers_per_kernel(sudoku4):
         for weighting in ("auto", "all", "schedule"):
             torch.manual_seed(0)
             model = HCDLM(sudoku4.spec, HCDLMModelConfig(kernel=kernel, **TINY))
-            losses[weighting] = hcdlm_loss(model, make_kernel(kernel, 4), context, target, _token_only(token_weighting=weighting),
-                                           torch.Generator().manual_seed(1))[1]["token"]
+            losses[weighting] = hcdlm_loss(
+                model,
+                make_kernel(kernel, 4),
+                context,
+                target,
+                _token_only(token_weighting=weighting),
+                torch.Generator().manual_seed(1),
+            )[1]["token"]
         assert losses["auto"] == losses[paper] and losses["all"] != losses["schedule"]
 
 
@@ -425,8 +522,11 @@ def test_exposure_share_ramps_from_zero(sudoku4, monkeypatch):
     original = objective.own_prediction_inputs
     monkeypatch.setattr(objective, "own_prediction_inputs", lambda *a: (calls.append(1), original(*a))[1])
     torch.manual_seed(0)
-    run = RunObjective(HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY)), UniformKernel(4),
-                       ObjectiveConfig(exposure_share=1.0, exposure_ramp_steps=100))
+    run = RunObjective(
+        HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY)),
+        UniformKernel(4),
+        ObjectiveConfig(exposure_share=1.0, exposure_ramp_steps=100),
+    )
     context, target = _batch(sudoku4, 8)
     run(context, target, torch.Generator().manual_seed(0), step=0)
     assert not calls

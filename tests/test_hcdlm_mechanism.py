@@ -1,5 +1,6 @@
 """Mechanism diagnostics of ``dihal hcdlm eval`` (issue 23): per-step decoded answer of HC-DLM and MDM,
 and the read-out with x_t / the scaffold replaced, on tiny 4x4 Sudoku models trained inside the test."""
+
 from __future__ import annotations
 
 import json
@@ -22,12 +23,30 @@ from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
 
 def _run_config(kind: str, steps: int) -> RunConfig:
     # exposure 0: the paper's training, where x_t carries the answer at low noise and the scaffold at high
-    return RunConfig(task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=200),
-                     model=HCDLMModelConfig(kind=kind, hidden=32, heads=2, encoder_blocks=1, denoiser_blocks=2, predictor_blocks=1,
-                                            latent_dim=16, slot_head=kind == "hcdlm"),
-                     objective=ObjectiveConfig(exposure_share=0.0, slot_aux_weight=1.0 if kind == "hcdlm" else 0.0),
-                     train=HCDLMTrainConfig(steps=steps, batch_size=32, lr=3e-3, warmup_steps=20, log_every=100,
-                                            checkpoint_every=10**6, threads=1, device="cpu"))
+    return RunConfig(
+        task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=200),
+        model=HCDLMModelConfig(
+            kind=kind,
+            hidden=32,
+            heads=2,
+            encoder_blocks=1,
+            denoiser_blocks=2,
+            predictor_blocks=1,
+            latent_dim=16,
+            slot_head=kind == "hcdlm",
+        ),
+        objective=ObjectiveConfig(exposure_share=0.0, slot_aux_weight=1.0 if kind == "hcdlm" else 0.0),
+        train=HCDLMTrainConfig(
+            steps=steps,
+            batch_size=32,
+            lr=3e-3,
+            warmup_steps=20,
+            log_every=100,
+            checkpoint_every=10**6,
+            threads=1,
+            device="cpu",
+        ),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +81,37 @@ def test_each_ablation_moves_the_readout_of_a_model_that_uses_its_inputs(trained
 
 def test_eval_writes_the_mechanism_diagnostics_with_a_comparison(trained, capsys):
     out = trained / "eval.json"
-    assert main(["hcdlm", "eval", str(trained / "hcdlm"), "--data", str(trained / "fresh.csv"), "--out", str(out), "--steps", "4",
-                 "--steps-sweep", "2,4", "--compare", str(trained / "mdm"), "--noise-levels", "0.05,0.95", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "hcdlm",
+                "eval",
+                str(trained / "hcdlm"),
+                "--data",
+                str(trained / "fresh.csv"),
+                "--out",
+                str(out),
+                "--steps",
+                "4",
+                "--steps-sweep",
+                "2,4",
+                "--compare",
+                str(trained / "mdm"),
+                "--noise-levels",
+                "0.05,0.95",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "mdm (--compare)" in printed and "ablations" in printed
     report = json.loads(out.read_text())
-    assert report["compare"]["model"] == "mdm" and [r["steps"] for r in report["compare"]["accuracy_vs_steps"]] == [2, 4]
+    assert report["compare"]["model"] == "mdm" and [r["steps"] for r in report["compare"]["accuracy_vs_steps"]] == [
+        2,
+        4,
+    ]
     trajectories = report["trajectory"]
     assert set(trajectories) == {"hcdlm (uniform)", "mdm"}
     for rows in trajectories.values():
@@ -86,7 +130,9 @@ def test_mdm_readout_fills_masked_slots_and_ends_at_the_answer():
     torch.manual_seed(0)
     model = MDMNet(task.spec, HCDLMModelConfig(hidden=32, heads=2), blocks=1).eval()
     seen = []
-    out = sample_mdm(model, context, SampleConfig(steps=20), on_step=lambda i, decoded: seen.append((i, decoded.clone())))
+    out = sample_mdm(
+        model, context, SampleConfig(steps=20), on_step=lambda i, decoded: seen.append((i, decoded.clone()))
+    )
     assert [i for i, _ in seen] == list(range(1, 21))  # every step, also those that reveal no token (20 > 16 slots)
     assert all(not bool((d == model.mask_id).any()) for _, d in seen)
     assert torch.equal(seen[-1][1], out)
@@ -95,10 +141,45 @@ def test_mdm_readout_fills_masked_slots_and_ends_at_the_answer():
 
 def test_bad_compare_runs_and_levels_are_one_line_errors(trained, tmp_path, capsys):
     other = tmp_path / "cd"
-    assert main(["hcdlm", "train", "--task", "countdown", "--model", "mdm", "--out", str(other), "--steps", "1", "--countdown-numbers", "3",
-                 "--hidden", "32", "--heads", "2", "--batch-size", "4", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "hcdlm",
+                "train",
+                "--task",
+                "countdown",
+                "--model",
+                "mdm",
+                "--out",
+                str(other),
+                "--steps",
+                "1",
+                "--countdown-numbers",
+                "3",
+                "--hidden",
+                "32",
+                "--heads",
+                "2",
+                "--batch-size",
+                "4",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    args = ["hcdlm", "eval", str(trained / "hcdlm"), "--data", str(trained / "fresh.csv"), "--out", str(tmp_path / "e.json"), "--steps", "2"]
+    args = [
+        "hcdlm",
+        "eval",
+        str(trained / "hcdlm"),
+        "--data",
+        str(trained / "fresh.csv"),
+        "--out",
+        str(tmp_path / "e.json"),
+        "--steps",
+        "2",
+    ]
     assert main([*args, "--compare", str(other)]) == 2
     assert "another task" in capsys.readouterr().err
     with pytest.raises(SystemExit) as parse_error:  # argparse's own one-line usage error

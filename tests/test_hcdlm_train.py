@@ -1,4 +1,5 @@
 """Training loop (checkpoint, resume, EMA, log) and the ``dihal hcdlm`` CLI, with a handful of steps."""
+
 from __future__ import annotations
 
 import json
@@ -15,14 +16,34 @@ from dihal_fast.hcdlm.trainer import train
 from dihal_fast.tasks.registry import TaskConfig
 from dihal_fast.train.checkpoint import latest_checkpoint
 
-TINY = ["--hidden", "32", "--heads", "2", "--encoder-blocks", "1", "--denoiser-blocks", "1", "--predictor-blocks", "1",
-        "--latent-dim", "8", "--batch-size", "8", "--threads", "1"]
+TINY = [
+    "--hidden",
+    "32",
+    "--heads",
+    "2",
+    "--encoder-blocks",
+    "1",
+    "--denoiser-blocks",
+    "1",
+    "--predictor-blocks",
+    "1",
+    "--latent-dim",
+    "8",
+    "--batch-size",
+    "8",
+    "--threads",
+    "1",
+]
 
 
 def _config(steps: int, kind: str = "hcdlm") -> RunConfig:
-    return RunConfig(task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=30),
-                     model=HCDLMModelConfig(kind=kind, hidden=32, heads=2, encoder_blocks=1, denoiser_blocks=1, predictor_blocks=1, latent_dim=8),
-                     train=HCDLMTrainConfig(steps=steps, batch_size=8, log_every=1, checkpoint_every=3, warmup_steps=2))
+    return RunConfig(
+        task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=30),
+        model=HCDLMModelConfig(
+            kind=kind, hidden=32, heads=2, encoder_blocks=1, denoiser_blocks=1, predictor_blocks=1, latent_dim=8
+        ),
+        train=HCDLMTrainConfig(steps=steps, batch_size=8, log_every=1, checkpoint_every=3, warmup_steps=2),
+    )
 
 
 @pytest.mark.parametrize("kind", ["hcdlm", "mdm"])
@@ -62,13 +83,57 @@ def test_device_errors_are_clear(tmp_path):
 
 def test_cli_countdown_train_eval_solve(tmp_path, shared_data, capsys):
     run = tmp_path / "cd"
-    assert main(["hcdlm", "train", "--task", "countdown", "--model", "hcdlm", "--out", str(run), "--steps", "3", "--countdown-numbers", "3,4",
-                 "--guidance-training", *TINY]) == 0
+    assert (
+        main(
+            [
+                "hcdlm",
+                "train",
+                "--task",
+                "countdown",
+                "--model",
+                "hcdlm",
+                "--out",
+                str(run),
+                "--steps",
+                "3",
+                "--countdown-numbers",
+                "3,4",
+                "--guidance-training",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "eval.json"
-    assert main(["hcdlm", "eval", str(run), "--data", str(shared_data / "countdown.jsonl"), "--out", str(out),
-                 "--limit", "6", "--steps", "2", "--steps-sweep", "1,2", "--cfg-weight", "2.75"]) == 0
+    assert (
+        main(
+            [
+                "hcdlm",
+                "eval",
+                str(run),
+                "--data",
+                str(shared_data / "countdown.jsonl"),
+                "--out",
+                str(out),
+                "--limit",
+                "6",
+                "--steps",
+                "2",
+                "--steps-sweep",
+                "1,2",
+                "--cfg-weight",
+                "2.75",
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
-    assert report["n"] == 6 and 0.0 <= report["accuracy"] <= 1.0 and "loose" in report and report["groups"]["cd4"]["n"] == 6
+    assert (
+        report["n"] == 6
+        and 0.0 <= report["accuracy"] <= 1.0
+        and "loose" in report
+        and report["groups"]["cd4"]["n"] == 6
+    )
     assert [r["steps"] for r in report["accuracy_vs_steps"]] == [1, 2]
     assert (tmp_path / "eval.steps.png").stat().st_size > 0
     capsys.readouterr()
@@ -77,14 +142,49 @@ def test_cli_countdown_train_eval_solve(tmp_path, shared_data, capsys):
     assert main(["hcdlm", "solve", str(run), "1,1,1,100"]) == 0
     assert capsys.readouterr().out.strip() == "no solution"
     assert main(["hcdlm", "solve", str(run), "1,x,3"]) == 2
-    assert main(["hcdlm", "eval", str(run), "--data", str(shared_data / "sudoku_kaggle3m_curated5000.csv"), "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "hcdlm",
+                "eval",
+                str(run),
+                "--data",
+                str(shared_data / "sudoku_kaggle3m_curated5000.csv"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
 
 
 @pytest.mark.parametrize("model", ["latent", "ar", "mdm"])
 def test_cli_sudoku_models_and_bad_puzzles(tmp_path, model, capsys):
     run = tmp_path / model
-    assert main(["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--model", model,
-                 "--kernel", "absorbing", "--out", str(run), "--steps", "2", *TINY]) == 0
+    assert (
+        main(
+            [
+                "hcdlm",
+                "train",
+                "--task",
+                "sudoku",
+                "--sudoku-box",
+                "2x2",
+                "--sudoku-pool",
+                "20",
+                "--model",
+                model,
+                "--kernel",
+                "absorbing",
+                "--out",
+                str(run),
+                "--steps",
+                "2",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["hcdlm", "solve", str(run), "1.3..2.1..2.....", "--steps", "2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -94,17 +194,68 @@ def test_cli_sudoku_models_and_bad_puzzles(tmp_path, model, capsys):
     assert capsys.readouterr().out.strip() == "no solution"
     assert main(["hcdlm", "solve", str(run), "1.3..2.1..2...."]) == 2  # 15 cells
     assert main(["hcdlm", "solve", str(run), "1.3..2.1..2....9"]) == 2  # 9 is not a 4x4 digit
-    assert main(["hcdlm", "eval", str(tmp_path / "missing"), "--data", str(run / "config.json"), "--out", str(tmp_path / "x.json")]) == 2
+    assert (
+        main(
+            [
+                "hcdlm",
+                "eval",
+                str(tmp_path / "missing"),
+                "--data",
+                str(run / "config.json"),
+                "--out",
+                str(tmp_path / "x.json"),
+            ]
+        )
+        == 2
+    )
 
 
 @pytest.mark.parametrize("model", ["hcdlm", "latent", "mdm", "ar"])
 def test_cli_sudoku_eval_on_real_csv(tmp_path, model, shared_data):
     run = tmp_path / "s9"
-    assert main(["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "3x3", "--model", model, "--sudoku-pool", "3", "--out", str(run),
-                 "--steps", "1", *TINY]) == 0
+    assert (
+        main(
+            [
+                "hcdlm",
+                "train",
+                "--task",
+                "sudoku",
+                "--sudoku-box",
+                "3x3",
+                "--model",
+                model,
+                "--sudoku-pool",
+                "3",
+                "--out",
+                str(run),
+                "--steps",
+                "1",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "eval.json"
-    assert main(["hcdlm", "eval", str(run), "--data", str(shared_data / "sudoku_kaggle3m_curated5000.csv"), "--out", str(out),
-                 "--limit", "4", "--steps", "2", "--steps-sweep", ""]) == 0
+    assert (
+        main(
+            [
+                "hcdlm",
+                "eval",
+                str(run),
+                "--data",
+                str(shared_data / "sudoku_kaggle3m_curated5000.csv"),
+                "--out",
+                str(out),
+                "--limit",
+                "4",
+                "--steps",
+                "2",
+                "--steps-sweep",
+                "",
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["n"] == 4 and report["groups"]["Beginner"]["n"] == 4 and "accuracy_vs_steps" not in report
 
@@ -115,12 +266,55 @@ def test_cli_text_with_tiny_backbone(tmp_path, model, tiny_checkpoints, shared_d
     backbone = tiny_checkpoints["llama"]
     text = shared_data / "text" / "tinystories.valid.txt"
     run = tmp_path / model
-    assert main(["hcdlm", "train", "--task", "text", "--model", model, "--out", str(run), "--steps", "2",
-                 "--text-files", str(text), "--text-max-chars", "20000", "--text-len", "16", "--latents", "4",
-                 "--backbone", str(backbone), *TINY]) == 0
+    assert (
+        main(
+            [
+                "hcdlm",
+                "train",
+                "--task",
+                "text",
+                "--model",
+                model,
+                "--out",
+                str(run),
+                "--steps",
+                "2",
+                "--text-files",
+                str(text),
+                "--text-max-chars",
+                "20000",
+                "--text-len",
+                "16",
+                "--latents",
+                "4",
+                "--backbone",
+                str(backbone),
+                *TINY,
+            ]
+        )
+        == 0
+    )
     out = tmp_path / f"{model}.json"
-    assert main(["hcdlm", "eval", str(run), "--data", str(text), "--out", str(out), "--samples", "4",
-                 "--steps", "2", "--evaluator", str(backbone)]) == 0
+    assert (
+        main(
+            [
+                "hcdlm",
+                "eval",
+                str(run),
+                "--data",
+                str(text),
+                "--out",
+                str(out),
+                "--samples",
+                "4",
+                "--steps",
+                "2",
+                "--evaluator",
+                str(backbone),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["gen_ppl"] > 1 and report["entropy"] >= 0 and report["temperature"] == 1.0
     assert report["data_reference"]["n"] == 4 and report["data_reference"]["gen_ppl"] > 1
@@ -129,10 +323,30 @@ def test_cli_text_with_tiny_backbone(tmp_path, model, tiny_checkpoints, shared_d
 @pytest.mark.parametrize("model", ["latent", "mdm", "ar"])
 def test_cli_countdown_baselines_train_and_eval(tmp_path, model, shared_data):
     run = tmp_path / model
-    assert main(["hcdlm", "train", "--task", "countdown", "--model", model, "--out", str(run), "--steps", "2", *TINY]) == 0
+    assert (
+        main(["hcdlm", "train", "--task", "countdown", "--model", model, "--out", str(run), "--steps", "2", *TINY]) == 0
+    )
     out = tmp_path / "eval.json"
-    assert main(["hcdlm", "eval", str(run), "--data", str(shared_data / "countdown.jsonl"), "--out", str(out),
-                 "--limit", "4", "--steps", "2", "--steps-sweep", ""]) == 0
+    assert (
+        main(
+            [
+                "hcdlm",
+                "eval",
+                str(run),
+                "--data",
+                str(shared_data / "countdown.jsonl"),
+                "--out",
+                str(out),
+                "--limit",
+                "4",
+                "--steps",
+                "2",
+                "--steps-sweep",
+                "",
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["n"] == 4 and {"accuracy", "loose"} <= set(report)
 
@@ -142,27 +356,72 @@ def test_resume_after_a_kill_logs_each_step_once(tmp_path):
     train(tmp_path, _config(3))
     log_path = tmp_path / "log.jsonl"
     with log_path.open("a") as log:  # what a run killed at step 5 (checkpoint at 3) leaves behind
-        log.write(json.dumps({"step": 4, "loss": 1.0}) + "\n" + json.dumps({"step": 5, "loss": 1.0}) + "\n" + '{"step": 6, "lo')
+        log.write(
+            json.dumps({"step": 4, "loss": 1.0})
+            + "\n"
+            + json.dumps({"step": 5, "loss": 1.0})
+            + "\n"
+            + '{"step": 6, "lo'
+        )
     train(tmp_path, _config(6))
     assert [json.loads(line)["step"] for line in log_path.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
 
 
 def _tiny_sudoku_run(tmp_path, steps: int = 2):
     run = tmp_path / "run"
-    assert main(["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--out", str(run),
-                 "--steps", str(steps), *TINY]) == 0
+    assert (
+        main(
+            [
+                "hcdlm",
+                "train",
+                "--task",
+                "sudoku",
+                "--sudoku-box",
+                "2x2",
+                "--sudoku-pool",
+                "20",
+                "--out",
+                str(run),
+                "--steps",
+                str(steps),
+                *TINY,
+            ]
+        )
+        == 0
+    )
     return run
 
 
-@pytest.mark.parametrize("name", ["weights.safetensors", "ema.safetensors", "stream.safetensors", "engine/optimizer.pt"])
+@pytest.mark.parametrize(
+    "name", ["weights.safetensors", "ema.safetensors", "stream.safetensors", "engine/optimizer.pt"]
+)
 def test_truncated_checkpoint_is_a_one_line_error(tmp_path, name, capsys):
     run = _tiny_sudoku_run(tmp_path)
     path = latest_checkpoint(run) / name
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     capsys.readouterr()
-    commands = [["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--out", str(run), "--steps", "4", *TINY]]
+    commands = [
+        [
+            "hcdlm",
+            "train",
+            "--task",
+            "sudoku",
+            "--sudoku-box",
+            "2x2",
+            "--sudoku-pool",
+            "20",
+            "--out",
+            str(run),
+            "--steps",
+            "4",
+            *TINY,
+        ]
+    ]
     if name.endswith(".safetensors") and name != "stream.safetensors":  # what solve reads: the EMA, or the raw weights
-        commands.append(["hcdlm", "solve", str(run), "1.3..2.1..2.....", "--steps", "2"] + (["--raw-weights"] if name == "weights.safetensors" else []))
+        commands.append(
+            ["hcdlm", "solve", str(run), "1.3..2.1..2.....", "--steps", "2"]
+            + (["--raw-weights"] if name == "weights.safetensors" else [])
+        )
     for argv in commands:
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
@@ -179,7 +438,10 @@ def test_eval_csv_without_level_column_counts_each_puzzle_once(tmp_path):
     csv = tmp_path / "plain.csv"
     csv.write_text("puzzle,solution\n" + "".join(f"{''.join(map(str, p))},{''.join(map(str, s))}\n" for p, s in rows))
     out = tmp_path / "eval.json"
-    assert main(["hcdlm", "eval", str(run), "--data", str(csv), "--out", str(out), "--steps", "3", "--steps-sweep", "1"]) == 0
+    assert (
+        main(["hcdlm", "eval", str(run), "--data", str(csv), "--out", str(out), "--steps", "3", "--steps-sweep", "1"])
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["n"] == 5 and report["groups"] == {"all": {**report["groups"]["all"], "n": 5}}
     # diagnostics: both weight sets, and one read-out row per sampling step with a plot
@@ -193,8 +455,28 @@ def test_text_task_defaults_to_the_shipped_corpus(tmp_path, tiny_checkpoints):
     from dihal_fast.backbone import default_corpus
 
     run = tmp_path / "text"
-    assert main(["hcdlm", "train", "--task", "text", "--out", str(run), "--steps", "1", "--text-len", "16",
-                 "--text-max-chars", "5000", "--backbone", str(tiny_checkpoints["llama"]), *TINY]) == 0
+    assert (
+        main(
+            [
+                "hcdlm",
+                "train",
+                "--task",
+                "text",
+                "--out",
+                str(run),
+                "--steps",
+                "1",
+                "--text-len",
+                "16",
+                "--text-max-chars",
+                "5000",
+                "--backbone",
+                str(tiny_checkpoints["llama"]),
+                *TINY,
+            ]
+        )
+        == 0
+    )
     assert RunConfig.load(run / "config.json").task.text_files == [str(default_corpus())]
 
 
@@ -204,8 +486,26 @@ def test_a_second_writer_of_a_run_is_refused(tmp_path, capsys):
 
     run = tmp_path / "run"
     with run_directory(run, "test holder"):
-        assert main(["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--out", str(run),
-                     "--steps", "1", *TINY]) == 2
+        assert (
+            main(
+                [
+                    "hcdlm",
+                    "train",
+                    "--task",
+                    "sudoku",
+                    "--sudoku-box",
+                    "2x2",
+                    "--sudoku-pool",
+                    "20",
+                    "--out",
+                    str(run),
+                    "--steps",
+                    "1",
+                    *TINY,
+                ]
+            )
+            == 2
+        )
     err = capsys.readouterr().err
     assert "test holder" in err and len(err.strip().splitlines()) == 1
     assert not (run / "config.json").exists()
@@ -232,8 +532,12 @@ def test_configs_saved_before_the_issue_23_options_keep_their_meaning(tmp_path):
     the scaffold drop always on and a constant exposure share; new runs get the new defaults."""
     train(tmp_path, _config(2))
     data = json.loads((latest_checkpoint(tmp_path) / "config.json").read_text())
-    for section, name in (("model", "logvar_bound"), ("model", "logvar_min"), ("objective", "guidance_training"),
-                          ("objective", "exposure_ramp_steps")):
+    for section, name in (
+        ("model", "logvar_bound"),
+        ("model", "logvar_min"),
+        ("objective", "guidance_training"),
+        ("objective", "exposure_ramp_steps"),
+    ):
         data[section].pop(name)
     old = RunConfig.from_dict(data)
     assert old.model.logvar_bound == "clamp" and old.model.logvar_min == -10.0
@@ -251,7 +555,10 @@ def test_configs_saved_before_the_issue_23_options_keep_their_meaning(tmp_path):
         train(tmp_path, _config(6))
     new = RunConfig()
     assert new.model.logvar_bound == "soft" and not new.objective.guidance_training
-    assert new.objective.token_weighting_for("absorbing") == "schedule" and new.objective.token_weighting_for("uniform") == "all"
+    assert (
+        new.objective.token_weighting_for("absorbing") == "schedule"
+        and new.objective.token_weighting_for("uniform") == "all"
+    )
 
 
 def test_guidance_on_a_run_trained_without_it_is_refused(tmp_path, capsys):
@@ -262,7 +569,10 @@ def test_guidance_on_a_run_trained_without_it_is_refused(tmp_path, capsys):
     (grid,) = solve_all(puzzle, geometry(2, 2), limit=1)
     csv = tmp_path / "one.csv"
     csv.write_text(f"puzzle,solution\n{''.join(map(str, puzzle))},{''.join(map(str, grid))}\n")
-    assert main(["hcdlm", "eval", str(run), "--data", str(csv), "--out", str(tmp_path / "e.json"), "--cfg-weight", "2"]) == 2
+    assert (
+        main(["hcdlm", "eval", str(run), "--data", str(csv), "--out", str(tmp_path / "e.json"), "--cfg-weight", "2"])
+        == 2
+    )
     assert "--guidance-training" in capsys.readouterr().err
 
 

@@ -1,6 +1,7 @@
 """Hostile input to every command (issue 21): each case is refused at once with exactly one error line, exit
 status 2, no traceback and no run directory left behind; the Python API refuses the same values with the same
 message. The table holds the cases the issue lists; test_hostile_configs.py generates values for every field."""
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,24 @@ from dihal_fast.pipeline.generate_stage import GenerateConfig
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.tasks.registry import TaskConfig
 
-TINY = ["--hidden", "32", "--heads", "2", "--encoder-blocks", "1", "--denoiser-blocks", "1", "--predictor-blocks", "1",
-        "--latent-dim", "8", "--batch-size", "8", "--threads", "1"]
+TINY = [
+    "--hidden",
+    "32",
+    "--heads",
+    "2",
+    "--encoder-blocks",
+    "1",
+    "--denoiser-blocks",
+    "1",
+    "--predictor-blocks",
+    "1",
+    "--latent-dim",
+    "8",
+    "--batch-size",
+    "8",
+    "--threads",
+    "1",
+]
 SUDOKU = ["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--steps", "1"]
 COUNTDOWN = ["hcdlm", "train", "--task", "countdown", "--countdown-numbers", "3", "--steps", "1"]
 
@@ -118,8 +135,12 @@ def test_hcdlm_train_countdown_refuses_impossible_settings_at_once(tmp_path, cap
 
 @pytest.mark.parametrize("extra, expected", LOCATE_CASES)
 def test_locate_refuses_before_loading_anything(tmp_path, capsys, extra, expected):
-    _refused(["locate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "run"), *extra], expected, capsys,
-             tmp_path / "run")
+    _refused(
+        ["locate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "run"), *extra],
+        expected,
+        capsys,
+        tmp_path / "run",
+    )
 
 
 @pytest.mark.parametrize("extra, expected", GENERATE_CASES)
@@ -129,8 +150,12 @@ def test_generate_refuses_before_loading_the_model(tmp_path, capsys, extra, expe
 
 @pytest.mark.parametrize("extra, expected", REPLACE_CASES)
 def test_replace_refuses_before_loading_the_model(tmp_path, capsys, extra, expected):
-    _refused(["replace", "--model", str(tmp_path / "none"), "--layer", "1", "--out", str(tmp_path / "run"), *extra],
-             expected, capsys, tmp_path / "run")
+    _refused(
+        ["replace", "--model", str(tmp_path / "none"), "--layer", "1", "--out", str(tmp_path / "run"), *extra],
+        expected,
+        capsys,
+        tmp_path / "run",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -170,15 +195,21 @@ def test_hcdlm_solve_refuses_bad_sampling_values(runs, capsys, extra, expected):
 def test_hcdlm_eval_refuses_bad_values_before_the_work(runs, tmp_path, capsys, extra, expected):
     data = tmp_path / "puzzles.csv"
     data.write_text("puzzle,solution\n1.3..2.1..2.....,1234341221434321\n")
-    _refused(["hcdlm", "eval", str(runs / "sudoku"), "--data", str(data), "--out", str(tmp_path / "r.json"), *extra],
-             expected, capsys)
+    _refused(
+        ["hcdlm", "eval", str(runs / "sudoku"), "--data", str(data), "--out", str(tmp_path / "r.json"), *extra],
+        expected,
+        capsys,
+    )
     assert not (tmp_path / "r.json").exists()
 
 
-@pytest.mark.parametrize("problem, expected", [
-    (",".join(str(v) for v in range(1, 13)) + ",50", "longer than this model's"),
-    ("1,2,3,4,5,6,7,50", "longer than this model's"),
-])
+@pytest.mark.parametrize(
+    "problem, expected",
+    [
+        (",".join(str(v) for v in range(1, 13)) + ",50", "longer than this model's"),
+        ("1,2,3,4,5,6,7,50", "longer than this model's"),
+    ],
+)
 def test_hcdlm_solve_of_a_huge_countdown_problem_is_refused_at_once(runs, capsys, problem, expected):
     """12 numbers used to run an exhaustive search for minutes."""
     _refused(["hcdlm", "solve", str(runs / "countdown"), problem], expected, capsys)
@@ -232,22 +263,25 @@ def test_debug_shows_the_traceback(monkeypatch):
         main([*SUDOKU, "--heads", "0", "--out", "/nonexistent/run"])
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: HCDLMTrainConfig(seed=1.5), "--seed must be an integer"),
-    (lambda: HCDLMTrainConfig(seed=-1), "--seed must be >= 0"),
-    (lambda: HCDLMTrainConfig(seed=2**70), f"--seed must be <= {INT_LIMIT}"),
-    (lambda: HCDLMTrainConfig(lr=math.inf), "--lr must be a finite number"),
-    (lambda: HCDLMTrainConfig(steps=True), "--steps must be an integer"),
-    (lambda: HCDLMModelConfig(heads=0), "--heads must be >= 1"),
-    (lambda: HCDLMModelConfig(kind="gpt"), "--model must be one of"),
-    (lambda: SampleConfig(temperature=math.nan), "--temperature must be a finite number"),
-    (lambda: TaskConfig(countdown_numbers=[3, "4"]), "--countdown-numbers must be an integer"),
-    (lambda: LocateConfig(reservoir_size=0), "--reservoir-size must be >= 1"),
-    (lambda: LocateConfig(layers=[1.0]), "--layers must be an integer"),
-    (lambda: GenerateConfig(nfe=0), "--nfe must be >= 1"),
-    (lambda: BridgeTrainConfig(lr=1e12), "--lr must be <= 1.0"),
-    (lambda: BridgeTrainConfig(device="cuda:3"), "CUDA"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: HCDLMTrainConfig(seed=1.5), "--seed must be an integer"),
+        (lambda: HCDLMTrainConfig(seed=-1), "--seed must be >= 0"),
+        (lambda: HCDLMTrainConfig(seed=2**70), f"--seed must be <= {INT_LIMIT}"),
+        (lambda: HCDLMTrainConfig(lr=math.inf), "--lr must be a finite number"),
+        (lambda: HCDLMTrainConfig(steps=True), "--steps must be an integer"),
+        (lambda: HCDLMModelConfig(heads=0), "--heads must be >= 1"),
+        (lambda: HCDLMModelConfig(kind="gpt"), "--model must be one of"),
+        (lambda: SampleConfig(temperature=math.nan), "--temperature must be a finite number"),
+        (lambda: TaskConfig(countdown_numbers=[3, "4"]), "--countdown-numbers must be an integer"),
+        (lambda: LocateConfig(reservoir_size=0), "--reservoir-size must be >= 1"),
+        (lambda: LocateConfig(layers=[1.0]), "--layers must be an integer"),
+        (lambda: GenerateConfig(nfe=0), "--nfe must be >= 1"),
+        (lambda: BridgeTrainConfig(lr=1e12), "--lr must be <= 1.0"),
+        (lambda: BridgeTrainConfig(device="cuda:3"), "CUDA"),
+    ],
+)
 def test_the_python_api_refuses_the_same_values(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
@@ -258,5 +292,9 @@ def test_locate_backend_cuda_without_a_gpu_is_refused_before_the_collection(tmp_
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the CUDA backend is available")
-    _refused(["locate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "run"), "--backend", "cuda"],
-             "CUDA", capsys, tmp_path / "run")
+    _refused(
+        ["locate", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "run"), "--backend", "cuda"],
+        "CUDA",
+        capsys,
+        tmp_path / "run",
+    )

@@ -4,6 +4,7 @@ For each config dataclass a command builds, hypothesis replaces one field with a
 huge and negative numbers, wrong types, odd strings) and checks the one validation point: the config is either
 built with a value its declared constraints allow, or refused with one ``ValueError`` / ``TypeError`` line; the
 ``dihal`` command given the same value as its flag exits with status 2 and one error line, before any work."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,35 +33,108 @@ from dihal_fast.pipeline.sweep_stage import SweepConfig, SweepSettings
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.tasks.registry import TaskConfig
 
-CHECKED = [HCDLMModelConfig, ObjectiveConfig, HCDLMTrainConfig, SampleConfig, TaskConfig, LocateConfig, GenerateConfig,
-           EvalSettings, BridgeTrainConfig, SweepSettings, SweepConfig, DemoSettings, DemoConfig]
-TINY = ["--hidden", "32", "--heads", "2", "--encoder-blocks", "1", "--denoiser-blocks", "1", "--predictor-blocks", "1",
-        "--latent-dim", "8", "--batch-size", "8", "--threads", "1"]
+CHECKED = [
+    HCDLMModelConfig,
+    ObjectiveConfig,
+    HCDLMTrainConfig,
+    SampleConfig,
+    TaskConfig,
+    LocateConfig,
+    GenerateConfig,
+    EvalSettings,
+    BridgeTrainConfig,
+    SweepSettings,
+    SweepConfig,
+    DemoSettings,
+    DemoConfig,
+]
+TINY = [
+    "--hidden",
+    "32",
+    "--heads",
+    "2",
+    "--encoder-blocks",
+    "1",
+    "--denoiser-blocks",
+    "1",
+    "--predictor-blocks",
+    "1",
+    "--latent-dim",
+    "8",
+    "--batch-size",
+    "8",
+    "--threads",
+    "1",
+]
 # Each command, the argv that makes it valid but for the field under test (paths that do not exist: nothing
 # may be loaded before the value is refused), and the configs it builds from its flags.
 COMMANDS = {
-    "hcdlm train": (["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--steps", "1",
-                     *TINY, "--out", "/nonexistent/dihal-hostile/run"],
-                    [HCDLMModelConfig, ObjectiveConfig, HCDLMTrainConfig, TaskConfig]),
+    "hcdlm train": (
+        [
+            "hcdlm",
+            "train",
+            "--task",
+            "sudoku",
+            "--sudoku-box",
+            "2x2",
+            "--sudoku-pool",
+            "20",
+            "--steps",
+            "1",
+            *TINY,
+            "--out",
+            "/nonexistent/dihal-hostile/run",
+        ],
+        [HCDLMModelConfig, ObjectiveConfig, HCDLMTrainConfig, TaskConfig],
+    ),
     "locate": (["locate", "--model", "/nonexistent/model", "--out", "/nonexistent/dihal-hostile/run"], [LocateConfig]),
     "generate": (["generate", "--model", "/nonexistent/model"], [GenerateConfig]),
-    "replace": (["replace", "--model", "/nonexistent/model", "--layer", "1", "--out", "/nonexistent/dihal-hostile/run"],
-                [BridgeTrainConfig]),
+    "replace": (
+        ["replace", "--model", "/nonexistent/model", "--layer", "1", "--out", "/nonexistent/dihal-hostile/run"],
+        [BridgeTrainConfig],
+    ),
     "sweep": (["sweep", "--model", "/nonexistent/model", "--out", "/nonexistent/dihal-hostile/run"], [SweepSettings]),
     "demo": (["demo", "--model", "/nonexistent/model", "--out", "/nonexistent/dihal-hostile/run"], [DemoSettings]),
 }
-GIVEN = settings(max_examples=60, deadline=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+GIVEN = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
 HOSTILE_NUMBERS = st.one_of(
-    st.sampled_from([0, -1, 1, 2, -(2**63), 2**63, 2**70, -(2**70), 0.5, 1.5, -0.0, 1e-320, 1e308, -1e308,
-                     math.nan, math.inf, -math.inf, 1e12, -1e12]),
+    st.sampled_from(
+        [
+            0,
+            -1,
+            1,
+            2,
+            -(2**63),
+            2**63,
+            2**70,
+            -(2**70),
+            0.5,
+            1.5,
+            -0.0,
+            1e-320,
+            1e308,
+            -1e308,
+            math.nan,
+            math.inf,
+            -math.inf,
+            1e12,
+            -1e12,
+        ]
+    ),
     st.integers(-(2**80), 2**80),
     st.floats(allow_nan=True, allow_infinity=True),
 )
-HOSTILE_VALUES = st.one_of(HOSTILE_NUMBERS, st.booleans(), st.none(), st.text(max_size=12),
-                           st.sampled_from(["", "nan", "inf", "-1", "cuda", "cuda:99", "auto", "x" * 300, "1x9", "0x0"]),
-                           st.lists(HOSTILE_NUMBERS, max_size=3))
+HOSTILE_VALUES = st.one_of(
+    HOSTILE_NUMBERS,
+    st.booleans(),
+    st.none(),
+    st.text(max_size=12),
+    st.sampled_from(["", "nan", "inf", "-1", "cuda", "cuda:99", "auto", "x" * 300, "1x9", "0x0"]),
+    st.lists(HOSTILE_NUMBERS, max_size=3),
+)
 
 
 def _fields(cls) -> list[dataclasses.Field]:
@@ -68,7 +142,8 @@ def _fields(cls) -> list[dataclasses.Field]:
 
 
 def _allowed(value, hint, metadata) -> bool:
-    """Whether ``value`` satisfies the declared constraints of a field of type ``hint`` (what an accepted value must)."""
+    """Whether ``value`` satisfies the declared constraints of a field of type ``hint`` (what an accepted value
+    must)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if type(None) in args:
         if value is None:
@@ -79,13 +154,19 @@ def _allowed(value, hint, metadata) -> bool:
         return isinstance(value, (list, tuple)) and all(_allowed(v, args[0], metadata) for v in value)
     if hint is int:
         low = metadata.get("min", 0)
-        return (isinstance(value, numbers.Integral) and not isinstance(value, bool)
-                and low <= value <= metadata.get("max", INT_LIMIT))
+        return (
+            isinstance(value, numbers.Integral)
+            and not isinstance(value, bool)
+            and low <= value <= metadata.get("max", INT_LIMIT)
+        )
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             return False
-        return (metadata.get("min", -math.inf) <= value <= metadata.get("max", math.inf)
-                and value > metadata.get("gt", -math.inf) and value < metadata.get("lt", math.inf))
+        return (
+            metadata.get("min", -math.inf) <= value <= metadata.get("max", math.inf)
+            and value > metadata.get("gt", -math.inf)
+            and value < metadata.get("lt", math.inf)
+        )
     if hint is bool:
         return isinstance(value, bool)
     if hint is str:
@@ -119,7 +200,12 @@ def _flag_cases() -> list[tuple[str, type, dataclasses.Field]]:
             hints = typing.get_type_hints(cls)
             for spec in _fields(cls):
                 hint = hints[spec.name]
-                if hint is bool or typing.get_origin(hint) is list or "options" in spec.metadata or spec.name == "model":
+                if (
+                    hint is bool
+                    or typing.get_origin(hint) is list
+                    or "options" in spec.metadata
+                    or spec.name == "model"
+                ):
                     continue  # switches, lists and paths have no single hostile value to type
                 cases.append((command, cls, spec))
     return cases
@@ -139,8 +225,9 @@ def _run(argv: list[str]) -> int:
 @given(data=st.data())
 def test_every_command_refuses_a_refused_value_in_one_line_before_any_work(data, capsys):
     command, cls, spec = data.draw(st.sampled_from(FLAG_CASES), label="flag")
-    value = data.draw(HOSTILE_NUMBERS | st.sampled_from(["nan", "inf", "-1", "abc", "", "1e400", "0x10", "cuda:99"]),
-                      label="value")
+    value = data.draw(
+        HOSTILE_NUMBERS | st.sampled_from(["nan", "inf", "-1", "abc", "", "1e400", "0x10", "cuda:99"]), label="value"
+    )
     hint = typing.get_type_hints(cls)[spec.name]
     as_parsed = str(value) if str in (hint, *typing.get_args(hint)) else value  # argparse hands a str field a string
     try:

@@ -1,5 +1,6 @@
 """Corpus reading is bounded by the blocks asked for, not by the length of a line (issue 21), and gives the
 tokens it gave before on ordinary corpora."""
+
 from __future__ import annotations
 
 import subprocess
@@ -34,7 +35,9 @@ def shipped():
 
 def test_the_shipped_corpus_gives_the_same_blocks_as_before(shipped):
     tokenizer, texts = shipped
-    assert [b.tolist() for b in iter_token_blocks(tokenizer, texts, 128)] == whole_document_blocks(tokenizer, texts, 128)
+    assert [b.tolist() for b in iter_token_blocks(tokenizer, texts, 128)] == whole_document_blocks(
+        tokenizer, texts, 128
+    )
 
 
 @pytest.mark.parametrize("family", ["shipped", "gpt2", "qwen3", "llama", "mistral"])
@@ -44,10 +47,14 @@ def test_a_long_line_is_tokenized_in_pieces_into_the_same_blocks(shipped, tiny_c
     tokenizer = shipped[0] if family == "shipped" else AutoTokenizer.from_pretrained(tiny_checkpoints[family])
     line = "  ".join(shipped[1])[: 3 * PIECE_CHARS + 123]  # one document of four pieces, double spaces included
     assert len(list(document_pieces(line))) == 4
-    assert [b.tolist() for b in iter_token_blocks(tokenizer, [line], 64)] == whole_document_blocks(tokenizer, [line], 64)
+    assert [b.tolist() for b in iter_token_blocks(tokenizer, [line], 64)] == whole_document_blocks(
+        tokenizer, [line], 64
+    )
 
 
-@pytest.mark.parametrize("text", ["", "a", "x" * (PIECE_CHARS * 2 + 5), ("word " * PIECE_CHARS), " " * (PIECE_CHARS + 3)])
+@pytest.mark.parametrize(
+    "text", ["", "a", "x" * (PIECE_CHARS * 2 + 5), ("word " * PIECE_CHARS), " " * (PIECE_CHARS + 3)]
+)
 def test_pieces_join_back_into_the_document(text):
     pieces = list(document_pieces(text))
     assert "".join(pieces) == text and all(len(p) <= PIECE_CHARS for p in pieces)
@@ -72,7 +79,9 @@ def test_a_one_line_corpus_is_read_in_bounded_memory(tmp_path, shipped):
     corpus = tmp_path / "one_line.txt"
     corpus.write_text(" ".join(shipped[1]) * 12)
     assert corpus.stat().st_size > 5_000_000
-    out = subprocess.run([sys.executable, "-c", MEASURE, str(corpus)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(corpus)], capture_output=True, text=True, check=True
+    ).stdout
     n_blocks, grown_mb = map(int, out.split())
     assert n_blocks == 16
     assert grown_mb < 300, f"reading grew the process by {grown_mb} MB"

@@ -1,5 +1,6 @@
 """The one safe writer (issue 21): no write through a symbolic link, outputs of the wrong kind refused up front,
 ``open()``'s permissions whatever the writer, no temporary left by a full disk."""
+
 from __future__ import annotations
 
 import errno
@@ -56,7 +57,9 @@ def test_a_symlinked_lock_to_a_missing_file_creates_nothing(tmp_path):
     assert not (tmp_path / "elsewhere").exists()
 
 
-@pytest.mark.parametrize("target", ["locate.json", "collect/state.safetensors", "checkpoints/step_00000001/weights.safetensors"])
+@pytest.mark.parametrize(
+    "target", ["locate.json", "collect/state.safetensors", "checkpoints/step_00000001/weights.safetensors"]
+)
 def test_no_file_of_a_run_is_written_through_a_link(tmp_path, precious, target):
     run = tmp_path / "run"
     first = target.split("/")[0]
@@ -109,13 +112,18 @@ def test_outputs_of_the_wrong_kind_are_refused_before_the_work(tmp_path, kind):
             pytest.fail("work started")
     else:
         (run / "locate.json").mkdir()
-        with pytest.raises(ValueError, match="is a directory"), run_directory(run, "dihal locate", files=("locate.json",)):
+        with (
+            pytest.raises(ValueError, match="is a directory"),
+            run_directory(run, "dihal locate", files=("locate.json",)),
+        ):
             pytest.fail("work started")
         with pytest.raises(ValueError, match="is a directory"):
             atomic_write_json(run / "locate.json", {})
 
 
-@pytest.mark.parametrize(("umask", "file_mode", "dir_mode"), [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775), (0o077, 0o600, 0o700)])
+@pytest.mark.parametrize(
+    ("umask", "file_mode", "dir_mode"), [(0o022, 0o644, 0o755), (0o002, 0o664, 0o775), (0o077, 0o600, 0o700)]
+)
 def test_written_files_get_the_permissions_open_would_give(tmp_path, umask, file_mode, dir_mode):
     old = os.umask(umask)
     try:
@@ -152,18 +160,51 @@ def test_a_full_disk_in_hcdlm_train_leaves_no_checkpoint_temporary_and_one_line(
 
     monkeypatch.setattr(checkpoint, "save_file", _full_disk)
     run = tmp_path / "run"
-    code = main(["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--out", str(run),
-                 "--steps", "2", "--hidden", "32", "--heads", "2", "--encoder-blocks", "1", "--denoiser-blocks", "1",
-                 "--predictor-blocks", "1", "--latent-dim", "8", "--batch-size", "8", "--threads", "1"])
+    code = main(
+        [
+            "hcdlm",
+            "train",
+            "--task",
+            "sudoku",
+            "--sudoku-box",
+            "2x2",
+            "--sudoku-pool",
+            "20",
+            "--out",
+            str(run),
+            "--steps",
+            "2",
+            "--hidden",
+            "32",
+            "--heads",
+            "2",
+            "--encoder-blocks",
+            "1",
+            "--denoiser-blocks",
+            "1",
+            "--predictor-blocks",
+            "1",
+            "--latent-dim",
+            "8",
+            "--batch-size",
+            "8",
+            "--threads",
+            "1",
+        ]
+    )
     assert code != 0
     assert "No space left on device" in _one_line(capsys)
     assert not list(run.rglob(".tmp_*")) and not (run / LOCK_NAME).exists()
 
 
 def test_a_checkpoint_interrupted_while_written_keeps_the_previous_one(tmp_path, monkeypatch):
-    config = RunConfig(task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=20),
-                       model=HCDLMModelConfig(hidden=32, heads=2, encoder_blocks=1, denoiser_blocks=1, predictor_blocks=1, latent_dim=8),
-                       train=HCDLMTrainConfig(steps=4, batch_size=8, checkpoint_every=2))
+    config = RunConfig(
+        task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=20),
+        model=HCDLMModelConfig(
+            hidden=32, heads=2, encoder_blocks=1, denoiser_blocks=1, predictor_blocks=1, latent_dim=8
+        ),
+        train=HCDLMTrainConfig(steps=4, batch_size=8, checkpoint_every=2),
+    )
     from dihal_fast.train import checkpoint
 
     real, calls = checkpoint.save_file, []

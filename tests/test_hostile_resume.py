@@ -1,5 +1,6 @@
 """A resumed ``replace`` run is whole (issue 21): after a crash and ``--resume`` every file of the run equals the
 uninterrupted run's, timing fields aside (validation.json kept 2 of 30 history entries)."""
+
 from __future__ import annotations
 
 import json
@@ -10,14 +11,38 @@ import torch
 from dihal_fast.replace import BridgeTrainConfig, train_bridge
 
 TIMING = {"elapsed_s", "train_seconds_this_run", "seconds", "tokens_per_s"}
-WORDS = ["the", "cat", "dog", "bird", "sat", "ran", "on", "under", "a", "mat", "tree", "house", "red", "blue", "small", "big", "and", "then", "it", "was", "happy"]
+WORDS = [
+    "the",
+    "cat",
+    "dog",
+    "bird",
+    "sat",
+    "ran",
+    "on",
+    "under",
+    "a",
+    "mat",
+    "tree",
+    "house",
+    "red",
+    "blue",
+    "small",
+    "big",
+    "and",
+    "then",
+    "it",
+    "was",
+    "happy",
+]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     generator = torch.Generator().manual_seed(0)
-    lines = [" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (8,), generator=generator).tolist()) + "."
-             for _ in range(300)]
+    lines = [
+        " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (8,), generator=generator).tolist()) + "."
+        for _ in range(300)
+    ]
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     path.write_text("\n\n".join(lines) + "\n")
     return path
@@ -52,9 +77,18 @@ def _run_files(run) -> dict[str, object]:
 
 @pytest.mark.slow  # two bridge trainings: 40 s on 2 shared cores
 def test_a_crashed_and_resumed_replace_run_equals_the_uninterrupted_one(tiny_checkpoints, corpus, tmp_path):
-    config = BridgeTrainConfig(seq_len=16, batch_size=4, val_blocks=4, stats_blocks=8, steps=4, checkpoint_every=2,
-                               log_every=1, eval_every=2, warmup_steps=2,
-                               bridge={"width": 32, "heads": 2, "context_layers": 1, "time_dim": 16})
+    config = BridgeTrainConfig(
+        seq_len=16,
+        batch_size=4,
+        val_blocks=4,
+        stats_blocks=8,
+        steps=4,
+        checkpoint_every=2,
+        log_every=1,
+        eval_every=2,
+        warmup_steps=2,
+        bridge={"width": 32, "heads": 2, "context_layers": 1, "time_dim": 16},
+    )
     model = tiny_checkpoints["llama"]
     train_bridge(model, 1, corpus, tmp_path / "straight", config)
 

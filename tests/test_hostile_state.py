@@ -1,5 +1,6 @@
 """Loaded HC-DLM state is checked (issue 21): a damaged puzzle pool, stream, random state or run config is one
 line naming the file, never a traceback or a silently different run; impossible Sudoku pools end, not hang."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,24 @@ from dihal_fast.tasks.sudoku import geometry
 from dihal_fast.tasks.sudoku_task import generate_pool
 from dihal_fast.train.checkpoint import latest_checkpoint
 
-TINY = ["--hidden", "32", "--heads", "2", "--encoder-blocks", "1", "--denoiser-blocks", "1", "--predictor-blocks", "1",
-        "--latent-dim", "8", "--batch-size", "8", "--threads", "1"]
+TINY = [
+    "--hidden",
+    "32",
+    "--heads",
+    "2",
+    "--encoder-blocks",
+    "1",
+    "--denoiser-blocks",
+    "1",
+    "--predictor-blocks",
+    "1",
+    "--latent-dim",
+    "8",
+    "--batch-size",
+    "8",
+    "--threads",
+    "1",
+]
 TRAIN = ["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", *TINY]
 
 
@@ -89,7 +106,24 @@ def test_a_pool_larger_than_the_grid_allows_ends_with_a_clear_error():
 
 
 def test_a_difficulty_the_grid_cannot_have_is_one_line(tmp_path, capsys):
-    code = main(["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-difficulty", "hard",
-                 "--sudoku-pool", "5", "--out", str(tmp_path / "run"), "--steps", "1", *TINY])
+    code = main(
+        [
+            "hcdlm",
+            "train",
+            "--task",
+            "sudoku",
+            "--sudoku-box",
+            "2x2",
+            "--sudoku-difficulty",
+            "hard",
+            "--sudoku-pool",
+            "5",
+            "--out",
+            str(tmp_path / "run"),
+            "--steps",
+            "1",
+            *TINY,
+        ]
+    )
     assert code == 2
     assert "hard" in error_line(capsys)

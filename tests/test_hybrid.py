@@ -1,6 +1,7 @@
 """HybridLM on tiny Llama / Qwen3 / GPT-2 / Mistral checkpoints: the oracle path reproduces the backbone,
 causality, incremental generation (transformers' generate) against full recompute, the noise definition
 (deterministic by default, stochastic on request), labels -> loss, EOS, save/load, bad input."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """Families by capability: ``replace`` (a few steps) + ``generate`` on tiny Qwen2, Gemma, Gemma2, Phi3 and
 GPT-NeoX checkpoints, the oracle path on each, and the refusal (with the reason) of models that cannot be cut."""
+
 from __future__ import annotations
 
 import pytest
@@ -36,8 +37,17 @@ def test_replace_then_generate(checkpoints, family, tmp_path):
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TEXT)
-    config = BridgeTrainConfig(seq_len=16, batch_size=2, val_blocks=2, stats_blocks=4, steps=2, checkpoint_every=2,
-                               log_every=1, warmup_steps=1, bridge={"width": 32, "heads": 2, "time_dim": 16})
+    config = BridgeTrainConfig(
+        seq_len=16,
+        batch_size=2,
+        val_blocks=2,
+        stats_blocks=4,
+        steps=2,
+        checkpoint_every=2,
+        log_every=1,
+        warmup_steps=1,
+        bridge={"width": 32, "heads": 2, "time_dim": 16},
+    )
     result = train_bridge(checkpoints[family], 1, corpus, tmp_path / "run", config)
     hybrid = HybridLM.from_pretrained(result["hybrid_dir"])
     assert hybrid.config.family == family and result["bridge_loss"] > 0
@@ -52,7 +62,15 @@ def test_models_that_cannot_be_cut_are_refused_with_the_reason(tmp_path):
     bloom = AutoModelForCausalLM.from_config(BloomConfig(vocab_size=64, hidden_size=32, n_layer=3, n_head=4))
     with pytest.raises(ValueError, match="'bloom' cannot be cut.*first decoder block does not see the input embedding"):
         HybridLM.from_backbone(bloom.eval(), 1)
-    opt = AutoModelForCausalLM.from_config(OPTConfig(vocab_size=64, hidden_size=32, num_hidden_layers=3, ffn_dim=64,
-                                                     num_attention_heads=4, word_embed_proj_dim=32))
+    opt = AutoModelForCausalLM.from_config(
+        OPTConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=3,
+            ffn_dim=64,
+            num_attention_heads=4,
+            word_embed_proj_dim=32,
+        )
+    )
     with pytest.raises(ValueError, match="'opt' cannot be cut.*no ModuleList of 3 decoder blocks named layers or h"):
         HybridLM.from_backbone(opt.eval(), 1)

@@ -1,6 +1,7 @@
 """The hybrid as a transformers model on a tiny Llama: the Auto classes in a fresh process that never imports
 dihal_fast itself, pipeline("text-generation"), a moved directory, the checkpoint's dtype, and directories in
 the earlier layout (refused with the conversion command, then converted)."""
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,9 @@ def saved(tiny_checkpoints, tmp_path_factory):
 def test_directory_is_a_transformers_checkpoint_without_absolute_paths(saved):
     _, directory = saved
     config = json.loads((directory / "config.json").read_text())
-    assert config["model_type"] == "dihal_hybrid" and config["auto_map"]["AutoModelForCausalLM"] == "dihal_hybrid.HybridLM"
+    assert (
+        config["model_type"] == "dihal_hybrid" and config["auto_map"]["AutoModelForCausalLM"] == "dihal_hybrid.HybridLM"
+    )
     assert (directory / "dihal_hybrid.py").is_file() and (directory / "model.safetensors").is_file()
     paths = [value for value in json.dumps(config).split('"') if value.startswith("/")]
     assert paths == [config["backbone_dir"]]  # the backbone's path is provenance only
@@ -59,10 +62,20 @@ def test_auto_classes_load_it_in_a_fresh_process(saved, tmp_path):
                           "greedy": greedy, "dtype": str(model.dtype), "device": str(model.device),
                           "parameters": model.num_parameters()}}))
     """)
-    env = {"HF_MODULES_CACHE": str(tmp_path / "modules"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
-           "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", script, str(directory)], capture_output=True, text=True, env=env, timeout=300,
-                          check=False)
+    env = {
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+        "PATH": "/usr/bin:/bin",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(directory)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     ids = AutoTokenizer.from_pretrained(directory)(PROMPT, return_tensors="pt").input_ids
@@ -70,8 +83,14 @@ def test_auto_classes_load_it_in_a_fresh_process(saved, tmp_path):
         loss = hybrid(ids, labels=ids).loss.item()
     assert (result["config"], result["model"]) == ("HybridConfig", "HybridLM")
     assert result["losses"][0] == result["losses"][1] == pytest.approx(loss, rel=1e-6)
-    assert result["greedy"][0] == result["greedy"][1] == hybrid.generate(ids, max_new_tokens=5, do_sample=False).tolist()
-    assert result["dtype"] == "torch.float32" and result["device"] == "cpu" and result["parameters"] == hybrid.num_parameters()
+    assert (
+        result["greedy"][0] == result["greedy"][1] == hybrid.generate(ids, max_new_tokens=5, do_sample=False).tolist()
+    )
+    assert (
+        result["dtype"] == "torch.float32"
+        and result["device"] == "cpu"
+        and result["parameters"] == hybrid.num_parameters()
+    )
 
 
 def test_registered_auto_classes_and_pipeline(saved):
@@ -119,15 +138,28 @@ def _write_earlier_layout(hybrid: HybridLM, directory) -> None:
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True)
-    save_file({k: v.float().contiguous() for k, v in hybrid.bridge.state_dict().items()}, str(directory / "bridge.safetensors"))
+    save_file(
+        {k: v.float().contiguous() for k, v in hybrid.bridge.state_dict().items()},
+        str(directory / "bridge.safetensors"),
+    )
     hybrid.upper.save_pretrained(directory / "upper")
     (directory / "backbone_config.json").write_text(json.dumps(hybrid.config.backbone_config))
     hybrid.tokenizer.save_pretrained(directory)
     config = hybrid.config
-    (directory / "hybrid_config.json").write_text(json.dumps({
-        "family": config.family, "layer": config.layer, "backbone_layers": config.backbone_layers,
-        "backbone_dir": config.backbone_dir, "max_position_embeddings": config.max_position_embeddings,
-        "bridge": hybrid.bridge.config.to_dict(), "freeze_upper": True, "format": "dihal_fast.hybrid"}))
+    (directory / "hybrid_config.json").write_text(
+        json.dumps(
+            {
+                "family": config.family,
+                "layer": config.layer,
+                "backbone_layers": config.backbone_layers,
+                "backbone_dir": config.backbone_dir,
+                "max_position_embeddings": config.max_position_embeddings,
+                "bridge": hybrid.bridge.config.to_dict(),
+                "freeze_upper": True,
+                "format": "dihal_fast.hybrid",
+            }
+        )
+    )
 
 
 def test_earlier_layout_is_refused_with_the_conversion_and_converts(saved, tmp_path, capsys):

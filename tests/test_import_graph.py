@@ -7,6 +7,7 @@ import`` counts, wherever it stands: at module level, inside a function (a lazy 
 only a deferred one, and a cycle through it still ties the two packages together) or under ``if``.
 ``importlib.import_module`` with a computed name is not seen.
 """
+
 from __future__ import annotations
 
 import ast
@@ -50,7 +51,9 @@ def _imported(node: ast.AST, module: str, is_package: bool, package: Path) -> li
         source = ".".join(base + ([node.module] if node.module else []))
     else:
         source = node.module or ""
-    return [f"{source}.{alias.name}" if _is_module(f"{source}.{alias.name}", package) else source for alias in node.names]
+    return [
+        f"{source}.{alias.name}" if _is_module(f"{source}.{alias.name}", package) else source for alias in node.names
+    ]
 
 
 def import_graph(package: Path = PACKAGE) -> Edges:
@@ -125,8 +128,10 @@ def _cycle_in(component: list[str], edges: Edges) -> list[str]:
 
 
 def describe(cycle: list[str], edges: Edges) -> str:
-    hops = [f"  {a} -> {b}: " + "; ".join(edges[a][b][:3]) + (" ..." if len(edges[a][b]) > 3 else "")
-            for a, b in zip(cycle, cycle[1:])]
+    hops = [
+        f"  {a} -> {b}: " + "; ".join(edges[a][b][:3]) + (" ..." if len(edges[a][b]) > 3 else "")
+        for a, b in zip(cycle, cycle[1:])
+    ]
     return " -> ".join(cycle) + "\n" + "\n".join(hops)
 
 

@@ -2,6 +2,7 @@
 path with ``trust_remote_code``, as ``lm_eval --model hf`` does): ``loglikelihood`` equals the model's own
 forward pass and is the same twice, and the shipped tasks run end to end, from Python and from the
 ``lm_eval`` command line. Skipped when the optional extra ``dihal_fast[lm_eval]`` is not installed."""
+
 from __future__ import annotations
 
 import json
@@ -60,12 +61,12 @@ def _reference(model, tokenizer, context: str, continuation: str, max_length: in
     harness does (the whole string, split at the context's tokens; an empty context is the BOS token)."""
     if context:
         context_ids = tokenizer.encode(context)
-        continuation_ids = tokenizer.encode(context + continuation)[len(context_ids):]
+        continuation_ids = tokenizer.encode(context + continuation)[len(context_ids) :]
     else:
         context_ids, continuation_ids = [tokenizer.bos_token_id], tokenizer.encode(continuation)
-    ids = torch.tensor([(context_ids + continuation_ids)[-(max_length + 1):][:-1]])
+    ids = torch.tensor([(context_ids + continuation_ids)[-(max_length + 1) :][:-1]])
     with torch.no_grad():
-        logprobs = model(ids).logits[0, -len(continuation_ids):].log_softmax(-1)
+        logprobs = model(ids).logits[0, -len(continuation_ids) :].log_softmax(-1)
     target = torch.tensor(continuation_ids)
     return logprobs.gather(-1, target[:, None]).sum().item(), bool((logprobs.argmax(-1) == target).all())
 
@@ -102,17 +103,36 @@ def test_shipped_tasks_end_to_end_on_the_hybrid(tiny_hybrid_dir):
     assert lambada["n"] == cloze["n"] == 3 and lambada["version"] == 1.0
     assert 0 <= lambada["acc"] <= 1 and lambada["perplexity"] > 1 and "acc_stderr" in lambada
     assert all(0 <= cloze[m] <= 1 and f"{m}_stderr" in cloze for m in ("acc", "acc_norm", "acc_mutual_info"))
-    assert downstream.run_tasks(lm.model, lm.tokenizer, "dihal_lambada_local", limit=3, lm=lm)["dihal_lambada_local"] == lambada
+    assert (
+        downstream.run_tasks(lm.model, lm.tokenizer, "dihal_lambada_local", limit=3, lm=lm)["dihal_lambada_local"]
+        == lambada
+    )
 
 
 def test_lm_eval_command_line_runs_a_shipped_task_on_a_hybrid_directory(tiny_hybrid_dir, tmp_path):
-    command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-               f"pretrained={tiny_hybrid_dir},trust_remote_code=True", "--device", "cpu", "--batch_size", "4",
-               "--tasks", "dihal_lambada_local", "--include_path", str(downstream.TASKS_DIR), "--limit", "2",
-               "--output_path", str(tmp_path / "out")]
+    command = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "--model",
+        "hf",
+        "--model_args",
+        f"pretrained={tiny_hybrid_dir},trust_remote_code=True",
+        "--device",
+        "cpu",
+        "--batch_size",
+        "4",
+        "--tasks",
+        "dihal_lambada_local",
+        "--include_path",
+        str(downstream.TASKS_DIR),
+        "--limit",
+        "2",
+        "--output_path",
+        str(tmp_path / "out"),
+    ]
     env = {**os.environ, **OFFLINE, "OMP_NUM_THREADS": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path,
-                          check=False)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     [path] = list((tmp_path / "out").rglob("results_*.json"))
     cli = json.loads(path.read_text())["results"]["dihal_lambada_local"]
@@ -126,16 +146,38 @@ def test_unknown_task_is_one_clear_error_before_any_model_work():
         downstream.check_tasks("dihal_lambada_local,no_such_task_xyz")
 
 
-def test_dihal_evaluate_tasks_scores_hybrid_and_backbone_the_same_way(tiny_hybrid_dir, tiny_checkpoints, tmp_path, capsys):
+def test_dihal_evaluate_tasks_scores_hybrid_and_backbone_the_same_way(
+    tiny_hybrid_dir, tiny_checkpoints, tmp_path, capsys
+):
     from dihal_fast.cli import main
     from dihal_fast.common import read_json
     from dihal_fast.common.models import load_causal_lm
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("The quick brown fox jumps over the lazy dog. Once upon a time there was a girl.\n\n" * 12)
-    argv = ["evaluate", "--hybrid", str(tiny_hybrid_dir), "--corpus", str(corpus), "--out", str(tmp_path / "run"),
-            "--evaluator", str(tiny_checkpoints["llama"]), "--seq-len", "24", "--eval-blocks", "2", "--n-samples", "2",
-            "--max-new-tokens", "4", "--tasks", "dihal_lambada_local,dihal_cloze_local", "--task-limit", "2"]
+    argv = [
+        "evaluate",
+        "--hybrid",
+        str(tiny_hybrid_dir),
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(tmp_path / "run"),
+        "--evaluator",
+        str(tiny_checkpoints["llama"]),
+        "--seq-len",
+        "24",
+        "--eval-blocks",
+        "2",
+        "--n-samples",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--tasks",
+        "dihal_lambada_local,dihal_cloze_local",
+        "--task-limit",
+        "2",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     downstream_section = read_json(tmp_path / "run" / "evaluate.json")["downstream"]

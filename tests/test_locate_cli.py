@@ -1,4 +1,5 @@
 """``dihal locate`` end to end: report + plot + shards, stop/resume, bad input, 2-process torchrun."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,26 @@ from safetensors.torch import load_file
 from dihal_fast.cli import build_parser, main
 
 SEQ_LEN, BLOCKS = 24, 24
-SMALL = ["--seq-len", str(SEQ_LEN), "--batch-size", "3", "--max-tokens", str(SEQ_LEN * BLOCKS), "--repeats", "2",
-         "--sample-size", "120", "--k", "8", "--n-pairs", "300", "--device", "cpu", "--checkpoint-every", "2"]
+SMALL = [
+    "--seq-len",
+    str(SEQ_LEN),
+    "--batch-size",
+    "3",
+    "--max-tokens",
+    str(SEQ_LEN * BLOCKS),
+    "--repeats",
+    "2",
+    "--sample-size",
+    "120",
+    "--k",
+    "8",
+    "--n-pairs",
+    "300",
+    "--device",
+    "cpu",
+    "--checkpoint-every",
+    "2",
+]
 UNLIMITED = SMALL[:4] + SMALL[6:]  # the same without --max-tokens: the whole corpus
 TOKENS = BLOCKS * (SEQ_LEN - 1)
 
@@ -25,7 +44,10 @@ TOKENS = BLOCKS * (SEQ_LEN - 1)
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
-    lines = [json.dumps({"text": f"Document {i}: the quick brown fox jumps over the lazy dog, {i * 37} times."}) for i in range(120)]
+    lines = [
+        json.dumps({"text": f"Document {i}: the quick brown fox jumps over the lazy dog, {i * 37} times."})
+        for i in range(120)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -42,7 +64,9 @@ def _comparable(report: dict) -> dict:
 
 def test_locate_writes_report_plot_and_shards(tiny_checkpoints, corpus, tmp_path, capsys):
     out = tmp_path / "run"
-    code, stdout, _ = _locate(capsys, "--model", tiny_checkpoints["llama"], "--corpus", corpus, "--out", out, "--save-shards", *SMALL)
+    code, stdout, _ = _locate(
+        capsys, "--model", tiny_checkpoints["llama"], "--corpus", corpus, "--out", out, "--save-shards", *SMALL
+    )
     assert code == 0 and "selected layer" in stdout
     report = json.loads((out / "locate.json").read_text())
     assert report["n_tokens"] == TOKENS and report["n_blocks"] == BLOCKS and report["n_layers"] == 4
@@ -81,7 +105,9 @@ def test_stopped_run_leaves_no_report_and_resume_matches_uninterrupted(tiny_chec
     resumed = json.loads((parts / "locate.json").read_text())
     assert _comparable(resumed) == _comparable(whole)
     # a finished collection is reused: new selection settings need no second pass over the corpus
-    code, _, _ = _locate(capsys, "--model", model, "--corpus", corpus, "--out", parts, "--resume", *SMALL, "--repeats", "3")
+    code, _, _ = _locate(
+        capsys, "--model", model, "--corpus", corpus, "--out", parts, "--resume", *SMALL, "--repeats", "3"
+    )
     assert code == 0
     again = json.loads((parts / "locate.json").read_text())
     assert len(again["per_repeat"]["score"]) == 3 and again["n_tokens"] == whole["n_tokens"]
@@ -93,10 +119,15 @@ def test_resume_removes_the_temporary_file_of_a_killed_checkpoint_write(tiny_che
     code, _, _ = _locate(capsys, "--model", model, "--corpus", corpus, "--out", out, "--max-batches", "2", *SMALL)
     assert code == 3
     # what a kill -9 during atomic_write_bytes leaves: the hidden temporary beside the checkpoint
-    leftovers = [out / "collect" / ".state-rank0000-of-0001.safetensors.k1ll3d", out / "collect" / ".config.json.k1ll3d"]
+    leftovers = [
+        out / "collect" / ".state-rank0000-of-0001.safetensors.k1ll3d",
+        out / "collect" / ".config.json.k1ll3d",
+    ]
     for leftover in leftovers:
         leftover.write_bytes(b"half a checkpoint")
-    code, _, _ = _locate(capsys, "--model", model, "--corpus", corpus, "--out", out, "--resume", "--max-batches", "1", *SMALL)
+    code, _, _ = _locate(
+        capsys, "--model", model, "--corpus", corpus, "--out", out, "--resume", "--max-batches", "1", *SMALL
+    )
     assert code == 3
     assert not any(leftover.exists() for leftover in leftovers)
     assert (out / "collect" / "state-rank0000-of-0001.safetensors").is_file()
@@ -200,14 +231,29 @@ def test_two_process_gloo_run_equals_one_process(tiny_checkpoints, corpus, tmp_p
     code, _, _ = _locate(capsys, *common, "--out", tmp_path / "one")
     assert code == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(dihal),
-           "locate", *map(str, common), "--out", str(tmp_path / "two")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(dihal),
+        "locate",
+        *map(str, common),
+        "--out",
+        str(tmp_path / "two"),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one = json.loads((tmp_path / "one" / "locate.json").read_text())
     two = json.loads((tmp_path / "two" / "locate.json").read_text())
     assert two["config"]["world_size"] == 2
-    assert (two["n_tokens"], two["n_blocks"], two["selected_layer"]) == (one["n_tokens"], one["n_blocks"], one["selected_layer"])
+    assert (two["n_tokens"], two["n_blocks"], two["selected_layer"]) == (
+        one["n_tokens"],
+        one["n_blocks"],
+        one["selected_layer"],
+    )
     for name, values in one["per_repeat"].items():
         np.testing.assert_allclose(two["per_repeat"][name], values, rtol=1e-4, atol=1e-6, err_msg=name)
     for a, b in zip(one["stream"], two["stream"]):  # float32 hidden states of differently composed batches
@@ -218,4 +264,6 @@ def test_two_process_gloo_run_equals_one_process(tiny_checkpoints, corpus, tmp_p
         assert s1["positions"].tolist() == s2["positions"].tolist()  # the same tokens, in the same order
         np.testing.assert_allclose(s2["vectors"].numpy(), s1["vectors"].numpy(), rtol=1e-5, atol=1e-5)
     assert sorted(p.name for p in (tmp_path / "two" / "collect").glob("state-*")) == [
-        "state-rank0000-of-0002.safetensors", "state-rank0001-of-0002.safetensors"]
+        "state-rank0000-of-0002.safetensors",
+        "state-rank0001-of-0002.safetensors",
+    ]

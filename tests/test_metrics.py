@@ -1,4 +1,5 @@
 """Metric functions against hand-computed values and plain Python references."""
+
 from __future__ import annotations
 
 import math
@@ -24,7 +25,7 @@ def test_token_nll_hand_computed():
     assert counts.tolist() == [2]
     assert sums.item() == pytest.approx(3 * math.log(2), abs=1e-6)
     assert metrics.pooled_nll(sums, counts) == pytest.approx(1.5 * math.log(2), abs=1e-6)
-    assert metrics.perplexity(1.5 * math.log(2)) == pytest.approx(2 ** 1.5)
+    assert metrics.perplexity(1.5 * math.log(2)) == pytest.approx(2**1.5)
 
 
 def test_token_nll_masks_padding_on_either_side():
@@ -53,9 +54,7 @@ def test_token_kl_hand_computed():
     assert sums.item() == pytest.approx(0.5 * math.log(4 / 3), abs=1e-6)
 
 
-@given(
-    st.integers(1, 3), st.integers(2, 6), st.integers(2, 5), st.integers(0, 2**31 - 1)
-)
+@given(st.integers(1, 3), st.integers(2, 6), st.integers(2, 5), st.integers(0, 2**31 - 1))
 def test_token_nll_and_kl_match_python_reference(batch, length, vocab, seed):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(batch, length, vocab, generator=gen, dtype=torch.float64) * 3
@@ -112,7 +111,7 @@ def test_diversity_hand_computed():
     assert metrics.diversity_dihal(samples) == pytest.approx(1 / 3)
     assert metrics.diversity_ld4lg(samples) == pytest.approx(2 / 3)
     # n-grams are pooled over samples: a repeated sample halves every ratio
-    assert metrics.diversity_ld4lg([[1, 2, 3, 4], [1, 2, 3, 4]]) == pytest.approx(0.5 ** 3)
+    assert metrics.diversity_ld4lg([[1, 2, 3, 4], [1, 2, 3, 4]]) == pytest.approx(0.5**3)
     with pytest.raises(ValueError, match="no 4-grams"):
         metrics.diversity_dihal([[1, 2, 3]])
 

@@ -1,4 +1,5 @@
 """Command-line flags generated from configuration dataclasses (dihal_fast.common.options)."""
+
 from __future__ import annotations
 
 import argparse
@@ -42,10 +43,33 @@ def _parser() -> argparse.ArgumentParser:
 def test_flag_type_alias_cli_default_and_required():
     parser = _parser()
     args = parser.parse_args(["--kind", "b"])
-    assert (args.name, args.numbers, args.files, args.decay, args.temperature, args.head) == ("b", [3, 4], [], 0.9, None, True)
+    assert (args.name, args.numbers, args.files, args.decay, args.temperature, args.head) == (
+        "b",
+        [3, 4],
+        [],
+        0.9,
+        None,
+        True,
+    )
     assert dataclass_from_options(Example, args, temperature=1.5) == Example(name="b", temperature=1.5)
-    args = parser.parse_args(["--kind", "a", "--numbers", "5,6,7", "--files", "x", "y", "--old-decay", "0.5",
-                              "--no-with-head", "--w", "3", "--temperature", "2"])
+    args = parser.parse_args(
+        [
+            "--kind",
+            "a",
+            "--numbers",
+            "5,6,7",
+            "--files",
+            "x",
+            "y",
+            "--old-decay",
+            "0.5",
+            "--no-with-head",
+            "--w",
+            "3",
+            "--temperature",
+            "2",
+        ]
+    )
     assert dataclass_from_options(Example, args) == Example("a", [5, 6, 7], ["x", "y"], 0.5, 2.0, False, Inner(3))
     with pytest.raises(SystemExit):
         parser.parse_args([])  # --kind is required although the field has a default
@@ -68,11 +92,38 @@ def test_hcdlm_train_flags_keep_their_spellings():
     from dihal_fast.tasks.registry import TaskConfig
 
     parser = build_parser()
-    args = parser.parse_args([*HCDLM_TRAIN, "--model", "mdm", "--hidden", "32", "--countdown-numbers", "3,4,5",
-                              "--countdown-len", "12", "--sudoku-difficulty", "hard", "--ema", "0.5",
-                              "--checkpoint-every", "7", "--backbone", "tok", "--warmup-steps", "3", "--timesteps", "50"])
+    args = parser.parse_args(
+        [
+            *HCDLM_TRAIN,
+            "--model",
+            "mdm",
+            "--hidden",
+            "32",
+            "--countdown-numbers",
+            "3,4,5",
+            "--countdown-len",
+            "12",
+            "--sudoku-difficulty",
+            "hard",
+            "--ema",
+            "0.5",
+            "--checkpoint-every",
+            "7",
+            "--backbone",
+            "tok",
+            "--warmup-steps",
+            "3",
+            "--timesteps",
+            "50",
+        ]
+    )
     assert (args.kind, args.hidden, args.countdown_numbers, args.countdown_target_len) == ("mdm", 32, [3, 4, 5], 12)
-    assert (args.sudoku_train_difficulty, args.ema_decay, args.checkpoint_every, args.tokenizer_dir) == ("hard", 0.5, 7, "tok")
+    assert (args.sudoku_train_difficulty, args.ema_decay, args.checkpoint_every, args.tokenizer_dir) == (
+        "hard",
+        0.5,
+        7,
+        "tok",
+    )
     assert args.ema_decay == parser.parse_args([*HCDLM_TRAIN, "--ema-decay", "0.5"]).ema_decay
     args = parser.parse_args(HCDLM_TRAIN)
     assert (args.slot_head, args.tokenizer_dir, args.text_files, args.deepspeed) == (None, None, None, None)
@@ -105,11 +156,34 @@ def test_backbone_train_flags_keep_their_spellings():
     from dihal_fast.backbone.config import BackboneModelConfig, BackboneTrainConfig
 
     parser = build_parser()
-    args = parser.parse_args(["backbone", "train", "--corpus", "a.txt", "--out", "o", "--layers", "2", "--hidden", "32",
-                              "--heads", "2", "--intermediate", "64", "--seq-len", "16", "--checkpoint-every", "5",
-                              "--deepspeed", "ds.json"])
+    args = parser.parse_args(
+        [
+            "backbone",
+            "train",
+            "--corpus",
+            "a.txt",
+            "--out",
+            "o",
+            "--layers",
+            "2",
+            "--hidden",
+            "32",
+            "--heads",
+            "2",
+            "--intermediate",
+            "64",
+            "--seq-len",
+            "16",
+            "--checkpoint-every",
+            "5",
+            "--deepspeed",
+            "ds.json",
+        ]
+    )
     model = BackboneModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seq_len=16)
-    assert dataclass_from_options(BackboneTrainConfig, args) == BackboneTrainConfig(corpus=["a.txt"], model=model, checkpoint_every=5)
+    assert dataclass_from_options(BackboneTrainConfig, args) == BackboneTrainConfig(
+        corpus=["a.txt"], model=model, checkpoint_every=5
+    )
     assert args.deepspeed == "ds.json"
     with pytest.raises(SystemExit):
         parser.parse_args(["backbone", "train", "--out", "o"])  # --corpus stays required

@@ -1,4 +1,5 @@
 """NVTX ranges and their self-timing mode (dihal_fast.profiling)."""
+
 from __future__ import annotations
 
 import time
@@ -35,4 +36,6 @@ def test_record_ranges_sees_the_proxy_stages():
     X = np.random.default_rng(0).standard_normal((200, 12))
     with record_ranges() as timings:
         df.geometry_proxies(X, k=5, n_pairs=100, backend="cpu")
-    assert {"dihal/covariance", "dihal/knn", "dihal/local_eigen", "dihal/pairs", "dihal/top_eigen"} <= set(timings.counts)
+    assert {"dihal/covariance", "dihal/knn", "dihal/local_eigen", "dihal/pairs", "dihal/top_eigen"} <= set(
+        timings.counts
+    )

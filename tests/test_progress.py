@@ -1,4 +1,5 @@
 """Progress reporting: bars on a terminal, plain lines (no carriage returns) in log files."""
+
 from __future__ import annotations
 
 import io
@@ -14,8 +15,10 @@ from dihal_fast.common import progress as progress_module
 from dihal_fast.common.progress import PlainProgress, progress_bar, progress_mode
 
 
-@pytest.mark.parametrize("value, mode", [("0", "off"), ("off", "off"), ("1", "bar"), ("bar", "bar"), ("plain", "plain"),
-                                         ("auto", "plain"), ("", "plain")])
+@pytest.mark.parametrize(
+    "value, mode",
+    [("0", "off"), ("off", "off"), ("1", "bar"), ("bar", "bar"), ("plain", "plain"), ("auto", "plain"), ("", "plain")],
+)
 def test_mode_follows_the_switch_and_the_terminal(monkeypatch, value, mode):
     monkeypatch.setenv("DIHAL_PROGRESS", value)
     assert progress_mode() == mode  # pytest's stderr is not a terminal: auto means plain
@@ -66,18 +69,52 @@ def _logged_run(tmp_path, *argv: str) -> str:
     log = tmp_path / "stderr.log"
     env = {k: v for k, v in os.environ.items() if k not in ("DIHAL_PROGRESS", "HF_HUB_DISABLE_PROGRESS_BARS")}
     with log.open("w") as handle:
-        subprocess.run([sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", *argv],
-                       stderr=handle, stdout=subprocess.DEVNULL, env=env, check=True, timeout=300, cwd=tmp_path)
+        subprocess.run(
+            [sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", *argv],
+            stderr=handle,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            check=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
     return log.read_text()
 
 
 def test_a_command_logged_to_a_file_has_plain_progress_lines(tiny_checkpoints, tmp_path):
     corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("\n".join(json.dumps({"text": f"Document {i}: the quick brown fox jumps over the lazy dog."})
-                                for i in range(60)) + "\n")
-    text = _logged_run(tmp_path, "locate", "--model", str(tiny_checkpoints["llama"]), "--corpus", str(corpus),
-                       "--out", str(tmp_path / "run"), "--seq-len", "16", "--batch-size", "2", "--max-tokens", "320",
-                       "--repeats", "2", "--sample-size", "60", "--k", "4", "--n-pairs", "100", "--device", "cpu")
+    corpus.write_text(
+        "\n".join(
+            json.dumps({"text": f"Document {i}: the quick brown fox jumps over the lazy dog."}) for i in range(60)
+        )
+        + "\n"
+    )
+    text = _logged_run(
+        tmp_path,
+        "locate",
+        "--model",
+        str(tiny_checkpoints["llama"]),
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(tmp_path / "run"),
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "2",
+        "--max-tokens",
+        "320",
+        "--repeats",
+        "2",
+        "--sample-size",
+        "60",
+        "--k",
+        "4",
+        "--n-pairs",
+        "100",
+        "--device",
+        "cpu",
+    )
     assert "\r" not in text
     assert re.search(r"^collect: 100% 10/10 \[", text, re.M) and re.search(r"^proxies: 100% 6/6 \[", text, re.M)
 

@@ -1,4 +1,5 @@
 """One writer per run directory (two real processes), usable-path checks for ``--out``."""
+
 from __future__ import annotations
 
 import errno
@@ -42,7 +43,9 @@ RUN_COMMANDS = [
 def holder(tmp_path):
     """A separate Python process holding ``tmp_path / "run"``."""
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "locked"
     yield run, proc
     if proc.poll() is None:

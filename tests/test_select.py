@@ -1,4 +1,5 @@
 """Selection: repeated-subsample estimates against direct calls, the selected layer, errors, the plot."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -73,7 +74,9 @@ def test_ties_go_to_the_shallower_layer():
     est = GeometryEstimate([2, 5, 7, 9], {"score": scores})
     assert est.selected_layer == 5
     same = _layers()[1]
-    est = estimate_geometry({2: same, 5: same.copy(), 7: same.copy()}, [7, 5, 2], repeats=2, sample_size=60, k=4, n_pairs=100)
+    est = estimate_geometry(
+        {2: same, 5: same.copy(), 7: same.copy()}, [7, 5, 2], repeats=2, sample_size=60, k=4, n_pairs=100
+    )
     assert est.layers == [2, 5, 7] and est.selected_layer == 2
     for name in ("m_curv", "m_mono", "k_eff"):
         assert np.all(est.values[name] == est.values[name][:, :1])  # identical layers, identical proxies

@@ -1,4 +1,5 @@
 """Score vs bridge-loss analysis: correlations over repeated runs, rank gap, plot; and the sweep CLI."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,16 +45,40 @@ def test_constant_runs_are_left_out_and_bad_input_rejected():
 
 
 def test_plot_is_written(tmp_path):
-    rows = [{"layer": l, "score": s, "score_std": 0.1, "bridge_loss": b} for l, s, b in [(1, 1.0, 0.3), (2, 0.0, 0.5), (3, -1.0, 0.9)]]
+    rows = [
+        {"layer": l, "score": s, "score_std": 0.1, "bridge_loss": b}
+        for l, s, b in [(1, 1.0, 0.3), (2, 0.0, 0.5), (3, -1.0, 0.9)]
+    ]
     corr = score_loss_correlations([1, 2, 3], np.array([[1.0, 0.0, -1.0]]), [0.3, 0.5, 0.9])
     path = plot_sweep(tmp_path / "sweep.png", rows, corr)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def _sweep_argv(model, corpus, out, *extra):
-    return ["sweep", "--model", str(model), "--corpus", str(corpus), "--out", str(out), "--budget-steps", "2",
-            "--score-repeats", "3", "--score-sample", "40", "--max-tokens", "1024", "--seq-len", "32",
-            "--batch-size", "2", "--val-blocks", "2", *extra]
+    return [
+        "sweep",
+        "--model",
+        str(model),
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+        "--budget-steps",
+        "2",
+        "--score-repeats",
+        "3",
+        "--score-sample",
+        "40",
+        "--max-tokens",
+        "1024",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--val-blocks",
+        "2",
+        *extra,
+    ]
 
 
 def test_sweep_cli_end_to_end_and_resume(tiny_checkpoints, tmp_path, capsys):
@@ -61,7 +86,9 @@ def test_sweep_cli_end_to_end_and_resume(tiny_checkpoints, tmp_path, capsys):
     from dihal_fast.common import read_json
 
     corpus = tmp_path / "text.txt"
-    corpus.write_text("\n\n".join(f"Story {i}: a fox and a dog went to the river {i % 7} and read books." for i in range(60)))
+    corpus.write_text(
+        "\n\n".join(f"Story {i}: a fox and a dog went to the river {i % 7} and read books." for i in range(60))
+    )
     out = tmp_path / "sweep"
     assert main(_sweep_argv(tiny_checkpoints["llama"], corpus, out)) == 0
     report = read_json(out / "sweep.json")
@@ -70,8 +97,9 @@ def test_sweep_cli_end_to_end_and_resume(tiny_checkpoints, tmp_path, capsys):
     for row in report["layers"]:
         assert row["bridge_loss"] == read_json(out / f"layer_{row['layer']:02d}" / "result.json")["bridge_loss"]
         assert row["score"] == next(r["score"]["mean"] for r in locate["layers"] if r["layer"] == row["layer"])
-    want = score_loss_correlations([1, 2, 3], np.array(locate["per_repeat"]["score"]),
-                                   [row["bridge_loss"] for row in report["layers"]])
+    want = score_loss_correlations(
+        [1, 2, 3], np.array(locate["per_repeat"]["score"]), [row["bridge_loss"] for row in report["layers"]]
+    )
     for name in ("spearman", "kendall", "pearson"):
         assert report[name] == want[name] and set(report[name]) >= {"mean", "std"}
     assert report["rank_gap"] == want["rank_gap"] and (out / "sweep.png").is_file()

@@ -1,4 +1,5 @@
 """Countdown checkers, solver and generator, against the real problems and hand-made edge cases."""
+
 from __future__ import annotations
 
 import json
@@ -50,18 +51,21 @@ def test_solver_on_real_problems(real):
         assert found is not None and check_strict(problem, found), row["id"]
 
 
-@pytest.mark.parametrize("solution, strict, loose", [
-    ("80-58=22,22/11=2,83-2=81", True, True),
-    ("83-2=81", False, True),  # true and reaches the target, but 2 is not given and 80, 58, 11 are unused
-    ("80+1=81", False, True),  # true and reaches the target, but 1 is not given and numbers are unused
-    ("80-58=22,22/11=2,83-2=80", False, False),  # last step false
-    ("80-58=22,22/11=2,83-2=82", False, False),  # last step false (and misses the target)
-    ("58-80=22,22/11=2,83-2=81", False, False),  # negative subtraction is not allowed
-    ("80-58=22,22/11=2,2+79=81", False, True),  # 79 is not available (83 unused)
-    ("80-58=22,22/11=2,83-2=81,", False, False),  # trailing empty step
-    ("", False, False),
-    ("80-58=22;22/11=2", False, False),
-])
+@pytest.mark.parametrize(
+    "solution, strict, loose",
+    [
+        ("80-58=22,22/11=2,83-2=81", True, True),
+        ("83-2=81", False, True),  # true and reaches the target, but 2 is not given and 80, 58, 11 are unused
+        ("80+1=81", False, True),  # true and reaches the target, but 1 is not given and numbers are unused
+        ("80-58=22,22/11=2,83-2=80", False, False),  # last step false
+        ("80-58=22,22/11=2,83-2=82", False, False),  # last step false (and misses the target)
+        ("58-80=22,22/11=2,83-2=81", False, False),  # negative subtraction is not allowed
+        ("80-58=22,22/11=2,2+79=81", False, True),  # 79 is not available (83 unused)
+        ("80-58=22,22/11=2,83-2=81,", False, False),  # trailing empty step
+        ("", False, False),
+        ("80-58=22;22/11=2", False, False),
+    ],
+)
 def test_strict_and_loose(solution, strict, loose):
     problem = parse_problem("58,11,80,83,81")
     assert check_strict(problem, solution) is strict

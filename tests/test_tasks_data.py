@@ -1,4 +1,5 @@
 """Real-data loaders, format detection and the tasks' token encodings."""
+
 from __future__ import annotations
 
 import random
@@ -78,7 +79,11 @@ def test_countdown_encoding_round_trip():
     assert task.render(task.encode_solution(solution)) == solution and check_strict(problem, solution)
     assert task.score(example, task.encode_solution(solution)) == {"correct": True, "loose": True, "true_steps": 1.0}
     assert task.score(example, task.encode_solution("80+1=81")) == {"correct": False, "loose": True, "true_steps": 1.0}
-    assert task.score(example, task.encode_solution("80+1=82,3*3=9")) == {"correct": False, "loose": False, "true_steps": 0.5}
+    assert task.score(example, task.encode_solution("80+1=82,3*3=9")) == {
+        "correct": False,
+        "loose": False,
+        "true_steps": 0.5,
+    }
     assert task.score(example, task.encode_solution("80+1")) == {"correct": False, "loose": False, "true_steps": 0.0}
     with pytest.raises(ValueError, match="longer than"):
         task.encode_solution("1+1=2," * 10)

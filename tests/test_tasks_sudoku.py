@@ -1,4 +1,5 @@
 """Sudoku solver, grader and generator, checked against the real Kaggle puzzles and by properties."""
+
 from __future__ import annotations
 
 import random
@@ -71,12 +72,15 @@ def test_strategies_never_remove_the_solution(kaggle):
             assert propagate_singles(cands, geo) and _solution_kept(cands, record.solution)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("1" * 80, "81 cells"),
-    ("." * 80 + "x", "found 'x'"),
-    ("." * 35 + "7", "found '7'"),  # 6x6 grids only hold 1-6
-    ("", "16, 36 or 81"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("1" * 80, "81 cells"),
+        ("." * 80 + "x", "found 'x'"),
+        ("." * 35 + "7", "found '7'"),  # 6x6 grids only hold 1-6
+        ("", "16, 36 or 81"),
+    ],
+)
 def test_malformed_puzzles_raise(text, message):
     with pytest.raises(ValueError, match=message):
         parse_grid(text, geometry() if len(text) in (80, 81) else None)
@@ -99,7 +103,9 @@ def test_contradictory_and_ambiguous_puzzles(kaggle):
 def test_format_round_trip(kaggle):
     text = format_grid(kaggle[3].puzzle)
     assert parse_grid(text) == kaggle[3].puzzle
-    assert parse_grid(format_grid(kaggle[3].solution, pretty=True).replace("|", "").replace("-", "")) == kaggle[3].solution
+    assert (
+        parse_grid(format_grid(kaggle[3].solution, pretty=True).replace("|", "").replace("-", "")) == kaggle[3].solution
+    )
 
 
 @pytest.mark.parametrize("shape", SHAPES)

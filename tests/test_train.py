@@ -1,5 +1,6 @@
 """Bridge training: loss terms, configs, DeepSpeed config checks, learning, kill-and-resume, ZeRO against
 plain torch (one process and two processes with torchrun), bad input, and the ``dihal replace`` CLI."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,10 @@ from dihal_fast.replace.config import add_config_arguments, config_from_args
 from dihal_fast.replace.objective import kd_loss, lm_loss
 from dihal_fast.train.deepspeed_engine import check_deepspeed_config
 
-WORDS = ("the cat dog bird sat ran on under a mat tree house red blue small big and then it was happy sad day night "
-         "girl boy saw with to").split()
+WORDS = (
+    "the cat dog bird sat ran on under a mat tree house red blue small big and then it was happy sad day night "
+    "girl boy saw with to"
+).split()
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +41,18 @@ def corpus(tmp_path_factory):
 
 
 def _config(**overrides) -> BridgeTrainConfig:
-    options = dict(seq_len=16, batch_size=4, val_blocks=4, stats_blocks=8, steps=4, checkpoint_every=2, log_every=1, lr=3e-3,
-                   warmup_steps=2, bridge={"width": 32, "heads": 2, "context_layers": 1, "time_dim": 16})
+    options = dict(
+        seq_len=16,
+        batch_size=4,
+        val_blocks=4,
+        stats_blocks=8,
+        steps=4,
+        checkpoint_every=2,
+        log_every=1,
+        lr=3e-3,
+        warmup_steps=2,
+        bridge={"width": 32, "heads": 2, "context_layers": 1, "time_dim": 16},
+    )
     return BridgeTrainConfig(**{**options, **overrides})
 
 
@@ -61,49 +74,75 @@ def test_config_options_round_trip_through_the_command_line():
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
     assert config_from_args(parser.parse_args([])) == BridgeTrainConfig()
-    config = config_from_args(parser.parse_args(["--steps", "7", "--w-kd", "0", "--train-upper", "--bridge-nfe", "3",
-                                                 "--bridge-schedule", "flow", "--bridge-prediction", "velocity"]))
+    config = config_from_args(
+        parser.parse_args(
+            [
+                "--steps",
+                "7",
+                "--w-kd",
+                "0",
+                "--train-upper",
+                "--bridge-nfe",
+                "3",
+                "--bridge-schedule",
+                "flow",
+                "--bridge-prediction",
+                "velocity",
+            ]
+        )
+    )
     assert (config.steps, config.w_kd, config.train_upper) == (7, 0.0, True)
     assert config.bridge == {"nfe": 3, "schedule": "flow", "prediction": "velocity"}
     assert BridgeTrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     assert all(action.help for action in parser._actions if action.dest != "help")
 
 
-@pytest.mark.parametrize("bad,match", [
-    ({"steps": 0}, "steps must be >= 1"),
-    ({"w_diff": 0, "w_rec": 0, "w_lm": 0, "w_kd": 0}, "nothing to train"),
-    ({"bridge": {"depth": 2}}, "unknown bridge options"),
-    ({"bridge": {"schedule": "flow", "prediction": "eps"}}, "alpha"),
-    ({"ema_decay": 1.0}, "ema_decay"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"steps": 0}, "steps must be >= 1"),
+        ({"w_diff": 0, "w_rec": 0, "w_lm": 0, "w_kd": 0}, "nothing to train"),
+        ({"bridge": {"depth": 2}}, "unknown bridge options"),
+        ({"bridge": {"schedule": "flow", "prediction": "eps"}}, "alpha"),
+        ({"ema_decay": 1.0}, "ema_decay"),
+    ],
+)
 def test_train_config_rejects_bad_values(bad, match):
     with pytest.raises(ValueError, match=match):
         BridgeTrainConfig(**bad)
 
 
-@pytest.mark.parametrize("ds,match", [
-    ({"fp16": {"enabled": True}}, "fp16"),
-    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "NVMe"),
-    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, "no GPU"),
-    ({"optimizer": {"type": "FusedAdam"}}, "optimizer"),
-    ({"scheduler": {"type": "WarmupLR"}}, "scheduler"),
-    ({"train_micro_batch_size_per_gpu": 3}, "contradicts"),
-    ({"zero_optimization": {"stage": 4}}, "stage must be"),
-])
+@pytest.mark.parametrize(
+    "ds,match",
+    [
+        ({"fp16": {"enabled": True}}, "fp16"),
+        ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}}, "NVMe"),
+        ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}, "no GPU"),
+        ({"optimizer": {"type": "FusedAdam"}}, "optimizer"),
+        ({"scheduler": {"type": "WarmupLR"}}, "scheduler"),
+        ({"train_micro_batch_size_per_gpu": 3}, "contradicts"),
+        ({"zero_optimization": {"stage": 4}}, "stage must be"),
+    ],
+)
 def test_gpu_only_or_conflicting_deepspeed_configs_are_rejected_on_cpu(ds, match):
     with pytest.raises(ValueError, match=match):
         check_deepspeed_config(ds, _config(), cuda=False)
 
 
 def test_deepspeed_config_gets_batch_and_clipping_filled_in():
-    filled = check_deepspeed_config({"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}, "gradient_clipping": "auto"},
-                                    _config(grad_clip=0.5), cuda=False)
+    filled = check_deepspeed_config(
+        {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}, "gradient_clipping": "auto"},
+        _config(grad_clip=0.5),
+        cuda=False,
+    )
     assert filled["train_micro_batch_size_per_gpu"] == 4 and filled["gradient_clipping"] == 0.5
     assert filled["gradient_accumulation_steps"] == 1 and filled["bf16"] == {"enabled": True}
 
 
 def test_training_lowers_the_validation_bridge_loss_and_exports_a_working_hybrid(tiny_checkpoints, corpus, tmp_path):
-    result = train_bridge(tiny_checkpoints["llama"], 1, corpus, tmp_path / "run", _config(steps=40, eval_every=20, checkpoint_every=20))
+    result = train_bridge(
+        tiny_checkpoints["llama"], 1, corpus, tmp_path / "run", _config(steps=40, eval_every=20, checkpoint_every=20)
+    )
     history = json.loads((tmp_path / "run" / "validation.json").read_text())["history"]
     assert [h["step"] for h in history] == [20, 40]
     # A fresh bridge predicts the mean (bridge loss ~1); training must explain a real share of the variance.
@@ -154,12 +193,17 @@ def test_kill_and_resume_equals_an_uninterrupted_run(tiny_checkpoints, corpus, t
     train_bridge(model, 2, corpus, tmp_path / "resumed", config, resume=True)
     final = "checkpoints/step_00000006"
     for name in ("weights.safetensors", "ema.safetensors"):
-        straight, resumed = load_file(tmp_path / "straight" / final / name), load_file(tmp_path / "resumed" / final / name)
+        straight, resumed = (
+            load_file(tmp_path / "straight" / final / name),
+            load_file(tmp_path / "resumed" / final / name),
+        )
         assert straight.keys() == resumed.keys()
         assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     steps = [json.loads(line)["step"] for line in (tmp_path / "resumed" / "log.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
-    reports = [json.loads((tmp_path / run / "result.json").read_text())["bridge_loss"] for run in ("straight", "resumed")]
+    reports = [
+        json.loads((tmp_path / run / "result.json").read_text())["bridge_loss"] for run in ("straight", "resumed")
+    ]
     assert reports[0] == reports[1]
 
 
@@ -201,7 +245,9 @@ def test_bad_input_fails_before_any_training(tiny_checkpoints, corpus, tmp_path)
     for layer in (0, 4):
         with pytest.raises(ValueError, match=r"layer must be an integer in 1\.\.3"):
             train_bridge(model, layer, corpus, tmp_path / "a", _config())
-    BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path / "bert")
+    BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64).save_pretrained(
+        tmp_path / "bert"
+    )
     with pytest.raises(ValueError, match="'bert' cannot be cut into a hybrid: it is a bidirectional encoder"):
         train_bridge(tmp_path / "bert", 1, corpus, tmp_path / "a", _config())
     (tmp_path / "fp16.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}))
@@ -235,25 +281,38 @@ def test_one_deepspeed_zero2_step_equals_one_plain_torch_step(tiny_checkpoints, 
     config = _config(steps=1)
     (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
     plain, zero = [], []
-    train_bridge(tiny_checkpoints["gpt2"], 2, corpus, tmp_path / "plain", config, callback=_trainable_after_each_step(plain))
+    train_bridge(
+        tiny_checkpoints["gpt2"], 2, corpus, tmp_path / "plain", config, callback=_trainable_after_each_step(plain)
+    )
     launch_keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     env_before = {key: os.environ.get(key) for key in launch_keys}
-    train_bridge(tiny_checkpoints["gpt2"], 2, corpus, tmp_path / "zero", config, deepspeed_config=tmp_path / "ds.json",
-                 callback=_trainable_after_each_step(zero))
+    train_bridge(
+        tiny_checkpoints["gpt2"],
+        2,
+        corpus,
+        tmp_path / "zero",
+        config,
+        deepspeed_config=tmp_path / "ds.json",
+        callback=_trainable_after_each_step(zero),
+    )
     # The single-process launch defaults are removed again (importing DeepSpeed may set unrelated variables).
     assert {key: os.environ.get(key) for key in launch_keys} == env_before
     assert plain[0].keys() == zero[0].keys() and len(plain[0]) > 10
     for name in plain[0]:
         torch.testing.assert_close(zero[0][name], plain[0][name], rtol=1e-6, atol=1e-7)
     initial = json.loads((tmp_path / "plain" / "result.json").read_text())
-    assert initial["engine"] == "torch" and json.loads((tmp_path / "zero" / "result.json").read_text())["engine"] == "deepspeed"
+    assert (
+        initial["engine"] == "torch"
+        and json.loads((tmp_path / "zero" / "result.json").read_text())["engine"] == "deepspeed"
+    )
 
 
 WORKER = """
 import sys, torch
 from dihal_fast.replace import BridgeTrainConfig, train_bridge
 model, corpus, out, ds = sys.argv[1:5]
-config = BridgeTrainConfig(seq_len=16, batch_size=2, val_blocks=2, stats_blocks=4, steps=3, checkpoint_every=2, log_every=1,
+config = BridgeTrainConfig(seq_len=16, batch_size=2, val_blocks=2, stats_blocks=4, steps=3, checkpoint_every=2,
+                           log_every=1,
                            bridge={"width": 32, "heads": 2, "context_layers": 1, "time_dim": 16})
 def dump(info):
     if info.step == config.steps:
@@ -275,9 +334,24 @@ def test_two_process_zero3_run_ends_with_identical_parameters_on_both_ranks(tiny
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(port), str(tmp_path / "worker.py"),
-                           str(tiny_checkpoints["mistral"]), str(corpus), str(out), str(tmp_path / "ds.json")],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            torchrun,
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            str(tmp_path / "worker.py"),
+            str(tiny_checkpoints["mistral"]),
+            str(corpus),
+            str(out),
+            str(tmp_path / "ds.json"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [torch.load(out / f"params_rank{r}.pt") for r in (0, 1)]
     assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) > 10
@@ -294,14 +368,44 @@ def test_replace_cli_trains_from_a_locate_report_and_reports_bad_input(tiny_chec
     locate = tmp_path / "locate"
     locate.mkdir()
     (locate / "locate.json").write_text(json.dumps({"selected_layer": 2, "model": str(tiny_checkpoints["llama"])}))
-    options = ["--corpus", str(corpus), "--steps", "2", "--seq-len", "16", "--batch-size", "2", "--val-blocks", "2",
-               "--stats-blocks", "4", "--bridge-width", "32", "--bridge-heads", "2"]
+    options = [
+        "--corpus",
+        str(corpus),
+        "--steps",
+        "2",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "2",
+        "--val-blocks",
+        "2",
+        "--stats-blocks",
+        "4",
+        "--bridge-width",
+        "32",
+        "--bridge-heads",
+        "2",
+    ]
     assert main(["replace", "--from-locate", str(locate), "--out", str(tmp_path / "run"), *options]) == 0
     summary = json.loads(capsys.readouterr().out.splitlines()[0])
     assert summary["layer"] == 2 and summary["bridge_loss"] > 0
     hybrid = HybridLM.from_pretrained(tmp_path / "run" / "hybrid")
     assert hybrid.config.layer == 2 and hybrid.config.backbone_dir == str(tiny_checkpoints["llama"].resolve())
-    assert main(["train", "--model", str(tiny_checkpoints["llama"]), "--layer", "9", "--out", str(tmp_path / "bad"), *options]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                str(tiny_checkpoints["llama"]),
+                "--layer",
+                "9",
+                "--out",
+                str(tmp_path / "bad"),
+                *options,
+            ]
+        )
+        == 2
+    )
     assert "layer must be an integer in 1..3" in capsys.readouterr().err
 
 
@@ -332,8 +436,12 @@ def test_frozen_retained_layers_share_the_teachers_tensors(tiny_checkpoints, fam
     optimizer = torch.optim.AdamW([p for p in objective.parameters() if p.requires_grad], lr=1e-2)
     ids = torch.randint(0, backbone.config.vocab_size, (2, 16))
     hidden, logits = backbone_targets(backbone, ids, 1)
-    losses = objective(input_ids=ids, target_hidden=hidden, teacher_logits=logits,
-                       **objective.random_inputs(2, 16, step_generator(0, 0, 0)))
+    losses = objective(
+        input_ids=ids,
+        target_hidden=hidden,
+        teacher_logits=logits,
+        **objective.random_inputs(2, 16, step_generator(0, 0, 0)),
+    )
     losses["loss"].backward()
     optimizer.step()
     assert all(torch.equal(p, before[n]) for n, p in backbone.named_parameters())
@@ -345,9 +453,22 @@ def test_backbone_gradient_accumulation_equals_the_large_batch(corpus, tmp_path)
     from dihal_fast.backbone.train import train_backbone
 
     def config(batch_size: int, accum: int) -> BackboneTrainConfig:
-        model = BackboneModelConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seq_len=16)
-        return BackboneTrainConfig(corpus=[str(corpus)], model=model, steps=3, batch_size=batch_size, grad_accum_steps=accum,
-                                   lr=1e-2, warmup_steps=1, eval_every=3, eval_windows=2, checkpoint_every=3, precision="fp32")
+        model = BackboneModelConfig(
+            vocab_size=300, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seq_len=16
+        )
+        return BackboneTrainConfig(
+            corpus=[str(corpus)],
+            model=model,
+            steps=3,
+            batch_size=batch_size,
+            grad_accum_steps=accum,
+            lr=1e-2,
+            warmup_steps=1,
+            eval_every=3,
+            eval_windows=2,
+            checkpoint_every=3,
+            precision="fp32",
+        )
 
     big = train_backbone(config(4, 1), tmp_path / "big", progress=False)
     accumulated = train_backbone(config(2, 2), tmp_path / "accum", progress=False)

@@ -1,5 +1,6 @@
 """The shared training loop on its own: a toy job trains, resumes bit for bit, honours a time budget and
 ``stop_at``, refuses a changed config, and the one LR schedule has the documented shape."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ class RegressionJob(TrainingJob):
     def __init__(self, steps: int, lr: float = 0.3, **settings):
         torch.manual_seed(0)
         self.objective = Regression()
-        self.settings = LoopSettings(steps=steps, batch_size=8, lr=lr, warmup_steps=2, ema_decay=0.9, log_every=1,
-                                     checkpoint_every=3, **settings)
+        self.settings = LoopSettings(
+            steps=steps, batch_size=8, lr=lr, warmup_steps=2, ema_decay=0.9, log_every=1, checkpoint_every=3, **settings
+        )
         self.configs = {"config.json": {"lr": lr}}
         self.resumable = frozenset()
         self.generator = torch.Generator().manual_seed(1)
@@ -116,14 +118,23 @@ class StreamJob(RegressionJob):
 
     def __init__(self, steps: int, batch_size: int, grad_accum_steps: int, **settings):
         super().__init__(steps, **settings)
-        self.settings = LoopSettings(steps=steps, batch_size=batch_size, lr=0.3, warmup_steps=2, ema_decay=0.9, log_every=1,
-                                     checkpoint_every=3, grad_accum_steps=grad_accum_steps, **settings)
+        self.settings = LoopSettings(
+            steps=steps,
+            batch_size=batch_size,
+            lr=0.3,
+            warmup_steps=2,
+            ema_decay=0.9,
+            log_every=1,
+            checkpoint_every=3,
+            grad_accum_steps=grad_accum_steps,
+            **settings,
+        )
         self.configs = {"config.json": {"lr": 0.3, "grad_accum_steps": grad_accum_steps}}
         self.stream = torch.randn(steps * batch_size * grad_accum_steps, 4, generator=torch.Generator().manual_seed(2))
 
     def batch(self, step: int, engine) -> dict:
         b = self.settings.batch_size
-        x = self.stream[step * b:(step + 1) * b].to(engine.device)
+        x = self.stream[step * b : (step + 1) * b].to(engine.device)
         return {"x": x, "y": x @ self.true}
 
 
@@ -145,7 +156,9 @@ def test_gradient_accumulation_equals_the_large_batch(tmp_path, batch_size, accu
         torch.testing.assert_close(small[name], big[name], rtol=1e-5, atol=1e-6)
     for a, b in zip(_log(tmp_path / "big"), _log(tmp_path / "accum"), strict=True):
         assert a["step"] == b["step"] and a["lr"] == b["lr"]
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5) and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5) and b["grad_norm"] == pytest.approx(
+            a["grad_norm"], rel=1e-4
+        )
 
 
 def test_accumulated_run_resumes_bit_for_bit_and_refuses_another_accumulation(tmp_path):

@@ -6,6 +6,7 @@
 
 Each prints one JSON line with what it measured and exits non-zero when a result differs from the reference.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,8 @@ def streams(n: int, D: int, k: int) -> dict:
     streams from two host threads at the same time (one cuBLAS handle per stream), each compared with the CPU
     reference after both finish."""
     rng = np.random.default_rng(0)
-    X = (rng.standard_normal((n, 8)) @ rng.standard_normal((8, D)) + 0.05 * rng.standard_normal((n, D)) + 2.0)
-    X[n - 300:] = X[:300]  # exact duplicates across tiles
+    X = rng.standard_normal((n, 8)) @ rng.standard_normal((8, D)) + 0.05 * rng.standard_normal((n, D)) + 2.0
+    X[n - 300 :] = X[:300]  # exact duplicates across tiles
     Xk = torch.from_numpy(X.astype(np.float32)).cuda()
     Y = np.repeat(rng.standard_normal((n // 4, 16)), 4, axis=0)
     Yc = torch.from_numpy(Y).cuda()
@@ -62,8 +63,17 @@ def streams(n: int, D: int, k: int) -> dict:
     Yr = Y - Y.mean(axis=0)
     sigma_ref = Yr.T @ Yr / len(Y)
     cov_ok = bool(np.allclose(np.asarray(sigma), sigma_ref, rtol=1e-9, atol=1e-12)) and bool(
-        np.allclose(np.asarray(mean), Y.mean(axis=0), rtol=1e-12, atol=1e-12))
-    return {"check": "streams", "n": n, "D": D, "k": k, "knn_ok": knn_ok, "covariance_ok": cov_ok, "ok": knn_ok and cov_ok}
+        np.allclose(np.asarray(mean), Y.mean(axis=0), rtol=1e-12, atol=1e-12)
+    )
+    return {
+        "check": "streams",
+        "n": n,
+        "D": D,
+        "k": k,
+        "knn_ok": knn_ok,
+        "covariance_ok": cov_ok,
+        "ok": knn_ok and cov_ok,
+    }
 
 
 def large(n: int, D: int, k: int, sample: int = 16) -> dict:
@@ -71,9 +81,11 @@ def large(n: int, D: int, k: int, sample: int = 16) -> dict:
     of torch's allocator; ``sample`` rows of the kNN checked against exact float64 distances to all rows."""
     assert n * D > 2**31, "the smoke needs n * D > 2^31"
     g = torch.Generator(device="cuda").manual_seed(0)
-    X = (torch.randn(n, 64, device="cuda", generator=g) @ torch.randn(64, D, device="cuda", generator=g)
-         + 0.1 * torch.randn(n, D, device="cuda", generator=g)).to(torch.bfloat16)
-    X[n - 1000:] = X[:1000]
+    X = (
+        torch.randn(n, 64, device="cuda", generator=g) @ torch.randn(64, D, device="cuda", generator=g)
+        + 0.1 * torch.randn(n, D, device="cuda", generator=g)
+    ).to(torch.bfloat16)
+    X[n - 1000 :] = X[:1000]
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -85,7 +97,7 @@ def large(n: int, D: int, k: int, sample: int = 16) -> dict:
     rows = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:sample].tolist() + [n - 1]
     ok = True
     for i in rows:
-        d = torch.cat([((X[r0:r0 + 8192].double() - X[i].double()) ** 2).sum(dim=1) for r0 in range(0, n, 8192)])
+        d = torch.cat([((X[r0 : r0 + 8192].double() - X[i].double()) ** 2).sum(dim=1) for r0 in range(0, n, 8192)])
         d[i] = float("inf")
         order = torch.sort(d, stable=True).indices[:k].cpu().numpy()
         ok &= bool(np.array_equal(np.asarray(idx[i]), order))
@@ -98,10 +110,21 @@ def large(n: int, D: int, k: int, sample: int = 16) -> dict:
     t_cov = time.perf_counter() - t0
     peak_cov = torch.cuda.max_memory_allocated() - base
     finite = bool(torch.isfinite(torch.as_tensor(sigma)).all())
-    return {"check": "large", "n": n, "D": D, "k": k, "elements": n * D, "input_gb": X.numel() * 2 / 1e9,
-            "knn_s": round(t_knn, 2), "knn_peak_extra_gb": round(peak_knn / 1e9, 2), "knn_rows_ok": ok,
-            "covariance_s": round(t_cov, 2), "covariance_peak_extra_gb": round(peak_cov / 1e9, 2),
-            "covariance_finite": finite, "ok": ok and finite}
+    return {
+        "check": "large",
+        "n": n,
+        "D": D,
+        "k": k,
+        "elements": n * D,
+        "input_gb": X.numel() * 2 / 1e9,
+        "knn_s": round(t_knn, 2),
+        "knn_peak_extra_gb": round(peak_knn / 1e9, 2),
+        "knn_rows_ok": ok,
+        "covariance_s": round(t_cov, 2),
+        "covariance_peak_extra_gb": round(peak_cov / 1e9, 2),
+        "covariance_finite": finite,
+        "ok": ok and finite,
+    }
 
 
 def main() -> int:

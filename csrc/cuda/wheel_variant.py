@@ -9,6 +9,7 @@ module (DIHAL_CUDA=ON), pin the nvidia cuBLAS wheel to the CUDA runtime's major 
 by dihal_fast._cuda, never a library of the other major) and set the architectures the toolkit can
 build: SASS for sm_80 and sm_90, plus sm_100 and sm_120 where nvcc knows them, and PTX of the newest.
 """
+
 from __future__ import annotations
 
 import os

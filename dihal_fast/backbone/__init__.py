@@ -4,6 +4,7 @@
 small public-domain held-out English text used when a command gets no ``--corpus``.
 ``train_backbone`` / ``dihal backbone train`` produce such a checkpoint from plain UTF-8 text files.
 """
+
 from __future__ import annotations
 
 from dihal_fast.common.assets import ASSETS_DIR, DEFAULT_CORPUS, DEFAULT_MODEL_DIR, default_corpus, default_model_dir

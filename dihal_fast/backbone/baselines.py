@@ -3,6 +3,7 @@
 Both are fitted on a training stream and scored on the tokens ``eval_ids[1:]`` - exactly the tokens the
 language model predicts when it reads ``eval_ids`` (see :func:`dihal_fast.backbone.evaluate.stream_nll`).
 """
+
 from __future__ import annotations
 
 import math

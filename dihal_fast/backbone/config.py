@@ -1,4 +1,5 @@
 """Configuration dataclasses of a backbone training run (saved as ``train_config.json`` next to checkpoints)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
@@ -18,8 +19,9 @@ FAMILIES = ("llama", "qwen3")  # LlamaForCausalLM, Qwen3ForCausalLM (QK-norm; gr
 class BackboneModelConfig:
     """Shape of the backbone: Llama (RoPE, RMSNorm, SwiGLU) or Qwen3 (the same plus RMSNorm on queries and keys)."""
 
-    family: str = option("llama", "architecture: llama = LlamaForCausalLM, qwen3 = Qwen3ForCausalLM (QK-norm)",
-                         choices=FAMILIES)
+    family: str = option(
+        "llama", "architecture: llama = LlamaForCausalLM, qwen3 = Qwen3ForCausalLM (QK-norm)", choices=FAMILIES
+    )
     vocab_size: int = option(4096, "BPE vocabulary size (incl. 3 special tokens)")
     hidden_size: int = option(256, "model width", flag="--hidden")
     num_layers: int = option(8, "transformer layers", flag="--layers")
@@ -38,11 +40,17 @@ class BackboneModelConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_kv_heads < 0 or self.head_dim < 0:
-            raise ValueError(f"kv heads and head dim must be >= 0 (0 = derived), got {self.num_kv_heads}, {self.head_dim}")
+            raise ValueError(
+                f"kv heads and head dim must be >= 0 (0 = derived), got {self.num_kv_heads}, {self.head_dim}"
+            )
         if self.num_heads % self.kv_heads:
-            raise ValueError(f"{self.num_heads} query heads do not split into groups of {self.kv_heads} key/value heads")
+            raise ValueError(
+                f"{self.num_heads} query heads do not split into groups of {self.kv_heads} key/value heads"
+            )
         if not self.head_dim and self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden size {self.hidden_size} does not split into {self.num_heads} heads; pass --head-dim")
+            raise ValueError(
+                f"hidden size {self.hidden_size} does not split into {self.num_heads} heads; pass --head-dim"
+            )
         if self.head_size % 2:
             raise ValueError(f"head size {self.head_size} must be even (RoPE)")
 
@@ -67,20 +75,28 @@ class BackboneTrainConfig:
     model: BackboneModelConfig = field(default_factory=BackboneModelConfig)
     steps: int = option(3000, "total optimizer steps (the LR schedule spans these)")
     batch_size: int = option(16, "sequences per micro-batch")
-    grad_accum_steps: int = option(1, "micro-batches per optimizer step (gradient accumulation): the effective batch is "
-                                   "--batch-size x this x processes")
+    grad_accum_steps: int = option(
+        1,
+        "micro-batches per optimizer step (gradient accumulation): the effective batch is "
+        "--batch-size x this x processes",
+    )
     lr: float = option(2e-3, "peak learning rate")
     min_lr_ratio: float = option(0.1, "final LR as a fraction of the peak")
     warmup_steps: int = option(100, "linear warmup steps")
     weight_decay: float = option(0.1, "AdamW weight decay on matrices")
     grad_clip: float = option(1.0, "gradient-norm clipping threshold")
     seed: int = option(0, "seed of initialisation and data order")
-    precision: str = option("auto", "bf16 autocast or fp32; auto = bf16 on CUDA or AMX CPUs, fp32 otherwise",
-                            choices=("auto", "fp32", "bf16"))
+    precision: str = option(
+        "auto",
+        "bf16 autocast or fp32; auto = bf16 on CUDA or AMX CPUs, fp32 otherwise",
+        choices=("auto", "fp32", "bf16"),
+    )
     eval_every: int = option(200, "steps between quick validation estimates")
     eval_windows: int = option(16, "windows per split in the quick estimates")
     checkpoint_every: int = option(200, "steps between checkpoints")
-    tokenizer: str = option("", "reuse the tokenizer saved in this directory (e.g. another backbone's) instead of training one")
+    tokenizer: str = option(
+        "", "reuse the tokenizer saved in this directory (e.g. another backbone's) instead of training one"
+    )
 
     def validate(self) -> None:
         self.model.validate()
@@ -88,7 +104,10 @@ class BackboneTrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1 or self.warmup_steps < 0:
-            raise ValueError(f"need lr > 0, 0 <= min_lr_ratio <= 1, warmup >= 0; got {self.lr}, {self.min_lr_ratio}, {self.warmup_steps}")
+            raise ValueError(
+                f"need lr > 0, 0 <= min_lr_ratio <= 1, warmup >= 0; got {self.lr}, {self.min_lr_ratio}, "
+                f"{self.warmup_steps}"
+            )
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"precision must be auto, fp32 or bf16, got {self.precision!r}")
         if not self.corpus:
@@ -101,11 +120,23 @@ class BackboneTrainConfig:
 
     def loop_settings(self, device: str = "cpu") -> LoopSettings:
         """The shared loop's view: AdamW (0.9, 0.95) with decay on matrices only, cosine to ``min_lr_ratio``."""
-        return LoopSettings(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
-                            lr_floor=self.min_lr_ratio, weight_decay=self.weight_decay, betas=(0.9, 0.95),
-                            decay_matrices_only=True, grad_clip=self.grad_clip, seed=self.seed, device=device,
-                            log_every=LOG_EVERY, checkpoint_every=self.checkpoint_every, keep_checkpoints=1,
-                            grad_accum_steps=self.grad_accum_steps)
+        return LoopSettings(
+            steps=self.steps,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            warmup_steps=self.warmup_steps,
+            lr_floor=self.min_lr_ratio,
+            weight_decay=self.weight_decay,
+            betas=(0.9, 0.95),
+            decay_matrices_only=True,
+            grad_clip=self.grad_clip,
+            seed=self.seed,
+            device=device,
+            log_every=LOG_EVERY,
+            checkpoint_every=self.checkpoint_every,
+            keep_checkpoints=1,
+            grad_accum_steps=self.grad_accum_steps,
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BackboneTrainConfig:
@@ -117,8 +148,11 @@ class BackboneTrainConfig:
     def differences(self, other: BackboneTrainConfig, ignore: tuple[str, ...] = ()) -> list[str]:
         """Human-readable ``field: mine != theirs`` lines (nested model fields flattened)."""
         mine, theirs = _flatten(self.to_dict()), _flatten(other.to_dict())
-        return [f"{key}: {mine.get(key)!r} != {theirs.get(key)!r}" for key in sorted(set(mine) | set(theirs))
-                if key not in ignore and mine.get(key) != theirs.get(key)]
+        return [
+            f"{key}: {mine.get(key)!r} != {theirs.get(key)!r}"
+            for key in sorted(set(mine) | set(theirs))
+            if key not in ignore and mine.get(key) != theirs.get(key)
+        ]
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,4 +1,5 @@
 """Reading and checking plain-text corpus files (UTF-8), and splitting off a held-out tail."""
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """Training batches as a pure function of the step, so a resumed run sees exactly the same data."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Held-out negative log-likelihood of a causal LM on a token stream (every token after the first, once)."""
+
 from __future__ import annotations
 
 import contextlib

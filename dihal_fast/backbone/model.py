@@ -1,4 +1,6 @@
-"""The backbone model: a ``LlamaForCausalLM`` or ``Qwen3ForCausalLM`` built from :class:`BackboneModelConfig`, and precision choice."""
+"""The backbone model: a ``LlamaForCausalLM`` or ``Qwen3ForCausalLM`` built from :class:`BackboneModelConfig`, and
+precision choice."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,15 +17,24 @@ def build_model(cfg: BackboneModelConfig, tokenizer):
     if len(tokenizer) > cfg.vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than the model vocab size {cfg.vocab_size}")
     shape = {
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.kv_heads,
-        "max_position_embeddings": cfg.seq_len, "tie_word_embeddings": cfg.tie_embeddings,
-        "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "max_position_embeddings": cfg.seq_len,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
     }
     if cfg.head_dim or cfg.family == "qwen3":  # Qwen3Config's head_dim does not default to hidden / heads
         shape["head_dim"] = cfg.head_size
     if cfg.family == "qwen3":
-        config = transformers.Qwen3Config(**shape, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
+        config = transformers.Qwen3Config(
+            **shape, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta}
+        )
     else:
         config = transformers.LlamaConfig(**shape, rope_theta=cfg.rope_theta)
     return getattr(transformers, ARCHITECTURES[cfg.family])(config)

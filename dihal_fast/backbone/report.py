@@ -1,4 +1,5 @@
 """Training report (per-split validation PPL next to unigram / bigram baselines), curve plot, ``info`` text."""
+
 from __future__ import annotations
 
 import datetime
@@ -21,7 +22,9 @@ logger = logging.getLogger(__name__)
 REPORT_NAME = "training_report.json"
 
 
-def validation_table(model, train_ids: np.ndarray, valid_ids: dict[str, np.ndarray], seq_len: int, precision: str) -> dict:
+def validation_table(
+    model, train_ids: np.ndarray, valid_ids: dict[str, np.ndarray], seq_len: int, precision: str
+) -> dict:
     """Per held-out split: model PPL (full split), unigram (add-1) and best add-k bigram PPL on the same tokens."""
     from dihal_fast.common.progress import progress_bar
 
@@ -37,12 +40,25 @@ def validation_table(model, train_ids: np.ndarray, valid_ids: dict[str, np.ndarr
             "bigram_ppl": bigram,
             "bigram_k": k,
         }
-        logger.info("%s: PPL %.2f (unigram %.1f, bigram %.1f)", name, table[name]["ppl"], table[name]["unigram_ppl"], bigram)
+        logger.info(
+            "%s: PPL %.2f (unigram %.1f, bigram %.1f)", name, table[name]["ppl"], table[name]["unigram_ppl"], bigram
+        )
     return table
 
 
-def write_training_report(out: Path, model, tokenizer, cfg, corpus, train_ids, valid_ids, step: int,
-                          wall_s: float, precision: str, command: str) -> dict[str, Any]:
+def write_training_report(
+    out: Path,
+    model,
+    tokenizer,
+    cfg,
+    corpus,
+    train_ids,
+    valid_ids,
+    step: int,
+    wall_s: float,
+    precision: str,
+    command: str,
+) -> dict[str, Any]:
     """Evaluate, plot the curve and write ``training_report.json`` in ``out``; returns the report."""
     import torch
     import transformers
@@ -64,11 +80,19 @@ def write_training_report(out: Path, model, tokenizer, cfg, corpus, train_ids, v
         "model": cfg.to_dict()["model"],
         "tokenizer": {"type": "byte-level BPE", "vocab_size": len(tokenizer)},
         "checkpoint_bytes": (out / "model.safetensors").stat().st_size,
-        "data": {"files": corpus.files, "train_tokens": int(len(train_ids)),
-                 "valid_tokens": {k: int(len(v)) for k, v in valid_ids.items()}},
+        "data": {
+            "files": corpus.files,
+            "train_tokens": int(len(train_ids)),
+            "valid_tokens": {k: int(len(v)) for k, v in valid_ids.items()},
+        },
         "validation": validation_table(model, train_ids, valid_ids, cfg.model.seq_len, precision),
-        "software": {"dihal_fast": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                     "python": platform.python_version(), "machine": platform.processor() or platform.machine()},
+        "software": {
+            "dihal_fast": __version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+            "machine": platform.processor() or platform.machine(),
+        },
         "train_config": cfg.to_dict(),
     }
     atomic_write_json(out / REPORT_NAME, report)
@@ -112,16 +136,21 @@ def describe_backbone(model_dir: str | Path) -> str:
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"no checkpoint at {model_dir} (expected a directory with config.json, model weights, tokenizer)")
+        raise FileNotFoundError(
+            f"no checkpoint at {model_dir} (expected a directory with config.json, model weights, tokenizer)"
+        )
     config = AutoConfig.from_pretrained(str(model_dir))
     shipped = [b.name for b in SHIPPED_BACKBONES.values() if b.directory.resolve() == model_dir.resolve()]
     lines = [
         f"backbone: {model_dir}" + (f" (shipped as {shipped[0]})" if shipped else ""),
-        (f"architecture: {', '.join(config.architectures or [config.model_type])} "
-         f"({config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads"
-         f"{_kv_heads(config)}, "
-         f"intermediate {config.intermediate_size}, vocab {config.vocab_size}, context {config.max_position_embeddings}, "
-         f"tied embeddings {config.tie_word_embeddings})"),
+        (
+            f"architecture: {', '.join(config.architectures or [config.model_type])} "
+            f"({config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads"
+            f"{_kv_heads(config)}, "
+            f"intermediate {config.intermediate_size}, vocab {config.vocab_size}, context "
+            f"{config.max_position_embeddings}, "
+            f"tied embeddings {config.tie_word_embeddings})"
+        ),
     ]
     report_path = model_dir / REPORT_NAME
     if not report_path.is_file():
@@ -129,16 +158,22 @@ def describe_backbone(model_dir: str | Path) -> str:
         return "\n".join(lines)
     report = read_json(report_path, "training report")
     lines.append(f"parameters: {report['parameters']:,} ({report['checkpoint_bytes'] / 2**20:.1f} MiB safetensors)")
-    lines.append(f"trained: {report['steps_completed']}/{report['steps_planned']} steps, "
-                 f"{report['train_tokens_seen']:,} tokens seen, seed {report['seed']}, {report['precision']}, "
-                 f"{report['wall_time_s'] / 60:.1f} min")
+    lines.append(
+        f"trained: {report['steps_completed']}/{report['steps_planned']} steps, "
+        f"{report['train_tokens_seen']:,} tokens seen, seed {report['seed']}, {report['precision']}, "
+        f"{report['wall_time_s'] / 60:.1f} min"
+    )
     lines.append(f"command: {report['command']}")
     lines.append("data:")
     for item in report["data"]["files"]:
-        lines.append(f"  {item['role']:<6} {Path(item['path']).name} ({item['bytes']:,} bytes, sha256 {item['sha256'][:12]})")
+        lines.append(
+            f"  {item['role']:<6} {Path(item['path']).name} ({item['bytes']:,} bytes, sha256 {item['sha256'][:12]})"
+        )
     lines.append(f"{'held-out split':<20}{'tokens':>9}{'PPL':>9}{'unigram':>9}{'bigram':>9}")
     for name, row in report["validation"].items():
-        lines.append(f"{name:<20}{row['tokens']:>9}{row['ppl']:>9.2f}{row['unigram_ppl']:>9.1f}{row['bigram_ppl']:>9.1f}")
+        lines.append(
+            f"{name:<20}{row['tokens']:>9}{row['ppl']:>9.2f}{row['unigram_ppl']:>9.1f}{row['bigram_ppl']:>9.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -165,17 +200,28 @@ def shipped_backbone_rows() -> list[dict[str, Any]]:
 
     rows = []
     for entry in SHIPPED_BACKBONES.values():
-        row: dict[str, Any] = {"name": entry.name, "family": entry.family, "layers": None, "hidden_size": None,
-                               "parameters": None, "heldout_ppl": None, "heldout_ppl_by_split": None,
-                               "directory": str(entry.directory), "description": entry.description,
-                               "available": (entry.directory / "config.json").is_file()}
+        row: dict[str, Any] = {
+            "name": entry.name,
+            "family": entry.family,
+            "layers": None,
+            "hidden_size": None,
+            "parameters": None,
+            "heldout_ppl": None,
+            "heldout_ppl_by_split": None,
+            "directory": str(entry.directory),
+            "description": entry.description,
+            "available": (entry.directory / "config.json").is_file(),
+        }
         if row["available"]:
             config = read_json(entry.directory / "config.json", "model config")
             row.update(layers=config["num_hidden_layers"], hidden_size=config["hidden_size"])
             if (entry.directory / REPORT_NAME).is_file():
                 report = read_json(entry.directory / REPORT_NAME, "training report")
-                row.update(parameters=report["parameters"], heldout_ppl=pooled_validation_ppl(report),
-                           heldout_ppl_by_split={k: v["ppl"] for k, v in report["validation"].items()})
+                row.update(
+                    parameters=report["parameters"],
+                    heldout_ppl=pooled_validation_ppl(report),
+                    heldout_ppl_by_split={k: v["ppl"] for k, v in report["validation"].items()},
+                )
         rows.append(row)
     return rows
 
@@ -189,6 +235,12 @@ def format_backbone_rows(rows: list[dict[str, Any]]) -> str:
             continue
         params = f"{row['parameters']:,}" if row["parameters"] else "?"
         ppl = f"{row['heldout_ppl']:.2f}" if row["heldout_ppl"] else "?"
-        lines.append(f"{row['name']:<16}{row['family']:<8}{row['layers']:>7}{row['hidden_size']:>7}{params:>12}{ppl:>14}  {row['directory']}")
-    lines.append("held-out PPL: token-pooled over the four *.valid.txt splits of the training report (dihal backbone info --model NAME)")
+        lines.append(
+            f"{row['name']:<16}{row['family']:<8}{row['layers']:>7}{row['hidden_size']:>7}{params:>12}{ppl:>14}  "
+            f"{row['directory']}"
+        )
+    lines.append(
+        "held-out PPL: token-pooled over the four *.valid.txt splits of the training report (dihal backbone info "
+        "--model NAME)"
+    )
     return "\n".join(lines)

@@ -1,4 +1,5 @@
 """Byte-level BPE tokenizer training and corpus encoding (one token stream per document)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -18,7 +19,9 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int):
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + 3 + 1:
-        raise ValueError(f"vocab size must be at least {len(alphabet) + 4} (256 bytes + 3 special + 1 merge), got {vocab_size}")
+        raise ValueError(
+            f"vocab size must be at least {len(alphabet) + 4} (256 bytes + 3 special + 1 merge), got {vocab_size}"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -10,6 +10,7 @@ Run directory layout (``--out``)::
     training_report.json                               final per-split PPL vs unigram / bigram baselines
     checkpoints/                                       the shared checkpoint layout (dihal_fast.train.checkpoint)
 """
+
 from __future__ import annotations
 
 import io
@@ -69,7 +70,9 @@ def load_corpus(cfg: BackboneTrainConfig) -> Corpus:
         if not valid_paths:
             text, corpus.valid_texts[split_name(path)] = split_tail(text, cfg.valid_fraction)
         corpus.train_texts.append(text)
-        corpus.files.append(_provenance(path, "train" if valid_paths else f"train (last {cfg.valid_fraction:.0%} held out)"))
+        corpus.files.append(
+            _provenance(path, "train" if valid_paths else f"train (last {cfg.valid_fraction:.0%} held out)")
+        )
     for path in valid_paths:
         corpus.valid_texts[split_name(path)] = read_text_file(path)
         corpus.files.append(_provenance(path, "valid"))
@@ -110,10 +113,14 @@ def check_out_dir(out: Path, cfg: BackboneTrainConfig, resume: bool) -> tuple[bo
             )
         saved_steps = saved.steps if saved.steps != cfg.steps else None
     elif resume and held:
-        raise ValueError(f"--resume: {out} holds a model ({', '.join(held)}) but no train_config.json; not a backbone run")
+        raise ValueError(
+            f"--resume: {out} holds a model ({', '.join(held)}) but no train_config.json; not a backbone run"
+        )
     if resume and (out / LEGACY_RESUME_DIR / "trainer_state.pt").exists():
-        raise ValueError(f"--resume: {out} was checkpointed by an earlier dihal_fast ({LEGACY_RESUME_DIR}/trainer_state.pt); "
-                         "this version cannot continue it: train again into a new --out")
+        raise ValueError(
+            f"--resume: {out} was checkpointed by an earlier dihal_fast ({LEGACY_RESUME_DIR}/trainer_state.pt); "
+            "this version cannot continue it: train again into a new --out"
+        )
     return resume and latest_checkpoint(out) is not None, saved_steps
 
 
@@ -121,7 +128,9 @@ def encode_corpus(out: Path, tokenizer, corpus: Corpus) -> tuple[np.ndarray, dic
     """Token streams of the corpus, cached in ``out/tokens.npz`` keyed by the tokenizer and file hashes."""
     from dihal_fast.backbone.tokenizer import encode_documents
 
-    key = json.dumps([sha256_file(out / "tokenizer.json"), [f["sha256"] for f in corpus.files], sorted(corpus.valid_texts)])
+    key = json.dumps(
+        [sha256_file(out / "tokenizer.json"), [f["sha256"] for f in corpus.files], sorted(corpus.valid_texts)]
+    )
     cache = out / "tokens.npz"
     if cache.exists():
         with np.load(cache) as data:
@@ -149,13 +158,31 @@ class NextTokenObjective(nn.Module):
 
 
 class BackboneJob(TrainingJob):
-    """Windows of the token stream per step, validation every ``eval_every`` steps, the model exported at checkpoints."""
+    """Windows of the token stream per step, validation every ``eval_every`` steps, the model exported at
+    checkpoints."""
 
     resumable = frozenset({"steps"})  # check_out_dir compared the rest (nested model fields included)
 
-    def __init__(self, cfg: BackboneTrainConfig, model: nn.Module, tokenizer, train_ids: np.ndarray, valid_ids: dict[str, np.ndarray],
-                 out: Path, precision: str, device: str, end: int):
-        self.cfg, self.model, self.tokenizer, self.valid_ids, self.out, self.precision = cfg, model, tokenizer, valid_ids, out, precision
+    def __init__(
+        self,
+        cfg: BackboneTrainConfig,
+        model: nn.Module,
+        tokenizer,
+        train_ids: np.ndarray,
+        valid_ids: dict[str, np.ndarray],
+        out: Path,
+        precision: str,
+        device: str,
+        end: int,
+    ):
+        self.cfg, self.model, self.tokenizer, self.valid_ids, self.out, self.precision = (
+            cfg,
+            model,
+            tokenizer,
+            valid_ids,
+            out,
+            precision,
+        )
         self.objective = NextTokenObjective(model, precision, device)
         self.settings = cfg.loop_settings(device)
         self.configs = {CONFIG_NAME: cfg.to_dict()}
@@ -172,7 +199,10 @@ class BackboneJob(TrainingJob):
         if step % self.settings.log_every and step != self.end:
             return {}
         now = time.perf_counter()
-        extra = {"epoch": self.sampler.epoch_of(step * self.settings.grad_accum_steps), "tokens_per_s": self.window_tokens / (now - self.window_start)}
+        extra = {
+            "epoch": self.sampler.epoch_of(step * self.settings.grad_accum_steps),
+            "tokens_per_s": self.window_tokens / (now - self.window_start),
+        }
         self.window_start, self.window_tokens = now, 0
         return extra
 
@@ -180,7 +210,12 @@ class BackboneJob(TrainingJob):
         if (step % self.cfg.eval_every == 0 or step == self.end) and run.log is not None:
             val = {name: _mean_nll(self.model, ids, self.cfg, self.precision) for name, ids in self.valid_ids.items()}
             run.log.append({"step": step, "val_loss": val, "elapsed_s": run.elapsed_s})
-            logger.info("step %d: train loss %.3f, val loss %s", step, run.values["loss"], {k: round(v, 3) for k, v in val.items()})
+            logger.info(
+                "step %d: train loss %.3f, val loss %s",
+                step,
+                run.values["loss"],
+                {k: round(v, 3) for k, v in val.items()},
+            )
 
     def on_checkpoint(self, step: int, run: TrainingRun) -> None:
         if run.engine.rank == 0:
@@ -188,8 +223,14 @@ class BackboneJob(TrainingJob):
 
 
 def train_backbone(
-    cfg: BackboneTrainConfig, out: str | Path, resume: bool = False, stop_at: int | None = None,
-    device: str = "cpu", command: str = "", progress: bool = True, deepspeed_config: str | os.PathLike | None = None,
+    cfg: BackboneTrainConfig,
+    out: str | Path,
+    resume: bool = False,
+    stop_at: int | None = None,
+    device: str = "cpu",
+    command: str = "",
+    progress: bool = True,
+    deepspeed_config: str | os.PathLike | None = None,
 ) -> dict:
     """Train (or continue) a backbone run in ``out``; returns the training report of the finished segment.
 
@@ -213,8 +254,9 @@ def train_backbone(
     ds_config, world = prepare_deepspeed(deepspeed_config, settings)
     checkpoint = None
     if has_checkpoint:
-        checkpoint = resume_point(out, {CONFIG_NAME: cfg.to_dict()}, BackboneJob.resumable, cfg.steps, ds_config, world,
-                                  resume=True)
+        checkpoint = resume_point(
+            out, {CONFIG_NAME: cfg.to_dict()}, BackboneJob.resumable, cfg.steps, ds_config, world, resume=True
+        )
     with training_session(ds_config, settings) as (rank, _, device):
         out.mkdir(parents=True, exist_ok=True)
         precision = resolve_precision(cfg.precision, device)
@@ -228,7 +270,11 @@ def train_backbone(
                 write_into(out, tokenizer.save_pretrained)
                 atomic_write_json(out / CONFIG_NAME, cfg.to_dict())
         else:
-            logger.info("training a byte-level BPE tokenizer (vocab %d) on %d documents", cfg.model.vocab_size, len(corpus.train_texts))
+            logger.info(
+                "training a byte-level BPE tokenizer (vocab %d) on %d documents",
+                cfg.model.vocab_size,
+                len(corpus.train_texts),
+            )
             tokenizer = train_tokenizer(corpus.train_texts, cfg.model.vocab_size)
             if rank == 0:
                 write_into(out, tokenizer.save_pretrained)
@@ -239,17 +285,27 @@ def train_backbone(
         end = cfg.steps if stop_at is None else min(cfg.steps, stop_at)
         job = BackboneJob(cfg, model, tokenizer, train_ids, valid_ids, out, precision, device, end)
         if saved_steps is not None and rank == 0:
-            logger.warning("--steps changed from %d to %d: the cosine schedule is re-planned from the last checkpoint", saved_steps, cfg.steps)
-            append_line(out / "log.jsonl", json.dumps({"step": json.loads((checkpoint / "state.json").read_text())["step"],
-                                                       "event": f"steps changed from {saved_steps} to {cfg.steps}"}))
+            logger.warning(
+                "--steps changed from %d to %d: the cosine schedule is re-planned from the last checkpoint",
+                saved_steps,
+                cfg.steps,
+            )
+            append_line(
+                out / "log.jsonl",
+                json.dumps(
+                    {
+                        "step": json.loads((checkpoint / "state.json").read_text())["step"],
+                        "event": f"steps changed from {saved_steps} to {cfg.steps}",
+                    }
+                ),
+            )
             atomic_write_json(out / CONFIG_NAME, cfg.to_dict())
         run = fit(job, out, ds_config, checkpoint, stop_at=stop_at, progress=progress)
-        return write_training_report(out, model, tokenizer, cfg, corpus, train_ids, valid_ids, run.step, run.elapsed_s,
-                                     precision, command)
+        return write_training_report(
+            out, model, tokenizer, cfg, corpus, train_ids, valid_ids, run.step, run.elapsed_s, precision, command
+        )
 
 
 def _mean_nll(model, ids: np.ndarray, cfg: BackboneTrainConfig, precision: str) -> float:
     nll, count = stream_nll(model, ids, cfg.model.seq_len, max_windows=cfg.eval_windows, precision=precision)
     return nll / count
-
-

@@ -1,5 +1,6 @@
 """Building blocks of the bridge: rotary causal self-attention with a KV cache, FiLM residual MLPs and
 the sinusoidal time embedding."""
+
 from __future__ import annotations
 
 import math
@@ -90,7 +91,9 @@ class ContextBlock(nn.Module):
         self.attention = CausalSelfAttention(width, heads)
         self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(), nn.Linear(mlp_ratio * width, width))
 
-    def forward(self, x: Tensor, rotary: Rotary, key_mask: Tensor | None, cache: KVCache | None) -> tuple[Tensor, KVCache]:
+    def forward(
+        self, x: Tensor, rotary: Rotary, key_mask: Tensor | None, cache: KVCache | None
+    ) -> tuple[Tensor, KVCache]:
         attended, cache = self.attention(self.norm1(x), rotary, key_mask, cache)
         x = x + attended
         return x + self.mlp(self.norm2(x)), cache

@@ -23,6 +23,7 @@ Output ``i`` depends on ``c(x_1..x_i)`` and ``z_{t,i}`` only. Targets are normal
 per-dimension variance): an isotropic rescaling that keeps the layer's geometry, makes ``E|z|^2 / D = 1``,
 and makes the squared error in ``z`` the fraction of variance unexplained, comparable across layers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -85,7 +86,6 @@ class BridgeConfig(DictConfig):
         make_sampler(self.sampler)
 
 
-
 class BridgeCache:
     """What incremental decoding reuses: keys and values of the context encoder for the tokens seen so far
     (one entry per block) and the denoiser's FiLM modulations per sampler time (weights are fixed while
@@ -112,8 +112,17 @@ def position_noise(seed: int, positions: Tensor, draws: int, dim: int, shared_ro
     batch, length = positions.shape
     unique, inverse = torch.unique(positions.cpu(), return_inverse=True)
     rows = 1 if shared_rows else batch
-    tables = torch.stack([torch.randn(rows, draws, dim, generator=torch.Generator().manual_seed(
-        (seed * 1_000_003 + position * 7919) % (2**63 - 1))) for position in unique.tolist()])  # (U, rows, draws, dim)
+    tables = torch.stack(
+        [
+            torch.randn(
+                rows,
+                draws,
+                dim,
+                generator=torch.Generator().manual_seed((seed * 1_000_003 + position * 7919) % (2**63 - 1)),
+            )
+            for position in unique.tolist()
+        ]
+    )  # (U, rows, draws, dim)
     row_index = torch.zeros(batch, 1, dtype=torch.long) if shared_rows else torch.arange(batch)[:, None]
     return tables[inverse, row_index].permute(2, 0, 1, 3).contiguous().to(positions.device)  # (draws, B, T, dim)
 
@@ -132,7 +141,9 @@ class Bridge(nn.Module):
         # h_l = c(x) + layer updates, and the norms of the embeddings differ by token and must reach the
         # prediction (a LayerNorm would erase them).
         self.condition_in = nn.Linear(config.condition_size, width)
-        self.context = nn.ModuleList(ContextBlock(width, config.heads, config.mlp_ratio) for _ in range(config.context_layers))
+        self.context = nn.ModuleList(
+            ContextBlock(width, config.heads, config.mlp_ratio) for _ in range(config.context_layers)
+        )
         self.context_to_level = nn.ModuleList(nn.Linear(width, w) for w in widths)
         self.time_mlp = nn.Sequential(nn.Linear(config.time_dim, config.time_dim), nn.SiLU())
         self.noisy_in = nn.Linear(config.hidden_size, width)
@@ -155,7 +166,9 @@ class Bridge(nn.Module):
     def set_target_statistics(self, mean: Tensor, std: float) -> None:
         """Store the teacher's per-dimension mean and scalar std of ``h_l`` (in the config, saved with it)."""
         if mean.shape != (self.config.hidden_size,) or not std > 0:
-            raise ValueError(f"need a mean of shape ({self.config.hidden_size},) and std > 0, got {tuple(mean.shape)} and {std}")
+            raise ValueError(
+                f"need a mean of shape ({self.config.hidden_size},) and std > 0, got {tuple(mean.shape)} and {std}"
+            )
         self.target_mean, self.target_std = mean.detach().float().cpu(), float(std)
         self.config.target_mean, self.config.target_std = [float(v) for v in self.target_mean.tolist()], float(std)
 
@@ -174,10 +187,14 @@ class Bridge(nn.Module):
         """``h = z std + mean`` in float32."""
         return z.float() * self.target_std + self._mean_on(z.device)
 
-    def encode(self, condition: Tensor, positions: Tensor, key_mask: Tensor | None = None, cache: BridgeCache | None = None) -> list[Tensor]:
+    def encode(
+        self, condition: Tensor, positions: Tensor, key_mask: Tensor | None = None, cache: BridgeCache | None = None
+    ) -> list[Tensor]:
         """Per-level context features ``[(B, T, W / 2^k)]`` from ``c(x)``; extends ``cache`` in place."""
         x = self.condition_in((condition / self.config.condition_rms).to(self.dtype))
-        rotary = rotary_tables(positions, self.config.width // self.config.heads, self.dtype) if len(self.context) else None
+        rotary = (
+            rotary_tables(positions, self.config.width // self.config.heads, self.dtype) if len(self.context) else None
+        )
         for index, block in enumerate(self.context):
             x, kv = block(x, rotary, key_mask, cache.layers[index] if cache is not None else None)
             if cache is not None:
@@ -190,7 +207,9 @@ class Bridge(nn.Module):
         blocks = [*self.down_blocks, self.middle, *self.up_blocks]
         return [block.modulation(time) for block in blocks]
 
-    def denoise(self, z: Tensor, t: Tensor, context: list[Tensor], modulations: list[Modulation] | None = None) -> Tensor:
+    def denoise(
+        self, z: Tensor, t: Tensor, context: list[Tensor], modulations: list[Modulation] | None = None
+    ) -> Tensor:
         """Network output (in the config's prediction type) for noisy ``z`` ``(B, T, D)`` at time ``t``.
 
         ``t`` is 0-d (one time for all positions) or ``(B, T)``; ``modulations`` are ``self.modulations(t)``
@@ -210,10 +229,16 @@ class Bridge(nn.Module):
 
     def _split(self, modulations: list[Modulation]) -> tuple[list[Modulation], Modulation, list[Modulation]]:
         depth = self.config.unet_depth
-        return modulations[:depth], modulations[depth], modulations[depth + 1:]
+        return modulations[:depth], modulations[depth], modulations[depth + 1 :]
 
-    def sample(self, context: list[Tensor], noise: Tensor, nfe: int | None = None, sampler: str | None = None,
-               cache: BridgeCache | None = None) -> Tensor:
+    def sample(
+        self,
+        context: list[Tensor],
+        noise: Tensor,
+        nfe: int | None = None,
+        sampler: str | None = None,
+        cache: BridgeCache | None = None,
+    ) -> Tensor:
         """Normalised ``x0`` ``(B, T, D)`` from ``noise`` ``(draws, B, T, D)`` (draw 0 starts the chain);
         with ``cache``, the modulations of each sampler time are computed once and kept there."""
         chosen = make_sampler(sampler or self.config.sampler)
@@ -229,7 +254,13 @@ class Bridge(nn.Module):
         return chosen.sample(model, self.schedule, self.prediction, noise[0], nfe or self.config.nfe, noise[1:])
 
     def forward(
-        self, condition: Tensor, positions: Tensor, noisy: Tensor, t: Tensor, noise: Tensor, key_mask: Tensor | None = None,
+        self,
+        condition: Tensor,
+        positions: Tensor,
+        noisy: Tensor,
+        t: Tensor,
+        noise: Tensor,
+        key_mask: Tensor | None = None,
         nfe: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Training pass: ``(denoiser output at (noisy, t), sampled normalised x0 from noise)``."""

@@ -6,6 +6,7 @@ positions). Every sampler walks the uniform time grid ``1 = t_0 > ... > t_N = 0`
 ``2N - 1`` with ``N = (nfe + 1) // 2`` steps (Heun) are spent, and an exact model gives back the exact
 ``x0`` whatever ``nfe``.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -24,7 +25,9 @@ def time_grid(steps: int, dtype: torch.dtype = torch.float32, device: torch.devi
     return torch.linspace(1.0, 0.0, steps + 1, dtype=dtype, device=device)
 
 
-def _denoise(model: Model, schedule: NoiseSchedule, prediction: Prediction, z: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
+def _denoise(
+    model: Model, schedule: NoiseSchedule, prediction: Prediction, z: Tensor, t: Tensor
+) -> tuple[Tensor, Tensor]:
     return prediction.to_x0_eps(model(z, t), z, t, schedule)
 
 
@@ -41,7 +44,13 @@ class Sampler(ABC):
         return nfe
 
     def sample(
-        self, model: Model, schedule: NoiseSchedule, prediction: Prediction, z: Tensor, nfe: int, noise: Tensor | None = None
+        self,
+        model: Model,
+        schedule: NoiseSchedule,
+        prediction: Prediction,
+        z: Tensor,
+        nfe: int,
+        noise: Tensor | None = None,
     ) -> Tensor:
         """``x0`` of the shape of ``z``; ``noise`` is ``(steps - 1, *z.shape)`` for stochastic samplers."""
         steps = self.steps(nfe)
@@ -50,13 +59,23 @@ class Sampler(ABC):
         grid = time_grid(steps, z.dtype, z.device)
         for k in range(steps - 1):
             x0, eps = _denoise(model, schedule, prediction, z, grid[k])
-            z = self.move(model, schedule, prediction, z, x0, eps, grid[k], grid[k + 1], noise[k] if self.stochastic else None)
+            z = self.move(
+                model, schedule, prediction, z, x0, eps, grid[k], grid[k + 1], noise[k] if self.stochastic else None
+            )
         return prediction.to_x0(model(z, grid[steps - 1]), z, grid[steps - 1], schedule)
 
     @abstractmethod
     def move(
-        self, model: Model, schedule: NoiseSchedule, prediction: Prediction, z: Tensor, x0: Tensor, eps: Tensor,
-        t: Tensor, s: Tensor, noise: Tensor | None,
+        self,
+        model: Model,
+        schedule: NoiseSchedule,
+        prediction: Prediction,
+        z: Tensor,
+        x0: Tensor,
+        eps: Tensor,
+        t: Tensor,
+        s: Tensor,
+        noise: Tensor | None,
     ) -> Tensor:
         """``z_s`` from ``z_t`` (``s < t``) given the model's estimates ``x0``, ``eps`` at ``(z, t)``."""
 

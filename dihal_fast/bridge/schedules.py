@@ -5,6 +5,7 @@ derivatives; a :class:`Prediction` says what the network outputs (``eps``, ``x0`
 ``dz/dt = alpha' x0 + sigma' eps``) and converts that output back to ``(x0, eps)`` for any schedule, so
 samplers never need to know which parameterisation a model was trained with.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """JSON round trips of config dataclasses with a clear error for keys the dataclass does not have."""
+
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, fields

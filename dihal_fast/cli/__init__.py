@@ -4,6 +4,7 @@ Each module in :data:`COMMANDS` defines ``register(subparsers)``, which adds its
 with a ``func(args) -> int`` default. User errors (bad paths, bad values) are reported as one
 clear line on stderr with exit status 2, never as a traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,9 +70,16 @@ def _accept_local_rank(parser: argparse.ArgumentParser, seen: set[int] | None = 
     if id(parser) in seen:  # an alias (train = replace) is the same parser
         return
     seen.add(id(parser))
-    parser.add_argument("--local_rank", "--local-rank", type=int, action=_LocalRank, default=argparse.SUPPRESS,
-                        metavar="N", help="this process's rank on its node, as the deepspeed launcher passes it "
-                        "(sets LOCAL_RANK; torchrun and srun set the environment instead)")
+    parser.add_argument(
+        "--local_rank",
+        "--local-rank",
+        type=int,
+        action=_LocalRank,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="this process's rank on its node, as the deepspeed launcher passes it "
+        "(sets LOCAL_RANK; torchrun and srun set the environment instead)",
+    )
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():

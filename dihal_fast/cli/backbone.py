@@ -1,5 +1,6 @@
 """``dihal backbone``: train a small causal LM (``train``), list the shipped ones (``list``) and describe a
 checkpoint (``info``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Describe a backbone directory (reads config.json and training_report.json).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    info.add_argument("--model", default=None, help="shipped backbone name or checkpoint directory (default: the default shipped backbone)")
+    info.add_argument(
+        "--model",
+        default=None,
+        help="shipped backbone name or checkpoint directory (default: the default shipped backbone)",
+    )
     info.set_defaults(func=run_info)
     listing = actions.add_parser(
         "list",
@@ -50,12 +55,18 @@ def _register_train(actions: argparse._SubParsersAction) -> None:
         "(--family llama) or Qwen3ForCausalLM (--family qwen3) on UTF-8 text files, with "
         "warmup + cosine LR, AdamW, gradient clipping, periodic validation, checkpoints and --resume. "
         "Held-out splits: --valid files, else the X.valid.txt next to every X.train.txt, else the tail of each file. "
-        "Several processes with DeepSpeed ZeRO: torchrun --nproc_per_node N $(which dihal) backbone train --deepspeed CFG ...",
+        "Several processes with DeepSpeed ZeRO: torchrun --nproc_per_node N $(which dihal) backbone train --deepspeed "
+        "CFG ...",
         formatter_class=HelpFormatter,
     )
     p.add_argument("--out", required=True, help="run directory (model, tokenizer, log, report, resume state)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    p.add_argument("--stop-at", type=int, default=None, help="end this invocation after this step with a checkpoint (continue with --resume)")
+    p.add_argument(
+        "--stop-at",
+        type=int,
+        default=None,
+        help="end this invocation after this step with a checkpoint (continue with --resume)",
+    )
     p.add_argument("--device", default="cpu", help="torch device to train on (cpu, cuda, cuda:1, ...)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--deepspeed", default=None, metavar="CFG", help=DEEPSPEED_HELP)
@@ -76,8 +87,14 @@ def run_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     with run_directory(args.out, "dihal backbone train"):
         report = train_backbone(
-            dataclass_from_options(BackboneTrainConfig, args), args.out, resume=args.resume, stop_at=args.stop_at, device=args.device,
-            command=shlex.join(["dihal", *sys.argv[1:]]), progress=not args.no_progress, deepspeed_config=args.deepspeed,
+            dataclass_from_options(BackboneTrainConfig, args),
+            args.out,
+            resume=args.resume,
+            stop_at=args.stop_at,
+            device=args.device,
+            command=shlex.join(["dihal", *sys.argv[1:]]),
+            progress=not args.no_progress,
+            deepspeed_config=args.deepspeed,
         )
     for name, row in report["validation"].items():
         print(f"{name}: PPL {row['ppl']:.2f}  unigram {row['unigram_ppl']:.1f}  bigram {row['bigram_ppl']:.1f}")

@@ -1,4 +1,5 @@
 """``dihal demo``: a thin shell over :func:`dihal_fast.pipeline.demo` (flags from ``DemoConfig``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--out", default="dihal_demo", help="run directory")
     add_dataclass_options(parser, DemoConfig)
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch CPU threads (0 = the cores other processes leave free, re-checked while it runs)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads (0 = the cores other processes leave free, re-checked while it runs)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -36,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     summary = demo(dataclass_from_options(DemoConfig, args), args.out)
     t = summary["targets"]
-    print(f"selected layer {summary['selected_layer']}; hybrid/backbone PPL {t['ppl_ratio']:.3f} "
-          f"(target <= 1.25: {'met' if t['ppl_ratio_met'] else 'missed'}); tokens/s ratio {t['tokens_per_s_ratio']:.3f}")
+    print(
+        f"selected layer {summary['selected_layer']}; hybrid/backbone PPL {t['ppl_ratio']:.3f} "
+        f"(target <= 1.25: {'met' if t['ppl_ratio_met'] else 'missed'}); tokens/s ratio {t['tokens_per_s_ratio']:.3f}"
+    )
     print(f"report: {args.out}/report.md")
     return 0

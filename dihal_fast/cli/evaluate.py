@@ -1,4 +1,5 @@
 """``dihal evaluate``: a thin shell over :func:`dihal_fast.pipeline.evaluate` (flags from ``EvaluateConfig``)."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """``dihal generate``: a thin shell over :func:`dihal_fast.pipeline.generate` (flags from ``GenerateConfig``)."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """``dihal locate``: a thin shell over :func:`dihal_fast.pipeline.locate` (flags from ``LocateConfig``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--out", required=True, metavar="RUN", help="run directory for the report, the plot and the checkpoints")
+    parser.add_argument(
+        "--out", required=True, metavar="RUN", help="run directory for the report, the plot and the checkpoints"
+    )
     add_dataclass_options(parser, LocateConfig)
     parser.set_defaults(func=run)
 
@@ -35,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     if not report.complete:
         return EXIT_STOPPED
     if report:  # rank 0 of a multi-process run
-        print(f"selected layer {report.selected_layer}  (report: {report.out / 'locate.json'}, "
-              f"plot: {report.out / 'geometry.png'})")
+        print(
+            f"selected layer {report.selected_layer}  (report: {report.out / 'locate.json'}, "
+            f"plot: {report.out / 'geometry.png'})"
+        )
     return 0

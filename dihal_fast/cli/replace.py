@@ -1,5 +1,6 @@
 """``dihal replace`` (alias ``dihal train``): a thin shell over :func:`dihal_fast.pipeline.replace` (flags from
 ``ReplaceConfig`` and its ``BridgeTrainConfig``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--out", required=True, help="run directory (configs, log, checkpoints, validation.json, hybrid/)")
+    parser.add_argument(
+        "--out", required=True, help="run directory (configs, log, checkpoints, validation.json, hybrid/)"
+    )
     add_dataclass_options(parser, ReplaceConfig)
     parser.set_defaults(func=run)
 

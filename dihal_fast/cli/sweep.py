@@ -1,4 +1,5 @@
 """``dihal sweep``: a thin shell over :func:`dihal_fast.pipeline.sweep` (flags from ``SweepConfig``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         cell = report[name]
         std = "" if cell["std"] is None else f" +- {cell['std']:.4f}"
         print(f"{name}: {cell['mean']:.4f}{std}" if cell["mean"] is not None else f"{name}: undefined (constant input)")
-    print(f"rank gap: {report['rank_gap']} (selected layer {report['predicted_layer']}, lowest loss "
-          f"{report['observed_best_layer']}); report: {args.out}/sweep.json, plot: {args.out}/sweep.png")
+    print(
+        f"rank gap: {report['rank_gap']} (selected layer {report['predicted_layer']}, lowest loss "
+        f"{report['observed_best_layer']}); report: {args.out}/sweep.json, plot: {args.out}/sweep.png"
+    )
     return 0

@@ -8,6 +8,7 @@
 Memory grows with layers x D^2 (+ the reservoir), never with the number of tokens; a run is
 checkpointed, resumable, and can be spread over processes with ``torchrun``.
 """
+
 from dihal_fast.collect.checkpoint import CheckpointStore
 from dihal_fast.collect.config import CollectConfig
 from dihal_fast.collect.distributed import distributed_session, merge_to_rank0, rank_info

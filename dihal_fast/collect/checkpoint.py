@@ -1,4 +1,5 @@
 """Per-rank checkpoints of the collection state in ``RUN/collect/`` (atomic safetensors + JSON config)."""
+
 from __future__ import annotations
 
 import json
@@ -79,8 +80,9 @@ class CheckpointStore:
         return progress
 
 
-def check_collection_state(stats: LayerStatistics, progress: object, config: CollectConfig, rank: int, world: int,
-                           vocab: int) -> None:
+def check_collection_state(
+    stats: LayerStatistics, progress: object, config: CollectConfig, rank: int, world: int, vocab: int
+) -> None:
     """``ValueError`` naming the field unless ``stats`` and ``progress`` are what collecting ``progress["blocks_done"]``
     blocks of this rank gives: the token count, the reservoir's size, keys, positions and ids, finite vectors."""
     if not isinstance(progress, dict):
@@ -94,20 +96,28 @@ def check_collection_state(stats: LayerStatistics, progress: object, config: Col
     blocks, batches = progress["blocks_done"], progress["batches_done"]
     total = config.total_blocks
     if total is not None and blocks > len(range(rank, total, world)):
-        raise ValueError(f"field 'progress.blocks_done' is {blocks}, more than the {len(range(rank, total, world))} "
-                         f"blocks of this rank (--max-tokens {config.max_tokens})")
+        raise ValueError(
+            f"field 'progress.blocks_done' is {blocks}, more than the {len(range(rank, total, world))} "
+            f"blocks of this rank (--max-tokens {config.max_tokens})"
+        )
     if not (batches - 1) * config.batch_size < blocks <= batches * config.batch_size and (blocks or batches):
-        raise ValueError(f"field 'progress.batches_done' is {batches}, which cannot hold {blocks} blocks in batches of "
-                         f"{config.batch_size}")
+        raise ValueError(
+            f"field 'progress.batches_done' is {batches}, which cannot hold {blocks} blocks in batches of "
+            f"{config.batch_size}"
+        )
     per_block = config.seq_len - (0 if config.keep_first else 1)
     if stats.count != blocks * per_block:
-        raise ValueError(f"field 'cov.*.count' is {stats.count}, but {blocks} blocks (field 'progress.blocks_done') hold "
-                         f"{blocks * per_block} tokens")
+        raise ValueError(
+            f"field 'cov.*.count' is {stats.count}, but {blocks} blocks (field 'progress.blocks_done') hold "
+            f"{blocks * per_block} tokens"
+        )
     reservoir = stats.reservoir
     n = reservoir.size
     if n != min(reservoir.capacity, stats.count):
-        raise ValueError(f"field 'reservoir.keys' holds {n} tokens, expected min(reservoir size "
-                         f"{reservoir.capacity}, {stats.count} tokens seen)")
+        raise ValueError(
+            f"field 'reservoir.keys' holds {n} tokens, expected min(reservoir size "
+            f"{reservoir.capacity}, {stats.count} tokens seen)"
+        )
     positions, token_ids = reservoir.positions[:n], reservoir.token_ids[:n]
     if n and positions.min() < 0:
         raise ValueError(f"field 'reservoir.positions' holds {positions.min()}, a negative token position")
@@ -119,11 +129,15 @@ def check_collection_state(stats: LayerStatistics, progress: object, config: Col
     if np.unique(positions).size != n:
         raise ValueError("field 'reservoir.positions' holds the same token more than once")
     if not np.array_equal(reservoir.keys[:n], token_keys(positions, stats.seed)):
-        raise ValueError(f"field 'reservoir.keys' does not match the positions' keys (seed {stats.seed}): duplicated or "
-                         "edited tokens")
+        raise ValueError(
+            f"field 'reservoir.keys' does not match the positions' keys (seed {stats.seed}): duplicated or "
+            "edited tokens"
+        )
     if n and (token_ids.min() < 0 or token_ids.max() >= vocab):
-        raise ValueError(f"field 'reservoir.token_ids' holds ids from {token_ids.min()} to {token_ids.max()}, outside the "
-                         f"model's vocabulary 0..{vocab - 1}")
+        raise ValueError(
+            f"field 'reservoir.token_ids' holds ids from {token_ids.min()} to {token_ids.max()}, outside the "
+            f"model's vocabulary 0..{vocab - 1}"
+        )
     for layer in reservoir.layers:
         if not torch.isfinite(reservoir.layer_vectors(layer)).all():
             raise ValueError(f"field 'reservoir.vectors.{layer}' holds NaN or infinite values")

@@ -1,4 +1,5 @@
 """The collection configuration: saved next to every checkpoint and checked on ``--resume``."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,15 +32,22 @@ class CollectConfig:
     checkpoint_every: int = 100
 
     def __post_init__(self) -> None:
-        positive = {"seq_len": self.seq_len, "batch_size": self.batch_size, "reservoir_size": self.reservoir_size,
-                    "world_size": self.world_size, "checkpoint_every": self.checkpoint_every}
+        positive = {
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "reservoir_size": self.reservoir_size,
+            "world_size": self.world_size,
+            "checkpoint_every": self.checkpoint_every,
+        }
         for name, value in positive.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.seq_len < 2:
             raise ValueError(f"seq_len must be >= 2 (the first position of a block is special), got {self.seq_len}")
         if self.max_tokens is not None and self.max_tokens < self.seq_len:
-            raise ValueError(f"max_tokens ({self.max_tokens}) must be at least one block of seq_len = {self.seq_len} tokens")
+            raise ValueError(
+                f"max_tokens ({self.max_tokens}) must be at least one block of seq_len = {self.seq_len} tokens"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not self.corpus:

@@ -5,6 +5,7 @@ and the statistics are merged pairwise up a binary tree to rank 0 (``log2(world)
 states in memory at a time) with :meth:`LayerStatistics.merge`, i.e. the count-weighted
 pairwise covariance update and the bottom-k reservoir merge.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,7 +57,9 @@ def distributed_session(device: str = "cpu") -> Iterator[tuple[int, int]]:
     if backend == "nccl":
         torch.cuda.set_device(launch.local_rank)
     dist.init_process_group(backend)
-    logger.info("joined process group: rank %d of %d (%s, launched by %s)", dist.get_rank(), world, backend, launch.launcher)
+    logger.info(
+        "joined process group: rank %d of %d (%s, launched by %s)", dist.get_rank(), world, backend, launch.launcher
+    )
     try:
         yield rank_info()
     finally:

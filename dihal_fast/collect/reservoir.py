@@ -8,6 +8,7 @@ Because the keys are i.i.d. uniform in the hash, the kept tokens are a uniform s
 replacement of all tokens seen. One key per token is shared by all layers, so every layer's sample
 holds the same tokens (paired across depth).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -79,7 +80,9 @@ class TokenReservoir:
             evicted = np.flatnonzero(~kept[: self.size])
             slots = np.concatenate([evicted, np.arange(self.size, self.capacity)])
             admitted = candidates[kept[self.size :]]
-        self._write(slots, keys[admitted], np.asarray(positions)[admitted], np.asarray(token_ids)[admitted], vectors, admitted)
+        self._write(
+            slots, keys[admitted], np.asarray(positions)[admitted], np.asarray(token_ids)[admitted], vectors, admitted
+        )
         self.size = min(self.capacity, pool.size)
         return int(admitted.size)
 
@@ -98,7 +101,8 @@ class TokenReservoir:
         """Fold another reservoir (disjoint tokens, same layers/dim) into this one; unbiased by construction."""
         if other.layers != self.layers or other.dim != self.dim:
             raise ValueError(
-                f"cannot merge reservoirs of layers {other.layers} / dim {other.dim} into layers {self.layers} / dim {self.dim}"
+                f"cannot merge reservoirs of layers {other.layers} / dim {other.dim} into layers {self.layers} / dim "
+                f"{self.dim}"
             )
         n = other.size
         self.offer(

@@ -1,4 +1,5 @@
 """The collection pass: one forward per batch, every hidden state into :class:`LayerStatistics`."""
+
 from __future__ import annotations
 
 import itertools
@@ -68,9 +69,11 @@ def _check_reservoir_memory(config: CollectConfig, n_states: int, hidden: int) -
     needed = config.reservoir_size * per_token
     available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if needed > available:
-        raise ValueError(f"--reservoir-size {config.reservoir_size} needs {needed / 2**30:.1f} GiB ({n_states} hidden "
-                         f"states x {hidden} values of {config.dtype} per token), more than the {available / 2**30:.1f} "
-                         "GiB of memory of this machine; lower --reservoir-size")
+        raise ValueError(
+            f"--reservoir-size {config.reservoir_size} needs {needed / 2**30:.1f} GiB ({n_states} hidden "
+            f"states x {hidden} values of {config.dtype} per token), more than the {available / 2**30:.1f} "
+            "GiB of memory of this machine; lower --reservoir-size"
+        )
 
 
 def _collect_local(config: CollectConfig, run_dir: Path, resume: bool, max_batches: int | None, progress: bool):
@@ -84,7 +87,11 @@ def _collect_local(config: CollectConfig, run_dir: Path, resume: bool, max_batch
     stats = LayerStatistics(range(n_layers + 1), hidden, config.reservoir_size, DTYPES[config.dtype], config.seed)
     logger.info(
         "collecting %d hidden states (dim %d) from %s on %s; reservoir of %d tokens needs up to %.1f MB",
-        n_layers + 1, hidden, config.model, device, config.reservoir_size,
+        n_layers + 1,
+        hidden,
+        config.model,
+        device,
+        config.reservoir_size,
         config.reservoir_size * (n_layers + 1) * hidden * stats.reservoir.vectors[0].element_size() / 2**20,
     )
     state = {"blocks_done": 0, "batches_done": 0, "exhausted": False}
@@ -93,8 +100,9 @@ def _collect_local(config: CollectConfig, run_dir: Path, resume: bool, max_batch
     total = config.total_blocks
     expected = None if total is None else -(-len(range(rank, total, world)) // config.batch_size)
     start = time.perf_counter()
-    with progress_bar(total=expected, initial=state["batches_done"], unit="batch", desc="collect",
-              disable=not progress or rank != 0) as bar:
+    with progress_bar(
+        total=expected, initial=state["batches_done"], unit="batch", desc="collect", disable=not progress or rank != 0
+    ) as bar:
         if not state["exhausted"]:
             blocks = _rank_blocks(tokenizer, config, rank, world, state["blocks_done"])
             _run_batches(model, blocks, stats, store, state, config, max_batches, bar)
@@ -102,8 +110,16 @@ def _collect_local(config: CollectConfig, run_dir: Path, resume: bool, max_batch
     return stats, state, n_layers, hidden, time.perf_counter() - start
 
 
-def _run_batches(model, blocks, stats: LayerStatistics, store: CheckpointStore, state: dict, config: CollectConfig,
-                 max_batches: int | None, bar) -> None:
+def _run_batches(
+    model,
+    blocks,
+    stats: LayerStatistics,
+    store: CheckpointStore,
+    state: dict,
+    config: CollectConfig,
+    max_batches: int | None,
+    bar,
+) -> None:
     """Forward batches of blocks into ``stats`` until the blocks run out or ``max_batches``; updates ``state``."""
     rank, world = rank_info()
     device = model.device
@@ -116,7 +132,9 @@ def _run_batches(model, blocks, stats: LayerStatistics, store: CheckpointStore, 
             return
         input_ids = torch.stack(batch).to(device)
         if int(input_ids.max()) >= vocab:
-            raise ValueError(f"the tokenizer produced id {int(input_ids.max())} but the model has only {vocab} embeddings")
+            raise ValueError(
+                f"the tokenizer produced id {int(input_ids.max())} but the model has only {vocab} embeddings"
+            )
         local = torch.arange(state["blocks_done"], state["blocks_done"] + len(batch), device=device)
         positions = (local * world + rank)[:, None] * config.seq_len + offsets
         attention = torch.ones_like(input_ids)

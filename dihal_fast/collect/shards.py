@@ -1,4 +1,5 @@
 """Per-layer safetensors files of the sampled vectors (for later sweeps), with a JSON sidecar."""
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,14 @@ def write_shards(reservoir: TokenReservoir, out_dir: str | Path, metadata: dict)
     ordered = reservoir.sorted()
     needed = shard_bytes(ordered)
     free = shutil.disk_usage(out).free
-    logger.info("writing %d shard files of %d tokens to %s: %.1f MB (%.1f MB free)",
-                len(ordered.layers), ordered.size, out, needed / 2**20, free / 2**20)
+    logger.info(
+        "writing %d shard files of %d tokens to %s: %.1f MB (%.1f MB free)",
+        len(ordered.layers),
+        ordered.size,
+        out,
+        needed / 2**20,
+        free / 2**20,
+    )
     if needed > free:
         raise ValueError(f"shards need {needed / 2**20:.1f} MB but {out} has only {free / 2**20:.1f} MB free")
     files = []
@@ -43,14 +50,17 @@ def write_shards(reservoir: TokenReservoir, out_dir: str | Path, metadata: dict)
         path = out / f"layer_{layer:03d}.safetensors"
         atomic_write_bytes(path, save_safetensors(tensors, metadata={"layer": str(layer)}))
         files.append(path)
-    atomic_write_json(out / "metadata.json", {
-        **metadata,
-        "layers": list(ordered.layers),
-        "n_tokens": ordered.size,
-        "dim": ordered.dim,
-        "dtype": str(ordered.dtype).replace("torch.", ""),
-        "files": [p.name for p in files],
-        "bytes": needed,
-        "row_order": "ascending sampling key (a uniform random order); positions = block * seq_len + offset",
-    })
+    atomic_write_json(
+        out / "metadata.json",
+        {
+            **metadata,
+            "layers": list(ordered.layers),
+            "n_tokens": ordered.size,
+            "dim": ordered.dim,
+            "dtype": str(ordered.dtype).replace("torch.", ""),
+            "files": [p.name for p in files],
+            "bytes": needed,
+            "row_order": "ascending sampling key (a uniform random order); positions = block * seq_len + offset",
+        },
+    )
     return files

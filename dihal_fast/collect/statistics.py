@@ -1,4 +1,5 @@
 """Per-layer statistics of a stream of hidden states: exact covariance and a token reservoir."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -93,7 +94,9 @@ class LayerStatistics:
         for layer, cov in self.covariances.items():
             prefix = f"cov.{layer}."
             cov.load_state_dict({k[len(prefix) :]: v.numpy() for k, v in state.items() if k.startswith(prefix)})
-        self.reservoir.load_state_dict({k[len("reservoir.") :]: v for k, v in state.items() if k.startswith("reservoir.")})
+        self.reservoir.load_state_dict(
+            {k[len("reservoir.") :]: v for k, v in state.items() if k.startswith("reservoir.")}
+        )
         counts = {cov.count for cov in self.covariances.values()}
         if len(counts) != 1:
             raise ValueError(f"statistics state is inconsistent: layers have different token counts {sorted(counts)}")

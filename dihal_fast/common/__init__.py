@@ -2,6 +2,7 @@
 atomic file output, run directories, seeding, devices, progress, float64 sampling (``sampling``), metrics
 (``metrics``), model and tokenizer loading (``models``), shipped-asset paths (``assets``) and
 dataclass-generated command-line options (``options``)."""
+
 from dihal_fast.common.devices import resolve_device
 from dihal_fast.common.io import atomic_write_bytes, atomic_write_json, read_json
 from dihal_fast.common.seeding import seed_everything

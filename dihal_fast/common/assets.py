@@ -5,6 +5,7 @@ A leaf module so that model loading (:mod:`dihal_fast.common.models`) can defaul
 backbone without importing :mod:`dihal_fast.backbone`, which builds on ``common``; the documented
 names are re-exported by :mod:`dihal_fast.backbone`.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,11 +30,20 @@ class ShippedBackbone:
 
 
 SHIPPED_BACKBONES = {
-    backbone.name: backbone for backbone in (
-        ShippedBackbone("tiny-llama-8l", ASSETS_DIR / "backbone", "llama",
-                        "LlamaForCausalLM, 8 layers, hidden 128, tied embeddings (the default)"),
-        ShippedBackbone("tiny-qwen3-16l", ASSETS_DIR / "backbone_qwen3", "qwen3",
-                        "Qwen3ForCausalLM, 16 layers, hidden 96, QK-norm, 4 query / 2 key-value heads, untied head"),
+    backbone.name: backbone
+    for backbone in (
+        ShippedBackbone(
+            "tiny-llama-8l",
+            ASSETS_DIR / "backbone",
+            "llama",
+            "LlamaForCausalLM, 8 layers, hidden 128, tied embeddings (the default)",
+        ),
+        ShippedBackbone(
+            "tiny-qwen3-16l",
+            ASSETS_DIR / "backbone_qwen3",
+            "qwen3",
+            "Qwen3ForCausalLM, 16 layers, hidden 96, QK-norm, 4 query / 2 key-value heads, untied head",
+        ),
     )
 }
 DEFAULT_BACKBONE = "tiny-llama-8l"
@@ -69,8 +79,10 @@ def model_location(model: str | os.PathLike | None) -> Path:
         return path
     if str(model) in SHIPPED_BACKBONES:
         return shipped_model_dir(str(model))
-    raise FileNotFoundError(f"no checkpoint at {path}: the model directory does not exist, nor is {str(model)!r} a "
-                            f"shipped backbone ({', '.join(SHIPPED_BACKBONES)}; see `dihal backbone list`)")
+    raise FileNotFoundError(
+        f"no checkpoint at {path}: the model directory does not exist, nor is {str(model)!r} a "
+        f"shipped backbone ({', '.join(SHIPPED_BACKBONES)}; see `dihal backbone list`)"
+    )
 
 
 def default_corpus() -> Path:

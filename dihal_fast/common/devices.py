@@ -5,6 +5,7 @@
 refusing what this machine cannot run with one line. ``--dtype auto`` is the checkpoint's own dtype
 (``dtype`` / ``torch_dtype`` in its ``config.json``), as transformers' ``from_pretrained(dtype="auto")``.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,10 @@ def resolve_device(name: str):
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name} asked for, but torch sees no CUDA device here; use --device cpu or auto")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"device {name} asked for, but torch sees {torch.cuda.device_count()} CUDA device(s) "
-                         f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+        raise ValueError(
+            f"device {name} asked for, but torch sees {torch.cuda.device_count()} CUDA device(s) "
+            f"(cuda:0..cuda:{torch.cuda.device_count() - 1})"
+        )
     return device
 
 

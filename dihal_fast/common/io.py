@@ -13,6 +13,7 @@ every folder written as a whole (a checkpoint, an exported model) through :func:
 - permissions are those a plain ``open()`` / ``mkdir()`` gives (``0666`` / ``0777`` less the umask),
   not ``mkstemp``'s ``0600``: colleagues on shared storage can read a run.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -61,8 +62,10 @@ def _links_below_root(path: Path, itself: bool) -> Path | None:
 def _refuse_links(path: Path, itself: bool = True) -> None:
     link = _links_below_root(path, itself)
     if link is not None:
-        raise ValueError(f"{link} is a symbolic link (to {os.readlink(link)}); refusing to write {path} through it, "
-                         "outside the run directory: remove the link")
+        raise ValueError(
+            f"{link} is a symbolic link (to {os.readlink(link)}); refusing to write {path} through it, "
+            "outside the run directory: remove the link"
+        )
 
 
 def check_file_target(path: str | os.PathLike) -> Path:
@@ -70,7 +73,9 @@ def check_file_target(path: str | os.PathLike) -> Path:
     path = Path(path)
     _refuse_links(path)
     if path.is_dir():
-        raise ValueError(f"{path} is a directory, where this command writes a file; move it away or choose another --out")
+        raise ValueError(
+            f"{path} is a directory, where this command writes a file; move it away or choose another --out"
+        )
     _check_parents(path)
     return path
 
@@ -110,7 +115,8 @@ def _naming(exc: OSError, path: Path) -> OSError:
 
 
 def _open_new(opened: Path, flags: int, target: Path) -> int:
-    """``os.open`` of ``opened`` for writing ``target`` (never through a link, ``open()``'s mode), creating its folders."""
+    """``os.open`` of ``opened`` for writing ``target`` (never through a link, ``open()``'s mode), creating its
+    folders."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         return os.open(opened, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | flags, 0o666)
@@ -121,7 +127,7 @@ def _open_new(opened: Path, flags: int, target: Path) -> int:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

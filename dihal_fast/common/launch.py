@@ -8,6 +8,7 @@ sets only SLURM's variables: :func:`launcher_env` maps ``SLURM_PROCID`` / ``SLUR
 ``MASTER_ADDR`` from the first host of ``SLURM_JOB_NODELIST`` and a ``MASTER_PORT`` derived from
 ``SLURM_JOB_ID``. Variables already set always win, so torchrun inside an sbatch script is left alone.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,9 @@ def first_host(nodelist: str) -> str:
         raise ValueError("SLURM_JOB_NODELIST is empty; set MASTER_ADDR to the first node's address")
     if shutil.which("scontrol"):
         try:
-            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                                 check=True, timeout=30).stdout.split()
+            out = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True, timeout=30
+            ).stdout.split()
         except (OSError, subprocess.SubprocessError):
             out = []
         if out:
@@ -71,8 +73,9 @@ def expand_nodelist(nodelist: str) -> list[str]:
     for item in _split_top_level(nodelist):
         match = re.fullmatch(r"([^\[\],]*)(?:\[([^\[\]]*)\])?([^\[\],]*)", item)
         if match is None or not item:
-            raise ValueError(f"cannot parse SLURM node list {nodelist!r} (item {item!r}); set MASTER_ADDR, or put "
-                             "scontrol on PATH")
+            raise ValueError(
+                f"cannot parse SLURM node list {nodelist!r} (item {item!r}); set MASTER_ADDR, or put scontrol on PATH"
+            )
         prefix, ranges, suffix = match.groups()
         if ranges is None:
             hosts.append(item)
@@ -132,8 +135,10 @@ def launcher_env(env: MutableMapping[str, str] | None = None) -> LaunchInfo:
     world = _integer(env, "WORLD_SIZE", 1) or 1
     rank = _integer(env, "RANK", 0)
     if world > 1 and rank is None:
-        raise ValueError(f"WORLD_SIZE={world} but RANK is not set; launch with torchrun --nproc_per_node {world} "
-                         "(or the deepspeed launcher, or srun)")
+        raise ValueError(
+            f"WORLD_SIZE={world} but RANK is not set; launch with torchrun --nproc_per_node {world} "
+            "(or the deepspeed launcher, or srun)"
+        )
     rank = rank or 0
     if rank >= world and "WORLD_SIZE" in env:
         raise ValueError(f"RANK={rank} must be smaller than WORLD_SIZE={world}")

@@ -12,6 +12,7 @@ Conventions (named in every report through :data:`PROTOCOL`):
 * Diversity: DiHAL uses the product of distinct-1..4, LD4LG the product over n = 2..4; both ratios
   are unique / total n-grams pooled over all samples.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,9 +58,9 @@ def token_nll(
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     mask = scored_mask(attention_mask)
-    losses = F.cross_entropy(
-        logits[:, :-1].float().transpose(1, 2), input_ids[:, 1:], reduction="none"
-    ).to(torch.float64)
+    losses = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), input_ids[:, 1:], reduction="none").to(
+        torch.float64
+    )
     return (losses * mask).sum(dim=1), mask.sum(dim=1)
 
 

@@ -1,4 +1,5 @@
 """Loading local Hugging Face causal-LM checkpoints with errors a user can act on."""
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,8 @@ def resolve_model_dir(path: str | os.PathLike | None) -> Path:
 
 
 def load_tokenizer(path: str | os.PathLike | None):
-    """The tokenizer saved in directory ``path`` (or a shipped backbone's name; ``None`` = the default one's); a missing pad token
+    """The tokenizer saved in directory ``path`` (or a shipped backbone's name; ``None`` = the default one's); a
+    missing pad token
     is set to EOS (and said so in the log). The one tokenizer loader of the package."""
     from transformers import AutoTokenizer
 

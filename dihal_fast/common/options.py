@@ -22,6 +22,7 @@ cannot drift apart. A field becomes:
   decides" (the help text says what, and the command resolves it before building the config);
 - ``required``: whether the flag must be given, when that is not what the field's default says.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,8 +74,9 @@ def _default(spec: dataclasses.Field, defaults: Any) -> Any:
     return None if spec.default is MISSING else spec.default
 
 
-def add_dataclass_options(parser: argparse.ArgumentParser, cls: type, exclude: tuple[str, ...] = (),
-                          defaults: Any = None) -> None:
+def add_dataclass_options(
+    parser: argparse.ArgumentParser, cls: type, exclude: tuple[str, ...] = (), defaults: Any = None
+) -> None:
     """Add a flag for every init field of dataclass ``cls`` (except ``exclude``); ``defaults`` is an
     instance whose values replace the field defaults (used for nested configurations)."""
     hints = typing.get_type_hints(cls)
@@ -96,12 +98,19 @@ def add_dataclass_options(parser: argparse.ArgumentParser, cls: type, exclude: t
         extra = {key: spec.metadata[key] for key in ("choices", "metavar") if key in spec.metadata}
         if "flag" in spec.metadata and "choices" not in extra:
             extra.setdefault("metavar", flags[0].lstrip("-").replace("-", "_").upper())
-        required = spec.metadata.get("required", defaults is None and spec.default is MISSING
-                                     and spec.default_factory is MISSING)
+        required = spec.metadata.get(
+            "required", defaults is None and spec.default is MISSING and spec.default_factory is MISSING
+        )
         if kind is bool:
             extra.pop("metavar", None)
-            parser.add_argument(*flags, dest=spec.name, action=argparse.BooleanOptionalAction, default=default,
-                                required=required, help=spec.metadata["help"])
+            parser.add_argument(
+                *flags,
+                dest=spec.name,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                required=required,
+                help=spec.metadata["help"],
+            )
             continue
         if "type" in spec.metadata:
             kind = spec.metadata["type"]
@@ -109,8 +118,9 @@ def add_dataclass_options(parser: argparse.ArgumentParser, cls: type, exclude: t
             extra["action"] = "append"
         elif many:
             extra["nargs"] = "+"
-        parser.add_argument(*flags, dest=spec.name, type=kind, default=default, required=required,
-                            help=spec.metadata["help"], **extra)
+        parser.add_argument(
+            *flags, dest=spec.name, type=kind, default=default, required=required, help=spec.metadata["help"], **extra
+        )
 
 
 def dataclass_from_options(cls: type, args: argparse.Namespace, **given: Any) -> Any:

@@ -12,6 +12,7 @@ total (at most one per :data:`PLAIN_MIN_GAP_S`), one at least every :data:`PLAIN
 advances, and a last one when it ends. :func:`quiet_library_bars` keeps Hugging Face's bars out of
 such logs too.
 """
+
 from __future__ import annotations
 
 import io
@@ -80,7 +81,8 @@ class PlainProgress(tqdm):
         now, tenth = time.monotonic(), self._tenth()
         final = self.disable  # close() marks the bar disabled before its last display
         due = now - self._last_line_s >= PLAIN_EVERY_S or (
-            tenth is not None and tenth > self._last_tenth and now - self._last_line_s >= PLAIN_MIN_GAP_S)
+            tenth is not None and tenth > self._last_tenth and now - self._last_line_s >= PLAIN_MIN_GAP_S
+        )
         if (final or due) and self.n != self._printed_n:
             stream = self._stream or sys.stderr
             stream.write(self._line() + "\n")

@@ -11,6 +11,7 @@ holder is still checked: a live process on this host, or any process on another 
 Only global rank 0 (``RANK`` unset or 0, as torchrun and DeepSpeed set it) takes the lock: the other
 processes of the same job write into the same directory under its protection.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,7 +52,9 @@ def check_run_directory(path: str | os.PathLike) -> Path:
     path = Path(path)
     existing = _nearest_existing(path)
     if existing == path and not path.is_dir():
-        raise ValueError(f"run directory {path} is an existing file; choose a directory (a new one or an earlier run's)")
+        raise ValueError(
+            f"run directory {path} is an existing file; choose a directory (a new one or an earlier run's)"
+        )
     if not existing.is_dir():
         raise ValueError(f"run directory {path} cannot be created: {existing} is a file, not a directory")
     return path
@@ -72,13 +75,16 @@ def check_output_file(path: str | os.PathLike, option: str = "--out") -> Path:
     try:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as exc:
-        raise ValueError(f"{option} {path} cannot be written: no file can be created in {folder} ({exc.strerror})") from None
+        raise ValueError(
+            f"{option} {path} cannot be written: no file can be created in {folder} ({exc.strerror})"
+        ) from None
     return path
 
 
 @contextlib.contextmanager
-def run_directory(path: str | os.PathLike, command: str, files: tuple[str, ...] = (),
-                  folders: tuple[str, ...] = ()) -> Iterator[Path]:
+def run_directory(
+    path: str | os.PathLike, command: str, files: tuple[str, ...] = (), folders: tuple[str, ...] = ()
+) -> Iterator[Path]:
     """Check and create the run directory ``path`` and hold its lock (rank 0) while the block runs.
 
     ``command`` (e.g. ``"dihal replace"``) is recorded so that a refused second writer can say who
@@ -113,7 +119,8 @@ def run_directory(path: str | os.PathLike, command: str, files: tuple[str, ...] 
 
 
 def check_outputs(run_dir: Path, files: tuple[str, ...], folders: tuple[str, ...]) -> None:
-    """A ``ValueError`` now when an output of the command is a link or of the wrong kind (a folder where a file goes)."""
+    """A ``ValueError`` now when an output of the command is a link or of the wrong kind (a folder where a file
+    goes)."""
     for name in files:
         check_file_target(run_dir / name)
     for name in folders:
@@ -121,15 +128,18 @@ def check_outputs(run_dir: Path, files: tuple[str, ...], folders: tuple[str, ...
 
 
 def _acquire(lock_path: Path, command: str) -> int:
-    """Open, lock and claim ``lock_path`` (never through a symbolic link); returns the descriptor that keeps the lock."""
+    """Open, lock and claim ``lock_path`` (never through a symbolic link); returns the descriptor that keeps the
+    lock."""
     run_dir = lock_path.parent
     while True:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP or os.path.islink(lock_path):
-                raise ValueError(f"lock file {lock_path} is a symbolic link (to {os.readlink(lock_path)}); refusing to "
-                                 "follow it out of the run directory: remove the link") from None
+                raise ValueError(
+                    f"lock file {lock_path} is a symbolic link (to {os.readlink(lock_path)}); refusing to "
+                    "follow it out of the run directory: remove the link"
+                ) from None
             raise ValueError(f"run directory {run_dir} is not writable ({exc.strerror})") from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
@@ -140,8 +150,10 @@ def _acquire(lock_path: Path, command: str) -> int:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 holder = _read_holder(fd)
                 os.close(fd)
-                raise RunDirectoryBusy(f"run directory {run_dir} is in use by {_describe(holder)}; wait for it to "
-                                       "finish or choose another --out") from None
+                raise RunDirectoryBusy(
+                    f"run directory {run_dir} is in use by {_describe(holder)}; wait for it to "
+                    "finish or choose another --out"
+                ) from None
             if exc.errno not in _NO_LOCKS:
                 os.close(fd)
                 raise
@@ -153,8 +165,13 @@ def _acquire(lock_path: Path, command: str) -> int:
     stale = _read_holder(fd)
     if stale:
         logger.warning("taking over the lock of %s left in %s: that process is gone", _describe(stale), run_dir)
-    record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv}
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": command,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "argv": sys.argv,
+    }
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
     return fd
@@ -163,12 +180,15 @@ def _acquire(lock_path: Path, command: str) -> int:
 def _check_recorded_holder(fd: int, lock_path: Path) -> None:
     """Without kernel locks: refuse when the recorded holder may still run (alive here, or on another host)."""
     holder = _read_holder(fd)
-    logger.warning("the filesystem of %s does not support file locks; only the holder recorded there is checked",
-                   lock_path.parent)
+    logger.warning(
+        "the filesystem of %s does not support file locks; only the holder recorded there is checked", lock_path.parent
+    )
     if holder and (holder.get("host") != socket.gethostname() or _pid_alive(holder.get("pid"))):
         os.close(fd)
-        raise RunDirectoryBusy(f"run directory {lock_path.parent} is in use by {_describe(holder)} (this filesystem "
-                               f"has no file locks: if that process is gone, delete {lock_path})")
+        raise RunDirectoryBusy(
+            f"run directory {lock_path.parent} is in use by {_describe(holder)} (this filesystem "
+            f"has no file locks: if that process is gone, delete {lock_path})"
+        )
 
 
 def _is_current(fd: int, lock_path: Path) -> bool:
@@ -194,8 +214,10 @@ def _read_holder(fd: int) -> dict:
 def _describe(holder: dict) -> str:
     if not holder:
         return "another process (it has not recorded itself yet)"
-    return (f"pid {holder.get('pid')} on host {holder.get('host')} ({holder.get('command')}, "
-            f"started {holder.get('started')})")
+    return (
+        f"pid {holder.get('pid')} on host {holder.get('host')} ({holder.get('command')}, "
+        f"started {holder.get('started')})"
+    )
 
 
 def _pid_alive(pid: object) -> bool:

@@ -5,6 +5,7 @@ float32 cannot produce the tiny probabilities of rare tokens), which lowers the 
 temperature and makes generative perplexity look better than it is (Zheng et al. 2024). Every
 sampler in this package draws tokens through :func:`sample_categorical`.
 """
+
 from __future__ import annotations
 
 import torch

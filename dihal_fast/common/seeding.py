@@ -1,4 +1,5 @@
 """Reproducible seeds for Python, NumPy and torch."""
+
 from __future__ import annotations
 
 import random

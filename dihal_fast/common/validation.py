@@ -17,6 +17,7 @@ field's annotation and the metadata of :func:`dihal_fast.common.options.option`:
 Consistency between fields (``hidden`` a multiple of ``heads``) stays in the config's own
 ``__post_init__``, after the per-field checks.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,7 +56,9 @@ def _flag(name: str, metadata: typing.Mapping[str, Any]) -> str:
     return flag if isinstance(flag, str) else flag[0]
 
 
-def check_value(name: str, value: Any, hint: Any, metadata: typing.Mapping[str, Any] = types.MappingProxyType({})) -> None:
+def check_value(
+    name: str, value: Any, hint: Any, metadata: typing.Mapping[str, Any] = types.MappingProxyType({})
+) -> None:
     """``value`` of field ``name`` against the annotation ``hint`` and the constraints in ``metadata``; the error
     names the flag and the field (``--n-samples must be >= 1, got 0 (n_samples)``)."""
     try:
@@ -112,8 +115,13 @@ def _check_scalar(where: str, value: Any, hint: Any, metadata: typing.Mapping[st
         resolve_device(value)
 
 
-def _check_range(where: str, value: float, metadata: typing.Mapping[str, Any], default_min: float | None = None,
-                 default_max: float | None = None) -> None:
+def _check_range(
+    where: str,
+    value: float,
+    metadata: typing.Mapping[str, Any],
+    default_min: float | None = None,
+    default_max: float | None = None,
+) -> None:
     low, high = metadata.get("min", default_min), metadata.get("max", default_max)
     if low is not None and value < low:
         raise ValueError(f"{where} must be >= {low}, got {value!r}")

@@ -1,4 +1,5 @@
 """Fixed-length token blocks from a stream of documents (documents joined by the EOS token)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -53,7 +54,7 @@ def iter_token_blocks(
             buffer.extend(ids)
             start = 0
             while len(buffer) - start >= seq_len:
-                block, start = buffer[start:start + seq_len], start + seq_len
+                block, start = buffer[start : start + seq_len], start + seq_len
                 mine = block_index % world_size == rank
                 block_index += 1
                 if not mine:

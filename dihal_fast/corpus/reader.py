@@ -1,5 +1,6 @@
 """Documents from local corpora: ``.txt`` (blank-line separated paragraphs), ``.jsonl`` (a ``text``
 field per line), directories of those, or a dataset saved with ``datasets.save_to_disk``."""
+
 from __future__ import annotations
 
 import json
@@ -74,7 +75,9 @@ def _dataset_texts(path: Path) -> Iterator[str]:
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"{path} is a saved Hugging Face dataset; install the optional dependency: pip install datasets") from None
+        raise ValueError(
+            f"{path} is a saved Hugging Face dataset; install the optional dependency: pip install datasets"
+        ) from None
     loaded = datasets.load_from_disk(str(path))
     splits = list(loaded.values()) if isinstance(loaded, datasets.DatasetDict) else [loaded]
     for split in splits:

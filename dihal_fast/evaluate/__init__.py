@@ -6,6 +6,7 @@ The metrics (pure functions) and the float64 sampler live in the leaf modules
 documented names ``dihal_fast.evaluate.metrics`` and ``dihal_fast.evaluate.sampling`` are the same
 module objects. The stages that run this (evaluate, sweep, demo) are in :mod:`dihal_fast.pipeline`.
 """
+
 import sys
 
 from dihal_fast.common import metrics, sampling

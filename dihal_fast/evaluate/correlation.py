@@ -1,4 +1,5 @@
 """Score vs bridgeability across layers: rank correlations over repeated score runs, rank gap, plot."""
+
 from __future__ import annotations
 
 import math
@@ -26,9 +27,7 @@ def _stat(values: list[float]) -> dict:
     return {"mean": float(np.mean(finite)), "std": std, "n_runs": len(finite)}
 
 
-def score_loss_correlations(
-    layers: Sequence[int], score_runs: np.ndarray, bridge_loss: Sequence[float]
-) -> dict:
+def score_loss_correlations(layers: Sequence[int], score_runs: np.ndarray, bridge_loss: Sequence[float]) -> dict:
     """Correlations between repeated scores ``score_runs[R, n_layers]`` and ``-bridge_loss[n_layers]``.
 
     Returns ``{spearman, kendall, pearson}`` (each ``{mean, std, n_runs}``; a run where either side is
@@ -82,8 +81,13 @@ def plot_sweep(path: str | Path, rows: Sequence[Mapping], correlations: Mapping)
     for layer, x, y in zip(layers, score, loss):
         left.annotate(str(layer), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     rho = correlations["spearman"]["mean"]
-    left.set(xlabel="selection score (mean over runs)", ylabel="validation bridge loss",
-             title=f"score vs bridge loss (Spearman with -loss, mean over runs: {rho:.3f})" if rho is not None else "score vs bridge loss")
+    left.set(
+        xlabel="selection score (mean over runs)",
+        ylabel="validation bridge loss",
+        title=f"score vs bridge loss (Spearman with -loss, mean over runs: {rho:.3f})"
+        if rho is not None
+        else "score vs bridge loss",
+    )
     right.plot(layers, score, "o-", color="tab:blue", label="score")
     right.set(xlabel="layer", ylabel="selection score")
     right.xaxis.get_major_locator().set_params(integer=True)

@@ -9,6 +9,7 @@ unconditional: the bridge's deterministic DDIM sampler from Gaussian noise, with
 clamping of x0_hat to the nearest embedding at every step and a final rounding to the nearest token.
 It has no tractable likelihood, so its NLL/PPL/KL are not reported.
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,7 +63,9 @@ class DiffusionLM(nn.Module):
         self.inp = nn.Linear(dim, width)
         self.pos = nn.Embedding(config.seq_len, width)
         self.time = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
-        layer = nn.TransformerEncoderLayer(width, config.heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            width, config.heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, config.layers, enable_nested_tensor=False)
         self.out = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, dim))
 
@@ -101,7 +104,9 @@ class DiffusionLM(nn.Module):
     def sample(self, n_samples: int, length: int, nfe: int, generator: torch.Generator | None = None) -> Generation:
         """``n_samples`` unconditional sequences of ``length`` tokens: DDIM (eta = 0), clamping, rounding."""
         if not 1 <= length <= self.config.seq_len:
-            raise ValueError(f"length must lie in 1..{self.config.seq_len} (the control's sequence length), got {length}")
+            raise ValueError(
+                f"length must lie in 1..{self.config.seq_len} (the control's sequence length), got {length}"
+            )
         start = time.perf_counter()
         z = torch.randn((n_samples, length, self.table.shape[1]), generator=generator)
         x0 = DDIM().sample(self.clamped_x0, SCHEDULE, Prediction("x0"), z, nfe)

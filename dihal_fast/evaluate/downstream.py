@@ -12,6 +12,7 @@ wrapping the model object), and :func:`downstream_report` every model of ``dihal
 lm-eval is the optional extra ``dihal_fast[lm_eval]``; without it these functions raise an ImportError
 naming it before any work starts.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,12 +26,14 @@ logger = logging.getLogger(__name__)
 TASKS_DIR = ASSETS_DIR / "tasks"
 LOCAL_TASKS = ("dihal_lambada_local", "dihal_cloze_local")
 INSTALL_HINT = "pip install 'dihal_fast[lm_eval]'"
-PROTOCOL = ("lm-evaluation-harness simple_evaluate, zero-shot, on lm_eval.models.huggingface.HFLM wrapping the "
-            "loaded model and its tokenizer (no BOS added to contexts); acc of a loglikelihood task = the greedy "
-            "continuation is exactly the target's tokens, perplexity = exp(-mean target log-likelihood); "
-            "multiple choice: acc = highest log-likelihood, acc_norm = highest per byte, acc_mutual_info = highest "
-            "log p(choice | context) - log p(choice); *_stderr = the harness's standard error of the mean (bootstrap "
-            "for perplexity)")
+PROTOCOL = (
+    "lm-evaluation-harness simple_evaluate, zero-shot, on lm_eval.models.huggingface.HFLM wrapping the "
+    "loaded model and its tokenizer (no BOS added to contexts); acc of a loglikelihood task = the greedy "
+    "continuation is exactly the target's tokens, perplexity = exp(-mean target log-likelihood); "
+    "multiple choice: acc = highest log-likelihood, acc_norm = highest per byte, acc_mutual_info = highest "
+    "log p(choice | context) - log p(choice); *_stderr = the harness's standard error of the mean (bootstrap "
+    "for perplexity)"
+)
 
 
 class MissingHarness(ImportError):
@@ -43,8 +46,9 @@ def require_lm_eval():
         import lm_eval
         import lm_eval.models.huggingface  # needs accelerate: part of the extra
     except ImportError as exc:
-        raise MissingHarness(f"downstream tasks need lm-evaluation-harness with its HF backend ({exc}); "
-                             f"{INSTALL_HINT}") from None
+        raise MissingHarness(
+            f"downstream tasks need lm-evaluation-harness with its HF backend ({exc}); {INSTALL_HINT}"
+        ) from None
     return lm_eval
 
 
@@ -74,8 +78,10 @@ def check_tasks(tasks: str | Sequence[str] | None):
     manager = task_manager(names)
     unknown = [name for name in names if name not in manager.all_tasks]
     if unknown:
-        raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)}; the shipped offline tasks are "
-                         f"{', '.join(LOCAL_TASKS)}, and `lm_eval ls tasks` lists the harness's own")
+        raise ValueError(
+            f"unknown lm-eval task(s) {', '.join(unknown)}; the shipped offline tasks are "
+            f"{', '.join(LOCAL_TASKS)}, and `lm_eval ls tasks` lists the harness's own"
+        )
     return names, manager
 
 
@@ -119,16 +125,33 @@ def run_tasks(
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 example per task, got {limit}")
     lm = harness_lm(model, tokenizer, batch_size) if lm is None else lm
-    results = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, limit=limit, num_fewshot=0,
-                                      random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                                      fewshot_random_seed=seed, bootstrap_iters=1000, log_samples=per_example)
-    out = {name: {**_metrics(results["results"][name]), "n": int(results["n-samples"][name]["effective"]),
-                  "version": results["versions"].get(name)} for name in names}
+    results = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=names,
+        task_manager=manager,
+        limit=limit,
+        num_fewshot=0,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+        bootstrap_iters=1000,
+        log_samples=per_example,
+    )
+    out = {
+        name: {
+            **_metrics(results["results"][name]),
+            "n": int(results["n-samples"][name]["effective"]),
+            "version": results["versions"].get(name),
+        }
+        for name in names
+    }
     if per_example:
         for name in names:
             rows = sorted(results["samples"][name], key=lambda row: row["doc_id"])
-            out[name]["per_example"] = {_PER_EXAMPLE.get(metric, metric): [float(row[metric]) for row in rows]
-                                        for metric in rows[0]["metrics"]}
+            out[name]["per_example"] = {
+                _PER_EXAMPLE.get(metric, metric): [float(row[metric]) for row in rows] for metric in rows[0]["metrics"]
+            }
     return out
 
 

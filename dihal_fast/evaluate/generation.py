@@ -1,4 +1,5 @@
 """What a sampling call returns, and the checks every sampling request passes before any work."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """The evaluation harness: every model (backbone, hybrids, controls) is scored on the same held-out
 blocks and sampled with the same protocol, so their sections in ``evaluate.json`` are comparable."""
+
 from __future__ import annotations
 
 import logging
@@ -55,8 +56,9 @@ def heldout_blocks(tokenizer, corpus, settings: EvalSettings) -> torch.Tensor:
 
     blocks = token_blocks(tokenizer, read_texts(corpus), settings.seq_len)
     if blocks.shape[0] < settings.eval_blocks:
-        logger.warning("corpus holds only %d blocks of %d tokens; evaluating on all of them",
-                       blocks.shape[0], settings.seq_len)
+        logger.warning(
+            "corpus holds only %d blocks of %d tokens; evaluating on all of them", blocks.shape[0], settings.seq_len
+        )
     return blocks[-settings.eval_blocks :]
 
 
@@ -68,8 +70,11 @@ def sample_metrics(generation: Generation, tokenizer, evaluator) -> tuple[dict, 
     not define (every sample empty after decoding, no 4-grams) is ``None`` with the reason in ``notes``.
     """
     texts = [tokenizer.decode(row, skip_special_tokens=True) for row in generation.tokens.tolist()]
-    section: dict = {"tokens_per_s": metrics.tokens_per_second(generation.tokens.numel(), generation.seconds),
-                     "sampling_seconds": generation.seconds, "notes": {}}
+    section: dict = {
+        "tokens_per_s": metrics.tokens_per_second(generation.tokens.numel(), generation.seconds),
+        "sampling_seconds": generation.seconds,
+        "notes": {},
+    }
     try:
         gen = generative_perplexity(texts, evaluator.model, evaluator.tokenizer)
     except ValueError as exc:
@@ -78,8 +83,11 @@ def sample_metrics(generation: Generation, tokenizer, evaluator) -> tuple[dict, 
     token_ids = [ids for ids in gen.pop("token_ids") if ids]
     section["gen_ppl"] = gen.get("gen_ppl")
     section["gen_ppl_details"] = gen
-    for name, fn in (("entropy", metrics.mean_unigram_entropy), ("diversity_dihal", metrics.diversity_dihal),
-                     ("diversity_ld4lg", metrics.diversity_ld4lg)):
+    for name, fn in (
+        ("entropy", metrics.mean_unigram_entropy),
+        ("diversity_dihal", metrics.diversity_dihal),
+        ("diversity_ld4lg", metrics.diversity_ld4lg),
+    ):
         try:
             section[name] = fn(token_ids)
         except ValueError as exc:
@@ -91,8 +99,12 @@ def sample_metrics(generation: Generation, tokenizer, evaluator) -> tuple[dict, 
 def timed_sample(lm, prompt: torch.Tensor, settings: EvalSettings) -> Generation:
     """The samples of ``lm``, timed as the fastest of :data:`TIMING_REPEATS` identical calls (same seed, same
     tokens): the cost of sampling rather than of whatever else a shared machine ran during one call."""
-    runs = [lm.sample(prompt, settings.max_new_tokens, settings.temperature, None, torch.Generator().manual_seed(settings.seed))
-            for _ in range(TIMING_REPEATS)]
+    runs = [
+        lm.sample(
+            prompt, settings.max_new_tokens, settings.temperature, None, torch.Generator().manual_seed(settings.seed)
+        )
+        for _ in range(TIMING_REPEATS)
+    ]
     return Generation(runs[0].tokens, min(run.seconds for run in runs))
 
 
@@ -102,8 +114,13 @@ def evaluate_lm(lm, blocks: torch.Tensor, settings: EvalSettings, evaluator, ref
     With ``reference`` (the backbone) the section's ``kl`` is KL(reference || lm); without, ``lm`` is the
     reference and its KL is 0 by definition.
     """
-    scores = teacher_forced(lm.logits, blocks, settings.batch_size,
-                            reference=reference.logits if reference is not None else None, desc=f"scoring {lm.kind}")
+    scores = teacher_forced(
+        lm.logits,
+        blocks,
+        settings.batch_size,
+        reference=reference.logits if reference is not None else None,
+        desc=f"scoring {lm.kind}",
+    )
     scores.setdefault("kl", 0.0)
     prompt = torch.tensor([lm.prompt_ids("")]).expand(settings.n_samples, -1)
     generation = timed_sample(lm, prompt, settings)
@@ -117,5 +134,8 @@ def report_header(settings: EvalSettings, corpus, evaluator) -> dict:
         "protocol": protocol(settings),
         "settings": asdict(settings),
         "corpus": [str(Path(p)) for p in ([corpus] if isinstance(corpus, (str, Path)) else corpus)],
-        "evaluator": {"path": str(evaluator.path), "dtype": str(next(evaluator.model.parameters()).dtype).replace("torch.", "")},
+        "evaluator": {
+            "path": str(evaluator.path),
+            "dtype": str(next(evaluator.model.parameters()).dtype).replace("torch.", ""),
+        },
     }

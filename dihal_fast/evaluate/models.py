@@ -2,6 +2,7 @@
 directory (a transformers model too, ``dihal_fast.hybrid.HybridLM``) and the controls. Scoring is
 ``model(input_ids, attention_mask).logits`` and sampling ``model.generate(...)`` with the float64 protocol,
 the same calls for all of them."""
+
 from __future__ import annotations
 
 import logging
@@ -49,8 +50,16 @@ class LoadedLM:
         return ([start] if start is not None else []) + ids
 
     @torch.inference_mode()
-    def sample(self, prompt_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-               generator: torch.Generator | None = None, top_p: float = 1.0, stop_at_eos: bool = False) -> Generation:
+    def sample(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+        top_p: float = 1.0,
+        stop_at_eos: bool = False,
+    ) -> Generation:
         """Continuations of each row of ``prompt_ids[B, P]`` by ``model.generate`` with float64 draws, timed.
 
         Without ``stop_at_eos`` exactly ``max_new_tokens`` are drawn per row; with it a row ends at its first
@@ -61,10 +70,15 @@ class LoadedLM:
         check_generation_request(prompt_ids.shape[1], prompt_ids.shape[0], max_new_tokens, self.context)
         eos = self.tokenizer.eos_token_id if stop_at_eos else None
         start = time.perf_counter()
-        out = self.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=max_new_tokens,
-                                  eos_token_id=eos, pad_token_id=self.tokenizer.pad_token_id,
-                                  **float64_sampling(temperature, top_k, top_p, generator))
-        return Generation(out[:, prompt_ids.shape[1]:], time.perf_counter() - start)
+        out = self.model.generate(
+            prompt_ids,
+            attention_mask=torch.ones_like(prompt_ids),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=self.tokenizer.pad_token_id,
+            **float64_sampling(temperature, top_k, top_p, generator),
+        )
+        return Generation(out[:, prompt_ids.shape[1] :], time.perf_counter() - start)
 
 
 def find_hybrid_dir(path: Path) -> Path | None:
@@ -93,7 +107,9 @@ def set_denoising_steps(model: torch.nn.Module, nfe: int | None) -> None:
     bridge.config.nfe = int(nfe)
 
 
-def load_lm(path: str | os.PathLike | None, dtype: str = "auto", device: str = "cpu", nfe: int | None = None) -> LoadedLM:
+def load_lm(
+    path: str | os.PathLike | None, dtype: str = "auto", device: str = "cpu", nfe: int | None = None
+) -> LoadedLM:
     """A backbone checkpoint directory, a hybrid directory or a ``dihal replace`` run directory (``None`` = the
     shipped backbone), in ``dtype`` (``auto`` = the checkpoint's); ``nfe`` sets a hybrid's denoising steps."""
     import dihal_fast.hybrid  # noqa: F401  (registers the hybrid with the Auto classes)

@@ -1,4 +1,5 @@
 """``report.md`` of the end-to-end run: tables of every metric, the plots inline, samples."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -36,10 +37,17 @@ def metrics_table(evaluation: Mapping) -> str:
     columns = {"backbone": evaluation["backbone"], "hybrid": evaluation["hybrid"], **evaluation.get("controls", {})}
     header = ["metric", *columns]
     out = table(header, [[m, *(col.get(m) for col in columns.values())] for m in METRICS])
-    notes = [f"- {name}, {metric}: {why}" for name, col in columns.items()
-             for metric, why in (col.get("notes") or {}).items()]
+    notes = [
+        f"- {name}, {metric}: {why}"
+        for name, col in columns.items()
+        for metric, why in (col.get("notes") or {}).items()
+    ]
     if any(col.get("likelihood_note") for col in columns.values()):
-        notes += [f"- {name}, nll/ppl/kl: {col['likelihood_note']}" for name, col in columns.items() if col.get("likelihood_note")]
+        notes += [
+            f"- {name}, nll/ppl/kl: {col['likelihood_note']}"
+            for name, col in columns.items()
+            if col.get("likelihood_note")
+        ]
     return out + ("\n\nn/a explained:\n\n" + "\n".join(notes) if notes else "")
 
 
@@ -64,9 +72,16 @@ def downstream_table(evaluation: Mapping) -> str:
 
 
 def locate_table(locate: Mapping) -> str:
-    rows = [[r["layer"], _mean_std(r.get("m_curv")), _mean_std(r.get("m_mono")), _mean_std(r.get("k_eff")),
-             _mean_std(r.get("score")) + (" **selected**" if r["layer"] == locate["selected_layer"] else "")]
-            for r in locate["layers"]]
+    rows = [
+        [
+            r["layer"],
+            _mean_std(r.get("m_curv")),
+            _mean_std(r.get("m_mono")),
+            _mean_std(r.get("k_eff")),
+            _mean_std(r.get("score")) + (" **selected**" if r["layer"] == locate["selected_layer"] else ""),
+        ]
+        for r in locate["layers"]
+    ]
     return table(["layer", "m_curv", "m_mono", "k_eff", "score"], rows)
 
 
@@ -74,8 +89,13 @@ def targets(evaluation: Mapping) -> dict:
     """The issue's targets that one run can check: PPL ratio (<= 1.25) and throughput ratio."""
     ratio = evaluation["hybrid"]["ppl"] / evaluation["backbone"]["ppl"]
     speed = evaluation["hybrid"]["tokens_per_s"] / evaluation["backbone"]["tokens_per_s"]
-    return {"ppl_ratio": ratio, "ppl_ratio_target": 1.25, "ppl_ratio_met": ratio <= 1.25,
-            "tokens_per_s_ratio": speed, "tokens_per_s_ratio_note": "hybrid / backbone; > 1 means the hybrid is faster"}
+    return {
+        "ppl_ratio": ratio,
+        "ppl_ratio_target": 1.25,
+        "ppl_ratio_met": ratio <= 1.25,
+        "tokens_per_s_ratio": speed,
+        "tokens_per_s_ratio_note": "hybrid / backbone; > 1 means the hybrid is faster",
+    }
 
 
 def write_report(path: Path, title: str, sections: Sequence[tuple[str, str]]) -> Path:

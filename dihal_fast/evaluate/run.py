@@ -1,4 +1,5 @@
 """``evaluate.json``: the hybrid against its backbone, plus the same-budget controls, resumable per section."""
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,10 @@ def find_backbone(hybrid: LoadedLM, explicit: str | Path | None) -> Path:
         return Path(explicit)
     recorded = hybrid.model.config.backbone_dir
     if not recorded or not Path(recorded).is_dir():
-        raise FileNotFoundError(f"the backbone recorded in {hybrid.path} ({recorded or 'none'}) is not here; pass "
-                                "--backbone DIR (the checkpoint the hybrid was cut from)")
+        raise FileNotFoundError(
+            f"the backbone recorded in {hybrid.path} ({recorded or 'none'}) is not here; pass "
+            "--backbone DIR (the checkpoint the hybrid was cut from)"
+        )
     return Path(recorded)
 
 
@@ -64,7 +67,9 @@ class SectionStore:
         return saved["section"], saved["samples"]
 
     def put(self, name: str, section: dict, samples: list[str]) -> None:
-        atomic_write_json(self.dir / f"{name}.json", {"settings": self.settings, "section": section, "samples": samples})
+        atomic_write_json(
+            self.dir / f"{name}.json", {"settings": self.settings, "section": section, "samples": samples}
+        )
 
 
 def evaluate_hybrid(
@@ -123,16 +128,25 @@ def evaluate_hybrid(
         control = load_lm(path, nfe=settings.nfe)
         check_compatible(control, backbone, retokenise=False)
         scored[name] = control
-        report["controls"][name] = section(name, lambda c=control: evaluate_lm(c, blocks, settings, evaluator, reference=backbone))
+        report["controls"][name] = section(
+            name, lambda c=control: evaluate_lm(c, blocks, settings, evaluator, reference=backbone)
+        )
     if diffusion_lm_steps:
         report["controls"]["diffusion_lm"] = section(
-            "diffusion_lm", lambda: _diffusion_lm_section(backbone, corpus, out_dir, settings, evaluator, diffusion_lm_steps)
+            "diffusion_lm",
+            lambda: _diffusion_lm_section(backbone, corpus, out_dir, settings, evaluator, diffusion_lm_steps),
         )
     if tasks:
         from dihal_fast.evaluate.downstream import downstream_report
 
-        report["downstream"] = downstream_report({name: (lm.model, lm.tokenizer) for name, lm in scored.items()},
-                                                 tasks, store, settings.batch_size, task_limit, settings.seed)
+        report["downstream"] = downstream_report(
+            {name: (lm.model, lm.tokenizer) for name, lm in scored.items()},
+            tasks,
+            store,
+            settings.batch_size,
+            task_limit,
+            settings.seed,
+        )
     report["samples"] = samples
     atomic_write_json(out_dir / "evaluate.json", report)
     return report
@@ -149,10 +163,22 @@ def _diffusion_lm_section(backbone: LoadedLM, corpus, out_dir: Path, settings: E
         raise ValueError("the corpus is too small to train the Diffusion-LM control outside the held-out blocks")
     embedding = backbone.model.get_input_embeddings().weight
     control = train_diffusion_lm(embedding, blocks[:n_train], config, out_dir / "diffusion_lm")
-    generation = control.sample(settings.n_samples, settings.max_new_tokens, settings.nfe or config.nfe,
-                                torch.Generator().manual_seed(settings.seed))
+    generation = control.sample(
+        settings.n_samples,
+        settings.max_new_tokens,
+        settings.nfe or config.nfe,
+        torch.Generator().manual_seed(settings.seed),
+    )
     metrics_, texts = sample_metrics(generation, backbone.tokenizer, evaluator)
     unavailable = "not defined: the control has no tractable likelihood"
-    return {"model": str(out_dir / "diffusion_lm"), "kind": "diffusion_lm", "config": asdict(config),
-            "n_parameters": sum(p.numel() for p in control.parameters()),
-            "nll": None, "ppl": None, "kl": None, "likelihood_note": unavailable, **metrics_}, texts
+    return {
+        "model": str(out_dir / "diffusion_lm"),
+        "kind": "diffusion_lm",
+        "config": asdict(config),
+        "n_parameters": sum(p.numel() for p in control.parameters()),
+        "nll": None,
+        "ppl": None,
+        "kl": None,
+        "likelihood_note": unavailable,
+        **metrics_,
+    }, texts

@@ -1,5 +1,6 @@
 """Scoring text with language models: teacher-forced NLL/KL on token blocks, and generative perplexity
 of samples under an evaluator LM."""
+
 from __future__ import annotations
 
 import logging
@@ -79,9 +80,7 @@ def evaluator_context(model, tokenizer) -> int:
 
 
 @torch.no_grad()
-def generative_perplexity(
-    texts: Sequence[str], model, tokenizer, batch_size: int = 8, device: str = "cpu"
-) -> dict:
+def generative_perplexity(texts: Sequence[str], model, tokenizer, batch_size: int = 8, device: str = "cpu") -> dict:
     """Gen PPL of sample texts under an evaluator causal LM, by :data:`GEN_PPL_PROTOCOL`.
 
     Returns the pooled and per-sample Gen PPL, token counts, how many samples were truncated or

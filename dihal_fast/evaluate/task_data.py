@@ -21,6 +21,7 @@ validation text) has seen. Each task takes ``n_per_source`` examples from every 
 default settings and the sources of :data:`DEFAULT_SOURCES` (name -> sha256) it reproduces the shipped
 ones byte for byte (``tests/test_downstream.py`` checks this where the shared data are present).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,14 +41,16 @@ DEFAULT_SOURCES = {  # file name in the shared data's text/ -> sha256
 TASK_NAMES = ("dihal_lambada_local", "dihal_cloze_local")
 
 # Words too predictable from syntax alone to test the use of the passage (as LAMBADA's filtering intends).
-FUNCTION_WORDS = frozenset("""
+FUNCTION_WORDS = frozenset(
+    """
 a about after again all also am an and any are as at be been before being both but by can could did do
 does doing down during each few for from further had has have having he her here hers herself him himself
 his how i if in into is it its itself just me more most my myself no nor not now of off on once only or
 other our ours out over own same she should so some such than that the their theirs them then there these
 they this those through to too under until up very was we were what when where which while who whom why
 will with would you your yours yourself day time one two said says say go went get got much many
-""".split())  # noqa: SIM905 (the word list reads better as text)
+""".split()
+)  # noqa: SIM905 (the word list reads better as text)
 
 _SENTENCE_END = re.compile(r"""[.!?]+["')\]]*(?=\s|$)""")
 _LAST_WORD = re.compile(r"(?<= )([A-Za-z]+)$")
@@ -110,15 +113,16 @@ def _words(text: str) -> int:
     return len(text.split())
 
 
-def _context_start(text: str, spans: Sequence[tuple[int, int]], paragraph: int, end: int,
-                   settings: TaskSettings) -> tuple[int, int] | None:
+def _context_start(
+    text: str, spans: Sequence[tuple[int, int]], paragraph: int, end: int, settings: TaskSettings
+) -> tuple[int, int] | None:
     """The passage before ``end``: its first paragraph and start, taking as many whole preceding paragraphs
     (plus the current one up to ``end``) as keep at most ``max_context_words`` words; None when that passage
     has fewer than ``min_context_words`` words (or the current paragraph alone has too many)."""
-    if _words(text[spans[paragraph][0]:end]) > settings.max_context_words:
+    if _words(text[spans[paragraph][0] : end]) > settings.max_context_words:
         return None
     first = paragraph
-    while first > 0 and _words(text[spans[first - 1][0]:end]) <= settings.max_context_words:
+    while first > 0 and _words(text[spans[first - 1][0] : end]) <= settings.max_context_words:
         first -= 1
     start = spans[first][0]
     return (first, start) if _words(text[start:end]) >= settings.min_context_words else None
@@ -133,7 +137,7 @@ def lambada_examples(text: str, settings: TaskSettings, seed: int) -> list[dict]
     spans = paragraphs(text)
     by_paragraph: dict[int, list[dict]] = {}
     for sentence in sentences(text, spans):
-        body = text[sentence.start:sentence.end]
+        body = text[sentence.start : sentence.end]
         stripped = _SENTENCE_END.sub("", body)
         match = _LAST_WORD.search(stripped)
         if match is None or _SENTENCE_END.search(body) is None:
@@ -143,11 +147,12 @@ def lambada_examples(text: str, settings: TaskSettings, seed: int) -> list[dict]
         passage = _context_start(text, spans, sentence.paragraph, word_start - 1, settings)
         if passage is None or word.lower() in FUNCTION_WORDS or len(word) < 3:
             continue
-        context = text[passage[1]:word_start - 1]
+        context = text[passage[1] : word_start - 1]
         if word.lower() not in {w.lower() for w in _WORD.findall(context)}:
             continue
         by_paragraph.setdefault(sentence.paragraph, []).append(
-            {"context": context, "target": " " + word, "offset": word_start})
+            {"context": context, "target": " " + word, "offset": word_start}
+        )
     rng = random.Random(seed)
     one_each = [rng.choice(found) for _, found in sorted(by_paragraph.items())]
     return _sample(one_each, settings.n_per_source, rng, "LAMBADA-style")
@@ -163,9 +168,13 @@ def cloze_examples(text: str, settings: TaskSettings, seed: int) -> list[dict]:
     """
     spans = paragraphs(text)
     all_sentences = sentences(text, spans)
-    follows = {sentence: previous for previous, sentence in itertools.pairwise(all_sentences)
-               if sentence.paragraph == previous.paragraph and text[previous.end:sentence.start] == " "
-               and settings.min_sentence_words <= _words(text[sentence.start:sentence.end]) <= settings.max_sentence_words}
+    follows = {
+        sentence: previous
+        for previous, sentence in itertools.pairwise(all_sentences)
+        if sentence.paragraph == previous.paragraph
+        and text[previous.end : sentence.start] == " "
+        and settings.min_sentence_words <= _words(text[sentence.start : sentence.end]) <= settings.max_sentence_words
+    }
     pool = list(follows)
     rng = random.Random(seed)
     by_paragraph: dict[int, list[tuple[tuple[int, int], Sentence]]] = {}
@@ -176,15 +185,19 @@ def cloze_examples(text: str, settings: TaskSettings, seed: int) -> list[dict]:
     candidates = [rng.choice(found) for _, found in sorted(by_paragraph.items())]
     examples = []
     for (first_paragraph, start), sentence in candidates:
-        true = text[sentence.start:sentence.end]
+        true = text[sentence.start : sentence.end]
         n_true = _words(true)
         near = range(first_paragraph - 1, sentence.paragraph + 2)
-        options = [s for s in pool if s.paragraph not in near
-                   and abs(_words(text[s.start:s.end]) - n_true) <= settings.length_tolerance * n_true]
+        options = [
+            s
+            for s in pool
+            if s.paragraph not in near
+            and abs(_words(text[s.start : s.end]) - n_true) <= settings.length_tolerance * n_true
+        ]
         rng.shuffle(options)
         choices = [true]
         for option in options:
-            candidate = text[option.start:option.end]
+            candidate = text[option.start : option.end]
             if candidate.lower() not in {c.lower() for c in choices}:
                 choices.append(candidate)
             if len(choices) == settings.n_choices:
@@ -193,16 +206,24 @@ def cloze_examples(text: str, settings: TaskSettings, seed: int) -> list[dict]:
             continue
         order = list(range(settings.n_choices))
         rng.shuffle(order)
-        examples.append({"context": text[start:sentence.start - 1], "choices": [choices[i] for i in order],
-                         "label": order.index(0), "offset": sentence.start})
+        examples.append(
+            {
+                "context": text[start : sentence.start - 1],
+                "choices": [choices[i] for i in order],
+                "label": order.index(0),
+                "offset": sentence.start,
+            }
+        )
     return _sample(examples, settings.n_per_source, rng, "cloze")
 
 
 def _sample(examples: list[dict], n: int, rng: random.Random, what: str) -> list[dict]:
     """``n`` of ``examples`` drawn with ``rng``, in source order; an error when fewer exist."""
     if len(examples) < n:
-        raise ValueError(f"the source text gives only {len(examples)} {what} examples, {n} were asked for; "
-                         "pass a longer text or a smaller --n-per-source")
+        raise ValueError(
+            f"the source text gives only {len(examples)} {what} examples, {n} were asked for; "
+            "pass a longer text or a smaller --n-per-source"
+        )
     return sorted(rng.sample(examples, n), key=lambda example: example["offset"])
 
 
@@ -228,15 +249,22 @@ def build_tasks(sources: Sequence[str | Path], out_dir: str | Path, settings: Ta
         raise ValueError("build_tasks needs at least one source text")
     for path in paths:
         if not path.is_file():
-            raise FileNotFoundError(f"task source text {path} does not exist (the shipped tasks come from the shared "
-                                    f"data's text/{{{','.join(DEFAULT_SOURCES)}}})")
+            raise FileNotFoundError(
+                f"task source text {path} does not exist (the shipped tasks come from the shared "
+                f"data's text/{{{','.join(DEFAULT_SOURCES)}}})"
+            )
     texts = [path.read_bytes().decode("utf-8") for path in paths]
-    manifest: dict = {"sources": [{"name": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
-                                  for path in paths],
-                      "settings": asdict(settings), "files": {}}
+    manifest: dict = {
+        "sources": [{"name": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path)} for path in paths],
+        "settings": asdict(settings),
+        "files": {},
+    }
     for name, build in zip(TASK_NAMES, (lambada_examples, cloze_examples)):
-        rows = [{**row, "source": path.name} for index, (path, text) in enumerate(zip(paths, texts))
-                for row in build(text, settings, settings.seed + index)]
+        rows = [
+            {**row, "source": path.name}
+            for index, (path, text) in enumerate(zip(paths, texts))
+            for row in build(text, settings, settings.seed + index)
+        ]
         data = _jsonl(rows)
         path = atomic_write_bytes(Path(out_dir) / f"{name}.jsonl", data)
         manifest["files"][path.name] = {"sha256": hashlib.sha256(data).hexdigest(), "examples": len(rows)}
@@ -245,9 +273,15 @@ def build_tasks(sources: Sequence[str | Path], out_dir: str | Path, settings: Ta
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dihal_fast.evaluate.task_data", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", nargs="+", required=True,
-                        help=f"held-out text files (the shipped tasks: the shared data's text/{' and text/'.join(DEFAULT_SOURCES)})")
+    parser = argparse.ArgumentParser(
+        prog="python -m dihal_fast.evaluate.task_data", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--source",
+        nargs="+",
+        required=True,
+        help=f"held-out text files (the shipped tasks: the shared data's text/{' and text/'.join(DEFAULT_SOURCES)})",
+    )
     parser.add_argument("--out", required=True, help="directory for the .jsonl files and manifest.json")
     parser.add_argument("--n-per-source", type=int, default=TaskSettings.n_per_source)
     parser.add_argument("--seed", type=int, default=TaskSettings.seed)

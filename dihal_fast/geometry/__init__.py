@@ -1,4 +1,5 @@
 """Geometry of hidden states: the three DiHAL proxies, the selection score and streaming covariance."""
+
 from dihal_fast.geometry.backends import BACKENDS
 from dihal_fast.geometry.covariance import StreamingCovariance
 from dihal_fast.geometry.proxies import (

@@ -7,6 +7,7 @@ cuBLAS is opened on first use from a CUDA build of torch, the ``nvidia-cublas`` 
 toolkit, and cuVS (``backend="cuvs"``) from the ``libcuvs`` wheels. Whatever is missing raises
 :class:`BackendUnavailable` naming it and what to install.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -109,18 +110,18 @@ def gemm_candidates(X, rows, k: int, cap: int, idx, d2):
     n, D = X.shape
     mean = X.mean(dim=0, dtype=torch.float64)
     tile = max(1, _CHUNK_BYTES // (8 * D))  # reference rows per float64 tile
-    norms = torch.cat([((X[r0:r0 + tile].double() - mean) ** 2).sum(dim=1) for r0 in range(0, n, tile)])
+    norms = torch.cat([((X[r0 : r0 + tile].double() - mean) ** 2).sum(dim=1) for r0 in range(0, n, tile)])
     max_norm2 = float(norms.max())
     certified = torch.zeros(rows.numel(), dtype=torch.bool, device=X.device)
     complete = cap >= n - 1
     per_chunk = max(1, min(_CHUNK_BYTES // (8 * n), _CHUNK_BYTES // (8 * D * max(cap, 1))))
     for c0 in range(0, rows.numel(), per_chunk):
-        chunk = rows[c0:c0 + per_chunk]
+        chunk = rows[c0 : c0 + per_chunk]
         Q = X[chunk].double() - mean
         approx = torch.empty((chunk.numel(), n), dtype=torch.float64, device=X.device)
         for r0 in range(0, n, tile):
-            R = X[r0:r0 + tile].double() - mean
-            approx[:, r0:r0 + R.shape[0]] = norms[chunk, None] + norms[None, r0:r0 + R.shape[0]] - 2.0 * (Q @ R.T)
+            R = X[r0 : r0 + tile].double() - mean
+            approx[:, r0 : r0 + R.shape[0]] = norms[chunk, None] + norms[None, r0 : r0 + R.shape[0]] - 2.0 * (Q @ R.T)
         approx[torch.arange(chunk.numel(), device=X.device), chunk] = float("inf")
         width = min(cap, n - 1)
         values, cand = torch.topk(approx, width, dim=1, largest=False, sorted=True)
@@ -130,10 +131,14 @@ def gemm_candidates(X, rows, k: int, cap: int, idx, d2):
         exact, order = torch.sort(exact, dim=1, stable=True)
         cand = torch.gather(cand, 1, order)
         limit = core.knn_certify_limit("gram", D, exact[:, k - 1].cpu().numpy(), norms[chunk].cpu().numpy(), max_norm2)
-        ok = torch.as_tensor(limit, device=X.device) < threshold if not complete else torch.ones_like(threshold, dtype=torch.bool)
+        ok = (
+            torch.as_tensor(limit, device=X.device) < threshold
+            if not complete
+            else torch.ones_like(threshold, dtype=torch.bool)
+        )
         idx[chunk[ok]] = cand[ok, :k]
         d2[chunk[ok]] = exact[ok, :k]
-        certified[c0:c0 + chunk.numel()] = ok
+        certified[c0 : c0 + chunk.numel()] = ok
     return certified
 
 
@@ -181,7 +186,11 @@ class CudaBackend:
         """Row indices (NumPy or tensor) as a contiguous int64 tensor on X's device, checked against n."""
         torch = self._torch
         n = X.shape[0]
-        t = indices.to(X.device, torch.int64) if isinstance(indices, torch.Tensor) else self._on(X, indices, torch.int64)
+        t = (
+            indices.to(X.device, torch.int64)
+            if isinstance(indices, torch.Tensor)
+            else self._on(X, indices, torch.int64)
+        )
         if t.numel() and (int(t.min()) < 0 or int(t.max()) >= n):
             raise ValueError(f"{what} must lie in [0, {n}), got values in [{int(t.min())}, {int(t.max())}]")
         return t.contiguous()
@@ -192,13 +201,23 @@ class CudaBackend:
         ws = self._workspace(X, self._m.covariance_workspace(n, D, self._codes[X.dtype], exact))
         return int(
             self._m.covariance_update(
-                X.data_ptr(), self._codes[X.dtype], n, D, int(count), mean.data_ptr(), comoment.data_ptr(), exact,
-                ws.data_ptr(), ws.numel(), *self._launch(X),
+                X.data_ptr(),
+                self._codes[X.dtype],
+                n,
+                D,
+                int(count),
+                mean.data_ptr(),
+                comoment.data_ptr(),
+                exact,
+                ws.data_ptr(),
+                ws.numel(),
+                *self._launch(X),
             )
         )
 
     def covariance(self, X: Any, precision: str = "float64"):
-        """(mean, covariance) as float64 CUDA tensors; float64 products (whatever ``precision``), exact to float64 rounding."""
+        """(mean, covariance) as float64 CUDA tensors; float64 products (whatever ``precision``), exact to float64
+        rounding."""
         torch = self._torch
         X = self._matrix(X)
         n, D = X.shape
@@ -278,8 +297,18 @@ class CudaBackend:
             flags = torch.empty(n, dtype=torch.int32, device=X.device)
             ws = self._workspace(X, m.knn_workspace(n, D, k, code, self.use_cuvs))
             m.knn_candidates(
-                X.data_ptr(), code, n, D, k, idx.data_ptr(), d2.data_ptr(), flags.data_ptr(), self.use_cuvs,
-                ws.data_ptr(), ws.numel(), *self._launch(X),
+                X.data_ptr(),
+                code,
+                n,
+                D,
+                k,
+                idx.data_ptr(),
+                d2.data_ptr(),
+                flags.data_ptr(),
+                self.use_cuvs,
+                ws.data_ptr(),
+                ws.numel(),
+                *self._launch(X),
             )
             rows = torch.nonzero(flags).flatten()  # rows whose candidates could not certify the answer
         else:
@@ -298,7 +327,13 @@ class CudaBackend:
         for chunk in rows.split(max(1, _CHUNK_BYTES // (8 * n))):
             out = torch.empty((chunk.numel(), n), dtype=torch.float64, device=X.device)
             self._m.exact_sqdist_rows(
-                X.data_ptr(), self._codes[X.dtype], n, D, chunk.data_ptr(), chunk.numel(), out.data_ptr(),
+                X.data_ptr(),
+                self._codes[X.dtype],
+                n,
+                D,
+                chunk.data_ptr(),
+                chunk.numel(),
+                out.data_ptr(),
                 *self._launch(X),
             )
             out[torch.arange(chunk.numel(), device=X.device), chunk] = float("inf")
@@ -330,7 +365,9 @@ class CudaBackend:
         return out.cpu().numpy()
 
     # ------------------------------------------------------------------ monotonicity
-    def pair_quotients(self, X: Any, mean: Any, cov: Any, lam: float, pi: Any, pj: Any, precision: str = "float64") -> np.ndarray:
+    def pair_quotients(
+        self, X: Any, mean: Any, cov: Any, lam: float, pi: Any, pj: Any, precision: str = "float64"
+    ) -> np.ndarray:
         """Pair Rayleigh quotients; the mean is not needed (differences cancel it)."""
         torch = self._torch
         X = self._matrix(X)
@@ -347,8 +384,18 @@ class CudaBackend:
         out = torch.empty(P, dtype=torch.float64, device=X.device)
         ws = self._workspace(X, self._m.pair_workspace(D, P))
         self._m.pair_quotients(
-            X.data_ptr(), self._codes[X.dtype], n, D, L.data_ptr(), a.data_ptr(), b.data_ptr(), P,
-            out.data_ptr(), ws.data_ptr(), ws.numel(), *self._launch(X),
+            X.data_ptr(),
+            self._codes[X.dtype],
+            n,
+            D,
+            L.data_ptr(),
+            a.data_ptr(),
+            b.data_ptr(),
+            P,
+            out.data_ptr(),
+            ws.data_ptr(),
+            ws.numel(),
+            *self._launch(X),
         )
         return out.cpu().numpy()
 

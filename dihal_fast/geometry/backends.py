@@ -21,6 +21,7 @@ Optional, for n < D (the CPU backend): the n x n route of the second moments
 solves in float32, sums, centring, factorisations and eigenvalues in float64; see
 :data:`PRECISIONS`). Backends without a float32 path compute the float64 one.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """Exact, mergeable, serialisable streaming covariance (memory O(D^2), any number of rows)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -67,7 +68,9 @@ class StreamingCovariance:
             import torch
 
             self._mean = torch.as_tensor(self._host(self._mean), dtype=torch.float64, device=like.device).contiguous()
-            self._comoment = torch.as_tensor(self._host(self._comoment), dtype=torch.float64, device=like.device).contiguous()
+            self._comoment = torch.as_tensor(
+                self._host(self._comoment), dtype=torch.float64, device=like.device
+            ).contiguous()
         elif device == "cpu" and on_device:
             self._mean, self._comoment = self._host(self._mean).copy(), self._host(self._comoment).copy()
 
@@ -142,7 +145,9 @@ def _state_field(state: dict[str, Any], name: str, shape: tuple[int, ...], dim: 
     if value.dtype.kind not in "iuf":
         raise ValueError(f"covariance state is corrupt: field {name!r} has dtype {value.dtype}, expected real numbers")
     if value.shape != shape:
-        raise ValueError(f"covariance state field {name!r} has shape {value.shape}, expected {shape} (expected dim {dim})")
+        raise ValueError(
+            f"covariance state field {name!r} has shape {value.shape}, expected {shape} (expected dim {dim})"
+        )
     if not np.isfinite(value).all():
         raise ValueError(f"covariance state is corrupt: field {name!r} has non-finite values")
     return value
@@ -167,7 +172,9 @@ def _checked_state(state: dict[str, Any], dim: int) -> tuple[int, np.ndarray, np
     if count == 0 and (mean.any() or comoment.any()):
         raise ValueError("covariance state is corrupt: field 'count' is 0 but 'mean' or 'comoment' is non-zero")
     if count == 1 and comoment.any():
-        raise ValueError("covariance state is corrupt: field 'count' is 1 but 'comoment' is non-zero (one row has no spread)")
+        raise ValueError(
+            "covariance state is corrupt: field 'count' is 1 but 'comoment' is non-zero (one row has no spread)"
+        )
     scale = np.abs(comoment).max(initial=0.0)
     if np.abs(comoment - comoment.T).max(initial=0.0) > 1e-9 * scale:
         raise ValueError("covariance state is corrupt: field 'comoment' is not symmetric")
@@ -187,5 +194,7 @@ def _check_positive_semidefinite(comoment: np.ndarray) -> None:
         return
     lowest = float(np.linalg.eigvalsh(comoment / scale)[0])  # scaled: no overflow near the float64 limit
     if lowest < -1e-8 * comoment.shape[0]:
-        raise ValueError(f"covariance state is corrupt: field 'comoment' is not positive semi-definite (an eigenvalue "
-                         f"of {lowest * scale:.3g}, entries up to {scale:.3g})")
+        raise ValueError(
+            f"covariance state is corrupt: field 'comoment' is not positive semi-definite (an eigenvalue "
+            f"of {lowest * scale:.3g}, entries up to {scale:.3g})"
+        )

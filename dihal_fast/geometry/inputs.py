@@ -1,4 +1,5 @@
 """Validation and conversion of user matrices: the one place where bad input is caught."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,9 @@ def _dtype_name(x: Any) -> str:
     return str(x.dtype).replace("torch.", "")
 
 
-def as_matrix(X: Any, name: str = "X", min_rows: int = 2, allow_cuda: bool = False,
-              max_abs: float | None = None) -> Matrix:
+def as_matrix(
+    X: Any, name: str = "X", min_rows: int = 2, allow_cuda: bool = False, max_abs: float | None = None
+) -> Matrix:
     """Check that ``X`` is a finite 2-D float matrix with at least ``min_rows`` rows and ``D >= 1``, and
     (unless ``max_abs`` is given: ``inf`` for callers that rescale) no value above :data:`MAX_ABS_VALUE`.
 

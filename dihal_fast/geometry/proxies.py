@@ -1,4 +1,5 @@
 """The public geometry proxies of DESIGN.md, composed from backend operations."""
+
 from __future__ import annotations
 
 import math
@@ -65,8 +66,10 @@ def _unscaled(name: str, value: float, shift: int) -> float:
         result = math.inf
     if not sys.float_info.min <= result < math.inf:
         magnitude = math.log10(value) + 2 * shift * math.log10(2)
-        raise ValueError(f"{name} of these rows is about 1e{magnitude:.0f}, outside the range of normal float64 numbers; rescale X "
-                         "(m_mono and m_curv scale as 1 / scale^2, k_eff not at all)")
+        raise ValueError(
+            f"{name} of these rows is about 1e{magnitude:.0f}, outside the range of normal float64 numbers; rescale X "
+            "(m_mono and m_curv scale as 1 / scale^2, k_eff not at all)"
+        )
     return result
 
 
@@ -121,7 +124,9 @@ def _k_eff(ops: Any, moments: _Moments, precision: str) -> float:
         return moments.trace / (ops.top_eigenvalue(moments.matrix, precision) / moments.scale)
 
 
-def _m_mono(matrix: Matrix, ops: Any, moments: _Moments, ridge: float, n_pairs: int, seed: int, precision: str) -> float:
+def _m_mono(
+    matrix: Matrix, ops: Any, moments: _Moments, ridge: float, n_pairs: int, seed: int, precision: str
+) -> float:
     n, D = matrix.shape
     pi, pj, counts = draw_pairs(n, n_pairs, seed)
     lam = ridge * moments.trace / D
@@ -150,8 +155,10 @@ def _representable(name: str, value: float, variance: float) -> float:
     """``value``, or a ValueError when it overflows float64: m_mono and m_curv scale as 1 / variance, so rows
     whose per-dimension variance is near the smallest float64 (e.g. values ~1e-154) have no finite proxy."""
     if not np.isfinite(value):
-        raise ValueError(f"{name} overflows float64 for these rows (mean per-dimension variance {variance:.3g}); "
-                         "rescale X (the proxies scale as 1 / scale^2)")
+        raise ValueError(
+            f"{name} overflows float64 for these rows (mean per-dimension variance {variance:.3g}); "
+            "rescale X (the proxies scale as 1 / scale^2)"
+        )
     return value
 
 
@@ -180,8 +187,9 @@ def monotonicity_proxy(
     ridge = check_positive(ridge, "ridge")
     n_pairs = check_positive(n_pairs, "n_pairs", integer=True)
     matrix, ops, shift = _prepare(X, backend, precision=precision)
-    return _unscaled("m_mono", _m_mono(matrix, ops, _moments(matrix, ops, precision), ridge, n_pairs, int(seed), precision),
-                     shift)
+    return _unscaled(
+        "m_mono", _m_mono(matrix, ops, _moments(matrix, ops, precision), ridge, n_pairs, int(seed), precision), shift
+    )
 
 
 def curvature_proxy(X: Any, k: int = DEFAULT_K, backend: str = "auto", precision: str = DEFAULT_PRECISION) -> float:
@@ -221,5 +229,3 @@ def geometry_proxies(
         "m_mono": _unscaled("m_mono", _m_mono(matrix, ops, moments, ridge, n_pairs, int(seed), precision), shift),
         "k_eff": _k_eff(ops, moments, precision),
     }
-
-

@@ -1,4 +1,5 @@
 """Selection score across candidate layers (DESIGN.md): which hidden state is most diffusion-friendly."""
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,10 @@ def selection_scores(proxies_by_layer: Mapping[int, Mapping[str, float]]) -> tup
             column.append(math.log(value))
         logs[name] = np.array(column)
     if len(layers) < 2:
-        raise ValueError(f"selection compares layers: give the proxies of at least 2 candidate layers, got {layers} "
-                         "(a z-score across one layer is 0 whatever its geometry)")
+        raise ValueError(
+            f"selection compares layers: give the proxies of at least 2 candidate layers, got {layers} "
+            "(a z-score across one layer is 0 whatever its geometry)"
+        )
     score = _zscore(logs["m_curv"]) + _zscore(logs["m_mono"]) - _zscore(logs["k_eff"])
     best = layers[int(np.argmax(score))]  # argmax returns the first maximum: the shallower layer
     return {layer: float(s) for layer, s in zip(layers, score)}, best

@@ -1,4 +1,5 @@
 """Configuration dataclasses of an HC-DLM run, saved as JSON next to every checkpoint."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,12 @@ REMASKS = ("auto", "random", "confidence")
 class HCDLMModelConfig(CheckedConfig):
     """Architecture. Baselines use ``hidden``/``heads`` and as many blocks as fit the HC-DLM budget."""
 
-    kind: str = option("hcdlm", "hcdlm, mdm (masked diffusion), latent (Latent DM: no token scaffold) or ar",
-                       flag="--model", choices=MODEL_KINDS)
+    kind: str = option(
+        "hcdlm",
+        "hcdlm, mdm (masked diffusion), latent (Latent DM: no token scaffold) or ar",
+        flag="--model",
+        choices=MODEL_KINDS,
+    )
     hidden: int = option(64, "transformer width of every module", min=1)
     heads: int = option(4, "attention heads", min=1)
     # The solving is the denoiser's: at width 64 the encoder reconstructs 100 % within a few hundred steps.
@@ -31,16 +36,24 @@ class HCDLMModelConfig(CheckedConfig):
     latents: int = option(1, "M, number of continuous latent vectors", min=1)
     latent_dim: int = option(64, "d, size of each latent vector", min=1)
     kernel: str = option("uniform", "discrete forward kernel of the token scaffold", choices=KERNELS)
-    logvar_bound: str = option("soft", "how the encoder's log-variance is kept in [--logvar-min, 0]: 'soft' (a scaled tanh, "
-                               "a gradient everywhere; ours) or 'clamp' (a hard clamp, zero gradient outside; the old "
-                               "behaviour, where sigma settled at the floor)", choices=LOGVAR_BOUNDS)
-    logvar_min: float = option(-10.0, "lower bound of the encoder's log-variance (sigma >= exp(logvar_min / 2))",
-                               min=-30.0, lt=0.0)
+    logvar_bound: str = option(
+        "soft",
+        "how the encoder's log-variance is kept in [--logvar-min, 0]: 'soft' (a scaled tanh, "
+        "a gradient everywhere; ours) or 'clamp' (a hard clamp, zero gradient outside; the old "
+        "behaviour, where sigma settled at the floor)",
+        choices=LOGVAR_BOUNDS,
+    )
+    logvar_min: float = option(
+        -10.0, "lower bound of the encoder's log-variance (sigma >= exp(logvar_min / 2))", min=-30.0, lt=0.0
+    )
     dropout: float = option(0.0, "dropout rate", min=0.0, lt=1.0)
     baseline_blocks: int = option(0, "blocks of MDM/AR (0 = match the HC-DLM parameter count)")
-    slot_head: bool = option(True, "a training-only per-slot token head on the denoiser, needed by --slot-aux-weight "
-                             "(not in the paper); the command line's default is on exactly when --slot-aux-weight > 0",
-                             cli_default=None)
+    slot_head: bool = option(
+        True,
+        "a training-only per-slot token head on the denoiser, needed by --slot-aux-weight "
+        "(not in the paper); the command line's default is on exactly when --slot-aux-weight > 0",
+        cli_default=None,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -70,39 +83,74 @@ class ObjectiveConfig(CheckedConfig):
     lambda_recon: float = option(1.0, "weight of the token reconstruction CE", min=0.0)
     lambda_ent: float = option(8e-3, "weight of the encoder's E[log q] (entropy regulariser)")
     lambda_cont: float = option(0.5, "weight of the latent x0-regression", min=0.0)
-    lambda_token: float = option(1.0, "weight of the per-step token term -log p(k0 | x_hat_0(x_t, k_t, t)), trained "
-                                 "through denoiser and predictor (0 = off)", min=0.0)
-    token_weighting: str = option("auto", "per-step token term: 'all' positions (mean CE, the uniform kernel's bound), "
-                                  "'schedule' (corrupted positions weighted by 1/s, the masked-diffusion ELBO) or 'auto' "
-                                  "(the paper's: all for the uniform kernel, schedule for absorbing)",
-                                  choices=TOKEN_WEIGHTINGS)
-    cont_weighting: str = option("none", "omega_t of the latent regression: 'none' (1) or 'min_snr' (min(SNR, 5) / 5, "
-                                 "SNR = ((1-s)/s)^2)", choices=CONT_WEIGHTINGS)
-    mask_aux_weight: float = option(0.2, "weight of the auxiliary CE that encodes k0 with --mask-aux-rate of its tokens "
-                                    "set to [MASK] and scores the masked positions (0 = off)", min=0.0)
+    lambda_token: float = option(
+        1.0,
+        "weight of the per-step token term -log p(k0 | x_hat_0(x_t, k_t, t)), trained "
+        "through denoiser and predictor (0 = off)",
+        min=0.0,
+    )
+    token_weighting: str = option(
+        "auto",
+        "per-step token term: 'all' positions (mean CE, the uniform kernel's bound), "
+        "'schedule' (corrupted positions weighted by 1/s, the masked-diffusion ELBO) or 'auto' "
+        "(the paper's: all for the uniform kernel, schedule for absorbing)",
+        choices=TOKEN_WEIGHTINGS,
+    )
+    cont_weighting: str = option(
+        "none",
+        "omega_t of the latent regression: 'none' (1) or 'min_snr' (min(SNR, 5) / 5, SNR = ((1-s)/s)^2)",
+        choices=CONT_WEIGHTINGS,
+    )
+    mask_aux_weight: float = option(
+        0.2,
+        "weight of the auxiliary CE that encodes k0 with --mask-aux-rate of its tokens "
+        "set to [MASK] and scores the masked positions (0 = off)",
+        min=0.0,
+    )
     mask_aux_rate: float = option(0.15, "share of tokens masked in the auxiliary term, in [0, 1]", min=0.0, max=1.0)
-    guidance_training: bool = option(False, "train the unconditional branch of classifier-free guidance: a share "
-                                     "--scaffold-drop of scaffolds replaced by random tokens; needed by --cfg-weight at "
-                                     "sampling (the paper always drops; off = no drop, ours)")
-    scaffold_drop: float = option(0.2, "with --guidance-training: share of scaffolds replaced by random tokens",
-                                 min=0.0, max=1.0)
+    guidance_training: bool = option(
+        False,
+        "train the unconditional branch of classifier-free guidance: a share "
+        "--scaffold-drop of scaffolds replaced by random tokens; needed by --cfg-weight at "
+        "sampling (the paper always drops; off = no drop, ours)",
+    )
+    scaffold_drop: float = option(
+        0.2, "with --guidance-training: share of scaffolds replaced by random tokens", min=0.0, max=1.0
+    )
     timesteps: int = option(1000, "T, number of noise levels; one t ~ U{1..T} per example, s = t / T", min=1)
     # Without detached latents, small CPU runs collapse the latents to a constant (regression -> 0,
     # reconstruction stuck at copying the givens).
     detach_latents: bool = option(True, "stop the latent regression's gradient into the encoder")
     # 0.5, not 1.0 (issue 23, 6x6 validation, 5 CPU-minutes: 63.3 / 34.0 % of easy / hard boards, 54.7 / 36.0 % at 1.0,
-    # 44.0 / 20.7 % with all the old defaults; on 9x9 1.0 made "ignore the inputs" a stable optimum): bench/results/hcdlm_defaults.json
-    exposure_share: float = option(0.5, "share of each batch whose x_t and scaffold are built from the model's own "
-                                   "no-grad prediction at a higher noise level (not in the paper; 0 = the paper's training)",
-                                   min=0.0, max=1.0)
-    exposure_ramp_steps: int = option(0, "steps over which the exposure share rises linearly from 0 to --exposure-share "
-                                      "(0 = constant from the first step; ours)", min=0)
+    # 44.0 / 20.7 % with all the old defaults; on 9x9 1.0 made "ignore the inputs" a stable optimum):
+    # bench/results/hcdlm_defaults.json
+    exposure_share: float = option(
+        0.5,
+        "share of each batch whose x_t and scaffold are built from the model's own "
+        "no-grad prediction at a higher noise level (not in the paper; 0 = the paper's training)",
+        min=0.0,
+        max=1.0,
+    )
+    exposure_ramp_steps: int = option(
+        0,
+        "steps over which the exposure share rises linearly from 0 to --exposure-share "
+        "(0 = constant from the first step; ours)",
+        min=0,
+    )
     # Trains the scaffold -> x_hat_0 path, which a denoiser that can copy x_t's signal otherwise never learns.
-    latent_drop: float = option(0.0, "share of examples whose x_t carries no signal (pure noise, level s kept; not in "
-                                "the paper; 0 = off)", min=0.0, max=1.0)
+    latent_drop: float = option(
+        0.0,
+        "share of examples whose x_t carries no signal (pure noise, level s kept; not in the paper; 0 = off)",
+        min=0.0,
+        max=1.0,
+    )
     # A direct signal per cell, where the token term reaches the slots only through the M x d latent.
-    slot_aux_weight: float = option(1.0, "weight of a training-only CE of a per-slot token head on the denoiser's slot "
-                                    "states (deep supervision, not in the paper; 0 = no head, the paper's model)", min=0.0)
+    slot_aux_weight: float = option(
+        1.0,
+        "weight of a training-only CE of a per-slot token head on the denoiser's slot "
+        "states (deep supervision, not in the paper; 0 = no head, the paper's model)",
+        min=0.0,
+    )
 
     def token_weighting_for(self, kernel: str) -> str:
         """The token term's weighting for this scaffold kernel ('auto' resolved to the paper's choice)."""
@@ -127,17 +175,28 @@ class HCDLMTrainConfig(CheckedConfig):
     weight_decay: float = option(0.0, "AdamW weight decay", min=0.0)
     warmup_steps: int = option(100, "linear warm-up steps ((step + 1) / warmup of the rate)")
     grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", min=0.0)
-    ema_decay: float = option(0.999, "EMA decay of the evaluation weights (with warm-up (1+s)/(10+s); 0 = no EMA)",
-                              flag=("--ema-decay", "--ema"), min=0.0, lt=1.0)
+    ema_decay: float = option(
+        0.999,
+        "EMA decay of the evaluation weights (with warm-up (1+s)/(10+s); 0 = no EMA)",
+        flag=("--ema-decay", "--ema"),
+        min=0.0,
+        lt=1.0,
+    )
     seed: int = option(0, "random seed (data, noise, initialisation)")
     max_minutes: float = option(0.0, "stop after this much training time (0 = no limit)", min=0.0)
-    budget_clock: str = option("wall", "what --max-minutes measures: wall-clock or process CPU time (fair on a shared, "
-                               "oversubscribed machine)", choices=("wall", "cpu"))
+    budget_clock: str = option(
+        "wall",
+        "what --max-minutes measures: wall-clock or process CPU time (fair on a shared, oversubscribed machine)",
+        choices=("wall", "cpu"),
+    )
     log_every: int = option(25, "steps between lines of log.jsonl", min=1)
     checkpoint_every: int = option(250, "steps between checkpoints (a final one is always written)", min=1)
     threads: int = option(0, "torch CPU threads (0 = torch default)")
-    device: str = option("auto", "auto (cuda when torch sees one), cpu, cuda or cuda:N; a run resumes on the device "
-                         "type it started on", device=True)
+    device: str = option(
+        "auto",
+        "auto (cuda when torch sees one), cpu, cuda or cuda:N; a run resumes on the device type it started on",
+        device=True,
+    )
 
 
 @dataclass
@@ -146,23 +205,40 @@ class SampleConfig(CheckedConfig):
 
     steps: int = option(50, "sampling steps (diffusion models)", min=1)
     cfg_weight: float = option(0.0, "classifier-free guidance weight on the scaffold (0 = off; paper 2.75)", min=0.0)
-    remask: str = option("auto", "HC-DLM: which scaffold tokens are re-noised each step: random (each with prob. s), "
-                         "confidence (the round(s L) least confident), auto (the paper's: random for the uniform kernel, "
-                         "confidence for absorbing)", choices=REMASKS)
-    order: str = option("margin", "MDM unmasking order: top-probability or top-probability margin",
-                        choices=("prob", "margin"))
-    temperature: float = option(0.0, "token sampling temperature, float64 (0 = argmax); the command line's default is 0 "
-                                "for puzzles and 1 for text", cli_default=None, min=0.0)
+    remask: str = option(
+        "auto",
+        "HC-DLM: which scaffold tokens are re-noised each step: random (each with prob. s), "
+        "confidence (the round(s L) least confident), auto (the paper's: random for the uniform kernel, "
+        "confidence for absorbing)",
+        choices=REMASKS,
+    )
+    order: str = option(
+        "margin", "MDM unmasking order: top-probability or top-probability margin", choices=("prob", "margin")
+    )
+    temperature: float = option(
+        0.0,
+        "token sampling temperature, float64 (0 = argmax); the command line's default is 0 for puzzles and 1 for text",
+        cli_default=None,
+        min=0.0,
+    )
     batch_size: int = option(128, "examples per sampling batch", min=1)
-    clamp: bool = option(False, "HC-DLM: replace x_hat_0 at every step by the encoder mean of its argmax tokens (not in "
-                         "the paper)")
+    clamp: bool = option(
+        False, "HC-DLM: replace x_hat_0 at every step by the encoder mean of its argmax tokens (not in the paper)"
+    )
 
 
 # What a saved config without these (newer) fields meant: the model and objective before they existed,
 # so older runs load and resume as they were trained.
-LEGACY = {"model": {"slot_head": False, "logvar_bound": "clamp", "logvar_min": -10.0},
-          "objective": {"lambda_token": 0.0, "exposure_share": 0.0, "slot_aux_weight": 0.0, "guidance_training": True,
-                        "exposure_ramp_steps": 0}}
+LEGACY = {
+    "model": {"slot_head": False, "logvar_bound": "clamp", "logvar_min": -10.0},
+    "objective": {
+        "lambda_token": 0.0,
+        "exposure_share": 0.0,
+        "slot_aux_weight": 0.0,
+        "guidance_training": True,
+        "exposure_ramp_steps": 0,
+    },
+}
 # Fields saved under an earlier name: {section: {old name: current name}}.
 RENAMED = {"train": {"ema": "ema_decay"}}
 
@@ -192,18 +268,25 @@ class RunConfig:
         for section, legacy in LEGACY.items():
             old = saved.get(section)
             if isinstance(old, dict):
-                data[section] = {k: v for k, v in data[section].items() if not (k in legacy and k not in old and v == legacy[k])}
+                data[section] = {
+                    k: v for k, v in data[section].items() if not (k in legacy and k not in old and v == legacy[k])
+                }
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> RunConfig:
         parts = {"task": TaskConfig, "model": HCDLMModelConfig, "objective": ObjectiveConfig, "train": HCDLMTrainConfig}
         if not isinstance(data, dict) or any(not isinstance(data.get(name, {}), dict) for name in parts):
-            raise ValueError(f"run config must be an object with the sections {sorted(parts)} (objects), got "
-                             f"{str(data)[:80]}")
+            raise ValueError(
+                f"run config must be an object with the sections {sorted(parts)} (objects), got {str(data)[:80]}"
+            )
         try:
-            return cls(**{name: kind(**{**LEGACY.get(name, {}), **_current_names(name, data.get(name, {}))})
-                          for name, kind in parts.items()})
+            return cls(
+                **{
+                    name: kind(**{**LEGACY.get(name, {}), **_current_names(name, data.get(name, {}))})
+                    for name, kind in parts.items()
+                }
+            )
         except TypeError as exc:
             raise ValueError(f"run config has unknown or missing fields: {exc}") from None
 

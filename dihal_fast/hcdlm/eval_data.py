@@ -1,4 +1,5 @@
 """Evaluation sets: the real files (Sudoku CSV, Countdown JSONL, text) and freshly generated splits."""
+
 from __future__ import annotations
 
 import random
@@ -22,7 +23,10 @@ def examples_from_file(task, path: str | Path, limit: int | None = None) -> list
     if kind == "sudoku":
         records = load_sudoku_csv(path, limit)
         if records and len(records[0].puzzle) != task.geo.cells:
-            raise ValueError(f"{path} holds {len(records[0].puzzle)}-cell puzzles; the run solves {task.geo.n}x{task.geo.n} ({task.geo.cells} cells)")
+            raise ValueError(
+                f"{path} holds {len(records[0].puzzle)}-cell puzzles; the run solves {task.geo.n}x{task.geo.n} "
+                f"({task.geo.cells} cells)"
+            )
         return [task.example(r.puzzle, r.solution, r.level) for r in records]
     if kind == "countdown":
         return [task.example(problem, group) for problem, group in load_countdown_jsonl(path, limit)]
@@ -52,5 +56,7 @@ def generated_sudoku(task: SudokuTask, split: str, count: int, seed: int) -> lis
 def generated_countdown(task: CountdownTask, numbers: int, count: int, seed: int) -> list[EvalExample]:
     """Fresh problems with ``numbers`` numbers on held-out targets (never seen in training)."""
     rng = random.Random(f"countdown-eval-{numbers}-{seed}")
-    return [task.example(generate_countdown(rng, numbers, held_out=True, max_len=task.spec.target_len)[0], f"cd{numbers}")
-            for _ in range(count)]
+    return [
+        task.example(generate_countdown(rng, numbers, held_out=True, max_len=task.spec.target_len)[0], f"cd{numbers}")
+        for _ in range(count)
+    ]

@@ -1,5 +1,6 @@
 """Evaluation of a trained run: puzzle accuracy (per group), accuracy against sampling steps (paper
 Fig. 3b), sampling time per batch, and Gen PPL + entropy of text samples under an evaluator LM."""
+
 from __future__ import annotations
 
 import logging
@@ -40,37 +41,53 @@ def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> 
     check_layout(run_dir)
     folder = latest_checkpoint(run_dir)
     if folder is None:
-        raise FileNotFoundError(f"no checkpoint in {run_dir} (expected {run_dir}/checkpoints/latest from 'dihal hcdlm train')")
+        raise FileNotFoundError(
+            f"no checkpoint in {run_dir} (expected {run_dir}/checkpoints/latest from 'dihal hcdlm train')"
+        )
     config = RunConfig.load(folder / CONFIG_NAME)
     task = build_task(config.task, for_training=False)
     model = build_model(task.spec, config.model)
     prefix = "model."  # the checkpoint holds the parameters of the model inside its training objective
-    weights = load_weights(folder, use_ema=use_ema and config.train.ema_decay > 0)  # EMA decay 0: the EMA is the weights
+    weights = load_weights(
+        folder, use_ema=use_ema and config.train.ema_decay > 0
+    )  # EMA decay 0: the EMA is the weights
     try:
-        model.load_state_dict({name[len(prefix):]: value for name, value in weights.items()})
+        model.load_state_dict({name[len(prefix) :]: value for name, value in weights.items()})
     except RuntimeError as exc:
         raise ValueError(f"checkpoint {folder} does not fit this run's model: {str(exc).splitlines()[0]}") from None
     target = resolve_device(device)
     model.to(target).eval()
-    return LoadedRun(config, task, model, make_kernel(config.model.kernel, task.spec.target_vocab),
-                     checkpoint_state(folder)["step"], target)
+    return LoadedRun(
+        config,
+        task,
+        model,
+        make_kernel(config.model.kernel, task.spec.target_vocab),
+        checkpoint_state(folder)["step"],
+        target,
+    )
 
 
 def check_sampler(run: LoadedRun, cfg: SampleConfig) -> None:
     """Refuse guidance on an HC-DLM run whose unconditional branch was never trained (no scaffold drop)."""
     if cfg.cfg_weight and run.config.model.kind == "hcdlm" and not run.config.objective.guidance_training:
-        raise ValueError(f"--cfg-weight {cfg.cfg_weight} needs a run trained with --guidance-training (its unconditional "
-                         "branch); this run was trained without it: sample with --cfg-weight 0")
+        raise ValueError(
+            f"--cfg-weight {cfg.cfg_weight} needs a run trained with --guidance-training (its unconditional "
+            "branch); this run was trained without it: sample with --cfg-weight 0"
+        )
 
 
-def sample_targets(run: LoadedRun, contexts: torch.Tensor, cfg: SampleConfig, seed: int = 0) -> tuple[list[list[int]], float]:
+def sample_targets(
+    run: LoadedRun, contexts: torch.Tensor, cfg: SampleConfig, seed: int = 0
+) -> tuple[list[list[int]], float]:
     """Generated targets for ``contexts[N, C]`` in batches, and the mean wall time per batch (s)."""
     check_sampler(run, cfg)
     generator = torch.Generator(run.device).manual_seed(seed)
     out, times = [], []
     for start in progress_bar(range(0, contexts.shape[0], cfg.batch_size), desc="sampling", leave=False):
         began = time.perf_counter()
-        tokens = generate(run.model, run.kernel, contexts[start : start + cfg.batch_size].to(run.device), cfg, generator)
+        tokens = generate(
+            run.model, run.kernel, contexts[start : start + cfg.batch_size].to(run.device), cfg, generator
+        )
         if run.device.type == "cuda":
             torch.cuda.synchronize(run.device)
         times.append(time.perf_counter() - began)
@@ -80,23 +97,39 @@ def sample_targets(run: LoadedRun, contexts: torch.Tensor, cfg: SampleConfig, se
 
 def mean_scores(rows: list[dict[str, float]]) -> dict:
     """``{n, accuracy, <other score>: mean}`` of a task's score dicts (``correct`` is reported as ``accuracy``)."""
-    return {"n": len(rows), **{("accuracy" if k == "correct" else k): sum(float(r[k]) for r in rows) / len(rows) for k in rows[0]}}
+    return {
+        "n": len(rows),
+        **{("accuracy" if k == "correct" else k): sum(float(r[k]) for r in rows) / len(rows) for k in rows[0]},
+    }
 
 
-def evaluate_examples(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0, show: int = 3) -> dict:
+def evaluate_examples(
+    run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0, show: int = 3
+) -> dict:
     """Accuracy overall and per group, plus the mean of every other score (e.g. Countdown ``loose``)."""
     if not examples:
         raise ValueError("no evaluation examples")
     contexts = torch.tensor([ex.context for ex in examples], dtype=torch.long).reshape(len(examples), -1)
     targets, seconds = sample_targets(run, contexts, cfg, seed)
     scored = [(ex.group, run.task.score(ex, target)) for ex, target in zip(examples, targets)]
-    groups = {group: mean_scores([scores for g, scores in scored if g == group]) for group in dict.fromkeys(g for g, _ in scored)}
+    groups = {
+        group: mean_scores([scores for g, scores in scored if g == group])
+        for group in dict.fromkeys(g for g, _ in scored)
+    }
     overall = mean_scores([scores for _, scores in scored])
-    return {**overall, "groups": groups, "sampling_steps": cfg.steps, "seconds_per_batch": seconds,
-            "batch_size": cfg.batch_size, "examples": [run.task.render(t) for t in targets[:show]]}
+    return {
+        **overall,
+        "groups": groups,
+        "sampling_steps": cfg.steps,
+        "seconds_per_batch": seconds,
+        "batch_size": cfg.batch_size,
+        "examples": [run.task.render(t) for t in targets[:show]],
+    }
 
 
-def accuracy_vs_steps(run: LoadedRun, examples: list[EvalExample], steps_list: list[int], cfg: SampleConfig, seed: int = 0) -> list[dict]:
+def accuracy_vs_steps(
+    run: LoadedRun, examples: list[EvalExample], steps_list: list[int], cfg: SampleConfig, seed: int = 0
+) -> list[dict]:
     """``[{steps, accuracy, groups, seconds_per_batch}, ...]``; AR decodes once (it has no steps)."""
     rows = []
     for steps in steps_list:
@@ -104,7 +137,14 @@ def accuracy_vs_steps(run: LoadedRun, examples: list[EvalExample], steps_list: l
             rows.append({**rows[0], "steps": steps})
             continue
         result = evaluate_examples(run, examples, replace(cfg, steps=steps), seed, show=0)
-        rows.append({"steps": steps, "accuracy": result["accuracy"], "groups": result["groups"], "seconds_per_batch": result["seconds_per_batch"]})
+        rows.append(
+            {
+                "steps": steps,
+                "accuracy": result["accuracy"],
+                "groups": result["groups"],
+                "seconds_per_batch": result["seconds_per_batch"],
+            }
+        )
         logger.info("%s: %d steps -> accuracy %.4f", run.config.model.kind, steps, result["accuracy"])
     return rows
 
@@ -122,15 +162,31 @@ def readout_by_step(run: LoadedRun, examples: list[EvalExample], cfg: SampleConf
     per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]
     for start in range(0, len(examples), cfg.batch_size):
         batch = examples[start : start + cfg.batch_size]
-        contexts = torch.tensor([ex.context for ex in batch], dtype=torch.long, device=run.device).reshape(len(batch), -1)
+        contexts = torch.tensor([ex.context for ex in batch], dtype=torch.long, device=run.device).reshape(
+            len(batch), -1
+        )
         readouts: list[list[list[int]]] = []
-        sample_hcdlm(run.model, run.kernel, contexts, cfg, generator, on_step=lambda *args, out=readouts: out.append(args[-1].tolist()))
+        sample_hcdlm(
+            run.model,
+            run.kernel,
+            contexts,
+            cfg,
+            generator,
+            on_step=lambda *args, out=readouts: out.append(args[-1].tolist()),
+        )
         for rows, tokens in zip(per_step, readouts):
             rows.extend(run.task.score(ex, target) for ex, target in zip(batch, tokens))
     return [{"step": i + 1, **mean_scores(rows)} for i, rows in enumerate(per_step)]
 
 
-def evaluate_text(run: LoadedRun, n_samples: int, cfg: SampleConfig, evaluator_dir: str | Path, reference: list[str] | None = None, seed: int = 0) -> dict:
+def evaluate_text(
+    run: LoadedRun,
+    n_samples: int,
+    cfg: SampleConfig,
+    evaluator_dir: str | Path,
+    reference: list[str] | None = None,
+    seed: int = 0,
+) -> dict:
     """Gen PPL (evaluator LM, float32) and mean per-sample unigram entropy of ``n_samples`` samples;
     with ``reference`` texts, the same numbers for real data as a yardstick."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -149,8 +205,15 @@ def evaluate_text(run: LoadedRun, n_samples: int, cfg: SampleConfig, evaluator_d
         ids = [t for t in result.pop("token_ids") if t]
         return {**result, "entropy": mean_unigram_entropy(ids)}
 
-    out = {"n": n_samples, **score(texts), "sampling_steps": cfg.steps, "temperature": cfg.temperature,
-           "seconds_per_batch": seconds, "evaluator": str(evaluator_dir), "examples": texts[:3]}
+    out = {
+        "n": n_samples,
+        **score(texts),
+        "sampling_steps": cfg.steps,
+        "temperature": cfg.temperature,
+        "seconds_per_batch": seconds,
+        "evaluator": str(evaluator_dir),
+        "examples": texts[:3],
+    }
     if reference:
         data = score(reference)
         out["data_reference"] = {"gen_ppl": data["gen_ppl"], "entropy": data["entropy"], "n": len(reference)}

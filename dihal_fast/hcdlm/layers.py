@@ -1,4 +1,5 @@
 """Transformer building blocks shared by HC-DLM and the baselines."""
+
 from __future__ import annotations
 
 import math
@@ -31,7 +32,9 @@ class Block(nn.Module):
     def _attend(self, h: torch.Tensor) -> torch.Tensor:
         b, n, d = h.shape
         q, k, v = self.qkv(h).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=self.dropout if self.training else 0.0)
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=self.causal, dropout_p=self.dropout if self.training else 0.0
+        )
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
     def forward(self, h: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
@@ -108,7 +111,9 @@ class ContextEmbedding(nn.Module):
         return embedded + self.position, 0.0
 
 
-def run_blocks(blocks: nn.ModuleList, parts: list[torch.Tensor | None], cond: torch.Tensor | None = None) -> torch.Tensor:
+def run_blocks(
+    blocks: nn.ModuleList, parts: list[torch.Tensor | None], cond: torch.Tensor | None = None
+) -> torch.Tensor:
     """Concatenate the non-empty ``parts`` along the sequence, run ``blocks``, return the full sequence."""
     h = torch.cat([p for p in parts if p is not None], dim=1)
     for block in blocks:

@@ -9,6 +9,7 @@
   does not move when ``x_t`` is noise ignores the latent; one that does not move between a true and a
   random scaffold ignores the scaffold.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,7 +33,9 @@ def _contexts(batch: list[EvalExample], device: torch.device) -> torch.Tensor:
 def reference_targets(run: LoadedRun, batch: list[EvalExample]) -> torch.Tensor:
     """The true target tokens of Sudoku examples ``[B, L]`` (Countdown and text have no single reference)."""
     if run.config.task.name != "sudoku":
-        raise ValueError(f"the scaffold ablations need a reference answer per example: Sudoku runs only, not {run.config.task.name}")
+        raise ValueError(
+            f"the scaffold ablations need a reference answer per example: Sudoku runs only, not {run.config.task.name}"
+        )
     return torch.tensor([run.task.encode(*ex.payload)[1] for ex in batch], dtype=torch.long, device=run.device)
 
 
@@ -43,14 +46,21 @@ def mdm_readout_by_step(run: LoadedRun, examples: list[EvalExample], cfg: Sample
     for start in range(0, len(examples), cfg.batch_size):
         batch = examples[start : start + cfg.batch_size]
         decoded: list[list[list[int]]] = []
-        sample_mdm(run.model, _contexts(batch, run.device), cfg, generator, on_step=lambda _, tokens, out=decoded: out.append(tokens.tolist()))
+        sample_mdm(
+            run.model,
+            _contexts(batch, run.device),
+            cfg,
+            generator,
+            on_step=lambda _, tokens, out=decoded: out.append(tokens.tolist()),
+        )
         for rows, tokens in zip(per_step, decoded):
             rows.extend(run.task.score(ex, target) for ex, target in zip(batch, tokens))
     return [{"step": i + 1, **mean_scores(rows)} for i, rows in enumerate(per_step)]
 
 
-def readout_trajectory(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0,
-                       rows: list[dict] | None = None) -> list[dict]:
+def readout_trajectory(
+    run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0, rows: list[dict] | None = None
+) -> list[dict]:
     """The decoded answer's scores after each sampling step, with ``fraction`` = step / steps (MDM, HC-DLM,
     Latent DM); ``rows``: the run's :func:`readout_by_step` already traced with these settings."""
     if rows is not None:
@@ -60,7 +70,9 @@ def readout_trajectory(run: LoadedRun, examples: list[EvalExample], cfg: SampleC
     elif hasattr(run.model, "denoiser"):
         rows = readout_by_step(run, examples, cfg, seed)
     else:
-        raise ValueError(f"a per-step read-out needs a diffusion run (HC-DLM, Latent DM, MDM), not {run.config.model.kind}")
+        raise ValueError(
+            f"a per-step read-out needs a diffusion run (HC-DLM, Latent DM, MDM), not {run.config.model.kind}"
+        )
     return [{**row, "fraction": row["step"] / cfg.steps} for row in rows]
 
 
@@ -72,8 +84,13 @@ def check_levels(levels: tuple[float, ...]) -> None:
 
 
 @torch.no_grad()
-def ablation_readout(run: LoadedRun, examples: list[EvalExample], levels: tuple[float, ...] = ABLATION_LEVELS, seed: int = 0,
-                     batch_size: int = 256) -> list[dict]:
+def ablation_readout(
+    run: LoadedRun,
+    examples: list[EvalExample],
+    levels: tuple[float, ...] = ABLATION_LEVELS,
+    seed: int = 0,
+    batch_size: int = 256,
+) -> list[dict]:
     """``[{s, model: scores, x_t_noise: scores, scaffold_true: ..., scaffold_random: ...}]`` per level ``s``
     (Latent DM: the first two only). Scores are the task's means (Sudoku: accuracy, valid, blank_cells)."""
     model = run.model
@@ -107,10 +124,15 @@ def ablation_readout(run: LoadedRun, examples: list[EvalExample], levels: tuple[
 def ablation_effects(rows: list[dict], key: str) -> dict[str, float]:
     """Per ablation, the signed change of ``key`` from the model's read-out at the level where it is largest;
     with a scaffold also ``true_minus_random_scaffold``, the largest gap between the two scaffold ablations."""
+
     def largest(deltas: list[float]) -> float:
         return max(deltas, key=abs)
 
-    effects = {name: largest([row[name][key] - row["model"][key] for row in rows]) for name in ABLATIONS[1:] if name in rows[0]}
+    effects = {
+        name: largest([row[name][key] - row["model"][key] for row in rows]) for name in ABLATIONS[1:] if name in rows[0]
+    }
     if "scaffold_true" in rows[0]:
-        effects["true_minus_random_scaffold"] = largest([row["scaffold_true"][key] - row["scaffold_random"][key] for row in rows])
+        effects["true_minus_random_scaffold"] = largest(
+            [row["scaffold_true"][key] - row["scaffold_random"][key] for row in rows]
+        )
     return effects

@@ -3,6 +3,7 @@
 Shapes: ``context[B, C]`` (the task's given tokens), ``tokens[B, L]`` in ``[0, V]`` where ``V`` is the
 [MASK] id, latents ``x[B, M, d]``, noise levels ``s[B]`` in ``[0, 1]``.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,9 @@ class TokenSlots(nn.Module):
         self.position = SlotPositions(spec, hidden)
         self.context = ContextEmbedding(spec, hidden)
 
-    def forward(self, tokens: torch.Tensor | None, context: torch.Tensor, batch: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def forward(
+        self, tokens: torch.Tensor | None, context: torch.Tensor, batch: int
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """``(prefix context or None, slots[B, L, H])``."""
         prefix, slot_term = self.context(context)
         slots = self.position().expand(batch, -1, -1) + slot_term
@@ -121,15 +124,25 @@ class Denoiser(nn.Module):
         self.latent_position = position_table(cfg.latents, cfg.hidden)
         self.slots = TokenSlots(spec, cfg.hidden, with_tokens=scaffold)
         self.time = TimeEmbedding(cfg.hidden)
-        self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.heads, cfg.dropout, cond_dim=cfg.hidden) for _ in range(cfg.denoiser_blocks))
+        self.blocks = nn.ModuleList(
+            Block(cfg.hidden, cfg.heads, cfg.dropout, cond_dim=cfg.hidden) for _ in range(cfg.denoiser_blocks)
+        )
         self.out_norm = nn.LayerNorm(cfg.hidden)
         self.out = nn.Linear(cfg.hidden, cfg.latent_dim)
         self.readout = SlotReadout(spec.target_len, cfg.hidden, cfg.latents * cfg.latent_dim)
         # Training-only per-slot token head (deep supervision, ours; see ObjectiveConfig.slot_aux_weight).
-        self.slot_head = nn.Sequential(nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, spec.target_vocab)) if cfg.slot_head else None
+        self.slot_head = (
+            nn.Sequential(nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, spec.target_vocab)) if cfg.slot_head else None
+        )
 
-    def forward(self, x_t: torch.Tensor, scaffold: torch.Tensor | None, s: torch.Tensor, context: torch.Tensor,
-                slot_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x_t: torch.Tensor,
+        scaffold: torch.Tensor | None,
+        s: torch.Tensor,
+        context: torch.Tensor,
+        slot_logits: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``x_hat_0[B, M, d]``; with ``slot_logits`` also the slot head's ``[B, L, V]`` logits (None without one)."""
         batch, m = x_t.shape[0], x_t.shape[1]
         prefix, slots = self.slots(scaffold if self.scaffold else None, context, batch)

@@ -10,6 +10,7 @@ kernel ``q(k_s | k_0)`` of discrete diffusion (D3PM's term, and ``HCDLMModelConf
 code: the compiled kernels live in ``csrc/`` and :mod:`dihal_fast.geometry`.
 All random decisions on tokens are drawn from float64 uniforms.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,7 +18,8 @@ import torch
 from dihal_fast.bridge.schedules import FlowSchedule
 
 LATENT_FLOW = FlowSchedule()
-"""The path of HC-DLM's continuous latents: ``LATENT_FLOW.noise(x_0, s, eps)``, ``LATENT_FLOW.euler_step(x_t, x_hat_0, t)``."""
+"""The path of HC-DLM's continuous latents: ``LATENT_FLOW.noise(x_0, s, eps)``, ``LATENT_FLOW.euler_step(x_t,
+x_hat_0, t)``."""
 
 
 def _uniform64(shape: tuple[int, ...], generator: torch.Generator | None, device) -> torch.Tensor:
@@ -39,23 +41,34 @@ class _TokenKernel:
             raise ValueError(f"vocab must be >= 2, got {vocab}")
         self.vocab = vocab
 
-    def random_tokens(self, shape: tuple[int, ...], generator: torch.Generator | None = None, device="cpu") -> torch.Tensor:
+    def random_tokens(
+        self, shape: tuple[int, ...], generator: torch.Generator | None = None, device="cpu"
+    ) -> torch.Tensor:
         return torch.randint(self.vocab, shape, generator=generator, device=device)
 
-    def corrupt(self, tokens: torch.Tensor, s: torch.Tensor | float, generator: torch.Generator | None = None) -> torch.Tensor:
+    def corrupt(
+        self, tokens: torch.Tensor, s: torch.Tensor | float, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         """A draw of ``q(k_s | k_0)`` for ``tokens[B, L]`` and levels ``s`` (scalar or ``[B]``)."""
         return self.corrupt_with_mask(tokens, s, generator)[0]
 
-    def corrupt_with_mask(self, tokens: torch.Tensor, s: torch.Tensor | float,
-                          generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def corrupt_with_mask(
+        self, tokens: torch.Tensor, s: torch.Tensor | float, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(k_s, hit)``: the corrupted tokens and which positions the kernel touched (prob. ``s`` each)."""
         hit = _uniform64(tuple(tokens.shape), generator, tokens.device) < _level(s, tokens)
         return self._replace(tokens, hit, generator), hit
 
     paper_remask = "random"  # the paper's sampler re-noises the uniform scaffold at every position in parallel
 
-    def renoise(self, tokens: torch.Tensor, s: float, confidence: torch.Tensor | None = None,
-                generator: torch.Generator | None = None, mode: str = "auto") -> torch.Tensor:
+    def renoise(
+        self,
+        tokens: torch.Tensor,
+        s: float,
+        confidence: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        mode: str = "auto",
+    ) -> torch.Tensor:
         """Re-noise predicted clean tokens to level ``s``: every position independently (``"random"``: the
         paper's uniform sampler), or exactly the ``round(s L)`` least confident positions of each row
         (``"confidence"``: the paper's re-masking for the absorbing kernel; with the uniform kernel, ours);

@@ -4,6 +4,7 @@ Every function takes the model, a batch ``context[B, C]``, ``target[B, L]`` and 
 for all its noise (so a resumed run draws the same noise), and returns ``(loss, parts)`` where ``parts``
 holds float values for the log.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,9 @@ def continuous_weight(s: torch.Tensor, kind: str, gamma: float = 5.0) -> torch.T
     return snr.clamp(max=gamma) / gamma
 
 
-def token_term(logits: torch.Tensor, target: torch.Tensor, hit: torch.Tensor | None, s: torch.Tensor, weighting: str) -> torch.Tensor:
+def token_term(
+    logits: torch.Tensor, target: torch.Tensor, hit: torch.Tensor | None, s: torch.Tensor, weighting: str
+) -> torch.Tensor:
     """Per-step token loss ``-log p(k0 | x_hat_0)``: mean over all positions (``"all"``), or over the
     positions the kernel corrupted, weighted by ``1 / s`` and divided by the length (``"schedule"``)."""
     ce = F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")
@@ -52,8 +55,14 @@ def token_term(logits: torch.Tensor, target: torch.Tensor, hit: torch.Tensor | N
     return ((ce * hit).sum(1) / s.clamp_min(1e-3) / target.shape[1]).mean()
 
 
-def drop_scaffolds(kernel: UniformKernel | AbsorbingKernel, scaffold: torch.Tensor, hit: torch.Tensor, s: torch.Tensor,
-                   share: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def drop_scaffolds(
+    kernel: UniformKernel | AbsorbingKernel,
+    scaffold: torch.Tensor,
+    hit: torch.Tensor,
+    s: torch.Tensor,
+    share: float,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Guidance's unconditional branch: a share ``share`` of the rows get a scaffold of random tokens.
 
     Returns ``(scaffold, hit, level)``: a dropped row is a scaffold at level 1 (every position replaced),
@@ -63,13 +72,23 @@ def drop_scaffolds(kernel: UniformKernel | AbsorbingKernel, scaffold: torch.Tens
     """
     drop = torch.rand(scaffold.shape[0], generator=generator, dtype=torch.float64, device=scaffold.device) < share
     random_tokens = kernel.random_tokens(tuple(scaffold.shape), generator, scaffold.device)
-    return (torch.where(drop[:, None], random_tokens, scaffold), hit | drop[:, None],
-            torch.where(drop, torch.ones_like(s), s))
+    return (
+        torch.where(drop[:, None], random_tokens, scaffold),
+        hit | drop[:, None],
+        torch.where(drop, torch.ones_like(s), s),
+    )
 
 
 @torch.no_grad()
-def own_prediction_inputs(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: torch.Tensor, clean: torch.Tensor,
-                          target: torch.Tensor, s: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+def own_prediction_inputs(
+    model: HCDLM,
+    kernel: UniformKernel | AbsorbingKernel,
+    context: torch.Tensor,
+    clean: torch.Tensor,
+    target: torch.Tensor,
+    s: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(x_s, k_s)`` built from the model's own prediction, as the sampler builds them.
 
     At a higher level ``s' ~ U(s, 1)`` the model predicts ``x_hat_0`` from correctly corrupted inputs;
@@ -88,8 +107,14 @@ def own_prediction_inputs(model: HCDLM, kernel: UniformKernel | AbsorbingKernel,
     return x_s, kernel.corrupt(model.predictor(x_hat, context).argmax(-1), s, generator)
 
 
-def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: torch.Tensor, target: torch.Tensor,
-               cfg: ObjectiveConfig, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+def hcdlm_loss(
+    model: HCDLM,
+    kernel: UniformKernel | AbsorbingKernel,
+    context: torch.Tensor,
+    target: torch.Tensor,
+    cfg: ObjectiveConfig,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """``l_recon CE(p(k0|x0)) + l_ent E[log q(x0|k0)] + l_cont omega |d(x_t, k_t, s) - x0|^2
     + l_token CE(p(k0 | d(x_t, k_t, s))) + w_aux CE_masked``.
 
@@ -97,7 +122,8 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
     denoiser and the predictor together (the sampler reads tokens exactly this way). One ``t ~ U{1..T}``
     per example, ``s = t / T``; with ``guidance_training`` the scaffold ``k_t ~ q(k_t | k0)`` is replaced by
     random tokens for a share ``scaffold_drop`` of examples (the unconditional branch of classifier-free
-    guidance, :func:`drop_scaffolds`). A share ``exposure_share`` of the examples gets ``(x_t, k_t)`` from :func:`own_prediction_inputs`. The
+    guidance, :func:`drop_scaffolds`). A share ``exposure_share`` of the examples gets ``(x_t, k_t)`` from
+    :func:`own_prediction_inputs`. The
     auxiliary term encodes ``k0`` with ``mask_aux_rate`` of its tokens set to [MASK] and scores the
     masked positions. With ``detach_latents`` no regression gradient reaches the encoder.
     """
@@ -118,7 +144,9 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
     scaffold, hit = kernel.corrupt_with_mask(target, s, generator) if model.scaffold else (None, None)
     own = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.exposure_share
     if bool(own.any()):
-        x_own, k_own = own_prediction_inputs(model, kernel, context[own], clean.detach()[own], target[own], s[own], generator)
+        x_own, k_own = own_prediction_inputs(
+            model, kernel, context[own], clean.detach()[own], target[own], s[own], generator
+        )
         x_t = x_t.index_put((own,), x_own)
         if scaffold is not None:
             scaffold = scaffold.index_put((own,), k_own)
@@ -135,7 +163,9 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
     loss = cfg.lambda_recon * recon + cfg.lambda_ent * neg_entropy + cfg.lambda_cont * cont
     parts = {"recon": recon.item(), "neg_entropy": neg_entropy.item(), "cont": cont.item()}
     if cfg.lambda_token:
-        token = token_term(model.predictor(x_hat, context), target, hit, level, cfg.token_weighting_for(model.cfg.kernel))
+        token = token_term(
+            model.predictor(x_hat, context), target, hit, level, cfg.token_weighting_for(model.cfg.kernel)
+        )
         loss = loss + cfg.lambda_token * token
         parts["token"] = token.item()
     if cfg.slot_aux_weight:
@@ -155,8 +185,9 @@ def hcdlm_loss(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: t
     return loss, parts
 
 
-def mdm_loss(model: MDMNet, context: torch.Tensor, target: torch.Tensor, generator: torch.Generator,
-             min_level: float = 1e-3) -> tuple[torch.Tensor, dict[str, float]]:
+def mdm_loss(
+    model: MDMNet, context: torch.Tensor, target: torch.Tensor, generator: torch.Generator, min_level: float = 1e-3
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Masked-diffusion ELBO (linear schedule): ``E_s[ (1/s) sum_masked CE ] / L`` with ``s ~ U(0, 1]``."""
     batch, length = target.shape
     s = torch.rand(batch, generator=generator, dtype=torch.float64, device=target.device).clamp_min(min_level)
@@ -169,7 +200,9 @@ def mdm_loss(model: MDMNet, context: torch.Tensor, target: torch.Tensor, generat
     return loss, {"loss": loss.item(), "masked_ce": masked_ce.item()}
 
 
-def ar_loss(model: ARNet, context: torch.Tensor, target: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
+def ar_loss(
+    model: ARNet, context: torch.Tensor, target: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Next-token cross-entropy with teacher forcing (the generator is unused: AR training is noise-free)."""
     bos = torch.full((target.shape[0], 1), model.bos_id, dtype=torch.long, device=target.device)
     logits = model(context, torch.cat([bos, target[:, :-1]], dim=1))

@@ -1,5 +1,6 @@
 """PNG plots of an HC-DLM evaluation: accuracy against sampling steps, the read-out after each step, the
 decoded answer per normalised step of several models, and the input ablations."""
+
 from __future__ import annotations
 
 import io
@@ -8,8 +9,15 @@ from pathlib import Path
 from dihal_fast.common import atomic_write_bytes
 
 
-def save_lines(series: dict[str, tuple[list[float], list[float]]], path: str | Path, xlabel: str, ylabel: str, title: str,
-               log_x: bool = False, markers: bool = False) -> Path:
+def save_lines(
+    series: dict[str, tuple[list[float], list[float]]],
+    path: str | Path,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    log_x: bool = False,
+    markers: bool = False,
+) -> Path:
     """One line per ``label -> (x, y)``; with ``log_x`` a log axis ticked at every x. Returns the PNG path."""
     import matplotlib
 
@@ -36,10 +44,16 @@ def save_lines(series: dict[str, tuple[list[float], list[float]]], path: str | P
     return atomic_write_bytes(path, buffer.getvalue())
 
 
-def plot_accuracy_vs_steps(curves: dict[str, list[dict]], path: str | Path, title: str = "accuracy vs sampling steps",
-                           ylabel: str = "accuracy (%)") -> Path:
+def plot_accuracy_vs_steps(
+    curves: dict[str, list[dict]],
+    path: str | Path,
+    title: str = "accuracy vs sampling steps",
+    ylabel: str = "accuracy (%)",
+) -> Path:
     """One line per model (``label -> rows`` of ``accuracy_vs_steps``), log-x."""
-    series = {label: ([r["steps"] for r in rows], [100 * r["accuracy"] for r in rows]) for label, rows in curves.items()}
+    series = {
+        label: ([r["steps"] for r in rows], [100 * r["accuracy"] for r in rows]) for label, rows in curves.items()
+    }
     return save_lines(series, path, "sampling steps", ylabel, title, log_x=True)
 
 
@@ -52,7 +66,9 @@ def plot_readout_by_step(rows: list[dict], path: str | Path, title: str) -> Path
 
 def plot_trajectories(trajectories: dict[str, list[dict]], key: str, path: str | Path, title: str) -> Path:
     """``key`` (in %) of the decoded answer against the normalised sampling step, one line per model (Fig. 3a)."""
-    series = {label: ([r["fraction"] for r in rows], [100 * r[key] for r in rows]) for label, rows in trajectories.items()}
+    series = {
+        label: ([r["fraction"] for r in rows], [100 * r[key] for r in rows]) for label, rows in trajectories.items()
+    }
     return save_lines(series, path, "sampling step / steps", f"decoded {key.replace('_', ' ')} (%)", title)
 
 

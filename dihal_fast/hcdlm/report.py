@@ -1,5 +1,6 @@
 """What ``dihal hcdlm eval`` and ``dihal hcdlm solve`` do, as functions other programs can call:
 :func:`evaluate_run` (a JSON-ready report with plots and diagnostics) and :func:`solve_puzzle`."""
+
 from __future__ import annotations
 
 import logging
@@ -40,11 +41,23 @@ def _with_temperature(sample: SampleConfig | None, text: bool) -> SampleConfig:
     return sample if sample is not None else replace(SampleConfig(), temperature=1.0 if text else 0.0)
 
 
-def evaluate_run(run_dir: str | Path, data: str | Path, out: str | Path, sample: SampleConfig | None = None, *,
-                 limit: int | None = None, steps_sweep: tuple[int, ...] = (5, 10, 25, 50), samples: int = 64,
-                 evaluator: str | Path | None = None, diagnostics: bool = True, seed: int = 0, raw_weights: bool = False,
-                 device: str = "auto", compare: str | Path | None = None,
-                 noise_levels: tuple[float, ...] = ABLATION_LEVELS) -> dict:
+def evaluate_run(
+    run_dir: str | Path,
+    data: str | Path,
+    out: str | Path,
+    sample: SampleConfig | None = None,
+    *,
+    limit: int | None = None,
+    steps_sweep: tuple[int, ...] = (5, 10, 25, 50),
+    samples: int = 64,
+    evaluator: str | Path | None = None,
+    diagnostics: bool = True,
+    seed: int = 0,
+    raw_weights: bool = False,
+    device: str = "auto",
+    compare: str | Path | None = None,
+    noise_levels: tuple[float, ...] = ABLATION_LEVELS,
+) -> dict:
     """Score the newest checkpoint of ``run_dir`` on ``data`` and write the report to ``out`` (JSON).
 
     Puzzles (a Sudoku CSV or Countdown JSONL): accuracy overall and per group, accuracy against sampling
@@ -67,22 +80,31 @@ def evaluate_run(run_dir: str | Path, data: str | Path, out: str | Path, sample:
     run = load_run(run_dir, use_ema=not raw_weights, device=device)
     other = load_run(compare, use_ema=not raw_weights, device=device) if compare is not None else None
     if other is not None and (other.config.task.name, other.task.spec) != (run.config.task.name, run.task.spec):
-        raise ValueError(f"--compare {compare} was trained on another task ({other.config.task.name}) than {run_dir} "
-                         f"({run.config.task.name})")
+        raise ValueError(
+            f"--compare {compare} was trained on another task ({other.config.task.name}) than {run_dir} "
+            f"({run.config.task.name})"
+        )
     sample = _with_temperature(sample, run.config.task.name == "text")
     if run.config.task.name == "text":
         reference = text_windows(run.task, data, samples)
         report = evaluate_text(run, samples, sample, str(evaluator or default_model_dir()), reference, seed)
     else:
         examples = examples_from_file(run.task, data, limit)
-        logger.info("evaluating %s (step %d) on %d examples from %s", run.config.model.kind, run.step, len(examples), data)
+        logger.info(
+            "evaluating %s (step %d) on %d examples from %s", run.config.model.kind, run.step, len(examples), data
+        )
         report = evaluate_examples(run, examples, sample, seed)
         curves = {_label(run): _steps_curve(run, examples, steps_sweep, sample, seed, report)}
         if other is not None:
             other_report = evaluate_examples(other, examples, sample, seed, show=0)
             curves[_label(other)] = _steps_curve(other, examples, steps_sweep, sample, seed, other_report)
-            report["compare"] = {"run": str(compare), "model": other.config.model.kind, "step": other.step,
-                                 "accuracy": other_report["accuracy"], "groups": other_report["groups"]}
+            report["compare"] = {
+                "run": str(compare),
+                "model": other.config.model.kind,
+                "step": other.step,
+                "accuracy": other_report["accuracy"],
+                "groups": other_report["groups"],
+            }
         if len(curves[_label(run)]) > 1:
             report["accuracy_vs_steps"] = curves[_label(run)]
             if other is not None:
@@ -92,22 +114,33 @@ def evaluate_run(run_dir: str | Path, data: str | Path, out: str | Path, sample:
             report["plot"] = str(plot)
         if diagnostics:
             report.update(_diagnostics(run_dir, run, examples, sample, report, out, seed, raw_weights, device))
-            report.update(_mechanism(run, other, examples, sample, out, seed, noise_levels, report.get("readout_by_step")))
+            report.update(
+                _mechanism(run, other, examples, sample, out, seed, noise_levels, report.get("readout_by_step"))
+            )
     report.update({"run": str(run_dir), "step": run.step, "data": str(data), "model": run.config.model.kind})
     atomic_write_json(out, report)
     return report
 
 
 def _label(run: LoadedRun) -> str:
-    return f"{run.config.model.kind} ({run.config.model.kernel})" if run.config.model.kind == "hcdlm" else run.config.model.kind
+    return (
+        f"{run.config.model.kind} ({run.config.model.kernel})"
+        if run.config.model.kind == "hcdlm"
+        else run.config.model.kind
+    )
 
 
-def _steps_curve(run: LoadedRun, examples: list, steps_sweep: tuple[int, ...], sample: SampleConfig, seed: int,
-                 main: dict) -> list[dict]:
+def _steps_curve(
+    run: LoadedRun, examples: list, steps_sweep: tuple[int, ...], sample: SampleConfig, seed: int, main: dict
+) -> list[dict]:
     """Accuracy against sampling steps: the sweep plus the main row (already scored as ``main``)."""
     rows = accuracy_vs_steps(run, examples, [s for s in steps_sweep if s != sample.steps], sample, seed)
-    main_row = {"steps": sample.steps, "accuracy": main["accuracy"], "groups": main["groups"],
-                "seconds_per_batch": main["seconds_per_batch"]}
+    main_row = {
+        "steps": sample.steps,
+        "accuracy": main["accuracy"],
+        "groups": main["groups"],
+        "seconds_per_batch": main["seconds_per_batch"],
+    }
     return sorted(rows + [main_row], key=lambda r: r["steps"])
 
 
@@ -116,35 +149,74 @@ def _score_key(run: LoadedRun) -> str:
     return {"sudoku": "blank_cells", "countdown": "true_steps"}.get(run.config.task.name, "accuracy")
 
 
-def _mechanism(run: LoadedRun, other: LoadedRun | None, examples: list, sample: SampleConfig, out: Path, seed: int,
-               noise_levels: tuple[float, ...], readout: list[dict] | None) -> dict:
+def _mechanism(
+    run: LoadedRun,
+    other: LoadedRun | None,
+    examples: list,
+    sample: SampleConfig,
+    out: Path,
+    seed: int,
+    noise_levels: tuple[float, ...],
+    readout: list[dict] | None,
+) -> dict:
     """The decoded answer per normalised step (this run, from its ``readout`` when already traced, and
     ``other``) and, on Sudoku, the input ablations."""
     key, found = _score_key(run), {}
-    trajectories = {_label(r): readout_trajectory(r, examples, sample, seed, rows=readout if r is run else None)
-                    for r in (run, other) if r is not None and r.config.model.kind != "ar"}
+    trajectories = {
+        _label(r): readout_trajectory(r, examples, sample, seed, rows=readout if r is run else None)
+        for r in (run, other)
+        if r is not None and r.config.model.kind != "ar"
+    }
     if trajectories:
-        plot = plot_trajectories(trajectories, key, out.with_suffix(".trajectory.png"), f"{run.config.task.name}: decoded answer per step")
+        plot = plot_trajectories(
+            trajectories, key, out.with_suffix(".trajectory.png"), f"{run.config.task.name}: decoded answer per step"
+        )
         found.update({"trajectory": trajectories, "trajectory_plot": str(plot)})
     if run.config.task.name == "sudoku" and hasattr(run.model, "denoiser") and noise_levels:
         rows = ablation_readout(run, examples, tuple(noise_levels), seed)
-        plot = plot_ablations(rows, key, out.with_suffix(".ablations.png"), f"{_label(run)}: read-out with one input replaced")
-        found.update({"ablations": rows, "ablation_effects": ablation_effects(rows, key), "ablation_key": key, "ablations_plot": str(plot)})
+        plot = plot_ablations(
+            rows, key, out.with_suffix(".ablations.png"), f"{_label(run)}: read-out with one input replaced"
+        )
+        found.update(
+            {
+                "ablations": rows,
+                "ablation_effects": ablation_effects(rows, key),
+                "ablation_key": key,
+                "ablations_plot": str(plot),
+            }
+        )
         logger.info("ablations (%s, largest change over s): %s", key, found["ablation_effects"])
     return found
 
 
-def _diagnostics(run_dir, run: LoadedRun, examples: list, sample: SampleConfig, report: dict, out: Path, seed: int,
-                 raw_weights: bool, device: str) -> dict:
+def _diagnostics(
+    run_dir,
+    run: LoadedRun,
+    examples: list,
+    sample: SampleConfig,
+    report: dict,
+    out: Path,
+    seed: int,
+    raw_weights: bool,
+    device: str,
+) -> dict:
     """Raw vs EMA weights at the main settings and, for latent models, the read-out after every step (JSON + PNG)."""
     used, other = ("raw", "ema") if raw_weights else ("ema", "raw")
-    other_report = evaluate_examples(load_run(run_dir, use_ema=raw_weights, device=device), examples, sample, seed, show=0)
-    found = {"weights": {used: {"accuracy": report["accuracy"], "groups": report["groups"]},
-                         other: {"accuracy": other_report["accuracy"], "groups": other_report["groups"]}}}
+    other_report = evaluate_examples(
+        load_run(run_dir, use_ema=raw_weights, device=device), examples, sample, seed, show=0
+    )
+    found = {
+        "weights": {
+            used: {"accuracy": report["accuracy"], "groups": report["groups"]},
+            other: {"accuracy": other_report["accuracy"], "groups": other_report["groups"]},
+        }
+    }
     logger.info("weights: %s %.4f, %s %.4f", used, report["accuracy"], other, other_report["accuracy"])
     if run.config.model.kind in ("hcdlm", "latent"):
         rows = readout_by_step(run, examples, sample, seed)
-        plot = plot_readout_by_step(rows, out.with_suffix(".readout.png"), f"{run.config.model.kind}: read-out after each step")
+        plot = plot_readout_by_step(
+            rows, out.with_suffix(".readout.png"), f"{run.config.model.kind}: read-out after each step"
+        )
         found.update({"readout_by_step": rows, "readout_plot": str(plot)})
         logger.info("read-out accuracy: first step %.4f, last step %.4f", rows[0]["accuracy"], rows[-1]["accuracy"])
     return found
@@ -158,8 +230,15 @@ class Solution:
     checks: dict
 
 
-def solve_puzzle(run_dir: str | Path, puzzle: str, sample: SampleConfig | None = None, *, seed: int = 0,
-                 raw_weights: bool = False, device: str = "auto") -> Solution | None:
+def solve_puzzle(
+    run_dir: str | Path,
+    puzzle: str,
+    sample: SampleConfig | None = None,
+    *,
+    seed: int = 0,
+    raw_weights: bool = False,
+    device: str = "auto",
+) -> Solution | None:
     """The run's answer to one Sudoku grid ('.' or 0 for blanks) or Countdown problem ('n1,n2,...,target'),
     checked exactly; None when the puzzle has no solution at all. Bad puzzle text is a ValueError."""
     from dihal_fast.tasks.countdown import parse_problem
@@ -183,5 +262,9 @@ def solve_puzzle(run_dir: str | Path, puzzle: str, sample: SampleConfig | None =
         if solve_countdown(problem) is None:
             return None
     target, _ = sample_targets(run, torch.tensor([example.context]), _with_temperature(sample, False), seed)
-    text = run.task.render(target[0]) if name == "countdown" else format_grid(run.task.grid(target[0]), pretty=True, geo=run.task.geo)
+    text = (
+        run.task.render(target[0])
+        if name == "countdown"
+        else format_grid(run.task.grid(target[0]), pretty=True, geo=run.task.geo)
+    )
     return Solution(text, run.task.score(example, target[0]))

@@ -3,6 +3,7 @@
 Each takes the model, what it needs of the noise process and a ``SampleConfig``, and returns target
 tokens ``[B, L]``. Token draws go through the float64 ``sample_categorical``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -17,8 +18,16 @@ from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel
 StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], None]
 
 
-def guided_x0(model: HCDLM, kernel, x_t: torch.Tensor, scaffold: torch.Tensor | None, s: torch.Tensor,
-              context: torch.Tensor, weight: float, generator: torch.Generator | None) -> torch.Tensor:
+def guided_x0(
+    model: HCDLM,
+    kernel,
+    x_t: torch.Tensor,
+    scaffold: torch.Tensor | None,
+    s: torch.Tensor,
+    context: torch.Tensor,
+    weight: float,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
     """``x_hat = x_u + w (x_c - x_u)``; the unconditional branch sees a random-token scaffold (as in training)."""
     x_cond = model.denoiser(x_t, scaffold, s, context)
     if not weight or scaffold is None:
@@ -29,8 +38,14 @@ def guided_x0(model: HCDLM, kernel, x_t: torch.Tensor, scaffold: torch.Tensor | 
 
 
 @torch.no_grad()
-def sample_hcdlm(model: HCDLM, kernel: UniformKernel | AbsorbingKernel, context: torch.Tensor, cfg: SampleConfig,
-                 generator: torch.Generator | None = None, on_step: StepHook | None = None) -> torch.Tensor:
+def sample_hcdlm(
+    model: HCDLM,
+    kernel: UniformKernel | AbsorbingKernel,
+    context: torch.Tensor,
+    cfg: SampleConfig,
+    generator: torch.Generator | None = None,
+    on_step: StepHook | None = None,
+) -> torch.Tensor:
     """Algorithm 2: ``x_T ~ N(0, I)``, ``k_T ~ prior``; for ``t = N..1``: ``x_hat_0 = d(x_t, k_t, t/N)``,
     ``k_hat_0 = argmax p(k0 | x_hat_0)``, ``x_{t-1} = x_t - (x_t - x_hat_0)/t``, ``k_{t-1}`` = ``k_hat_0``
     re-noised to level ``(t-1)/N`` (absorbing: the least confident re-masked). Tokens of ``x_0`` at the end.
@@ -68,8 +83,13 @@ def _confidence(probs: torch.Tensor, chosen: torch.Tensor, order: str) -> torch.
 
 
 @torch.no_grad()
-def sample_mdm(model: MDMNet, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None,
-               on_step: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
+def sample_mdm(
+    model: MDMNet,
+    context: torch.Tensor,
+    cfg: SampleConfig,
+    generator: torch.Generator | None = None,
+    on_step: Callable[[int, torch.Tensor], None] | None = None,
+) -> torch.Tensor:
     """Start fully masked; each of ``steps`` steps unmasks the most confident masked slots so that
     ``round(s L)`` stay masked at level ``s = (N - i)/N`` (top-probability or top-margin order).
 
@@ -98,7 +118,9 @@ def sample_mdm(model: MDMNet, context: torch.Tensor, cfg: SampleConfig, generato
 
 
 @torch.no_grad()
-def sample_ar(model: ARNet, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_ar(
+    model: ARNet, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Left-to-right decoding (one forward pass per token; ``cfg.steps`` does not apply)."""
     prefix = torch.full((context.shape[0], 1), model.bos_id, dtype=torch.long, device=context.device)
     for _ in range(model.spec.target_len):
@@ -107,7 +129,9 @@ def sample_ar(model: ARNet, context: torch.Tensor, cfg: SampleConfig, generator:
     return prefix[:, 1:]
 
 
-def generate(model, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+def generate(
+    model, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Target tokens ``[B, L]`` from whichever model this is."""
     if isinstance(model, HCDLM):
         return sample_hcdlm(model, kernel, context, cfg, generator)

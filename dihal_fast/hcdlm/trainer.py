@@ -1,6 +1,7 @@
 """HC-DLM and its baselines as a :class:`~dihal_fast.train.trainer.TrainingJob`: the model with its loss,
 the task's batches and the noise stream. Everything else (AdamW, warm-up, EMA, log, checkpoints, resume,
 time budget, DeepSpeed) is the shared loop of :mod:`dihal_fast.train`."""
+
 from __future__ import annotations
 
 import logging
@@ -60,17 +61,31 @@ class RunObjective(nn.Module):
 
 def loop_settings(train: HCDLMTrainConfig, device: str) -> LoopSettings:
     """The shared loop's view of an HC-DLM run: warm-up, then a constant rate (lr_floor 1)."""
-    return LoopSettings(steps=train.steps, batch_size=train.batch_size, lr=train.lr, warmup_steps=train.warmup_steps,
-                        lr_floor=1.0, weight_decay=train.weight_decay, grad_clip=train.grad_clip, ema_decay=train.ema_decay,
-                        seed=train.seed, device=device, log_every=train.log_every, checkpoint_every=train.checkpoint_every,
-                        max_minutes=train.max_minutes, budget_clock=train.budget_clock)
+    return LoopSettings(
+        steps=train.steps,
+        batch_size=train.batch_size,
+        lr=train.lr,
+        warmup_steps=train.warmup_steps,
+        lr_floor=1.0,
+        weight_decay=train.weight_decay,
+        grad_clip=train.grad_clip,
+        ema_decay=train.ema_decay,
+        seed=train.seed,
+        device=device,
+        log_every=train.log_every,
+        checkpoint_every=train.checkpoint_every,
+        max_minutes=train.max_minutes,
+        budget_clock=train.budget_clock,
+    )
 
 
 def check_layout(run_dir: Path) -> None:
     """Refuse a run written by the checkpoint layout before the shared loop (``latest.json``, ``ckpt-*/state.pt``)."""
     if (run_dir / LEGACY_POINTER).is_file():
-        raise ValueError(f"{run_dir} was written by an earlier dihal_fast (ckpt-*/state.pt and latest.json); this version "
-                         "reads checkpoints/step_*/ only: train it again into a new --out")
+        raise ValueError(
+            f"{run_dir} was written by an earlier dihal_fast (ckpt-*/state.pt and latest.json); this version "
+            "reads checkpoints/step_*/ only: train it again into a new --out"
+        )
 
 
 class RunJob(TrainingJob):
@@ -84,7 +99,9 @@ class RunJob(TrainingJob):
         self.task = build_task(config.task, run_dir, tc.seed)
         model = build_model(self.task.spec, config.model).to(device)
         self.parameters = count_parameters(model)
-        self.objective = RunObjective(model, make_kernel(config.model.kernel, self.task.spec.target_vocab), config.objective)
+        self.objective = RunObjective(
+            model, make_kernel(config.model.kernel, self.task.spec.target_vocab), config.objective
+        )
         self.settings = loop_settings(tc, str(device))
         self.configs = {CONFIG_NAME: config.to_dict()}
         self.name = f"train {config.model.kind}"
@@ -98,21 +115,27 @@ class RunJob(TrainingJob):
 
     def stream_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         version, internal, gauss = self.task_rng.getstate()
-        return ({"task_rng": [version, list(internal), gauss], "generator_device": self.generator.device.type},
-                {"generator": self.generator.get_state()})
+        return (
+            {"task_rng": [version, list(internal), gauss], "generator_device": self.generator.device.type},
+            {"generator": self.generator.get_state()},
+        )
 
     def load_stream_state(self, plain: dict, tensors: dict[str, torch.Tensor]) -> None:
         saved = plain.get("generator_device", "cpu")
         if saved != self.generator.device.type:
-            raise ValueError(f"this run was trained on {saved}; resume it with --device {saved} "
-                             f"(its noise stream cannot move to {self.generator.device.type})")
+            raise ValueError(
+                f"this run was trained on {saved}; resume it with --device {saved} "
+                f"(its noise stream cannot move to {self.generator.device.type})"
+            )
         try:
             version, internal, gauss = plain["task_rng"]
             self.task_rng.setstate((version, tuple(internal), gauss))
             self.generator.set_state(tensors["generator"])
         except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as exc:  # wrong types or sizes
-            raise ValueError(f"the checkpoint's data and noise streams (stream.json, stream.safetensors) are damaged "
-                             f"({type(exc).__name__}: {exc}); resume from another checkpoint or train into a new --out") from None
+            raise ValueError(
+                f"the checkpoint's data and noise streams (stream.json, stream.safetensors) are damaged "
+                f"({type(exc).__name__}: {exc}); resume from another checkpoint or train into a new --out"
+            ) from None
 
 
 def _saved_config(run_dir: Path) -> object:
@@ -140,13 +163,31 @@ def train(run_dir: str | os.PathLike, config: RunConfig, deepspeed_config: str |
         ds_config, world = prepare_deepspeed(deepspeed_config, settings)
         with training_session(ds_config, settings) as (rank, _, session_device):
             job = RunJob(config, folder, torch.device(session_device), rank)
-            checkpoint = resume_point(folder, {CONFIG_NAME: config.comparable_to(_saved_config(folder))}, job.resumable,
-                                      tc.steps, ds_config, world, resume=None)
+            checkpoint = resume_point(
+                folder,
+                {CONFIG_NAME: config.comparable_to(_saved_config(folder))},
+                job.resumable,
+                tc.steps,
+                ds_config,
+                world,
+                resume=None,
+            )
             if rank == 0:
                 config.save(folder / CONFIG_NAME)
-            logger.info("%s on %s: %d parameters, %d steps, %s", config.model.kind, config.task.name, job.parameters,
-                        tc.steps, session_device)
+            logger.info(
+                "%s on %s: %d parameters, %d steps, %s",
+                config.model.kind,
+                config.task.name,
+                job.parameters,
+                tc.steps,
+                session_device,
+            )
             run = fit(job, folder, ds_config, checkpoint)
-            logger.info("stopped at step %d after %.1f s of %s time (loss %s)", run.step, run.elapsed_s, tc.budget_clock,
-                        run.values.get("loss"))
+            logger.info(
+                "stopped at step %d after %.1f s of %s time (loss %s)",
+                run.step,
+                run.elapsed_s,
+                tc.budget_clock,
+                run.values.get("loss"),
+            )
             return {"step": run.step, "elapsed_s": run.elapsed_s, "parameters": job.parameters, **run.values}

@@ -4,6 +4,7 @@ It *is* the retained layers' ``DynamicCache`` (so ``generate``, ``get_seq_length
 retained model's own attention use it unchanged) and carries the bridge's context-encoder keys/values and
 the noise definition (seed, shared across rows or per row) of the sequence being decoded.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,9 +27,12 @@ class HybridCache(DynamicCache):
         return self.bridge.length
 
     def _select_rows(self, index: torch.Tensor) -> None:
-        self.bridge.layers = [None if kv is None else (kv[0].index_select(0, index.to(kv[0].device)),
-                                                       kv[1].index_select(0, index.to(kv[1].device)))
-                              for kv in self.bridge.layers]
+        self.bridge.layers = [
+            None
+            if kv is None
+            else (kv[0].index_select(0, index.to(kv[0].device)), kv[1].index_select(0, index.to(kv[1].device)))
+            for kv in self.bridge.layers
+        ]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         super().reorder_cache(beam_idx)
@@ -47,4 +51,6 @@ class HybridCache(DynamicCache):
     def crop(self, max_length: int) -> None:
         super().crop(max_length)
         keep = max_length if max_length >= 0 else self.length + max_length
-        self.bridge.layers = [None if kv is None else (kv[0][:, :, :keep], kv[1][:, :, :keep]) for kv in self.bridge.layers]
+        self.bridge.layers = [
+            None if kv is None else (kv[0][:, :, :keep], kv[1][:, :, :keep]) for kv in self.bridge.layers
+        ]

@@ -5,6 +5,7 @@ the retained part's own Hugging Face config, where the backbone was cut, and how
 when nobody passes a seed. The backbone's path and config are provenance only: nothing reads the backbone to
 load or run a hybrid.
 """
+
 from __future__ import annotations
 
 from dataclasses import field

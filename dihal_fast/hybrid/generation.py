@@ -10,6 +10,7 @@ float32 warper or multinomial draw touches the distribution::
 Plain ``model.generate(ids, do_sample=True, temperature=..., top_p=...)`` is transformers' own float32
 sampler and works as well; ``dihal evaluate`` and ``dihal generate`` use this protocol.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,8 +37,13 @@ def nucleus_mask(logits: Tensor, temperature: float, top_p: float) -> Tensor:
 class Float64Sampling(LogitsProcessor):
     """Draw each next token in float64 (temperature 0 = argmax) and make it the only finite score."""
 
-    def __init__(self, temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+    ):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if top_k is not None and top_k < 1:
@@ -52,8 +58,12 @@ class Float64Sampling(LogitsProcessor):
         return torch.full_like(scores, float("-inf")).scatter_(-1, token[:, None], 0.0)
 
 
-def float64_sampling(temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0,
-                     generator: torch.Generator | None = None) -> dict:
+def float64_sampling(
+    temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0, generator: torch.Generator | None = None
+) -> dict:
     """``generate`` keyword arguments for the float64 protocol (greedy mode + :class:`Float64Sampling`)."""
-    return {"do_sample": False, "num_beams": 1,
-            "logits_processor": LogitsProcessorList([Float64Sampling(temperature, top_k, top_p, generator)])}
+    return {
+        "do_sample": False,
+        "num_beams": 1,
+        "logits_processor": LogitsProcessorList([Float64Sampling(temperature, top_k, top_p, generator)]),
+    }

@@ -3,6 +3,7 @@
 
     python -m dihal_fast.hybrid.legacy OLD_DIR [NEW_DIR]     (default: convert in place)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,10 @@ def is_legacy(directory: Path) -> bool:
 def check_not_legacy(directory: Path) -> None:
     """ValueError with the conversion command for a hybrid directory in the earlier layout."""
     if is_legacy(directory):
-        raise ValueError(f"{directory} holds a hybrid in the layout of dihal_fast before the transformers model "
-                         f"(hybrid_config.json); convert it once with: python -m dihal_fast.hybrid.legacy {directory}")
+        raise ValueError(
+            f"{directory} holds a hybrid in the layout of dihal_fast before the transformers model "
+            f"(hybrid_config.json); convert it once with: python -m dihal_fast.hybrid.legacy {directory}"
+        )
 
 
 def convert_legacy_hybrid(source: str | Path, target: str | Path | None = None) -> Path:
@@ -46,7 +49,9 @@ def convert_legacy_hybrid(source: str | Path, target: str | Path | None = None) 
     source = Path(source)
     target = Path(target) if target is not None else source
     if not is_legacy(source):
-        raise ValueError(f"{source} is not a hybrid directory in the earlier layout (no {LEGACY_MARKER}, or it has config.json)")
+        raise ValueError(
+            f"{source} is not a hybrid directory in the earlier layout (no {LEGACY_MARKER}, or it has config.json)"
+        )
     old = read_json(source / LEGACY_MARKER, "hybrid config")
     if old.get("format") != LEGACY_FORMAT:
         raise ValueError(f"not a {LEGACY_FORMAT} config (format = {old.get('format')!r})")
@@ -54,11 +59,18 @@ def convert_legacy_hybrid(source: str | Path, target: str | Path | None = None) 
     upper_config = AutoConfig.from_pretrained(source / "upper")
     backbone_config = read_json(source / "backbone_config.json", "backbone config")
     config = HybridConfig(
-        family=old["family"], layer=old["layer"], backbone_layers=old["backbone_layers"],
-        max_position_embeddings=old["max_position_embeddings"], vocab_size=upper_config.vocab_size,
-        hidden_size=bridge.hidden_size, bridge=bridge.to_dict(), upper=upper_config.to_dict(),
-        backbone_dir=old.get("backbone_dir", ""), backbone_config=backbone_config,
-        freeze_upper=old.get("freeze_upper", True), learned_positions=old["family"] == "gpt2",
+        family=old["family"],
+        layer=old["layer"],
+        backbone_layers=old["backbone_layers"],
+        max_position_embeddings=old["max_position_embeddings"],
+        vocab_size=upper_config.vocab_size,
+        hidden_size=bridge.hidden_size,
+        bridge=bridge.to_dict(),
+        upper=upper_config.to_dict(),
+        backbone_dir=old.get("backbone_dir", ""),
+        backbone_config=backbone_config,
+        freeze_upper=old.get("freeze_upper", True),
+        learned_positions=old["family"] == "gpt2",
         **{name: backbone_config.get(name) for name in ("bos_token_id", "eos_token_id", "pad_token_id")},
     )
     with torch.device("cpu"):
@@ -74,7 +86,8 @@ def convert_legacy_hybrid(source: str | Path, target: str | Path | None = None) 
     model.bridge.load_state_dict({k: v for k, v in tensors.items() if not k.startswith(_TABLE_PREFIX)})
     if model.condition_position_table is not None:
         model.condition_position_table.load_state_dict(
-            {k[len(_TABLE_PREFIX):]: v for k, v in tensors.items() if k.startswith(_TABLE_PREFIX)})
+            {k[len(_TABLE_PREFIX) :]: v for k, v in tensors.items() if k.startswith(_TABLE_PREFIX)}
+        )
     if (source / "tokenizer_config.json").is_file():
         model.tokenizer = AutoTokenizer.from_pretrained(source)
     model.save_pretrained(target)
@@ -88,7 +101,9 @@ def convert_legacy_hybrid(source: str | Path, target: str | Path | None = None) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dihal_fast.hybrid.legacy", description=__doc__.splitlines()[0])
     parser.add_argument("source", help="hybrid directory in the earlier layout")
-    parser.add_argument("target", nargs="?", default=None, help="where to write the converted hybrid (default: in place)")
+    parser.add_argument(
+        "target", nargs="?", default=None, help="where to write the converted hybrid (default: in place)"
+    )
     args = parser.parse_args(argv)
     try:
         print(f"converted: {convert_legacy_hybrid(args.source, args.target)}")

@@ -13,6 +13,7 @@ A saved hybrid directory is self-contained and loads with the Auto classes::
 ``dihal_fast`` is installed; after ``import dihal_fast.hybrid`` the Auto classes know the model type without
 ``trust_remote_code``. The backbone is not needed to load, score or generate.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,6 +50,7 @@ class HybridCausalLMOutput(CausalLMOutputWithPast):
 
     bridge_hidden_state: Tensor | None = None
 
+
 _REMOTE_CODE = '''"""Loads a dihal_fast hybrid with transformers' Auto classes (trust_remote_code=True).
 
 The model code is the installed package's (pip install dihal_fast); this file only names it.
@@ -79,10 +81,13 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         self.loss_type = "ForCausalLM"
         # The retained part first: .dtype (first floating parameter) is then the checkpoint's dtype.
         dtype = config.dtype if isinstance(config.dtype, torch.dtype) else None  # from_pretrained sets the load dtype
-        self.upper = AutoModelForCausalLM.from_config(config.upper_model_config(), dtype=dtype).eval()  # eval: see train()
+        self.upper = AutoModelForCausalLM.from_config(
+            config.upper_model_config(), dtype=dtype
+        ).eval()  # eval: see train()
         self.bridge = Bridge(config.bridge_config)
-        self.condition_position_table = (nn.Embedding(config.max_position_embeddings, config.hidden_size)
-                                         if config.learned_positions else None)
+        self.condition_position_table = (
+            nn.Embedding(config.max_position_embeddings, config.hidden_size) if config.learned_positions else None
+        )
         self.tokenizer: Any = None  # set by from_backbone / from_pretrained; saved beside the weights
         self.post_init()
         if self.condition_position_table is not None:
@@ -101,10 +106,16 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         """False: ``forward`` creates its own :class:`HybridCache` (bridge + retained layers) when asked."""
         return False
 
-    def prepare_inputs_for_generation(self, input_ids: Tensor, next_sequence_length: int | None = None,
-                                      cache: HybridCache | None = None, attention_mask: Tensor | None = None,
-                                      inputs_embeds: Tensor | None = None, is_first_iteration: bool | None = False,
-                                      **kwargs) -> dict:
+    def prepare_inputs_for_generation(
+        self,
+        input_ids: Tensor,
+        next_sequence_length: int | None = None,
+        cache: HybridCache | None = None,
+        attention_mask: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        is_first_iteration: bool | None = False,
+        **kwargs,
+    ) -> dict:
         """What ``generate`` feeds ``forward`` each step: the new tokens, the cache, the mask and the rest of the
         keyword arguments (``nfe``, ``seed``, ...); the general version's work for compiled caches, multimodal
         inputs and embeddings does not apply to the hybrid and costs time at every token."""
@@ -115,14 +126,21 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         inputs = {key: value for key, value in kwargs.items() if key not in ("labels", "position_ids")}
         position_ids = kwargs.get("position_ids")
         if position_ids is not None:
-            inputs["position_ids"] = position_ids[:, -input_ids.shape[1]:]
+            inputs["position_ids"] = position_ids[:, -input_ids.shape[1] :]
         inputs.update(input_ids=input_ids, cache=cache, attention_mask=attention_mask)
         return inputs
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def from_backbone(cls, backbone: nn.Module, layer: int, bridge_config: dict | None = None, tokenizer=None,
-                      backbone_dir: str | os.PathLike = "", freeze_upper: bool = True) -> HybridLM:
+    def from_backbone(
+        cls,
+        backbone: nn.Module,
+        layer: int,
+        bridge_config: dict | None = None,
+        tokenizer=None,
+        backbone_dir: str | os.PathLike = "",
+        freeze_upper: bool = True,
+    ) -> HybridLM:
         """A hybrid replacing layers ``1..layer`` of ``backbone`` with a fresh bridge (``bridge_config`` overrides).
 
         The retained part keeps the backbone's dtype; the bridge is float32 (see README, "dtype").
@@ -138,12 +156,17 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         upper_config.dtype = next(backbone.parameters()).dtype  # the weights' dtype, whatever the config file said
         backbone_config = json.loads(backbone.config.to_json_string())
         config = HybridConfig(
-            family=family, layer=layer, backbone_layers=backbone.config.num_hidden_layers,
+            family=family,
+            layer=layer,
+            backbone_layers=backbone.config.num_hidden_layers,
             max_position_embeddings=int(getattr(backbone.config, "max_position_embeddings", 0) or 0),
-            vocab_size=int(backbone.config.vocab_size), hidden_size=int(hidden), bridge=bridge.to_dict(),
+            vocab_size=int(backbone.config.vocab_size),
+            hidden_size=int(hidden),
+            bridge=bridge.to_dict(),
             upper={k: v for k, v in json.loads(upper_config.to_json_string()).items() if k != "_name_or_path"},
             backbone_dir=str(Path(backbone_dir).resolve()) if backbone_dir else "",
-            backbone_config=backbone_config, freeze_upper=freeze_upper,
+            backbone_config=backbone_config,
+            freeze_upper=freeze_upper,
             learned_positions=slicing.position_table_key(backbone) is not None,
             **{name: getattr(backbone.config, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")},
         )
@@ -153,8 +176,9 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         position_key = slicing.position_table_key(backbone)
         # Frozen retained layers reference the backbone's own tensors (assign): the teacher of bridge training and
         # the hybrid share one copy of the upper layers, embeddings and head per process; trainable ones are copies.
-        hybrid.upper.to(dtype).load_state_dict(slicing.upper_state_dict(backbone.state_dict(), layer, position_key), strict=True,
-                                               assign=freeze_upper)
+        hybrid.upper.to(dtype).load_state_dict(
+            slicing.upper_state_dict(backbone.state_dict(), layer, position_key), strict=True, assign=freeze_upper
+        )
         if freeze_upper and getattr(hybrid.upper.config, "tie_word_embeddings", False):
             hybrid.upper.tie_weights()  # assign gave the head its own Parameter object; one again, as saved
         table = slicing.position_table(backbone)
@@ -185,17 +209,23 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         """
         family = slicing.check_family(backbone.config)
         if backbone.config.num_hidden_layers != self.config.backbone_layers or family != self.config.family:
-            raise ValueError(f"the backbone is a {backbone.config.num_hidden_layers}-layer {family}, this hybrid was cut "
-                             f"from a {self.config.backbone_layers}-layer {self.config.family} ({self.config.backbone_dir})")
-        expected = slicing.upper_state_dict(backbone.state_dict(), self.config.layer, slicing.position_table_key(backbone))
+            raise ValueError(
+                f"the backbone is a {backbone.config.num_hidden_layers}-layer {family}, this hybrid was cut "
+                f"from a {self.config.backbone_layers}-layer {self.config.family} ({self.config.backbone_dir})"
+            )
+        expected = slicing.upper_state_dict(
+            backbone.state_dict(), self.config.layer, slicing.position_table_key(backbone)
+        )
         trained = {name for name, p in self.upper.named_parameters() if p.requires_grad}
         for name, value in self.upper.state_dict().items():
             if name in trained:
                 continue
             other = expected.get(name)
             if other is None or other.shape != value.shape or not torch.equal(other.to(value), value):
-                raise ValueError(f"the backbone's {name} differs from the one this hybrid was cut from "
-                                 f"({self.config.backbone_dir}); was that checkpoint replaced after training?")
+                raise ValueError(
+                    f"the backbone's {name} differs from the one this hybrid was cut from "
+                    f"({self.config.backbone_dir}); was that checkpoint replaced after training?"
+                )
 
     def train(self, mode: bool = True) -> HybridLM:
         """Train mode for the bridge only: the retained layers keep eval behaviour (no dropout), as the teacher."""
@@ -215,7 +245,10 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         if attention_mask is None:
             return torch.arange(past, past + length, device=input_ids.device).expand(batch, length)
         if attention_mask.shape != (batch, past + length):
-            raise ValueError(f"attention_mask must have shape {(batch, past + length)} (cached + new tokens), got {tuple(attention_mask.shape)}")
+            raise ValueError(
+                f"attention_mask must have shape {(batch, past + length)} (cached + new tokens), got "
+                f"{tuple(attention_mask.shape)}"
+            )
         return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
 
     def noise_definition(self, seed: int | None = None) -> tuple[int, bool]:
@@ -232,13 +265,26 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         seed, shared = self.noise_definition(seed)
         return HybridCache(self.upper.config, self.bridge.config.context_layers, seed, shared)
 
-    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
-                position_ids: Tensor | None = None, cache: HybridCache | None = None, labels: Tensor | None = None,
-                use_cache: bool | None = None, return_dict: bool | None = None, logits_to_keep: int = 0, *,
-                past_key_values: HybridCache | None = None, nfe: int | None = None, sampler: str | None = None,
-                seed: int | None = None, hidden_state_oracle: Tensor | None = None,
-                inputs_embeds: Tensor | None = None, output_attentions: bool | None = None,
-                output_hidden_states: bool | None = None) -> HybridCausalLMOutput | tuple:
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        cache: HybridCache | None = None,
+        labels: Tensor | None = None,
+        use_cache: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        *,
+        past_key_values: HybridCache | None = None,
+        nfe: int | None = None,
+        sampler: str | None = None,
+        seed: int | None = None,
+        hidden_state_oracle: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+    ) -> HybridCausalLMOutput | tuple:
         """Logits ``(B, T, V)`` for ``input_ids`` ``(B, T)`` (continuing ``cache`` when given), the shifted-label
         loss with ``labels`` (ignore index -100), and the cache with ``use_cache``."""
         if input_ids is None or inputs_embeds is not None:
@@ -257,7 +303,9 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         positions = self.positions(input_ids, attention_mask, past)
         if position_ids is not None:
             if position_ids.shape != input_ids.shape:
-                raise ValueError(f"position_ids must have shape {tuple(input_ids.shape)}, got {tuple(position_ids.shape)}")
+                raise ValueError(
+                    f"position_ids must have shape {tuple(input_ids.shape)}, got {tuple(position_ids.shape)}"
+                )
             positions = position_ids.to(input_ids.device)
         key_mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask
         condition = self.condition(input_ids, positions)
@@ -267,23 +315,41 @@ class HybridLM(PreTrainedModel, GenerationMixin):
             context = self.bridge.encode(condition, positions, key_mask, bridge_cache)
             steps = nfe or self.bridge.config.nfe
             noise = position_noise(noise_seed, positions, steps, self.bridge.config.hidden_size, shared_rows=shared)
-            hidden = self.bridge.denormalize(self.bridge.sample(context, noise.to(positions.device), steps, sampler, bridge_cache))
+            hidden = self.bridge.denormalize(
+                self.bridge.sample(context, noise.to(positions.device), steps, sampler, bridge_cache)
+            )
         else:
             hidden = hidden_state_oracle
             if cache is not None:  # keep the bridge cache in step with the retained layers
                 self.bridge.encode(condition, positions, key_mask, bridge_cache)
         logits = self.decode(hidden, attention_mask, positions, cache, logits_to_keep)
         loss = self.loss_function(logits, labels, self.config.vocab_size) if labels is not None else None
-        out = HybridCausalLMOutput(loss=loss, logits=logits, cache=cache if use_cache or cache is not None else None,
-                                   bridge_hidden_state=hidden)
+        out = HybridCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            cache=cache if use_cache or cache is not None else None,
+            bridge_hidden_state=hidden,
+        )
         return out if return_dict is not False else out.to_tuple()
 
-    def decode(self, hidden: Tensor, attention_mask: Tensor | None, positions: Tensor, upper_cache=None,
-               logits_to_keep: int = 0) -> Tensor:
+    def decode(
+        self,
+        hidden: Tensor,
+        attention_mask: Tensor | None,
+        positions: Tensor,
+        upper_cache=None,
+        logits_to_keep: int = 0,
+    ) -> Tensor:
         """Logits ``(B, T, V)`` of the retained layers + norm + head applied to hidden state ``h_l``."""
         dtype = self.upper.get_input_embeddings().weight.dtype
-        out = self.upper(inputs_embeds=hidden.to(dtype), attention_mask=attention_mask, position_ids=positions,
-                         cache=upper_cache, use_cache=upper_cache is not None, logits_to_keep=logits_to_keep)
+        out = self.upper(
+            inputs_embeds=hidden.to(dtype),
+            attention_mask=attention_mask,
+            position_ids=positions,
+            cache=upper_cache,
+            use_cache=upper_cache is not None,
+            logits_to_keep=logits_to_keep,
+        )
         return out.logits
 
     # ----------------------------------------------------------------- persistence
@@ -301,8 +367,9 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         return directory
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, device: str | None = None,
-                        **kwargs) -> HybridLM:
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, *args, device: str | None = None, **kwargs
+    ) -> HybridLM:
         """Load a saved hybrid (``device`` is a shortcut for ``.to(device)``); a directory in the layout of
         earlier versions (``hybrid_config.json``) is refused with the one-line conversion."""
         from dihal_fast.hybrid.legacy import check_not_legacy

@@ -12,6 +12,7 @@ embeddings, masks, sliding windows and the KV cache are the model's own code. :f
 through both and refuses a model for which the retained part fed the true ``h_l`` does not reproduce the
 backbone's logits, or whose first block does not see the input embedding, saying which.
 """
+
 from __future__ import annotations
 
 import copy
@@ -68,9 +69,11 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
         layers = getattr(base, name, None)
         if isinstance(layers, nn.ModuleList) and len(layers) == model.config.num_hidden_layers:
             return layers
-    raise ValueError(f"backbone family {family!r} cannot be cut into a hybrid: its base model "
-                     f"({type(base).__name__}) has no ModuleList of {model.config.num_hidden_layers} decoder blocks "
-                     f"named {' or '.join(_LAYER_LISTS)}")
+    raise ValueError(
+        f"backbone family {family!r} cannot be cut into a hybrid: its base model "
+        f"({type(base).__name__}) has no ModuleList of {model.config.num_hidden_layers} decoder blocks "
+        f"named {' or '.join(_LAYER_LISTS)}"
+    )
 
 
 def upper_config(config, layer: int):
@@ -140,7 +143,9 @@ def tap_hidden_state(model: nn.Module, layer: int) -> Iterator[list[Tensor]]:
 
 
 @torch.no_grad()
-def backbone_targets(model: nn.Module, input_ids: Tensor, layer: int, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def backbone_targets(
+    model: nn.Module, input_ids: Tensor, layer: int, attention_mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """The teacher's ``(h_layer (B, T, D), logits (B, T, V))`` from one inference forward pass."""
     with tap_hidden_state(model, layer) as captured:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
@@ -157,7 +162,8 @@ def verify_cut(backbone: nn.Module, upper: nn.Module, layer: int, table: nn.Embe
     positions = torch.arange(length, device=device)[None]
     first_input: list[Tensor] = []
     handle = decoder_layers(backbone)[0].register_forward_pre_hook(
-        lambda module, args, kwargs: first_input.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True)
+        lambda module, args, kwargs: first_input.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True
+    )
     try:
         hidden, logits = backbone_targets(backbone, ids, layer)
     finally:
@@ -165,11 +171,17 @@ def verify_cut(backbone: nn.Module, upper: nn.Module, layer: int, table: nn.Embe
     scale = float(logits.abs().max()) + 1.0
     tolerance = 1e-4 if logits.dtype in (torch.float32, torch.float64) else 2e-2
     condition = embedding_output(backbone, ids, positions, table)
-    if not first_input or not torch.allclose(first_input[0].float(), condition.float(), atol=tolerance * scale, rtol=tolerance):
-        raise ValueError(f"backbone family {family!r} cannot be cut into a hybrid: its first decoder block does not see "
-                         "the input embedding (the model transforms it first, e.g. a norm or scale outside the embedding module)")
+    if not first_input or not torch.allclose(
+        first_input[0].float(), condition.float(), atol=tolerance * scale, rtol=tolerance
+    ):
+        raise ValueError(
+            f"backbone family {family!r} cannot be cut into a hybrid: its first decoder block does not see "
+            "the input embedding (the model transforms it first, e.g. a norm or scale outside the embedding module)"
+        )
     rebuilt = upper(inputs_embeds=hidden, position_ids=positions, use_cache=False).logits
     if not torch.allclose(rebuilt.float(), logits.float(), atol=tolerance * scale, rtol=tolerance):
-        raise ValueError(f"backbone family {family!r} cannot be cut into a hybrid: its layers {layer + 1}.."
-                         f"{backbone.config.num_hidden_layers} rebuilt as a smaller model and fed the true h_{layer} do not "
-                         f"reproduce its logits (max difference {float((rebuilt - logits).abs().max()):.3g})")
+        raise ValueError(
+            f"backbone family {family!r} cannot be cut into a hybrid: its layers {layer + 1}.."
+            f"{backbone.config.num_hidden_layers} rebuilt as a smaller model and fed the true h_{layer} do not "
+            f"reproduce its logits (max difference {float((rebuilt - logits).abs().max()):.3g})"
+        )

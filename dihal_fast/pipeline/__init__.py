@@ -10,6 +10,7 @@ command is a thin shell over these functions: its flags are generated from the s
     report = locate(LocateConfig(max_tokens=16384, repeats=5, sample_size=1000), "runs/locate")
     hybrid = replace(ReplaceConfig(from_locate="runs/locate"), "runs/replace").hybrid_dir
 """
+
 from dihal_fast.pipeline.demo_stage import DemoConfig, DemoSettings, demo
 from dihal_fast.pipeline.evaluate_stage import EvaluateConfig, evaluate
 from dihal_fast.pipeline.generate_stage import GenerateConfig, generate
@@ -27,7 +28,25 @@ from dihal_fast.pipeline.reports import (
 from dihal_fast.pipeline.sweep_stage import SweepConfig, SweepSettings, sweep
 
 __all__ = [
-    "DemoConfig", "DemoReport", "DemoSettings", "EvaluateConfig", "EvaluateReport", "GenerateConfig", "GenerateReport",
-    "LocateConfig", "LocateReport", "ReplaceConfig", "ReplaceReport", "StageReport", "SweepConfig", "SweepReport",
-    "SweepSettings", "demo", "evaluate", "generate", "locate", "replace", "sweep",
+    "DemoConfig",
+    "DemoReport",
+    "DemoSettings",
+    "EvaluateConfig",
+    "EvaluateReport",
+    "GenerateConfig",
+    "GenerateReport",
+    "LocateConfig",
+    "LocateReport",
+    "ReplaceConfig",
+    "ReplaceReport",
+    "StageReport",
+    "SweepConfig",
+    "SweepReport",
+    "SweepSettings",
+    "demo",
+    "evaluate",
+    "generate",
+    "locate",
+    "replace",
+    "sweep",
 ]

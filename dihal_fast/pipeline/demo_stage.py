@@ -3,6 +3,7 @@
 ``demo(DemoConfig(), out)`` runs every stage in its own folder of run directory ``out``; a stage whose output
 is there is skipped, so an interrupted demo continues where it stopped (bridge training resumes from its
 checkpoint)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +46,9 @@ class DemoSettings(CheckedConfig):
     diffusion_lm: bool = option(True, "train and evaluate the Diffusion-LM-like control")
     n_samples: int = option(16, "samples per model for the sample metrics", min=1)
     max_new_tokens: int = option(64, "tokens per sample", min=1)
-    eval_blocks: int = option(32, "corpus-tail blocks for NLL/PPL/KL (at most --val-blocks, so never trained on)", min=1)
+    eval_blocks: int = option(
+        32, "corpus-tail blocks for NLL/PPL/KL (at most --val-blocks, so never trained on)", min=1
+    )
     seed: int = option(0, "random seed")
 
     def __post_init__(self) -> None:
@@ -53,30 +56,51 @@ class DemoSettings(CheckedConfig):
         if self.eval_blocks > self.val_blocks:
             raise ValueError(
                 f"the evaluation blocks must lie in the tail the bridge never trains on: need eval-blocks <= "
-                f"val-blocks ({self.eval_blocks} vs {self.val_blocks})")
+                f"val-blocks ({self.eval_blocks} vs {self.val_blocks})"
+            )
 
     @property
     def evaluation(self) -> EvalSettings:
         """The evaluation settings: this demo's block length, held-out blocks, samples and seed."""
-        return EvalSettings(seq_len=self.seq_len, eval_blocks=self.eval_blocks, n_samples=self.n_samples,
-                            max_new_tokens=self.max_new_tokens, seed=self.seed)
+        return EvalSettings(
+            seq_len=self.seq_len,
+            eval_blocks=self.eval_blocks,
+            n_samples=self.n_samples,
+            max_new_tokens=self.max_new_tokens,
+            seed=self.seed,
+        )
 
     def locate_config(self, model: str | None, corpus: list[str]) -> LocateConfig:
-        return LocateConfig(model=model, corpus=corpus, max_tokens=self.locate_max_tokens, repeats=self.locate_repeats,
-                            sample_size=self.locate_sample, seq_len=self.seq_len, seed=self.seed)
+        return LocateConfig(
+            model=model,
+            corpus=corpus,
+            max_tokens=self.locate_max_tokens,
+            repeats=self.locate_repeats,
+            sample_size=self.locate_sample,
+            seq_len=self.seq_len,
+            seed=self.seed,
+        )
 
     def train_config(self):
         from dihal_fast.replace.config import BridgeTrainConfig
 
-        return BridgeTrainConfig(steps=self.train_steps, seq_len=self.seq_len, batch_size=self.batch_size,
-                           val_blocks=self.val_blocks, seed=self.seed)
+        return BridgeTrainConfig(
+            steps=self.train_steps,
+            seq_len=self.seq_len,
+            batch_size=self.batch_size,
+            val_blocks=self.val_blocks,
+            seed=self.seed,
+        )
 
 
 @dataclass
 class DemoConfig(CheckedConfig):
     """The backbone, the corpus and the :class:`DemoSettings`."""
 
-    model: str | None = option(None, "shipped backbone name (dihal backbone list) or HF causal-LM checkpoint directory (default: tiny-llama-8l)")
+    model: str | None = option(
+        None,
+        "shipped backbone name (dihal backbone list) or HF causal-LM checkpoint directory (default: tiny-llama-8l)",
+    )
     corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
     device: str = device_option(help="device of locate, bridge training and sampling: " + DEVICE_HELP)
     dtype: str = dtype_option()
@@ -117,29 +141,50 @@ def _demo(config: DemoConfig, corpus: list[str], out: Path) -> dict:
     placement = {"device": config.device, "dtype": config.dtype}
     clock = StageClock(out / "timings.json")
     locate_config = dataclasses.replace(settings.locate_config(model, corpus), **placement)
-    locate = clock.run("locate", lambda: ensure_locate(out / "locate", locate_config),
-                       (out / "locate" / "locate.json").is_file())
+    locate = clock.run(
+        "locate", lambda: ensure_locate(out / "locate", locate_config), (out / "locate" / "locate.json").is_file()
+    )
     layer = locate["selected_layer"]
-    train = clock.run("replace", lambda: ensure_replace(out / "replace", model, layer, corpus,
-                                                           dataclasses.replace(settings.train_config(), **placement)),
-                      (out / "replace" / "result.json").is_file())
-    evaluation_config = EvaluateConfig(hybrid=train["hybrid_dir"], corpus=corpus, evaluator=model, settings=settings.evaluation,
-                                       diffusion_lm_steps=settings.train_steps if settings.diffusion_lm else 0)
+    train = clock.run(
+        "replace",
+        lambda: ensure_replace(
+            out / "replace", model, layer, corpus, dataclasses.replace(settings.train_config(), **placement)
+        ),
+        (out / "replace" / "result.json").is_file(),
+    )
+    evaluation_config = EvaluateConfig(
+        hybrid=train["hybrid_dir"],
+        corpus=corpus,
+        evaluator=model,
+        settings=settings.evaluation,
+        diffusion_lm_steps=settings.train_steps if settings.diffusion_lm else 0,
+    )
     # The evaluate stage seeds the global RNGs itself, so its numbers do not depend on whether the
     # earlier stages ran in this invocation or were reused from a previous one.
-    evaluation = clock.run("evaluate", lambda: dict(evaluate_stage(evaluation_config, out / "evaluate").data),
-                           (out / "evaluate" / "evaluate.json").is_file())
+    evaluation = clock.run(
+        "evaluate",
+        lambda: dict(evaluate_stage(evaluation_config, out / "evaluate").data),
+        (out / "evaluate" / "evaluate.json").is_file(),
+    )
 
     def generate_samples() -> dict:
         if (out / "samples.json").is_file():
             return read_json(out / "samples.json", "demo samples")
-        prompts = GenerateConfig(model=str(train["hybrid_dir"]), prompt=list(PROMPTS), n_samples=2, max_new_tokens=48,
-                                 seed=settings.seed, device=config.device)
+        prompts = GenerateConfig(
+            model=str(train["hybrid_dir"]),
+            prompt=list(PROMPTS),
+            n_samples=2,
+            max_new_tokens=48,
+            seed=settings.seed,
+            device=config.device,
+        )
         return dict(generate(prompts, out / "samples.json").data)
 
     samples = clock.run("generate", generate_samples, (out / "samples.json").is_file())
     summary = {
-        "model": locate["model"], "corpus": corpus, "settings": {**asdict(settings), "evaluation": asdict(settings.evaluation)},
+        "model": locate["model"],
+        "corpus": corpus,
+        "settings": {**asdict(settings), "evaluation": asdict(settings.evaluation)},
         "selected_layer": layer,
         "locate": {k: locate[k] for k in ("n_tokens", "n_layers", "candidate_layers", "layers", "selected_layer")},
         "replace": {k: train.get(k) for k in ("layer", "steps", "bridge_loss", "validation", "hybrid_dir")},
@@ -156,34 +201,70 @@ def write_markdown(out: Path, summary: dict, evaluation: dict, samples: dict) ->
     """``RUN/report.md``: summary, per-stage tables, plots inline, samples, how to reproduce."""
     t, hybrid, backbone = summary["targets"], evaluation["hybrid"], evaluation["backbone"]
     total = sum(v["seconds"] for v in summary["timings"].values())
-    overview = md.table(["", "value"], [
-        ["backbone", f"`{summary['model']}`"],
-        ["selected layer l*", summary["selected_layer"]],
-        ["hybrid PPL / backbone PPL", f"{hybrid['ppl']:.4g} / {backbone['ppl']:.4g} = {t['ppl_ratio']:.3f} "
-         f"(target <= {t['ppl_ratio_target']}: {'met' if t['ppl_ratio_met'] else 'missed'})"],
-        ["KL(backbone || hybrid)", hybrid["kl"]],
-        ["tokens/s hybrid / backbone", f"{hybrid['tokens_per_s']:.4g} / {backbone['tokens_per_s']:.4g} = "
-         f"{t['tokens_per_s_ratio']:.3f}"],
-        ["stage times (s)", ", ".join(f"{k} {v['seconds']:.0f}" + (" (reused)" if v["reused"] else "")
-                                      for k, v in summary["timings"].items()) + f"; total {total:.0f}"],
-    ])
+    overview = md.table(
+        ["", "value"],
+        [
+            ["backbone", f"`{summary['model']}`"],
+            ["selected layer l*", summary["selected_layer"]],
+            [
+                "hybrid PPL / backbone PPL",
+                f"{hybrid['ppl']:.4g} / {backbone['ppl']:.4g} = {t['ppl_ratio']:.3f} "
+                f"(target <= {t['ppl_ratio_target']}: {'met' if t['ppl_ratio_met'] else 'missed'})",
+            ],
+            ["KL(backbone || hybrid)", hybrid["kl"]],
+            [
+                "tokens/s hybrid / backbone",
+                f"{hybrid['tokens_per_s']:.4g} / {backbone['tokens_per_s']:.4g} = {t['tokens_per_s_ratio']:.3f}",
+            ],
+            [
+                "stage times (s)",
+                ", ".join(
+                    f"{k} {v['seconds']:.0f}" + (" (reused)" if v["reused"] else "")
+                    for k, v in summary["timings"].items()
+                )
+                + f"; total {total:.0f}",
+            ],
+        ],
+    )
     replace = summary["replace"]
     validation = replace.get("validation") or {}
     sections = [
         ("Summary", overview),
-        ("Locate: geometry per layer", md.locate_table(summary["locate"]) + "\n\n"
-         + md.image(out / "locate" / "geometry.png", out, "proxies and score against depth")),
-        ("Replace: bridge training", md.table(["", "value"], [
-            ["layer", replace["layer"]], ["steps", replace["steps"]],
-            ["validation bridge loss", replace["bridge_loss"]],
-            ["validation PPL ratio (train's own check)", validation.get("ppl_ratio")]])
-         + "\n\n" + md.image(out / "replace" / "loss_curve.png", out, "training losses")),
-        ("Evaluate: hybrid against backbone and controls", md.metrics_table(evaluation) + "\n\nProtocol:\n\n"
-         + "\n".join(f"- **{k}**: {v}" for k, v in evaluation["protocol"].items())),
+        (
+            "Locate: geometry per layer",
+            md.locate_table(summary["locate"])
+            + "\n\n"
+            + md.image(out / "locate" / "geometry.png", out, "proxies and score against depth"),
+        ),
+        (
+            "Replace: bridge training",
+            md.table(
+                ["", "value"],
+                [
+                    ["layer", replace["layer"]],
+                    ["steps", replace["steps"]],
+                    ["validation bridge loss", replace["bridge_loss"]],
+                    ["validation PPL ratio (train's own check)", validation.get("ppl_ratio")],
+                ],
+            )
+            + "\n\n"
+            + md.image(out / "replace" / "loss_curve.png", out, "training losses"),
+        ),
+        (
+            "Evaluate: hybrid against backbone and controls",
+            md.metrics_table(evaluation)
+            + "\n\nProtocol:\n\n"
+            + "\n".join(f"- **{k}**: {v}" for k, v in evaluation["protocol"].items()),
+        ),
         ("Samples (unconditional, evaluation protocol)", md.samples_block(evaluation["samples"])),
-        ("Samples from prompts (hybrid)", "\n".join(
-            f"> **{s['prompt']}**{' '.join(s['text'].split())}\n" for s in samples["samples"])),
-        ("Reproduce", "```\ndihal demo --out RUN   # reruns reuse finished stages\n"
-         f"dihal generate --model {replace['hybrid_dir']} --prompt 'Once upon a time'\n```"),
+        (
+            "Samples from prompts (hybrid)",
+            "\n".join(f"> **{s['prompt']}**{' '.join(s['text'].split())}\n" for s in samples["samples"]),
+        ),
+        (
+            "Reproduce",
+            "```\ndihal demo --out RUN   # reruns reuse finished stages\n"
+            f"dihal generate --model {replace['hybrid_dir']} --prompt 'Once upon a time'\n```",
+        ),
     ]
     return md.write_report(out / "report.md", "DiHAL demo: locate, replace, evaluate, generate", sections)

@@ -4,6 +4,7 @@
 both, optionally adds the oracle / worst layers of a sweep and the Diffusion-LM-like control, and writes
 ``out/evaluate.json`` (finished sections in ``out/sections`` are reused).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,20 +22,30 @@ class EvaluateConfig:
 
     hybrid: str = option(help="hybrid directory or `dihal replace` run directory")
     corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
-    sweep: str | None = option(None, "a `dihal sweep` run: also evaluate its lowest- and highest-bridge-loss layers "
-                               "(oracle, worst)")
-    diffusion_lm_steps: int = option(0, "train the Diffusion-LM-like control for this many steps (0 = skip; use the "
-                                     "hybrid's budget)")
-    backbone: str | None = option(None, "the checkpoint the hybrid was cut from (default: the path recorded in the "
-                                  "hybrid's config)")
+    sweep: str | None = option(
+        None, "a `dihal sweep` run: also evaluate its lowest- and highest-bridge-loss layers (oracle, worst)"
+    )
+    diffusion_lm_steps: int = option(
+        0, "train the Diffusion-LM-like control for this many steps (0 = skip; use the hybrid's budget)"
+    )
+    backbone: str | None = option(
+        None, "the checkpoint the hybrid was cut from (default: the path recorded in the hybrid's config)"
+    )
     evaluator: str | None = option(None, "causal LM scoring the samples (Gen PPL); default: the shipped backbone")
-    evaluator_dtype: str = option("float32", "dtype of the evaluator LM (recorded in the report)",
-                                  choices=["float32", "bfloat16", "float16", "float64"])
-    retokenise: bool = option(False, "allow an evaluator whose tokenizer differs from the hybrid's (samples are "
-                              "decoded and retokenised)")
-    tasks: str | None = option(None, "comma-separated lm-evaluation-harness tasks run on the hybrid, its backbone and "
-                               "the controls through lm-eval's HFLM (offline: dihal_lambada_local,dihal_cloze_local; "
-                               "needs dihal_fast[lm_eval])")
+    evaluator_dtype: str = option(
+        "float32",
+        "dtype of the evaluator LM (recorded in the report)",
+        choices=["float32", "bfloat16", "float16", "float64"],
+    )
+    retokenise: bool = option(
+        False, "allow an evaluator whose tokenizer differs from the hybrid's (samples are decoded and retokenised)"
+    )
+    tasks: str | None = option(
+        None,
+        "comma-separated lm-evaluation-harness tasks run on the hybrid, its backbone and "
+        "the controls through lm-eval's HFLM (offline: dihal_lambada_local,dihal_cloze_local; "
+        "needs dihal_fast[lm_eval])",
+    )
     task_limit: int | None = option(None, "only the first N examples of each task (a quick check; default: all)")
     settings: EvalSettings = field(default_factory=EvalSettings, metadata={"help": "what is measured and how much"})
 
@@ -59,7 +70,18 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
     seed_everything(config.settings.seed)
     controls = sweep_controls(config.sweep) if config.sweep else None
     with run_directory(out, "dihal evaluate"):
-        report = evaluate_hybrid(config.hybrid, corpus_or_default(config.corpus), out, config.settings,
-                                 config.evaluator, config.retokenise, controls, config.diffusion_lm_steps,
-                                 config.evaluator_dtype, config.backbone, tasks, config.task_limit)
+        report = evaluate_hybrid(
+            config.hybrid,
+            corpus_or_default(config.corpus),
+            out,
+            config.settings,
+            config.evaluator,
+            config.retokenise,
+            controls,
+            config.diffusion_lm_steps,
+            config.evaluator_dtype,
+            config.backbone,
+            tasks,
+            config.task_limit,
+        )
     return EvaluateReport(Path(out), report)

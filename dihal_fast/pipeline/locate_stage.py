@@ -4,6 +4,7 @@
 exact covariance and a uniform token sample per layer; multi-process under torchrun), estimates the proxies
 on repeated subsamples, scores the layers and writes ``out/locate.json`` and ``out/geometry.png``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,35 +31,55 @@ class LocateConfig(CheckedConfig):
     """Model, corpus, collection and estimation settings of one locate run (errors name the ``dihal locate``
     flag of the field: ``sample_size`` is ``--sample-size``)."""
 
-    model: str | None = option(None, "shipped backbone name (dihal backbone list) or local Hugging Face causal-LM checkpoint directory (default: tiny-llama-8l)",
-                               metavar="DIR")
-    corpus: list[str] | None = option(None, ".txt / .jsonl files, directories of them or a saved dataset (default: the "
-                                      "shipped corpus)", metavar="PATH")
-    max_tokens: int | None = option(None, "tokens to read over all processes, in whole blocks (default: the whole corpus)",
-                                    metavar="N", min=1)
+    model: str | None = option(
+        None,
+        "shipped backbone name (dihal backbone list) or local Hugging Face causal-LM checkpoint directory (default: "
+        "tiny-llama-8l)",
+        metavar="DIR",
+    )
+    corpus: list[str] | None = option(
+        None,
+        ".txt / .jsonl files, directories of them or a saved dataset (default: the shipped corpus)",
+        metavar="PATH",
+    )
+    max_tokens: int | None = option(
+        None, "tokens to read over all processes, in whole blocks (default: the whole corpus)", metavar="N", min=1
+    )
     repeats: int = option(DEFAULT_REPEATS, "subsamples per layer for the proxies", min=1)
     sample_size: int = option(DEFAULT_SAMPLE_SIZE, "tokens per subsample (n)", min=2)
-    reservoir_size: int | None = option(None, "tokens kept per layer for the subsamples (default: repeats x sample size)",
-                                        metavar="N", min=1)
+    reservoir_size: int | None = option(
+        None, "tokens kept per layer for the subsamples (default: repeats x sample size)", metavar="N", min=1
+    )
     k: int = option(16, "neighbours for the local curvature proxy", min=1)
     n_pairs: int = option(10000, "pairs for the monotonicity proxy", min=1)
     ridge: float = option(1e-3, "relative ridge of the monotonicity precision", gt=0.0)
     seq_len: int = option(128, "tokens per block (sequence length)", min=2)
     batch_size: int = option(8, "blocks per forward pass", min=1)
-    layers: list[int] | None = option(None, "candidate hidden-state indices (default 1..L-1; 0 is the embedding output)",
-                                      metavar="L")
+    layers: list[int] | None = option(
+        None, "candidate hidden-state indices (default 1..L-1; 0 is the embedding output)", metavar="L"
+    )
     keep_first: bool = option(False, "keep the first position of each block (attention sink)")
     resume: bool = option(False, "continue the collection checkpointed in the run directory")
     checkpoint_every: int = option(100, "batches between checkpoints", min=1)
-    max_batches: int | None = option(None, "stop after this many batches of this call (checkpointed; `dihal locate` "
-                                     "exits with status 3; continue with --resume)", metavar="N", min=1)
+    max_batches: int | None = option(
+        None,
+        "stop after this many batches of this call (checkpointed; `dihal locate` "
+        "exits with status 3; continue with --resume)",
+        metavar="N",
+        min=1,
+    )
     save_shards: bool = option(False, "also write the sampled vectors per layer to RUN/shards")
-    dtype: str = dtype_option(help="model dtype (hidden states keep it): auto (the checkpoint's own), float32, bfloat16, "
-                              "float16 or float64")
+    dtype: str = dtype_option(
+        help="model dtype (hidden states keep it): auto (the checkpoint's own), float32, bfloat16, float16 or float64"
+    )
     device: str = device_option()
     backend: str = option("auto", "geometry kernel backend for the proxies", choices=BACKENDS)
-    precision: str = option("float64", "products of the proxies: float64 (exact) or float32 (faster on CPU, error far "
-                            "below the spread between repeats; see dihal_fast.geometry_proxies)", choices=PRECISIONS)
+    precision: str = option(
+        "float64",
+        "products of the proxies: float64 (exact) or float32 (faster on CPU, error far "
+        "below the spread between repeats; see dihal_fast.geometry_proxies)",
+        choices=PRECISIONS,
+    )
     seed: int = option(0, "seed of the token sample, the subsamples and the pairs")
 
     def __post_init__(self) -> None:
@@ -93,13 +114,17 @@ def _candidate_layers(model_dir: Path, layers: list[int] | None) -> tuple[list[i
     except Exception as exc:  # transformers raises several types for an unusable config
         raise ValueError(f"could not read the model config in {model_dir}: {type(exc).__name__}: {exc}") from None
     if not isinstance(n_layers, int) or n_layers < 3:
-        raise ValueError(f"{model_dir}/config.json: need num_hidden_layers >= 3 to compare layers 1..L-1, got {n_layers!r}")
+        raise ValueError(
+            f"{model_dir}/config.json: need num_hidden_layers >= 3 to compare layers 1..L-1, got {n_layers!r}"
+        )
     if layers is None:
         return list(range(1, n_layers)), n_layers
     bad = [l for l in layers if not 1 <= l <= n_layers - 1]
     if bad:
-        raise ValueError(f"--layers {bad} out of range: candidates are hidden-state indices 1..{n_layers - 1} "
-                         f"(0 is the embedding output, {n_layers} the final normed output)")
+        raise ValueError(
+            f"--layers {bad} out of range: candidates are hidden-state indices 1..{n_layers - 1} "
+            f"(0 is the embedding output, {n_layers} the final normed output)"
+        )
     return sorted(set(layers)), n_layers
 
 
@@ -123,8 +148,10 @@ def _check_sizes(cfg: LocateConfig, reservoir_size: int) -> None:
     if cfg.max_tokens is not None:
         usable = (cfg.max_tokens // cfg.seq_len) * (cfg.seq_len - (0 if cfg.keep_first else 1))
         if cfg.sample_size > usable:
-            raise ValueError(f"--sample-size {cfg.sample_size} exceeds the {usable} tokens that --max-tokens "
-                             f"{cfg.max_tokens} yields (blocks of {cfg.seq_len}, first position excluded)")
+            raise ValueError(
+                f"--sample-size {cfg.sample_size} exceeds the {usable} tokens that --max-tokens "
+                f"{cfg.max_tokens} yields (blocks of {cfg.seq_len}, first position excluded)"
+            )
 
 
 def _stream_geometry(statistics) -> list[dict]:
@@ -137,8 +164,14 @@ def _stream_geometry(statistics) -> list[dict]:
         sigma = cov.covariance
         trace = float(np.trace(sigma))
         top = ops.top_eigenvalue(sigma) if trace > 0 else 0.0
-        rows.append({"layer": layer, "k_eff": trace / top if top > 0 else None, "trace": trace,
-                     "mean_norm": float(np.linalg.norm(cov.mean))})
+        rows.append(
+            {
+                "layer": layer,
+                "k_eff": trace / top if top > 0 else None,
+                "trace": trace,
+                "mean_norm": float(np.linalg.norm(cov.mean)),
+            }
+        )
     return rows
 
 
@@ -156,10 +189,18 @@ def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) ->
     reservoir_size = cfg.reservoir_size or _saved_reservoir_size(out, cfg.resume) or cfg.repeats * cfg.sample_size
     _check_sizes(cfg, reservoir_size)
     config = CollectConfig(
-        model=str(model_dir.resolve()), corpus=[str(Path(p).resolve()) for p in corpus_or_default(cfg.corpus)],
-        seq_len=cfg.seq_len, batch_size=cfg.batch_size,
-        max_tokens=cfg.max_tokens, reservoir_size=reservoir_size, keep_first=cfg.keep_first, dtype=dtype_name(cfg.dtype, model_dir),
-        seed=cfg.seed, world_size=world, device=device, checkpoint_every=cfg.checkpoint_every,
+        model=str(model_dir.resolve()),
+        corpus=[str(Path(p).resolve()) for p in corpus_or_default(cfg.corpus)],
+        seq_len=cfg.seq_len,
+        batch_size=cfg.batch_size,
+        max_tokens=cfg.max_tokens,
+        reservoir_size=reservoir_size,
+        keep_first=cfg.keep_first,
+        dtype=dtype_name(cfg.dtype, model_dir),
+        seed=cfg.seed,
+        world_size=world,
+        device=device,
+        checkpoint_every=cfg.checkpoint_every,
     )
     result = collect(config, out, resume=cfg.resume, max_batches=cfg.max_batches)
     if not result.complete:
@@ -167,8 +208,10 @@ def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) ->
         return LocateReport(out, complete=False)
     available = min(result.n_tokens, reservoir_size)
     if cfg.sample_size > available:
-        raise ValueError(f"--sample-size {cfg.sample_size} exceeds the {result.n_tokens} tokens collected "
-                         f"({result.n_blocks} blocks); lower it or collect more tokens")
+        raise ValueError(
+            f"--sample-size {cfg.sample_size} exceeds the {result.n_tokens} tokens collected "
+            f"({result.n_blocks} blocks); lower it or collect more tokens"
+        )
     if rank != 0:
         return LocateReport(out)
     reservoir = result.statistics.reservoir.sorted()
@@ -177,9 +220,17 @@ def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) ->
         write_shards(reservoir, out / "shards", meta)
     select_start = time.perf_counter()
     estimate = estimate_geometry(
-        {l: reservoir.layer_vectors(l) for l in candidates}, candidates, repeats=cfg.repeats,
-        sample_size=cfg.sample_size, k=cfg.k, ridge=cfg.ridge, n_pairs=cfg.n_pairs, seed=cfg.seed,
-        backend=cfg.backend, precision=cfg.precision, progress=True,
+        {l: reservoir.layer_vectors(l) for l in candidates},
+        candidates,
+        repeats=cfg.repeats,
+        sample_size=cfg.sample_size,
+        k=cfg.k,
+        ridge=cfg.ridge,
+        n_pairs=cfg.n_pairs,
+        seed=cfg.seed,
+        backend=cfg.backend,
+        precision=cfg.precision,
+        progress=True,
     )
     select_s = time.perf_counter() - select_start
     best = estimate.selected_layer
@@ -203,6 +254,11 @@ def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) ->
         "timings": timings,
     }
     atomic_write_json(out / "locate.json", report)
-    logger.info("selected layer %d (score %.3f); wrote %s and %s", best, report["selected_score"]["mean"],
-                out / "locate.json", out / "geometry.png")
+    logger.info(
+        "selected layer %d (score %.3f); wrote %s and %s",
+        best,
+        report["selected_score"]["mean"],
+        out / "locate.json",
+        out / "geometry.png",
+    )
     return LocateReport(out, report)

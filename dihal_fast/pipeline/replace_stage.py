@@ -3,6 +3,7 @@
 ``replace(ReplaceConfig(layer=...), out)`` trains the bridge (:func:`dihal_fast.replace.train_bridge`, plain
 torch or DeepSpeed ZeRO) and exports ``out/hybrid`` (``HybridLM.from_pretrained``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,18 +24,26 @@ class ReplaceConfig:
     """Which layer of which model, on which corpus, and the bridge training run (exactly one of ``layer``
     and ``from_locate``)."""
 
-    model: str | None = option(None, "shipped backbone name (dihal backbone list) or local Hugging Face causal-LM checkpoint (default: tiny-llama-8l, or "
-                               "locate.json's model with --from-locate)")
+    model: str | None = option(
+        None,
+        "shipped backbone name (dihal backbone list) or local Hugging Face causal-LM checkpoint (default: "
+        "tiny-llama-8l, or "
+        "locate.json's model with --from-locate)",
+    )
     layer: int | None = option(None, "hidden state l* to rebuild (1..L-1); layers 1..l* are replaced")
-    from_locate: str | None = option(None, "take l* from RUN/locate.json (selected_layer) written by dihal locate",
-                                     metavar="RUN")
-    corpus: list[str] | None = option(None, ".txt / .jsonl files, directories of them or a saved dataset (default: "
-                                      "the shipped corpus)")
+    from_locate: str | None = option(
+        None, "take l* from RUN/locate.json (selected_layer) written by dihal locate", metavar="RUN"
+    )
+    corpus: list[str] | None = option(
+        None, ".txt / .jsonl files, directories of them or a saved dataset (default: the shipped corpus)"
+    )
     val_corpus: str | None = option(None, "held-out corpus for validation (default: the tail of --corpus)")
     deepspeed: str | None = option(None, DEEPSPEED_HELP, metavar="CFG")
     resume: bool = option(False, "continue from the newest checkpoint in the run directory")
-    train: BridgeTrainConfig = field(default_factory=BridgeTrainConfig, metadata={
-        "help": "bridge training options", "options": (add_config_arguments, config_from_args)})
+    train: BridgeTrainConfig = field(
+        default_factory=BridgeTrainConfig,
+        metadata={"help": "bridge training options", "options": (add_config_arguments, config_from_args)},
+    )
 
     def __post_init__(self) -> None:
         if (self.layer is None) == (self.from_locate is None):
@@ -67,6 +76,14 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
             logger.warning("--model %s differs from the model %s that dihal locate measured", model, located_model)
         logger.info("layer %d from %s", layer, Path(config.from_locate) / "locate.json")
     with run_directory(out, "dihal replace"):
-        result = train_bridge(model, layer, corpus_or_default(config.corpus), out, config.train,
-                              deepspeed_config=config.deepspeed, resume=config.resume, val_corpus=config.val_corpus)
+        result = train_bridge(
+            model,
+            layer,
+            corpus_or_default(config.corpus),
+            out,
+            config.train,
+            deepspeed_config=config.deepspeed,
+            resume=config.resume,
+            val_corpus=config.val_corpus,
+        )
     return ReplaceReport(Path(out), result)

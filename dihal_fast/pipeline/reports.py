@@ -3,6 +3,7 @@
 A report reads like the JSON it wrote (``report["selected_layer"]``, ``report.get(...)``, ``dict(report)``);
 the properties name the fields other stages and users reach for most.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping

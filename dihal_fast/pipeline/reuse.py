@@ -1,5 +1,6 @@
 """Stages that reuse whatever a run directory already holds, so that ``sweep`` and ``demo`` resume:
 a finished stage is read back, an unfinished one continues from its checkpoints."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,6 +39,7 @@ def ensure_replace(out: Path, model: str | Path | None, layer: int, corpus: list
         logger.info("reusing the finished bridge training in %s", out)
         return read_json(result, "bridge training summary")
     logger.info("replace: training a bridge for layer %d in %s (%d steps)", layer, out, config.steps)
-    replace_config = ReplaceConfig(model=None if model is None else str(model), layer=layer, corpus=list(corpus),
-                                   resume=True, train=config)
+    replace_config = ReplaceConfig(
+        model=None if model is None else str(model), layer=layer, corpus=list(corpus), resume=True, train=config
+    )
     return dict(replace(replace_config, out).data)

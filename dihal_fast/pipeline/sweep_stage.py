@@ -4,6 +4,7 @@ geometry score predicted it.
 ``sweep(SweepConfig(...), out)`` runs locate with repeated score runs, trains a bridge per layer with one
 budget, and writes ``out/sweep.json`` and ``out/sweep.png``; reruns reuse finished layers.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,15 +45,23 @@ class SweepSettings(CheckedConfig):
         """The bridge training configuration every layer gets (the same budget for all)."""
         from dihal_fast.replace.config import BridgeTrainConfig
 
-        return BridgeTrainConfig(steps=self.budget_steps, seq_len=self.seq_len, batch_size=self.batch_size,
-                           val_blocks=self.val_blocks, seed=self.seed)
+        return BridgeTrainConfig(
+            steps=self.budget_steps,
+            seq_len=self.seq_len,
+            batch_size=self.batch_size,
+            val_blocks=self.val_blocks,
+            seed=self.seed,
+        )
 
 
 @dataclass
 class SweepConfig(CheckedConfig):
     """The model, the corpus, the candidate layers and the :class:`SweepSettings`."""
 
-    model: str | None = option(None, "shipped backbone name (dihal backbone list) or HF causal-LM checkpoint directory (default: tiny-llama-8l)")
+    model: str | None = option(
+        None,
+        "shipped backbone name (dihal backbone list) or HF causal-LM checkpoint directory (default: tiny-llama-8l)",
+    )
     corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
     layers: list[int] | None = option(None, "candidate layers (default 1..L-1)")
     device: str = device_option(help="device of locate and of every bridge training: " + DEVICE_HELP)
@@ -62,9 +71,18 @@ class SweepConfig(CheckedConfig):
     def locate_config(self) -> LocateConfig:
         """The locate run that gives the repeated scores."""
         s = self.settings
-        return LocateConfig(model=self.model, corpus=corpus_or_default(self.corpus), max_tokens=s.max_tokens,
-                            repeats=s.score_repeats, sample_size=s.score_sample, seq_len=s.seq_len,
-                            layers=self.layers or None, seed=s.seed, device=self.device, dtype=self.dtype)
+        return LocateConfig(
+            model=self.model,
+            corpus=corpus_or_default(self.corpus),
+            max_tokens=s.max_tokens,
+            repeats=s.score_repeats,
+            sample_size=s.score_sample,
+            seq_len=s.seq_len,
+            layers=self.layers or None,
+            seed=s.seed,
+            device=self.device,
+            dtype=self.dtype,
+        )
 
     def train_config(self):
         """The bridge training configuration every layer gets (the settings' budget, this device and dtype)."""
@@ -93,18 +111,32 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
         result = ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus, config.train_config())
         loss, hybrid_dir = float(result["bridge_loss"]), result["hybrid_dir"]
         logger.info("layer %d: score %.3f, validation bridge loss %.4f", layer, score_rows[layer]["mean"], loss)
-        rows.append({"layer": layer, "score": score_rows[layer]["mean"], "score_std": score_rows[layer]["std"],
-                     "bridge_loss": loss, "hybrid_dir": str(hybrid_dir)})
+        rows.append(
+            {
+                "layer": layer,
+                "score": score_rows[layer]["mean"],
+                "score_std": score_rows[layer]["std"],
+                "bridge_loss": loss,
+                "hybrid_dir": str(hybrid_dir),
+            }
+        )
     correlations = score_loss_correlations(candidates, score_runs, [r["bridge_loss"] for r in rows])
     report = {
-        "model": locate["model"], "corpus": corpus, "settings": asdict(settings), "layers": rows,
+        "model": locate["model"],
+        "corpus": corpus,
+        "settings": asdict(settings),
+        "layers": rows,
         **{k: correlations[k] for k in ("spearman", "kendall", "pearson", "rank_gap", "layer_gap")},
-        "selected_layer": locate["selected_layer"], "predicted_layer": correlations["predicted_layer"],
+        "selected_layer": locate["selected_layer"],
+        "predicted_layer": correlations["predicted_layer"],
         "observed_best_layer": correlations["observed_best_layer"],
         "selected_in_best_third": correlations["predicted_loss_rank_fraction"] <= 1 / 3,
-        "protocol": {"correlation": correlations["protocol"], "bridge_loss": "validation (corpus tail) bridge loss of dihal_fast.replace: " + BRIDGE_LOSS_PROTOCOL,
-                     "scores": f"locate with {settings.score_repeats} repeats of {settings.score_sample} tokens",
-                     "budget": f"{settings.budget_steps} bridge training steps per layer (same for every layer)"},
+        "protocol": {
+            "correlation": correlations["protocol"],
+            "bridge_loss": "validation (corpus tail) bridge loss of dihal_fast.replace: " + BRIDGE_LOSS_PROTOCOL,
+            "scores": f"locate with {settings.score_repeats} repeats of {settings.score_sample} tokens",
+            "budget": f"{settings.budget_steps} bridge training steps per layer (same for every layer)",
+        },
     }
     plot_sweep(out / "sweep.png", rows, correlations)
     atomic_write_json(out / "sweep.json", report)
@@ -118,5 +150,7 @@ def sweep_controls(sweep_dir: str | Path) -> dict[str, str]:
     if not rows or any("hybrid_dir" not in r or "bridge_loss" not in r for r in rows):
         raise ValueError(f"{sweep_dir}/sweep.json lists no layers with hybrid_dir and bridge_loss")
     ordered = sorted(rows, key=lambda r: r["bridge_loss"])
-    return {f"oracle_layer_{ordered[0]['layer']}": ordered[0]["hybrid_dir"],
-            f"worst_layer_{ordered[-1]['layer']}": ordered[-1]["hybrid_dir"]}
+    return {
+        f"oracle_layer_{ordered[0]['layer']}": ordered[0]["hybrid_dir"],
+        f"worst_layer_{ordered[-1]['layer']}": ordered[-1]["hybrid_dir"],
+    }

@@ -4,6 +4,7 @@ Each field carries its command-line help in ``metadata["help"]``; :func:`add_con
 dataclass into ``dihal replace`` options (:mod:`dihal_fast.common.options`), so the CLI and the Python API
 cannot drift apart.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,18 +28,30 @@ class BridgeTrainConfig(CheckedConfig, DictConfig):
     # data
     seq_len: int = option(128, "tokens per training block", min=2)
     batch_size: int = option(8, "blocks per micro-batch on each process", min=1)
-    grad_accum_steps: int = option(1, "micro-batches per optimizer step (gradient accumulation): the effective batch is "
-                                   "--batch-size x this x processes", min=1)
-    val_blocks: int = option(32, "held-out blocks for validation (the corpus tail, or the first blocks of --val-corpus)", min=1)
+    grad_accum_steps: int = option(
+        1,
+        "micro-batches per optimizer step (gradient accumulation): the effective batch is "
+        "--batch-size x this x processes",
+        min=1,
+    )
+    val_blocks: int = option(
+        32, "held-out blocks for validation (the corpus tail, or the first blocks of --val-corpus)", min=1
+    )
     max_train_tokens: int = option(0, "read at most this many training tokens from the corpus (0 = all)")
-    stats_blocks: int = option(64, "training blocks used for the teacher's mean/std of h_l (target normalisation)", min=1)
+    stats_blocks: int = option(
+        64, "training blocks used for the teacher's mean/std of h_l (target normalisation)", min=1
+    )
     # optimisation
     steps: int = option(300, "optimizer steps in total", min=1)
     lr: float = option(3e-3, "peak AdamW learning rate", gt=0.0, max=1.0)
     weight_decay: float = option(0.0, "AdamW weight decay", min=0.0)
-    warmup_steps: int = option(20, "linear warm-up steps ((step + 1) / warmup), then cosine decay to a tenth of the peak")
+    warmup_steps: int = option(
+        20, "linear warm-up steps ((step + 1) / warmup), then cosine decay to a tenth of the peak"
+    )
     grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", min=0.0)
-    ema_decay: float = option(0.999, "EMA decay of the exported bridge weights (with warm-up (1+s)/(10+s))", min=0.0, lt=1.0)
+    ema_decay: float = option(
+        0.999, "EMA decay of the exported bridge weights (with warm-up (1+s)/(10+s))", min=0.0, lt=1.0
+    )
     # loss
     w_diff: float = option(1.0, "weight of the diffusion loss (MSE on the prediction target at a random t)", min=0.0)
     w_rec: float = option(1.0, "weight of the variance-normalised reconstruction MSE of the sampled h_l", min=0.0)
@@ -47,17 +60,25 @@ class BridgeTrainConfig(CheckedConfig, DictConfig):
     kd_temperature: float = option(1.0, "softmax temperature of the distillation loss (loss scaled by T^2)", gt=0.0)
     # model
     train_upper: bool = option(False, "also train the retained decoder layers and final norm (default: frozen)")
-    dtype: str = dtype_option(help="dtype of the backbone (teacher) and retained layers: auto (the checkpoint's own), "
-                              "float32, bfloat16, float16 or float64; saved resolved")
+    dtype: str = dtype_option(
+        help="dtype of the backbone (teacher) and retained layers: auto (the checkpoint's own), "
+        "float32, bfloat16, float16 or float64; saved resolved"
+    )
     bridge: dict = field(default_factory=dict, metadata={"help": "overrides of BridgeConfig options (see --bridge-*)"})
     # bookkeeping
     seed: int = option(0, "seed of initialisation, data order and diffusion noise")
-    device: str = device_option(help="device for plain-torch training: auto (cuda when torch sees one), cpu, cuda, cuda:N "
-                                "(DeepSpeed uses cuda:LOCAL_RANK when CUDA is present)")
+    device: str = device_option(
+        help="device for plain-torch training: auto (cuda when torch sees one), cpu, cuda, cuda:N "
+        "(DeepSpeed uses cuda:LOCAL_RANK when CUDA is present)"
+    )
     log_every: int = option(10, "steps between JSONL log lines", min=1)
     eval_every: int = option(0, "steps between validations (0 = only at the end)")
-    checkpoint_every: int = option(100, "steps between checkpoints (a final one is always written)",
-                                   flag=("--checkpoint-every", "--save-every"), min=1)
+    checkpoint_every: int = option(
+        100,
+        "steps between checkpoints (a final one is always written)",
+        flag=("--checkpoint-every", "--save-every"),
+        min=1,
+    )
     keep_checkpoints: int = option(2, "newest checkpoints kept on disk", min=1)
 
     def __post_init__(self) -> None:
@@ -68,11 +89,22 @@ class BridgeTrainConfig(CheckedConfig, DictConfig):
 
     def loop_settings(self, device: str | None = None) -> LoopSettings:
         """The shared loop's view of a bridge run (cosine to a tenth of the peak rate after warm-up)."""
-        return LoopSettings(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
-                            lr_floor=0.1, weight_decay=self.weight_decay, grad_clip=self.grad_clip, ema_decay=self.ema_decay,
-                            seed=self.seed, device=device or self.device, log_every=self.log_every,
-                            checkpoint_every=self.checkpoint_every, keep_checkpoints=self.keep_checkpoints,
-                            grad_accum_steps=self.grad_accum_steps)
+        return LoopSettings(
+            steps=self.steps,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            warmup_steps=self.warmup_steps,
+            lr_floor=0.1,
+            weight_decay=self.weight_decay,
+            grad_clip=self.grad_clip,
+            ema_decay=self.ema_decay,
+            seed=self.seed,
+            device=device or self.device,
+            log_every=self.log_every,
+            checkpoint_every=self.checkpoint_every,
+            keep_checkpoints=self.keep_checkpoints,
+            grad_accum_steps=self.grad_accum_steps,
+        )
 
     @classmethod
     def from_dict(cls, data: dict) -> BridgeTrainConfig:
@@ -88,7 +120,6 @@ class BridgeTrainConfig(CheckedConfig, DictConfig):
         if unknown:
             raise ValueError(f"unknown bridge options {unknown}; expected a subset of {sorted(allowed)}")
         return BridgeConfig(hidden_size=hidden_size, condition_size=hidden_size, layer=layer, **self.bridge)
-
 
 
 # Bridge options a user may set (the rest of BridgeConfig is derived from the backbone and the data).
@@ -113,13 +144,25 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_options(parser, BridgeTrainConfig, exclude=tuple(_NOT_OPTIONS))
     defaults = {f.name: f.default for f in fields(BridgeConfig)}
     for name, help_text in BRIDGE_OPTIONS.items():
-        choices = {"schedule": sorted(SCHEDULES), "prediction": list(PREDICTIONS), "sampler": sorted(SAMPLERS)}.get(name)
-        parser.add_argument("--bridge-" + name.replace("_", "-"), dest="bridge_" + name, type=type(defaults[name]),
-                            default=defaults[name], choices=choices, help=help_text)
+        choices = {"schedule": sorted(SCHEDULES), "prediction": list(PREDICTIONS), "sampler": sorted(SAMPLERS)}.get(
+            name
+        )
+        parser.add_argument(
+            "--bridge-" + name.replace("_", "-"),
+            dest="bridge_" + name,
+            type=type(defaults[name]),
+            default=defaults[name],
+            choices=choices,
+            help=help_text,
+        )
 
 
 def config_from_args(args: argparse.Namespace) -> BridgeTrainConfig:
     """The BridgeTrainConfig that the options of :func:`add_config_arguments` describe."""
     defaults = {f.name: f.default for f in fields(BridgeConfig)}
-    bridge = {name: getattr(args, "bridge_" + name) for name in BRIDGE_OPTIONS if getattr(args, "bridge_" + name) != defaults[name]}
+    bridge = {
+        name: getattr(args, "bridge_" + name)
+        for name in BRIDGE_OPTIONS
+        if getattr(args, "bridge_" + name) != defaults[name]
+    }
     return dataclass_from_options(BridgeTrainConfig, args, bridge=bridge)

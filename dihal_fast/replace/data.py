@@ -1,5 +1,6 @@
 """Token blocks for bridge training: a training set, a held-out validation set, and a deterministic
 batch order that depends only on ``(seed, step)`` so that resuming needs nothing but the step."""
+
 from __future__ import annotations
 
 import logging
@@ -21,17 +22,27 @@ class Blocks:
     val: torch.Tensor
 
 
-def load_blocks(tokenizer, corpus: str | os.PathLike, seq_len: int, val_blocks: int, max_train_tokens: int = 0,
-                val_corpus: str | os.PathLike | None = None) -> Blocks:
+def load_blocks(
+    tokenizer,
+    corpus: str | os.PathLike,
+    seq_len: int,
+    val_blocks: int,
+    max_train_tokens: int = 0,
+    val_corpus: str | os.PathLike | None = None,
+) -> Blocks:
     """Cut ``corpus`` into blocks; the validation set is ``val_corpus``'s first blocks, else the corpus tail."""
     limit = max_train_tokens or None
     if val_corpus is not None:
         train = list(iter_token_blocks(tokenizer, read_texts(corpus), seq_len, limit))
         val = list(iter_token_blocks(tokenizer, read_texts(val_corpus), seq_len, val_blocks * seq_len))
         if len(val) < val_blocks:
-            raise ValueError(f"validation corpus {val_corpus} fills {len(val)} blocks of {seq_len} tokens; need {val_blocks}")
+            raise ValueError(
+                f"validation corpus {val_corpus} fills {len(val)} blocks of {seq_len} tokens; need {val_blocks}"
+            )
     else:
-        blocks = list(iter_token_blocks(tokenizer, read_texts(corpus), seq_len, limit + val_blocks * seq_len if limit else None))
+        blocks = list(
+            iter_token_blocks(tokenizer, read_texts(corpus), seq_len, limit + val_blocks * seq_len if limit else None)
+        )
         train, val = blocks[:-val_blocks], blocks[-val_blocks:]
     if not train or len(val) < val_blocks:
         raise ValueError(
@@ -46,13 +57,15 @@ def batch_indices(step: int, n_blocks: int, batch_size: int, world_size: int, ra
     """Rows of the training set for ``rank`` at ``step``: a slice of the global batch of a per-epoch permutation."""
     global_batch = batch_size * world_size
     if n_blocks < global_batch:
-        raise ValueError(f"{n_blocks} training blocks cannot fill a global batch of {global_batch} "
-                         f"({batch_size} per process x {world_size} processes)")
+        raise ValueError(
+            f"{n_blocks} training blocks cannot fill a global batch of {global_batch} "
+            f"({batch_size} per process x {world_size} processes)"
+        )
     per_epoch = n_blocks // global_batch
     epoch, index = divmod(step, per_epoch)
     order = torch.randperm(n_blocks, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
     start = index * global_batch + rank * batch_size
-    return order[start:start + batch_size]
+    return order[start : start + batch_size]
 
 
 def step_generator(seed: int, step: int, rank: int) -> torch.Generator:

@@ -11,6 +11,7 @@ validation with the EMA weights, and the export. Run directory::
     hybrid/                                  the exported HybridLM (EMA weights)
     result.json                              the summary train_bridge returns
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,7 +62,9 @@ class StepInfo:
 
 # Fields that may change between a run and its resumption (they do not change what a step computes);
 # save_every is checkpoint_every's name in checkpoints of earlier versions.
-RESUMABLE_CHANGES = frozenset({"steps", "log_every", "eval_every", "checkpoint_every", "save_every", "keep_checkpoints", "device"})
+RESUMABLE_CHANGES = frozenset(
+    {"steps", "log_every", "eval_every", "checkpoint_every", "save_every", "keep_checkpoints", "device"}
+)
 CONFIG_NAME, BRIDGE_CONFIG_NAME = "train_config.json", "bridge_config.json"
 
 
@@ -73,26 +76,36 @@ def _preflight(model_dir, layer: int, corpus, out_dir: Path, config: BridgeTrain
     from transformers import AutoConfig
 
     model_dir = resolve_model_dir(model_dir)
-    config = dataclasses.replace(config, device=str(resolve_device(config.device)), dtype=dtype_name(config.dtype, model_dir))
+    config = dataclasses.replace(
+        config, device=str(resolve_device(config.device)), dtype=dtype_name(config.dtype, model_dir)
+    )
     backbone_config = AutoConfig.from_pretrained(model_dir)
     check_family(backbone_config)
     check_layer(backbone_config, layer)
     corpus_files(corpus)
     ds_config, world = prepare_deepspeed(deepspeed_config, config.loop_settings())
-    checkpoint = resume_point(out_dir, {CONFIG_NAME: config.to_dict()}, RESUMABLE_CHANGES, config.steps, ds_config, world,
-                              resume)
+    checkpoint = resume_point(
+        out_dir, {CONFIG_NAME: config.to_dict()}, RESUMABLE_CHANGES, config.steps, ds_config, world, resume
+    )
     if checkpoint is not None:
         read_json(checkpoint / BRIDGE_CONFIG_NAME, "checkpoint bridge config")
     return model_dir, config, ds_config, checkpoint
 
 
-def export_hybrid(backbone, tokenizer, layer: int, bridge_config: BridgeConfig, model_dir: Path, train_upper: bool,
-                  weights: dict[str, torch.Tensor]) -> HybridLM:
+def export_hybrid(
+    backbone,
+    tokenizer,
+    layer: int,
+    bridge_config: BridgeConfig,
+    model_dir: Path,
+    train_upper: bool,
+    weights: dict[str, torch.Tensor],
+) -> HybridLM:
     """A fresh HybridLM (plain modules, whatever the engine) carrying ``weights`` (EMA of the trainable parameters)."""
     options = {k: v for k, v in bridge_config.to_dict().items() if k not in ("hidden_size", "condition_size", "layer")}
     hybrid = HybridLM.from_backbone(backbone, layer, options, tokenizer, model_dir, freeze_upper=not train_upper)
     prefix = "hybrid."
-    state = {name[len(prefix):]: value for name, value in weights.items()}
+    state = {name[len(prefix) :]: value for name, value in weights.items()}
     missing = set(state) - {name for name, _ in hybrid.named_parameters()}
     if missing:
         raise ValueError(f"exported weights name unknown parameters: {sorted(missing)[:4]}")
@@ -100,9 +113,17 @@ def export_hybrid(backbone, tokenizer, layer: int, bridge_config: BridgeConfig, 
     return hybrid.to(next(backbone.parameters()).device).eval()
 
 
-def train_bridge(model_dir: str | os.PathLike | None, layer: int, corpus: str | os.PathLike, out_dir: str | os.PathLike,
-                 config: BridgeTrainConfig | None = None, deepspeed_config: str | os.PathLike | None = None, resume: bool = False,
-                 val_corpus: str | os.PathLike | None = None, callback: Callable[[StepInfo], None] | None = None) -> dict:
+def train_bridge(
+    model_dir: str | os.PathLike | None,
+    layer: int,
+    corpus: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    config: BridgeTrainConfig | None = None,
+    deepspeed_config: str | os.PathLike | None = None,
+    resume: bool = False,
+    val_corpus: str | os.PathLike | None = None,
+    callback: Callable[[StepInfo], None] | None = None,
+) -> dict:
     """Train a bridge for hidden state ``layer`` of ``model_dir`` (None = shipped backbone) on ``corpus``.
 
     Returns the summary also written to ``out_dir/result.json``: ``bridge_loss`` (validation, EMA weights),
@@ -111,7 +132,9 @@ def train_bridge(model_dir: str | os.PathLike | None, layer: int, corpus: str | 
     """
     config = config or BridgeTrainConfig()
     out_dir = Path(out_dir)
-    model_dir, config, ds_config, checkpoint = _preflight(model_dir, layer, corpus, out_dir, config, deepspeed_config, resume)
+    model_dir, config, ds_config, checkpoint = _preflight(
+        model_dir, layer, corpus, out_dir, config, deepspeed_config, resume
+    )
     with training_session(ds_config, config.loop_settings()) as (rank, _, device):
         backbone, tokenizer = load_causal_lm(model_dir, config.dtype, device)
         backbone.requires_grad_(False)
@@ -122,9 +145,20 @@ def train_bridge(model_dir: str | os.PathLike | None, layer: int, corpus: str | 
             atomic_write_json(out_dir / CONFIG_NAME, config.to_dict())
             atomic_write_json(out_dir / BRIDGE_CONFIG_NAME, bridge_config.to_dict())
         seed_everything(config.seed)
-        export = functools.partial(export_hybrid, backbone, tokenizer, layer, bridge_config, model_dir, config.train_upper)
-        job = BridgeJob(BridgeObjective(export({}).train(), config), config, bridge_config, backbone, blocks, export,
-                        device, rank, callback)
+        export = functools.partial(
+            export_hybrid, backbone, tokenizer, layer, bridge_config, model_dir, config.train_upper
+        )
+        job = BridgeJob(
+            BridgeObjective(export({}).train(), config),
+            config,
+            bridge_config,
+            backbone,
+            blocks,
+            export,
+            device,
+            rank,
+            callback,
+        )
         began = time.perf_counter()
         run = fit(job, out_dir, ds_config, checkpoint)
         return job.finish(run, time.perf_counter() - began)
@@ -135,10 +169,25 @@ class BridgeJob(TrainingJob):
 
     resumable = RESUMABLE_CHANGES
 
-    def __init__(self, objective: BridgeObjective, config: BridgeTrainConfig, bridge_config: BridgeConfig, backbone,
-                 blocks: Blocks, export: Callable[[dict], HybridLM], device: str, rank: int,
-                 callback: Callable[[StepInfo], None] | None):
-        self.objective, self.config, self.backbone, self.blocks, self.export = objective, config, backbone, blocks, export
+    def __init__(
+        self,
+        objective: BridgeObjective,
+        config: BridgeTrainConfig,
+        bridge_config: BridgeConfig,
+        backbone,
+        blocks: Blocks,
+        export: Callable[[dict], HybridLM],
+        device: str,
+        rank: int,
+        callback: Callable[[StepInfo], None] | None,
+    ):
+        self.objective, self.config, self.backbone, self.blocks, self.export = (
+            objective,
+            config,
+            backbone,
+            blocks,
+            export,
+        )
         self.settings = config.loop_settings(device)
         self.configs = {CONFIG_NAME: config.to_dict()}
         self.derived = {BRIDGE_CONFIG_NAME: bridge_config.to_dict()}
@@ -148,12 +197,18 @@ class BridgeJob(TrainingJob):
 
     def batch(self, step: int, engine) -> dict:
         config = self.config
-        rows = batch_indices(step, self.blocks.train.shape[0], config.batch_size, engine.world_size, self.rank, config.seed)
+        rows = batch_indices(
+            step, self.blocks.train.shape[0], config.batch_size, engine.world_size, self.rank, config.seed
+        )
         ids = self.blocks.train[rows].to(engine.device)
         hidden, teacher_logits = backbone_targets(self.backbone, ids, self.layer)
         randoms = engine.module.random_inputs(*ids.shape, step_generator(config.seed, step, self.rank))
-        return {"input_ids": ids, "target_hidden": hidden, "teacher_logits": teacher_logits if config.w_kd > 0 else None,
-                **{k: v.to(engine.device) for k, v in randoms.items()}}
+        return {
+            "input_ids": ids,
+            "target_hidden": hidden,
+            "teacher_logits": teacher_logits if config.w_kd > 0 else None,
+            **{k: v.to(engine.device) for k, v in randoms.items()},
+        }
 
     def after_step(self, step: int, values: dict[str, float], run: TrainingRun) -> dict:
         if not (self.config.eval_every and step % self.config.eval_every == 0 and step < self.config.steps):
@@ -171,9 +226,13 @@ class BridgeJob(TrainingJob):
 
     def load_stream_state(self, plain: dict, tensors: dict) -> None:
         history = plain.get("validation_history", [])
-        if not isinstance(history, list) or not all(isinstance(h, dict) and isinstance(h.get("step"), int) for h in history):
-            raise ValueError("the checkpoint's validation history (stream.json) is damaged; resume from another "
-                             "checkpoint or train into a new --out")
+        if not isinstance(history, list) or not all(
+            isinstance(h, dict) and isinstance(h.get("step"), int) for h in history
+        ):
+            raise ValueError(
+                "the checkpoint's validation history (stream.json) is damaged; resume from another "
+                "checkpoint or train into a new --out"
+            )
         self.history = history
 
     def step_done(self, step: int, run: TrainingRun) -> None:
@@ -185,10 +244,20 @@ class BridgeJob(TrainingJob):
         report: dict = {}
         if self.rank == 0:
             hybrid = self.export(run.ema_weights())
-            report = {"step": step, "layer": hybrid.config.layer,
-                      **validation_bridge_loss(hybrid, self.backbone, self.blocks.val, self.config.batch_size, seed=self.config.seed)}
-            logger.info("step %d: validation bridge loss %.4f, hybrid PPL %.2f vs backbone %.2f", step,
-                        report["bridge_loss"], report["hybrid_ppl"], report["backbone_ppl"])
+            report = {
+                "step": step,
+                "layer": hybrid.config.layer,
+                **validation_bridge_loss(
+                    hybrid, self.backbone, self.blocks.val, self.config.batch_size, seed=self.config.seed
+                ),
+            }
+            logger.info(
+                "step %d: validation bridge loss %.4f, hybrid PPL %.2f vs backbone %.2f",
+                step,
+                report["bridge_loss"],
+                report["hybrid_ppl"],
+                report["backbone_ppl"],
+            )
             if export_dir is not None:
                 hybrid.save_pretrained(export_dir)
         run.engine.barrier()
@@ -202,23 +271,36 @@ class BridgeJob(TrainingJob):
             return {}
         history = self.history + [final]
         atomic_write_json(out_dir / "validation.json", {"history": history, "final": final})
-        RunLog(out_dir / LOG_NAME).plot(out_dir / "loss_curve.png", f"bridge for hidden state {final['layer']}",
-                                        [(h["step"], h["bridge_loss"]) for h in history])
+        RunLog(out_dir / LOG_NAME).plot(
+            out_dir / "loss_curve.png",
+            f"bridge for hidden state {final['layer']}",
+            [(h["step"], h["bridge_loss"]) for h in history],
+        )
         result = {
-            "layer": final["layer"], "steps": self.config.steps, "bridge_loss": final["bridge_loss"], "validation": final,
-            "hybrid_dir": str(out_dir / "hybrid"), "engine": run.engine.kind, "world_size": run.engine.world_size,
-            "train_seconds_this_run": seconds, "last_checkpoint_step": run.step,
+            "layer": final["layer"],
+            "steps": self.config.steps,
+            "bridge_loss": final["bridge_loss"],
+            "validation": final,
+            "hybrid_dir": str(out_dir / "hybrid"),
+            "engine": run.engine.kind,
+            "world_size": run.engine.world_size,
+            "train_seconds_this_run": seconds,
+            "last_checkpoint_step": run.step,
         }
         atomic_write_json(out_dir / "result.json", result)
         return result
 
 
-def _bridge_config(checkpoint: Path | None, backbone, blocks: Blocks, layer: int, config: BridgeTrainConfig) -> BridgeConfig:
+def _bridge_config(
+    checkpoint: Path | None, backbone, blocks: Blocks, layer: int, config: BridgeTrainConfig
+) -> BridgeConfig:
     """The checkpoint's bridge config when resuming, else the options with fresh target statistics."""
     if checkpoint is not None:
         return BridgeConfig.from_dict(read_json(checkpoint / BRIDGE_CONFIG_NAME, "checkpoint bridge config"))
     bridge_config = config.bridge_options(backbone.config.hidden_size, layer)
-    mean, std, condition_rms = target_statistics(backbone, blocks.train[: config.stats_blocks], layer, config.batch_size)
+    mean, std, condition_rms = target_statistics(
+        backbone, blocks.train[: config.stats_blocks], layer, config.batch_size
+    )
     bridge_config.target_mean, bridge_config.target_std = [float(v) for v in mean], std
     bridge_config.condition_rms = condition_rms
     return bridge_config

@@ -9,6 +9,7 @@ so that both engines (plain torch, DeepSpeed) call a single forward that returns
 * ``L_KD``: ``T^2 KL(softmax(teacher / T) || softmax(hybrid / T))`` per token.
 All randomness (times, noise) comes in as arguments, so a step is a pure function of its inputs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,8 +48,15 @@ class BridgeObjective(nn.Module):
             "sample_noise": torch.randn(nfe, batch, length, dim, generator=generator),
         }
 
-    def forward(self, input_ids: Tensor, target_hidden: Tensor, teacher_logits: Tensor | None, t: Tensor, eps: Tensor,
-                sample_noise: Tensor) -> dict[str, Tensor]:
+    def forward(
+        self,
+        input_ids: Tensor,
+        target_hidden: Tensor,
+        teacher_logits: Tensor | None,
+        t: Tensor,
+        eps: Tensor,
+        sample_noise: Tensor,
+    ) -> dict[str, Tensor]:
         cfg, bridge = self.config, self.hybrid.bridge
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         with torch.no_grad():

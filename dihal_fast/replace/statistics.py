@@ -1,4 +1,5 @@
 """The teacher's statistics of ``h_l`` that normalise the bridge's targets (see dihal_fast.bridge.model)."""
+
 from __future__ import annotations
 
 import torch
@@ -19,7 +20,7 @@ def target_statistics(backbone: nn.Module, blocks: Tensor, layer: int, batch_siz
     total = second = None
     condition_square, count = 0.0, 0
     for start in range(0, blocks.shape[0], batch_size):
-        ids = blocks[start:start + batch_size].to(device)
+        ids = blocks[start : start + batch_size].to(device)
         hidden, _ = backbone_targets(backbone, ids, layer)
         flat = hidden.reshape(-1, hidden.shape[-1]).double().cpu()
         total = flat.sum(0) if total is None else total + flat.sum(0)
@@ -32,5 +33,7 @@ def target_statistics(backbone: nn.Module, blocks: Tensor, layer: int, batch_siz
     std = float(variance.mean().sqrt())
     condition_rms = (condition_square / (count * hidden.shape[-1])) ** 0.5
     if not std > 0 or not condition_rms > 0:
-        raise ValueError(f"hidden state {layer} or the embedding output is constant on the statistics blocks; cannot normalise")
+        raise ValueError(
+            f"hidden state {layer} or the embedding output is constant on the statistics blocks; cannot normalise"
+        )
     return mean, std, condition_rms

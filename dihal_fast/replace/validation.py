@@ -1,5 +1,6 @@
 """Validation of a hybrid on held-out blocks: the bridge loss (the number the layer sweep ranks layers by)
 and teacher-forced NLL / PPL / KL of the hybrid against its backbone on the same tokens."""
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,15 @@ BRIDGE_LOSS_PROTOCOL = (
 
 
 @torch.no_grad()
-def validation_bridge_loss(hybrid: HybridLM, backbone: nn.Module, blocks: Tensor, batch_size: int = 8,
-                           nfe: int | None = None, sampler: str | None = None, seed: int = 0) -> dict:
+def validation_bridge_loss(
+    hybrid: HybridLM,
+    backbone: nn.Module,
+    blocks: Tensor,
+    batch_size: int = 8,
+    nfe: int | None = None,
+    sampler: str | None = None,
+    seed: int = 0,
+) -> dict:
     """Bridge loss, hybrid and backbone NLL/PPL and KL(backbone || hybrid) on ``blocks`` ``(N, T)``.
 
     Runs on the device of ``hybrid``'s parameters; ``backbone`` must be the checkpoint the hybrid was cut from.
@@ -30,7 +38,7 @@ def validation_bridge_loss(hybrid: HybridLM, backbone: nn.Module, blocks: Tensor
     squared, count = torch.zeros((), dtype=torch.float64), 0
     sums = {"hybrid": [], "backbone": [], "kl": []}
     for start in range(0, blocks.shape[0], batch_size):
-        ids = blocks[start:start + batch_size].to(device)
+        ids = blocks[start : start + batch_size].to(device)
         hidden, teacher_logits = backbone_targets(backbone, ids, layer)
         out = hybrid(ids, nfe=nfe, sampler=sampler, seed=seed + start)
         error = bridge.normalize(out.bridge_hidden_state) - bridge.normalize(hidden)
@@ -44,10 +52,15 @@ def validation_bridge_loss(hybrid: HybridLM, backbone: nn.Module, blocks: Tensor
         nll = pooled_nll(torch.cat([s for s, _ in sums[name]]), torch.cat([n for _, n in sums[name]]))
         report[f"{name}_nll"], report[f"{name}_ppl"] = nll, perplexity(nll)
     report["kl"] = pooled_nll(torch.cat([s for s, _ in sums["kl"]]), torch.cat([n for _, n in sums["kl"]]))
-    report.update({
-        "ppl_ratio": report["hybrid_ppl"] / report["backbone_ppl"],
-        "blocks": int(blocks.shape[0]), "tokens": int(blocks.numel()),
-        "nfe": nfe or bridge.config.nfe, "sampler": sampler or bridge.config.sampler, "seed": seed,
-        "protocol": {"bridge_loss": BRIDGE_LOSS_PROTOCOL, "nll": PROTOCOL["nll"], "kl": PROTOCOL["kl"]},
-    })
+    report.update(
+        {
+            "ppl_ratio": report["hybrid_ppl"] / report["backbone_ppl"],
+            "blocks": int(blocks.shape[0]),
+            "tokens": int(blocks.numel()),
+            "nfe": nfe or bridge.config.nfe,
+            "sampler": sampler or bridge.config.sampler,
+            "seed": seed,
+            "protocol": {"bridge_loss": BRIDGE_LOSS_PROTOCOL, "nll": PROTOCOL["nll"], "kl": PROTOCOL["kl"]},
+        }
+    )
     return report

@@ -1,4 +1,5 @@
 """Repeated-subsample estimates of the three proxies per layer, the selection score and ``l*``."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -57,7 +58,9 @@ class GeometryEstimate:
 
 def _check_sample(vectors: Mapping[int, torch.Tensor], layers: Sequence[int], sample_size: int, repeats: int) -> int:
     if len(layers) < 2:
-        raise ValueError(f"the selection score z-scores across layers: give at least 2 candidate layers, got {list(layers)}")
+        raise ValueError(
+            f"the selection score z-scores across layers: give at least 2 candidate layers, got {list(layers)}"
+        )
     missing = [l for l in layers if l not in vectors]
     if missing:
         raise ValueError(f"no sampled vectors for layers {missing} (available: {sorted(vectors)})")
@@ -102,7 +105,8 @@ def estimate_geometry(
 
     ``vectors[layer]`` is ``m x D`` (the same ``m`` tokens in the same order at every layer). Repeat
     ``r`` uses the rows and ``m_mono`` pair seed of :func:`subsample` (the same rows at every layer,
-    so layers are compared on the same tokens); the score of repeat ``r`` is :func:`selection_scores` of that repeat's proxies.
+    so layers are compared on the same tokens); the score of repeat ``r`` is :func:`selection_scores` of that
+    repeat's proxies.
     ``precision`` is that of :func:`dihal_fast.geometry_proxies`.
     """
     layers = sorted(int(l) for l in layers)
@@ -114,8 +118,9 @@ def estimate_geometry(
         proxies = {}
         for layer in layers:
             X = vectors[layer][torch.from_numpy(rows) if torch.is_tensor(vectors[layer]) else rows]
-            proxies[layer] = geometry_proxies(X, k=k, ridge=ridge, n_pairs=n_pairs, seed=pair_seed, backend=backend,
-                                              precision=precision)
+            proxies[layer] = geometry_proxies(
+                X, k=k, ridge=ridge, n_pairs=n_pairs, seed=pair_seed, backend=backend, precision=precision
+            )
             bar.update(1)
         scores, _ = selection_scores(proxies)
         for i, layer in enumerate(layers):
@@ -123,6 +128,15 @@ def estimate_geometry(
                 values[name][r, i] = proxies[layer][name]
             values["score"][r, i] = scores[layer]
     bar.close()
-    config = dict(repeats=repeats, sample_size=sample_size, available=available, k=k, ridge=ridge,
-                  n_pairs=n_pairs, seed=seed, precision=precision, std="across repeats, ddof=1")
+    config = dict(
+        repeats=repeats,
+        sample_size=sample_size,
+        available=available,
+        k=k,
+        ridge=ridge,
+        n_pairs=n_pairs,
+        seed=seed,
+        precision=precision,
+        std="across repeats, ddof=1",
+    )
     return GeometryEstimate(layers, values, config)

@@ -1,4 +1,5 @@
 """The paper's Figure 2: the three proxies and the selection score against depth."""
+
 from __future__ import annotations
 
 import io
@@ -16,7 +17,8 @@ _PANELS = (  # (name, title, log scale allowed)
 
 
 def plot_geometry(estimate: GeometryEstimate, path: str | Path, title: str = "") -> Path:
-    """Write a 2 x 2 PNG: each proxy (log scale when it spans more than 20x) and the score against the hidden-state index, with
+    """Write a 2 x 2 PNG: each proxy (log scale when it spans more than 20x) and the score against the hidden-state
+    index, with
     error bars of one standard deviation across repeats and the selected layer marked."""
     from matplotlib.figure import Figure  # a bare Figure renders with Agg and leaves pyplot's state alone
     from matplotlib.ticker import MaxNLocator

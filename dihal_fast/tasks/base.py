@@ -5,6 +5,7 @@ numbers; empty for unconditional text) and a *target* of ``target_len`` tokens i
 that the model generates. ``aligned`` says context position ``i`` describes target position ``i``
 (Sudoku), so models may add the two embeddings instead of concatenating the sequences.
 """
+
 from __future__ import annotations
 
 import random
@@ -31,9 +32,13 @@ class TaskSpec:
 
     def __post_init__(self) -> None:
         if self.target_vocab < 2 or self.target_len < 1:
-            raise ValueError(f"target_vocab must be >= 2 and target_len >= 1, got {self.target_vocab}, {self.target_len}")
+            raise ValueError(
+                f"target_vocab must be >= 2 and target_len >= 1, got {self.target_vocab}, {self.target_len}"
+            )
         if self.aligned and self.context_len != self.target_len:
-            raise ValueError(f"an aligned context must have target_len={self.target_len} tokens, got {self.context_len}")
+            raise ValueError(
+                f"an aligned context must have target_len={self.target_len} tokens, got {self.context_len}"
+            )
         if any(len(labels) != self.target_len or min(labels) < 0 for labels in self.slot_groups):
             raise ValueError(f"every slot labelling needs {self.target_len} non-negative group ids")
 

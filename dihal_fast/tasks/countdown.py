@@ -5,6 +5,7 @@ comma-separated list of steps ``80-58=22,22/11=2,83-2=81`` (the Stream-of-Search
 ``check_strict`` (every step true, each given number used exactly once, final result = target) and
 ``check_loose`` (every step true, final result = target; what most public code checks).
 """
+
 from __future__ import annotations
 
 import random
@@ -132,8 +133,10 @@ def solve(problem: Problem) -> str | None:
         return None
 
     if not COUNTS[0] <= len(problem.nums) <= COUNTS[1]:
-        raise ValueError(f"a Countdown problem has {COUNTS[0]}-{COUNTS[1]} numbers, got {len(problem.nums)} in "
-                         f"{problem.text()[:80]!r}")
+        raise ValueError(
+            f"a Countdown problem has {COUNTS[0]}-{COUNTS[1]} numbers, got {len(problem.nums)} in "
+            f"{problem.text()[:80]!r}"
+        )
     return search(list(problem.nums), [])
 
 
@@ -149,8 +152,10 @@ def generate(rng: random.Random, count: int, held_out: bool = False, max_len: in
     if not COUNTS[0] <= count <= COUNTS[1]:
         raise ValueError(f"count must be {COUNTS[0]}-{COUNTS[1]} numbers, got {count}")
     if max_len is not None and max_len < shortest_solution(count):
-        raise ValueError(f"no solution with {count} numbers fits in {max_len} characters (the shortest has "
-                         f"{shortest_solution(count)}); raise --countdown-len or use 0 for the default")
+        raise ValueError(
+            f"no solution with {count} numbers fits in {max_len} characters (the shortest has "
+            f"{shortest_solution(count)}); raise --countdown-len or use 0 for the default"
+        )
     for _ in range(MAX_DRAWS):
         nums = [rng.randint(*OPERAND_RANGE) for _ in range(count)]
         pool, steps = list(nums), []
@@ -165,5 +170,7 @@ def generate(rng: random.Random, count: int, held_out: bool = False, max_len: in
         if max_len is not None and len(solution) > max_len:
             continue
         return Problem(tuple(nums), target), solution
-    raise ValueError(f"no {count}-number problem with a solution of at most {max_len} characters in {MAX_DRAWS} "
-                     "draws; raise --countdown-len or use 0 for the default")
+    raise ValueError(
+        f"no {count}-number problem with a solution of at most {max_len} characters in {MAX_DRAWS} "
+        "draws; raise --countdown-len or use 0 for the default"
+    )

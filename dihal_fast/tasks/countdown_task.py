@@ -3,6 +3,7 @@
 Context: the problem text ``n1,...,nk,target`` as characters of ``0-9`` and ``,`` (right-padded).
 Target: the solution text ``a op b=c,...`` as characters of ``0-9+-*/=,`` followed by padding.
 """
+
 from __future__ import annotations
 
 import random
@@ -41,10 +42,17 @@ class CountdownTask:
         self.context_len = 3 * (max(self.numbers) + 1)
         target_len = target_len or default_target_len(max(self.numbers))
         if target_len < shortest_solution(max(self.numbers)):
-            raise ValueError(f"--countdown-len {target_len} cannot hold a solution with {max(self.numbers)} numbers (the "
-                             f"shortest has {shortest_solution(max(self.numbers))} characters); use 0 for the default")
-        self.spec = TaskSpec("countdown", target_vocab=len(TARGET_CHARS) + 1, target_len=target_len,
-                             context_vocab=len(CONTEXT_CHARS) + 1, context_len=self.context_len)
+            raise ValueError(
+                f"--countdown-len {target_len} cannot hold a solution with {max(self.numbers)} numbers (the "
+                f"shortest has {shortest_solution(max(self.numbers))} characters); use 0 for the default"
+            )
+        self.spec = TaskSpec(
+            "countdown",
+            target_vocab=len(TARGET_CHARS) + 1,
+            target_len=target_len,
+            context_vocab=len(CONTEXT_CHARS) + 1,
+            context_len=self.context_len,
+        )
 
     def encode_problem(self, problem: Problem) -> list[int]:
         text = problem.text()
@@ -80,5 +88,8 @@ class CountdownTask:
         """``correct`` = strict (each number used once), ``loose`` = steps true and final = target,
         ``true_steps`` = share of written steps that are arithmetically true."""
         text = self.render(target)
-        return {"correct": check_strict(example.payload, text), "loose": check_loose(example.payload, text),
-                "true_steps": true_step_share(text)}
+        return {
+            "correct": check_strict(example.payload, text),
+            "loose": check_loose(example.payload, text),
+            "true_steps": true_step_share(text),
+        }

@@ -1,4 +1,5 @@
 """Reading the real evaluation files: the Sudoku CSV and the Countdown JSONL, detected from content."""
+
 from __future__ import annotations
 
 import csv
@@ -37,7 +38,9 @@ def detect_format(path: str | Path) -> str:
         return "sudoku"
     if path.suffix == ".txt":
         return "text"
-    raise ValueError(f"{path}: expected a Sudoku CSV (puzzle,solution columns), a Countdown JSONL (nums,target) or a .txt text file")
+    raise ValueError(
+        f"{path}: expected a Sudoku CSV (puzzle,solution columns), a Countdown JSONL (nums,target) or a .txt text file"
+    )
 
 
 def load_sudoku_csv(path: str | Path, limit: int | None = None) -> list[SudokuRecord]:
@@ -70,7 +73,10 @@ def load_countdown_jsonl(path: str | Path, limit: int | None = None) -> list[tup
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise ValueError(f"{path}:{line_no}: expected a JSON object with 'nums' and 'target'") from None
             if not isinstance(nums, list) or not all(isinstance(v, int) and v > 0 for v in [*nums, target]):
-                raise ValueError(f"{path}:{line_no}: 'nums' must be a list of positive integers and 'target' one, got {nums!r}, {target!r}")
+                raise ValueError(
+                    f"{path}:{line_no}: 'nums' must be a list of positive integers and 'target' one, got {nums!r}, "
+                    f"{target!r}"
+                )
             problems.append((Problem(tuple(nums), target), f"cd{len(nums)}"))
             if limit is not None and len(problems) >= limit:
                 break

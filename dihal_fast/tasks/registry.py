@@ -1,4 +1,5 @@
 """One place that builds a task from its saved configuration."""
+
 from __future__ import annotations
 
 import logging
@@ -26,18 +27,34 @@ class TaskConfig(CheckedConfig):
     # 6x6 is learnable in CPU-minutes; "3x3" is the paper's 9x9 (GPU scale).
     sudoku_box: str = option("2x3", "Sudoku box shape: 3x3 (9x9 grid), 2x3 (6x6) or 2x2 (4x4)")
     sudoku_pool: int = option(3000, "generated training puzzles (augmented by symmetries)", min=1)
-    sudoku_train_difficulty: str = option("singles", "grade of the training puzzles", flag="--sudoku-difficulty",
-                                          choices=tuple(DIFFICULTIES))
-    countdown_numbers: list[int] = option(default_factory=lambda: [3, 4], help="numbers per training problem, e.g. 3,4",
-                                          type=comma_integers, metavar="N,N,...", min=COUNTS[0], max=COUNTS[1])
-    countdown_target_len: int = option(0, "solution length in characters (0 = room for the largest problem)",
-                                       flag="--countdown-len")
-    text_files: list[str] = option(default_factory=list, help="training text files of the text task; the command "
-                                   "line's default is the shipped corpus", cli_default=None)
+    sudoku_train_difficulty: str = option(
+        "singles", "grade of the training puzzles", flag="--sudoku-difficulty", choices=tuple(DIFFICULTIES)
+    )
+    countdown_numbers: list[int] = option(
+        default_factory=lambda: [3, 4],
+        help="numbers per training problem, e.g. 3,4",
+        type=comma_integers,
+        metavar="N,N,...",
+        min=COUNTS[0],
+        max=COUNTS[1],
+    )
+    countdown_target_len: int = option(
+        0, "solution length in characters (0 = room for the largest problem)", flag="--countdown-len"
+    )
+    text_files: list[str] = option(
+        default_factory=list,
+        help="training text files of the text task; the command line's default is the shipped corpus",
+        cli_default=None,
+    )
     text_len: int = option(64, "tokens per text sample", min=1)
     text_max_chars: int = option(0, "read at most this many characters per file (0 = all)")
-    tokenizer_dir: str = option("", "checkpoint whose tokenizer the text task uses; the command line's default is the "
-                                "shipped backbone", flag="--backbone", cli_default=None, metavar="DIR")
+    tokenizer_dir: str = option(
+        "",
+        "checkpoint whose tokenizer the text task uses; the command line's default is the shipped backbone",
+        flag="--backbone",
+        cli_default=None,
+        metavar="DIR",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -46,9 +63,11 @@ class TaskConfig(CheckedConfig):
             raise ValueError("--countdown-numbers must name at least one count, e.g. 3,4")
         longest = shortest_solution(max(self.countdown_numbers))
         if self.countdown_target_len and self.countdown_target_len < longest:
-            raise ValueError(f"--countdown-len {self.countdown_target_len} cannot hold a solution "
-                             f"with {max(self.countdown_numbers)} numbers (the shortest has {longest} characters); "
-                             "use 0 for the default")
+            raise ValueError(
+                f"--countdown-len {self.countdown_target_len} cannot hold a solution "
+                f"with {max(self.countdown_numbers)} numbers (the shortest has {longest} characters); "
+                "use 0 for the default"
+            )
 
 
 def build_task(cfg: TaskConfig, run_dir: Path | None = None, seed: int = 0, for_training: bool = True):

@@ -5,6 +5,7 @@ candidate bitmask per cell (bit ``d-1`` set = digit ``d`` possible), propagates 
 to a fixpoint and branches on the cell with the fewest candidates; it counts solutions up to a limit, so
 ``count_solutions(p, 2) == 1`` is the uniqueness test used by the generator.
 """
+
 from __future__ import annotations
 
 import functools
@@ -54,9 +55,7 @@ def geometry(box_rows: int = 3, box_cols: int = 3) -> Geometry:
         for bc in range(0, n, box_cols):
             boxes.append(tuple((br + r) * n + bc + c for r in range(box_rows) for c in range(box_cols)))
     units = tuple(rows + cols + boxes)
-    peers = tuple(
-        tuple(sorted({p for unit in units if cell in unit for p in unit} - {cell})) for cell in range(n * n)
-    )
+    peers = tuple(tuple(sorted({p for unit in units if cell in unit for p in unit} - {cell})) for cell in range(n * n))
     return Geometry(box_rows, box_cols, units, peers)
 
 
@@ -171,7 +170,9 @@ def propagate_singles(cands: list[int], geo: Geometry) -> bool:
     return True
 
 
-def _search(cands: list[int], geo: Geometry, limit: int, found: list[tuple[int, ...]], rng: random.Random | None) -> None:
+def _search(
+    cands: list[int], geo: Geometry, limit: int, found: list[tuple[int, ...]], rng: random.Random | None
+) -> None:
     if not propagate_singles(cands, geo):
         return
     best, best_count = -1, geo.n + 1
@@ -195,7 +196,9 @@ def _search(cands: list[int], geo: Geometry, limit: int, found: list[tuple[int, 
             return
 
 
-def solve_all(grid: tuple[int, ...], geo: Geometry | None = None, limit: int = 2, rng: random.Random | None = None) -> list[tuple[int, ...]]:
+def solve_all(
+    grid: tuple[int, ...], geo: Geometry | None = None, limit: int = 2, rng: random.Random | None = None
+) -> list[tuple[int, ...]]:
     """Up to ``limit`` solutions of ``grid`` (empty list = no solution, e.g. contradictory givens)."""
     geo = geo or geometry_for_size(len(grid))
     if limit < 1:
@@ -228,7 +231,9 @@ def random_solution(rng: random.Random, geo: Geometry) -> tuple[int, ...]:
     return solve_all(tuple([0] * geo.cells), geo, limit=1, rng=rng)[0]
 
 
-def random_symmetry(puzzle: tuple[int, ...], solution: tuple[int, ...], rng: random.Random, geo: Geometry) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def random_symmetry(
+    puzzle: tuple[int, ...], solution: tuple[int, ...], rng: random.Random, geo: Geometry
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Apply one random validity-preserving symmetry to a puzzle and its solution.
 
     Digit relabelling, row permutations inside bands, band permutations, the same for columns and

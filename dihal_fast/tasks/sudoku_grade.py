@@ -5,6 +5,7 @@ candidates, naked/hidden pairs and triples, X-wing or XY-wing), ``search`` (thos
 trial and error is needed). Training on ``singles`` and testing on the others makes "hard" mean
 "strategies absent from the training mix".
 """
+
 from __future__ import annotations
 
 import itertools
@@ -21,7 +22,12 @@ from dihal_fast.tasks.sudoku import (
 
 GRADES = ("singles", "advanced", "search")
 # The difficulties a training pool can ask for, and the grades each accepts.
-DIFFICULTIES = {"singles": ("singles",), "advanced": ("advanced",), "search": ("search",), "hard": ("advanced", "search")}
+DIFFICULTIES = {
+    "singles": ("singles",),
+    "advanced": ("advanced",),
+    "search": ("search",),
+    "hard": ("advanced", "search"),
+}
 
 
 def _bits(mask: int) -> list[int]:
@@ -179,7 +185,9 @@ def _remove_clues(solution: tuple[int, ...], rng: random.Random, geo: Geometry, 
     return tuple(puzzle)
 
 
-def generate(rng: random.Random, geo: Geometry, difficulty: str = "singles", max_tries: int = 200) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def generate(
+    rng: random.Random, geo: Geometry, difficulty: str = "singles", max_tries: int = 200
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """A ``(puzzle, solution)`` pair with a unique solution and the requested grade.
 
     ``singles``: clues removed while singles still solve it (unique by construction).
@@ -192,5 +200,7 @@ def generate(rng: random.Random, geo: Geometry, difficulty: str = "singles", max
         puzzle = _remove_clues(solution, rng, geo, keep_singles=difficulty == "singles")
         if grade(puzzle, geo)[0] in DIFFICULTIES[difficulty]:
             return puzzle, solution
-    raise ValueError(f"no {difficulty!r} {geo.n}x{geo.n} puzzle in {max_tries} tries; this grid size may not have any "
-                     "(choose an easier difficulty or a larger box)")
+    raise ValueError(
+        f"no {difficulty!r} {geo.n}x{geo.n} puzzle in {max_tries} tries; this grid size may not have any "
+        "(choose an easier difficulty or a larger box)"
+    )

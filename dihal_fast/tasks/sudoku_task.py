@@ -1,4 +1,5 @@
 """Sudoku as a token task: context = the puzzle (0 = empty), target = the solution's digits minus one."""
+
 from __future__ import annotations
 
 import logging
@@ -52,9 +53,11 @@ def generate_pool(geo: Geometry, count: int, difficulty: str, seed: int, cache: 
             puzzle, solution = generate(rng, geo, difficulty)
             misses = misses + 1 if puzzle in seen else 0
             if misses >= POOL_PATIENCE:
-                raise ValueError(f"only {len(pool)} distinct {difficulty} {geo.n}x{geo.n} puzzles found ({POOL_PATIENCE} "
-                                 f"draws in a row gave no new one); lower --sudoku-pool to at most {len(pool)} or use a "
-                                 "larger box")
+                raise ValueError(
+                    f"only {len(pool)} distinct {difficulty} {geo.n}x{geo.n} puzzles found ({POOL_PATIENCE} "
+                    f"draws in a row gave no new one); lower --sudoku-pool to at most {len(pool)} or use a "
+                    "larger box"
+                )
             if puzzle not in seen:
                 seen.add(puzzle)
                 pool.append((puzzle, solution))
@@ -65,7 +68,9 @@ def generate_pool(geo: Geometry, count: int, difficulty: str, seed: int, cache: 
 
 
 def checked_pool(data: object, geo: Geometry, count: int, path: Path) -> list[Pair]:
-    """The pool saved in ``path``, or a ``ValueError`` naming it unless it holds ``count`` valid puzzle/solution pairs."""
+    """The pool saved in ``path``, or a ``ValueError`` naming it unless it holds ``count`` valid puzzle/solution
+    pairs."""
+
     def bad(what: str) -> ValueError:
         return ValueError(f"puzzle pool {path} is damaged: {what}; delete it to generate the pool again")
 
@@ -74,8 +79,14 @@ def checked_pool(data: object, geo: Geometry, count: int, path: Path) -> list[Pa
         raise bad(f"expected a list of {count} [puzzle, solution] pairs, got {found}")
     pool = []
     for index, entry in enumerate(data):
-        if not (isinstance(entry, list) and len(entry) == 2 and all(
-                isinstance(grid, list) and len(grid) == geo.cells and all(type(v) is int for v in grid) for grid in entry)):
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and all(
+                isinstance(grid, list) and len(grid) == geo.cells and all(type(v) is int for v in grid)
+                for grid in entry
+            )
+        ):
             raise bad(f"entry {index} is not a pair of {geo.cells}-cell integer grids")
         puzzle, solution = tuple(entry[0]), tuple(entry[1])
         if any(not 0 <= v <= geo.n for v in puzzle) or not is_valid_solution(puzzle, solution, geo):
@@ -92,13 +103,22 @@ class SudokuTask:
         n = self.geo.n
         cells = range(self.geo.cells)
         groups = (tuple(c // n for c in cells), tuple(c % n for c in cells), tuple(self.geo.box_of(c) for c in cells))
-        self.spec = TaskSpec("sudoku", target_vocab=n, target_len=n * n, context_vocab=n + 1, context_len=n * n,
-                             aligned=True, slot_groups=groups)
+        self.spec = TaskSpec(
+            "sudoku",
+            target_vocab=n,
+            target_len=n * n,
+            context_vocab=n + 1,
+            context_len=n * n,
+            aligned=True,
+            slot_groups=groups,
+        )
         self.pool = pool or []
 
     def encode(self, puzzle: tuple[int, ...], solution: tuple[int, ...] | None = None) -> tuple[list[int], list[int]]:
         if len(puzzle) != self.geo.cells:
-            raise ValueError(f"this model solves {self.geo.n}x{self.geo.n} Sudoku ({self.geo.cells} cells), got {len(puzzle)} cells")
+            raise ValueError(
+                f"this model solves {self.geo.n}x{self.geo.n} Sudoku ({self.geo.cells} cells), got {len(puzzle)} cells"
+            )
         target = [v - 1 for v in solution] if solution is not None else [0] * self.geo.cells
         return list(puzzle), target
 
@@ -119,8 +139,11 @@ class SudokuTask:
         ``blank_cells``: share of empty cells filled correctly."""
         puzzle, solution = example.payload
         grid = self.grid(target)
-        return {"correct": grid == tuple(solution), "valid": is_valid_solution(puzzle, grid, self.geo),
-                "blank_cells": blank_cell_accuracy(puzzle, solution, grid)}
+        return {
+            "correct": grid == tuple(solution),
+            "valid": is_valid_solution(puzzle, grid, self.geo),
+            "blank_cells": blank_cell_accuracy(puzzle, solution, grid),
+        }
 
     def render(self, target: list[int]) -> str:
         return format_grid(self.grid(target), pretty=True, geo=self.geo)

@@ -1,4 +1,5 @@
 """Unconditional text: fixed-length windows of a tokenised corpus (the shipped backbone's tokenizer)."""
+
 from __future__ import annotations
 
 import logging

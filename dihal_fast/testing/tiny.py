@@ -4,6 +4,7 @@ Phi3, GPT-NeoX) with a real tokenizer.
 They load with ``AutoModelForCausalLM.from_pretrained(dir)`` / ``AutoTokenizer.from_pretrained(dir)``
 offline, like any user checkpoint, so tests exercise the real loading path.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -66,7 +67,9 @@ def make_tiny_checkpoint(
         raise ValueError(f"family must be one of {FAMILIES + MORE_FAMILIES}, got {family!r}")
     tokenizer = make_tiny_tokenizer(vocab_size)
     vocab = len(tokenizer)
-    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    ids = dict(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     common = dict(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -88,10 +91,19 @@ def make_tiny_checkpoint(
     elif family in ("gemma", "gemma2"):
         config = (GemmaConfig if family == "gemma" else Gemma2Config)(**common, head_dim=hidden // heads)
     elif family == "gpt_neox":
-        config = GPTNeoXConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=n_layers,
-                               num_attention_heads=heads, max_position_embeddings=max_positions, **ids)
+        config = GPTNeoXConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=n_layers,
+            num_attention_heads=heads,
+            max_position_embeddings=max_positions,
+            **ids,
+        )
     else:
-        config = GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=n_layers, n_head=heads, n_positions=max_positions, **ids)
+        config = GPT2Config(
+            vocab_size=vocab, n_embd=hidden, n_layer=n_layers, n_head=heads, n_positions=max_positions, **ids
+        )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     out = Path(out_dir)

@@ -5,6 +5,7 @@ per step, configs) with :class:`~dihal_fast.train.settings.LoopSettings`, and ca
 :func:`~dihal_fast.train.trainer.fit`: plain-torch or DeepSpeed ZeRO engine, one LR schedule, one EMA,
 one checkpoint layout, the JSONL log, exact resume and time budgets.
 """
+
 from dihal_fast.train.settings import LoopSettings, lr_factor
 from dihal_fast.train.trainer import TrainingJob, TrainingRun, fit
 

@@ -15,6 +15,7 @@ A checkpoint is written into a hidden temporary folder and renamed when complete
 previous one intact; resuming checks everything it can before any training starts. Nothing is pickled:
 tensors are safetensors, the rest JSON (the optimizer state goes through ``torch.load(weights_only=True)``).
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,10 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         found = sorted(p.name for p in root.glob("step_*") if p.is_dir())
         newest = f"the newest checkpoint folder there is {found[-1]}" if found else "there is no checkpoint folder"
         problem = "is empty" if not name else f"holds {name[:40]!r}"
-        raise ValueError(f"{pointer} {problem} instead of a checkpoint folder name (step_NNNNNNNN; {newest}); "
-                         "the run directory is damaged")
+        raise ValueError(
+            f"{pointer} {problem} instead of a checkpoint folder name (step_NNNNNNNN; {newest}); "
+            "the run directory is damaged"
+        )
     path = root / name
     if not path.is_dir():
         raise ValueError(f"{pointer} names {path.name}, which does not exist; the run directory is damaged")
@@ -64,8 +67,9 @@ def checkpoint_state(path: Path) -> dict:
     return read_json(path / "state.json", "checkpoint state")
 
 
-def check_resumable(path: Path, configs: dict[str, dict], resumable: Iterable[str], engine_kind: str, world_size: int,
-                    steps: int) -> int:
+def check_resumable(
+    path: Path, configs: dict[str, dict], resumable: Iterable[str], engine_kind: str, world_size: int, steps: int
+) -> int:
     """Validate a checkpoint against this run before anything is built; returns its step.
 
     ``configs`` are this run's configs by file name; a field that differs from the saved one refuses the
@@ -76,26 +80,41 @@ def check_resumable(path: Path, configs: dict[str, dict], resumable: Iterable[st
     for name, config in configs.items():
         saved = read_json(path / name, "checkpoint config")
         if not isinstance(saved, dict):
-            raise ValueError(f"checkpoint config {path / name} holds a JSON {type(saved).__name__}, not an object; "
-                             "the checkpoint is damaged")
+            raise ValueError(
+                f"checkpoint config {path / name} holds a JSON {type(saved).__name__}, not an object; "
+                "the checkpoint is damaged"
+            )
         differing = sorted(k for k in set(saved) | set(config) if k not in allowed and saved.get(k) != config.get(k))
         if differing:
             sections = [k for k in differing if isinstance(config.get(k), dict)]
             which = f" (a different {' and '.join(sections)} configuration)" if sections else ""
             saved_sections = {k: saved[k] if isinstance(saved.get(k), dict) else {} for k in sections}
-            fields = [f"{k}.{f}" for k in sections for f in sorted(set(saved_sections[k]) | set(config[k]))
-                      if saved_sections[k].get(f) != config[k].get(f)]
-            raise ValueError(f"checkpoint {path} was written with different settings for {fields or differing}{which}; "
-                             "resume with the same settings or start a new --out directory")
+            fields = [
+                f"{k}.{f}"
+                for k in sections
+                for f in sorted(set(saved_sections[k]) | set(config[k]))
+                if saved_sections[k].get(f) != config[k].get(f)
+            ]
+            raise ValueError(
+                f"checkpoint {path} was written with different settings for {fields or differing}{which}; "
+                "resume with the same settings or start a new --out directory"
+            )
     if state.get("engine") != engine_kind:
-        raise ValueError(f"checkpoint {path} was written by the {state.get('engine')!r} engine, this run uses {engine_kind!r}")
+        raise ValueError(
+            f"checkpoint {path} was written by the {state.get('engine')!r} engine, this run uses {engine_kind!r}"
+        )
     if state.get("world_size") != world_size:
-        raise ValueError(f"checkpoint {path} was written by {state.get('world_size')} processes; resume with the same number, not {world_size}")
+        raise ValueError(
+            f"checkpoint {path} was written by {state.get('world_size')} processes; resume with the same number, not "
+            f"{world_size}"
+        )
     if not isinstance(state.get("step"), int) or not 0 < state["step"] <= steps:
         raise ValueError(f"checkpoint {path} has step {state.get('step')!r}, outside 1..{steps} (--steps)")
     if not (path / WEIGHTS).exists() and (path / "engine" / "trainable.safetensors").exists():
-        raise ValueError(f"checkpoint {path} was written by an earlier dihal_fast (weights in engine/trainable.safetensors); "
-                         "this version cannot resume it: train again into a new --out")
+        raise ValueError(
+            f"checkpoint {path} was written by an earlier dihal_fast (weights in engine/trainable.safetensors); "
+            "this version cannot resume it: train again into a new --out"
+        )
     for name in (WEIGHTS, "engine"):
         if not (path / name).exists():
             raise ValueError(f"checkpoint {path} is incomplete: {name} is missing")
@@ -108,7 +127,10 @@ def _rng_state() -> tuple[dict, dict]:
         tensors.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     python = random.getstate()
-    return tensors, {"numpy": [kind, keys.tolist(), pos, has_gauss, cached], "python": [python[0], list(python[1]), python[2]]}
+    return tensors, {
+        "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
+        "python": [python[0], list(python[1]), python[2]],
+    }
 
 
 def _set_rng_state(tensors: dict, plain: dict) -> None:
@@ -121,8 +143,16 @@ def _set_rng_state(tensors: dict, plain: dict) -> None:
     random.setstate((version, tuple(state), gauss))
 
 
-def save_checkpoint(run_dir: Path, step: int, engine, ema: EMA | None, configs: dict[str, dict], keep: int,
-                    elapsed_s: float = 0.0, stream: tuple[dict, dict[str, torch.Tensor]] = ({}, {})) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    engine,
+    ema: EMA | None,
+    configs: dict[str, dict],
+    keep: int,
+    elapsed_s: float = 0.0,
+    stream: tuple[dict, dict[str, torch.Tensor]] = ({}, {}),
+) -> Path:
     """Write checkpoint ``step`` (collective under DeepSpeed), point ``latest`` at it, prune all but ``keep``."""
     root = checkpoints_dir(run_dir)
     name = f"step_{step:08d}"
@@ -144,8 +174,15 @@ def save_checkpoint(run_dir: Path, step: int, engine, ema: EMA | None, configs: 
     return final
 
 
-def _write_checkpoint(tmp: Path, step: int, engine, ema: EMA | None, configs: dict[str, dict], elapsed_s: float,
-                      stream: tuple[dict, dict[str, torch.Tensor]]) -> None:
+def _write_checkpoint(
+    tmp: Path,
+    step: int,
+    engine,
+    ema: EMA | None,
+    configs: dict[str, dict],
+    elapsed_s: float,
+    stream: tuple[dict, dict[str, torch.Tensor]],
+) -> None:
     """Fill the fresh folder ``tmp`` with checkpoint ``step`` (see the module docstring)."""
     engine.save(tmp / "engine")
     with engine.full_parameters() as named:
@@ -162,8 +199,10 @@ def _write_checkpoint(tmp: Path, step: int, engine, ema: EMA | None, configs: di
         save_file({k: v.contiguous() for k, v in stream_tensors.items()}, str(tmp / "stream.safetensors"))
         for file_name, config in configs.items():
             atomic_write_json(tmp / file_name, config)
-        atomic_write_json(tmp / "state.json", {"step": step, "engine": engine.kind, "world_size": engine.world_size,
-                                               "elapsed_s": elapsed_s})
+        atomic_write_json(
+            tmp / "state.json",
+            {"step": step, "engine": engine.kind, "world_size": engine.world_size, "elapsed_s": elapsed_s},
+        )
 
 
 def load_weights(path: Path, use_ema: bool = False) -> dict[str, torch.Tensor]:
@@ -181,7 +220,9 @@ def load_checkpoint(path: Path, engine, ema: EMA | None) -> tuple[int, dict, tup
     with engine.full_parameters() as named, torch.no_grad():
         names = [n for n, _ in named]
         if sorted(weights) != sorted(names) or any(weights[n].shape != p.shape for n, p in named):
-            raise ValueError(f"checkpoint {path} holds parameters {sorted(weights)[:4]}..., not this run's {names[:4]}...")
+            raise ValueError(
+                f"checkpoint {path} holds parameters {sorted(weights)[:4]}..., not this run's {names[:4]}..."
+            )
         for n, p in named:
             p.copy_(weights[n])
     engine.load(path / "engine")
@@ -192,8 +233,12 @@ def load_checkpoint(path: Path, engine, ema: EMA | None) -> tuple[int, dict, tup
     try:
         _set_rng_state(tensors, plain)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError, OverflowError) as exc:  # wrong types or sizes
-        raise ValueError(f"the random state in {path}/rng_rank{engine.rank}.* is damaged ({type(exc).__name__}: "
-                         f"{exc}); resume from another checkpoint or train into a new --out") from None
-    stream = (load_checked(path / "stream.json", lambda p: json.loads(p.read_text())),
-              load_checked(path / "stream.safetensors", lambda p: load_file(str(p))))
+        raise ValueError(
+            f"the random state in {path}/rng_rank{engine.rank}.* is damaged ({type(exc).__name__}: "
+            f"{exc}); resume from another checkpoint or train into a new --out"
+        ) from None
+    stream = (
+        load_checked(path / "stream.json", lambda p: json.loads(p.read_text())),
+        load_checked(path / "stream.safetensors", lambda p: load_file(str(p))),
+    )
     return state["step"], state, stream

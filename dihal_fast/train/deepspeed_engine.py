@@ -6,6 +6,7 @@ shared-memory communication op is switched off too; gloo carries CPU collectives
 checked before anything starts: asking for a GPU-only feature on a CPU machine, an optimizer or scheduler
 section (this trainer owns both), or batch settings that contradict the loop settings are clear errors.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,7 +43,9 @@ def world_size_from_env() -> int:
 
 def load_deepspeed_config(path: str | os.PathLike, settings: LoopSettings, cuda: bool | None = None) -> dict:
     """Read and check a DeepSpeed JSON config; returns it with the batch/clipping keys filled in."""
-    return check_deepspeed_config(read_json(path, "DeepSpeed config"), settings, torch.cuda.is_available() if cuda is None else cuda, str(path))
+    return check_deepspeed_config(
+        read_json(path, "DeepSpeed config"), settings, torch.cuda.is_available() if cuda is None else cuda, str(path)
+    )
 
 
 def check_deepspeed_config(ds: dict, settings: LoopSettings, cuda: bool, name: str = "DeepSpeed config") -> dict:
@@ -52,8 +55,10 @@ def check_deepspeed_config(ds: dict, settings: LoopSettings, cuda: bool, name: s
     ds = copy.deepcopy(ds)
     for section in ("optimizer", "scheduler"):
         if section in ds:
-            raise ValueError(f"{name} has an {section!r} section; remove it: dihal passes a torch AdamW and its own "
-                             "warm-up/cosine schedule (set --lr, --warmup-steps), so no DeepSpeed op needs compiling")
+            raise ValueError(
+                f"{name} has an {section!r} section; remove it: dihal passes a torch AdamW and its own "
+                "warm-up/cosine schedule (set --lr, --warmup-steps), so no DeepSpeed op needs compiling"
+            )
     zero = ds.get("zero_optimization", {})
     stage = zero.get("stage", 0)
     if stage not in (0, 1, 2, 3):
@@ -71,10 +76,12 @@ def check_deepspeed_config(ds: dict, settings: LoopSettings, cuda: bool, name: s
     for key, value in expected.items():
         given = ds.get(key, "auto")
         if given != "auto" and given != value:
-            raise ValueError(f"{name}: {key} = {given!r} contradicts the training settings ({value!r}: --batch-size "
-                             f"{settings.batch_size} per process x --grad-accum-steps {accum} x {world} processes, "
-                             f"--grad-clip {settings.grad_clip}); set those options instead, or remove the key or set it "
-                             "to \"auto\"")
+            raise ValueError(
+                f"{name}: {key} = {given!r} contradicts the training settings ({value!r}: --batch-size "
+                f"{settings.batch_size} per process x --grad-accum-steps {accum} x {world} processes, "
+                f"--grad-clip {settings.grad_clip}); set those options instead, or remove the key or set it "
+                'to "auto"'
+            )
         ds[key] = value
     ds.setdefault("steps_per_print", 10**9)
     return ds
@@ -83,16 +90,20 @@ def check_deepspeed_config(ds: dict, settings: LoopSettings, cuda: bool, name: s
 def _reject_gpu_only(ds: dict, zero: dict, name: str) -> None:
     """Raise for features that need a GPU (or a compiled op) when the machine has none."""
     if ds.get("fp16", {}).get("enabled", False) in (True, "auto"):
-        raise ValueError(f"{name} enables fp16, whose dynamic loss scaling needs a CUDA GPU; this machine has none "
-                         "(use \"bf16\": {\"enabled\": true} or full precision on CPU)")
+        raise ValueError(
+            f"{name} enables fp16, whose dynamic loss scaling needs a CUDA GPU; this machine has none "
+            '(use "bf16": {"enabled": true} or full precision on CPU)'
+        )
     if ds.get("amp", {}).get("enabled", False):
         raise ValueError(f"{name} enables apex AMP, which needs a CUDA GPU; this machine has none")
     for key in ("offload_optimizer", "offload_param"):
         device = zero.get(key, {}).get("device", "none")
         if device not in (None, "none"):
-            raise ValueError(f"{name}: zero_optimization.{key}.device = {device!r} offloads GPU memory "
-                             f"({'to NVMe through the compiled async_io op' if device == 'nvme' else 'to the host'}); "
-                             "this machine has no GPU, so remove the offload section")
+            raise ValueError(
+                f"{name}: zero_optimization.{key}.device = {device!r} offloads GPU memory "
+                f"({'to NVMe through the compiled async_io op' if device == 'nvme' else 'to the host'}); "
+                "this machine has no GPU, so remove the offload section"
+            )
 
 
 @contextlib.contextmanager
@@ -108,7 +119,13 @@ def distributed_session(cuda: bool) -> Iterator[tuple[int, int]]:
 
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # never JIT-compile a DeepSpeed op
     launcher_env()  # srun without torchrun: RANK/WORLD_SIZE/... from SLURM's variables
-    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": DEFAULT_MASTER_ADDR, "MASTER_PORT": None}
+    defaults = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": DEFAULT_MASTER_ADDR,
+        "MASTER_PORT": None,
+    }
     added = [key for key in defaults if key not in os.environ]
     for key in added:
         os.environ[key] = defaults[key] or str(_free_port())
@@ -134,7 +151,11 @@ def _forget_deepspeed_groups() -> None:
     from deepspeed.utils import groups
 
     for name, value in list(vars(groups).items()):
-        if name.startswith("_") and name[1:].isupper() and (value is None or isinstance(value, dict) or isinstance(value, dist.ProcessGroup)):
+        if (
+            name.startswith("_")
+            and name[1:].isupper()
+            and (value is None or isinstance(value, dict) or isinstance(value, dist.ProcessGroup))
+        ):
             setattr(groups, name, {} if isinstance(value, dict) else None)
 
 
@@ -153,7 +174,11 @@ class DeepSpeedEngine:
         named = trainable_parameters(objective)
         optimizer, scheduler = make_optimizer(named, settings)
         self.engine, _, _, self.scheduler = deepspeed.initialize(
-            model=objective, optimizer=optimizer, lr_scheduler=scheduler, model_parameters=[p for _, p in named], config=ds_config,
+            model=objective,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            model_parameters=[p for _, p in named],
+            config=ds_config,
         )
         self.module = self.engine.module
         self.named = trainable_parameters(self.module)
@@ -195,12 +220,18 @@ class DeepSpeedEngine:
 
     def load(self, directory: Path) -> None:
         if not (directory / _TAG).is_dir():
-            raise ValueError(f"checkpoint {directory} holds no DeepSpeed state ({directory / _TAG} missing); "
-                             "was it written by a plain-torch run?")
+            raise ValueError(
+                f"checkpoint {directory} holds no DeepSpeed state ({directory / _TAG} missing); "
+                "was it written by a plain-torch run?"
+            )
         try:
-            path, _ = self.engine.load_checkpoint(str(directory), tag=_TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+            path, _ = self.engine.load_checkpoint(
+                str(directory), tag=_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+            )
         except Exception as exc:  # DeepSpeed raises many types for damaged or mismatched files
-            raise ValueError(f"DeepSpeed checkpoint {directory} is corrupt or does not fit this run: {type(exc).__name__}: {exc}") from None
+            raise ValueError(
+                f"DeepSpeed checkpoint {directory} is corrupt or does not fit this run: {type(exc).__name__}: {exc}"
+            ) from None
         if path is None:
             raise ValueError(f"DeepSpeed could not load a checkpoint from {directory}")
 

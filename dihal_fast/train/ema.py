@@ -1,4 +1,5 @@
 """Exponential moving average of the trainable parameters (the weights that get exported)."""
+
 from __future__ import annotations
 
 import torch

@@ -8,6 +8,7 @@ engine's optimizer state, ``full_parameters()`` yields the trainable parameters 
 (ZeRO-3 gathers them), ``barrier()`` waits for the other processes. The weights themselves are written
 by :mod:`dihal_fast.train.checkpoint`, the same way for both engines.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,14 +21,17 @@ from torch import nn
 from dihal_fast.train.settings import LoopSettings, lr_factor
 
 
-def make_optimizer(named: list[tuple[str, nn.Parameter]], settings: LoopSettings
-                   ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def make_optimizer(
+    named: list[tuple[str, nn.Parameter]], settings: LoopSettings
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """Torch AdamW (no compiled op needed anywhere) and the warm-up + cosine schedule of :func:`lr_factor`."""
     parameters = [p for _, p in named]
     groups: list = parameters
     if settings.decay_matrices_only:
-        groups = [{"params": [p for p in parameters if p.ndim >= 2], "weight_decay": settings.weight_decay},
-                  {"params": [p for p in parameters if p.ndim < 2], "weight_decay": 0.0}]
+        groups = [
+            {"params": [p for p in parameters if p.ndim >= 2], "weight_decay": settings.weight_decay},
+            {"params": [p for p in parameters if p.ndim < 2], "weight_decay": 0.0},
+        ]
     optimizer = torch.optim.AdamW(groups, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, settings))
 
@@ -87,7 +91,10 @@ class TorchEngine:
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, directory / "optimizer.pt")
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+            directory / "optimizer.pt",
+        )
 
     def load(self, directory: Path) -> None:
         state = load_checked(directory / "optimizer.pt", lambda p: torch.load(p, map_location="cpu", weights_only=True))

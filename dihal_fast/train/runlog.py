@@ -1,4 +1,5 @@
 """The training log: one JSON object per line (``log.jsonl``) and a loss-curve PNG drawn from it."""
+
 from __future__ import annotations
 
 import io

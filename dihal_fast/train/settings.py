@@ -4,6 +4,7 @@ Each family (backbone, bridge, HC-DLM) keeps its own config dataclass, saved nex
 and maps it onto :class:`LoopSettings` with a ``loop_settings()`` method; the loop, the engines, the
 EMA and the checkpoints read only these fields.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,10 @@ class LoopSettings:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0 or self.warmup_steps < 0 or not 0.0 <= self.lr_floor <= 1.0:
-            raise ValueError(f"need lr > 0, warmup_steps >= 0 and 0 <= lr_floor <= 1; got {self.lr}, {self.warmup_steps}, {self.lr_floor}")
+            raise ValueError(
+                f"need lr > 0, warmup_steps >= 0 and 0 <= lr_floor <= 1; got {self.lr}, {self.warmup_steps}, "
+                f"{self.lr_floor}"
+            )
         if self.weight_decay < 0 or self.grad_clip < 0 or self.max_minutes < 0:
             raise ValueError("weight_decay, grad_clip and max_minutes must be >= 0")
         if not 0.0 <= self.ema_decay < 1.0:

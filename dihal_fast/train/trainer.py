@@ -6,6 +6,7 @@ schedule, gradient clipping, the EMA, the JSONL log, checkpoints and exact resum
 budget (wall-clock or process CPU time, for equal-time comparisons), thread governance on shared
 machines, the progress bar, NVTX ranges, and a clean stop on SIGTERM (the last checkpoint is kept).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -117,7 +118,9 @@ def prepare_deepspeed(deepspeed_config: str | os.PathLike | None, settings: Loop
         return load_deepspeed_config(deepspeed_config, settings), world_size_from_env()
     world = launcher_env().world_size
     if world > 1:
-        raise ValueError(f"launched with WORLD_SIZE={world} but without --deepspeed; multi-process training uses DeepSpeed")
+        raise ValueError(
+            f"launched with WORLD_SIZE={world} but without --deepspeed; multi-process training uses DeepSpeed"
+        )
     return None, 1
 
 
@@ -135,20 +138,32 @@ def training_session(ds_config: dict | None, settings: LoopSettings) -> Iterator
         yield rank, world, f"cuda:{launcher_env().local_rank}" if cuda else str(resolve_device(settings.device))
 
 
-def resume_point(run_dir: Path, configs: dict[str, dict], resumable: Iterable[str], steps: int, ds_config: dict | None,
-                 world_size: int, resume: bool | None) -> Path | None:
+def resume_point(
+    run_dir: Path,
+    configs: dict[str, dict],
+    resumable: Iterable[str],
+    steps: int,
+    ds_config: dict | None,
+    world_size: int,
+    resume: bool | None,
+) -> Path | None:
     """The checkpoint to continue from, checked against this run's ``configs`` and engine (DeepSpeed when
     ``ds_config`` is given, as in :func:`make_engine`; see :func:`~dihal_fast.train.checkpoint.check_resumable`);
     ``resume=None`` continues whenever one exists. Needs no job, so a family can call it before it loads any weights."""
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is not None and resume is False:
-        raise ValueError(f"{run_dir} already holds a training run (checkpoint {checkpoint.name}); pass --resume to continue it or use a new --out")
+        raise ValueError(
+            f"{run_dir} already holds a training run (checkpoint {checkpoint.name}); pass --resume to continue it or "
+            "use a new --out"
+        )
     if checkpoint is None:
         if resume:
             logger.info("--resume: no checkpoint in %s yet, starting at step 0", run_dir)
         return None
     configs = {name: _without_later_defaults(config, checkpoint / name) for name, config in configs.items()}
-    check_resumable(checkpoint, configs, resumable, "deepspeed" if ds_config is not None else "torch", world_size, steps)
+    check_resumable(
+        checkpoint, configs, resumable, "deepspeed" if ds_config is not None else "torch", world_size, steps
+    )
     return checkpoint
 
 
@@ -161,13 +176,17 @@ def _without_later_defaults(config: dict, saved_path: Path) -> dict:
     if not saved_path.is_file():
         return config  # check_resumable names the missing file
     saved = read_json(saved_path, "checkpoint config")
-    return {k: v for k, v in config.items()
-            if not (k in LATER_FIELDS and isinstance(saved, dict) and k not in saved and v == LATER_FIELDS[k])}
+    return {
+        k: v
+        for k, v in config.items()
+        if not (k in LATER_FIELDS and isinstance(saved, dict) and k not in saved and v == LATER_FIELDS[k])
+    }
 
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (``kill PID``) raises KeyboardInterrupt, so that a run stops between steps, keeping its checkpoint."""
+
     def handler(signum, frame):
         raise KeyboardInterrupt
 
@@ -182,8 +201,14 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def fit(job: TrainingJob, run_dir: str | os.PathLike, ds_config: dict | None = None, checkpoint: Path | None = None,
-        stop_at: int | None = None, progress: bool = True) -> TrainingRun:
+def fit(
+    job: TrainingJob,
+    run_dir: str | os.PathLike,
+    ds_config: dict | None = None,
+    checkpoint: Path | None = None,
+    stop_at: int | None = None,
+    progress: bool = True,
+) -> TrainingRun:
     """Train ``job`` in ``run_dir`` from ``checkpoint`` (see :func:`resume_point`) up to its ``steps``,
     its time budget, or ``stop_at`` optimizer steps (as if interrupted, with a checkpoint)."""
     settings, run_dir = job.settings, Path(run_dir)
@@ -207,7 +232,9 @@ def fit(job: TrainingJob, run_dir: str | os.PathLike, ds_config: dict | None = N
         try:
             _loop(job, run, end, progress)
         except KeyboardInterrupt:
-            logger.warning("interrupted at step %d; the last checkpoint in %s is kept (rerun to resume)", run.step, run_dir)
+            logger.warning(
+                "interrupted at step %d; the last checkpoint in %s is kept (rerun to resume)", run.step, run_dir
+            )
             raise
     return run
 
@@ -217,8 +244,14 @@ def _loop(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> None:
     clock: Callable[[], float] = time.process_time if settings.budget_clock == "cpu" else time.perf_counter
     budget_s = settings.max_minutes * 60
     started, saved_at = clock() - run.elapsed_s, run.step
-    bar = progress_bar(total=end, initial=run.step, desc=job.name, unit="step", disable=not progress or engine.rank != 0,
-                       dynamic_ncols=True)
+    bar = progress_bar(
+        total=end,
+        initial=run.step,
+        desc=job.name,
+        unit="step",
+        disable=not progress or engine.rank != 0,
+        dynamic_ncols=True,
+    )
     while run.step < end and not (budget_s and clock() - started >= budget_s):
         poll_threads()
         step = run.step
@@ -236,8 +269,16 @@ def _loop(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> None:
         bar.set_postfix(loss=f"{run.values['loss']:.4f}")
         extra = job.after_step(run.step, run.values, run)
         if run.log is not None and (run.step % settings.log_every == 0 or run.step == settings.steps or extra):
-            run.log.append({"step": run.step, **run.values, "lr": lr, "grad_norm": grad_norm,
-                            "elapsed_s": round(run.elapsed_s, 3), **extra})
+            run.log.append(
+                {
+                    "step": run.step,
+                    **run.values,
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "elapsed_s": round(run.elapsed_s, 3),
+                    **extra,
+                }
+            )
         if run.step % settings.checkpoint_every == 0 or run.step == end:
             _save(job, run)
             saved_at = run.step
@@ -255,8 +296,10 @@ def _accumulate(job: TrainingJob, engine, step: int) -> dict[str, float]:
         losses = engine(**job.batch(step * accum + micro, engine))
         values = {k: float(v.detach()) if isinstance(v, torch.Tensor) else float(v) for k, v in losses.items()}
         if not math.isfinite(values["loss"]):
-            raise FloatingPointError(f"non-finite loss {values['loss']} at step {step}"
-                                     f"{f' (micro-batch {micro})' if accum > 1 else ''}: {values}")
+            raise FloatingPointError(
+                f"non-finite loss {values['loss']} at step {step}"
+                f"{f' (micro-batch {micro})' if accum > 1 else ''}: {values}"
+            )
         engine.backward(losses["loss"])
         for k, v in values.items():
             totals[k] = totals.get(k, 0.0) + v
@@ -264,6 +307,14 @@ def _accumulate(job: TrainingJob, engine, step: int) -> dict[str, float]:
 
 
 def _save(job: TrainingJob, run: TrainingRun) -> None:
-    save_checkpoint(run.run_dir, run.step, run.engine, run.ema, {**job.configs, **job.derived}, job.settings.keep_checkpoints,
-                    run.elapsed_s, job.stream_state())
+    save_checkpoint(
+        run.run_dir,
+        run.step,
+        run.engine,
+        run.ema,
+        {**job.configs, **job.derived},
+        job.settings.keep_checkpoints,
+        run.elapsed_s,
+        job.stream_state(),
+    )
     job.on_checkpoint(run.step, run)

@@ -4,6 +4,7 @@ The task YAMLs name these functions as ``custom_dataset: !function dihal_local_d
 load from the installed package whatever the working directory, with no network and no dataset cache.
 Rebuild the files with ``python -m dihal_fast.evaluate.task_data`` (see ``README.md`` here).
 """
+
 from __future__ import annotations
 
 import json
