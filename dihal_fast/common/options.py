@@ -53,8 +53,10 @@ def comma_integers(text: str) -> list[int]:
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows defaults, except ``None`` ones (their help says what unset means) and those of required flags."""
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        return action.help if action.default is None or action.required else super()._get_help_string(action)
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.required:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _unwrap(hint: Any) -> tuple[Any, bool]:
@@ -88,7 +90,7 @@ def add_dataclass_options(
         if "options" in spec.metadata:
             spec.metadata["options"][0](parser)
             continue
-        if dataclasses.is_dataclass(kind):
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             add_dataclass_options(parser, kind, defaults=default)
             continue
         flags = spec.metadata.get("flag", "--" + spec.name.replace("_", "-"))
@@ -134,7 +136,7 @@ def dataclass_from_options(cls: type, args: argparse.Namespace, **given: Any) ->
         kind = _unwrap(hints[spec.name])[0]
         if "options" in spec.metadata:
             values[spec.name] = spec.metadata["options"][1](args)
-        elif dataclasses.is_dataclass(kind):
+        elif isinstance(kind, type) and dataclasses.is_dataclass(kind):
             values[spec.name] = dataclass_from_options(kind, args)
         else:
             values[spec.name] = getattr(args, spec.name)

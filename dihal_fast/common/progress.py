@@ -81,7 +81,9 @@ class PlainProgress(tqdm):
         now, tenth = time.monotonic(), self._tenth()
         final = self.disable  # close() marks the bar disabled before its last display
         due = now - self._last_line_s >= PLAIN_EVERY_S or (
-            tenth is not None and tenth > self._last_tenth and now - self._last_line_s >= PLAIN_MIN_GAP_S
+            tenth is not None
+            and (self._last_tenth is None or tenth > self._last_tenth)
+            and now - self._last_line_s >= PLAIN_MIN_GAP_S
         )
         if (final or due) and self.n != self._printed_n:
             stream = self._stream or sys.stderr

@@ -162,10 +162,10 @@ def _checked_state(state: dict[str, Any], dim: int) -> tuple[int, np.ndarray, np
         saved_dim = _state_field(state, "dim", (), dim)
         if saved_dim != dim:
             raise ValueError(f"covariance state field 'dim' is {saved_dim}, expected dim {dim}")
-    count = _state_field(state, "count", (), dim)
-    if count < 0 or count != np.floor(count) or count >= 2**63:
-        raise ValueError(f"covariance state is corrupt: field 'count' is {count}, expected a whole number >= 0")
-    count = int(count)
+    saved_count = _state_field(state, "count", (), dim)
+    if saved_count < 0 or saved_count != np.floor(saved_count) or saved_count >= 2**63:
+        raise ValueError(f"covariance state is corrupt: field 'count' is {saved_count}, expected a whole number >= 0")
+    count = int(saved_count)
     # Own, C-ordered float64 copies whatever the saved layout (the kernels update the state in place).
     mean = np.array(_state_field(state, "mean", (dim,), dim), dtype=np.float64, order="C", copy=True)
     comoment = np.array(_state_field(state, "comoment", (dim, dim), dim), dtype=np.float64, order="C", copy=True)

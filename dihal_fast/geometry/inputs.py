@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -21,7 +21,7 @@ class Matrix:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.data.shape)  # type: ignore[return-value]
+        return tuple(self.data.shape)
 
 
 def _is_torch(x: Any) -> bool:
@@ -130,6 +130,10 @@ def check_k(k: Any, n: int) -> int:
     return int(k)
 
 
+@overload
+def check_positive(value: Any, name: str, integer: Literal[False] = False) -> float: ...
+@overload
+def check_positive(value: Any, name: str, integer: Literal[True]) -> int: ...
 def check_positive(value: Any, name: str, integer: bool = False) -> float:
     """A finite positive number (an integer when ``integer``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):

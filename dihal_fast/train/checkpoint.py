@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
 from dihal_fast.common.io import replace_directory, temporary_directory
 from dihal_fast.train.ema import EMA
-from dihal_fast.train.engines import load_checked
+from dihal_fast.train.engines import Engine, load_checked
 
 WEIGHTS, EMA_WEIGHTS = "weights.safetensors", "ema.safetensors"
 
@@ -125,7 +125,8 @@ def _rng_state() -> tuple[dict, dict]:
     tensors = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         tensors.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    keys = np.asarray(keys)  # a uint32 array already; typed as a union by NumPy's stubs
     python = random.getstate()
     return tensors, {
         "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
@@ -210,7 +211,7 @@ def load_weights(path: Path, use_ema: bool = False) -> dict[str, torch.Tensor]:
     return load_checked(path / (EMA_WEIGHTS if use_ema else WEIGHTS), lambda p: load_file(str(p)))
 
 
-def load_checkpoint(path: Path, engine, ema: EMA | None) -> tuple[int, dict, tuple[dict, dict]]:
+def load_checkpoint(path: Path, engine: Engine, ema: EMA | None) -> tuple[int, dict, tuple[dict, dict]]:
     """Restore weights, engine, EMA and this rank's RNG from ``path``.
 
     Returns the step to continue from, the saved ``state.json`` and the family's stream state.

@@ -14,11 +14,39 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from dihal_fast.train.settings import LoopSettings, lr_factor
+
+
+class Engine(Protocol):
+    """What :func:`~dihal_fast.train.trainer.fit` and the checkpoints use of an engine (see the module doc)."""
+
+    kind: str
+    rank: int
+    world_size: int
+    device: torch.device
+    module: nn.Module
+
+    def __call__(self, **inputs: Any) -> Any: ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def step(self) -> float: ...
+
+    @property
+    def lr(self) -> float: ...
+
+    def full_parameters(self) -> contextlib.AbstractContextManager[list[tuple[str, nn.Parameter]]]: ...
+
+    def save(self, directory: Path) -> None: ...
+
+    def load(self, directory: Path) -> None: ...
+
+    def barrier(self) -> None: ...
 
 
 def make_optimizer(

@@ -30,7 +30,7 @@ from dihal_fast.cpu_threads import poll_threads
 from dihal_fast.profiling import nvtx_range
 from dihal_fast.train.checkpoint import check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
 from dihal_fast.train.ema import EMA
-from dihal_fast.train.engines import TorchEngine
+from dihal_fast.train.engines import Engine, TorchEngine
 from dihal_fast.train.runlog import RunLog
 from dihal_fast.train.settings import LoopSettings
 
@@ -54,7 +54,7 @@ class TrainingJob:
     derived: dict[str, dict] = {}
     resumable: frozenset[str] = frozenset()
 
-    def batch(self, step: int, engine) -> dict:
+    def batch(self, step: int, engine: Engine) -> dict:
         """Keyword inputs of the objective for micro-batch ``step`` (0-based) on ``engine.device``.
 
         Without gradient accumulation this is the optimizer step; with ``grad_accum_steps = A`` optimizer step
@@ -85,7 +85,7 @@ class TrainingJob:
 class TrainingRun:
     """The state of a run inside :func:`fit`, handed to the job's hooks and returned at the end."""
 
-    engine: object
+    engine: Engine
     ema: EMA | None
     run_dir: Path
     step: int = 0
@@ -101,7 +101,7 @@ class TrainingRun:
             return {n: p.detach().float().cpu().clone() for n, p in named}
 
 
-def make_engine(objective: nn.Module, settings: LoopSettings, ds_config: dict | None):
+def make_engine(objective: nn.Module, settings: LoopSettings, ds_config: dict | None) -> Engine:
     """A DeepSpeed engine when ``ds_config`` is given (inside :func:`training_session`), else plain torch."""
     if ds_config is None:
         return TorchEngine(objective.to(settings.device), settings)
@@ -288,7 +288,7 @@ def _loop(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> None:
         _save(job, run)
 
 
-def _accumulate(job: TrainingJob, engine, step: int) -> dict[str, float]:
+def _accumulate(job: TrainingJob, engine: Engine, step: int) -> dict[str, float]:
     """Forward and backward of optimizer step ``step``'s micro-batches; the mean of each reported value."""
     accum = job.settings.grad_accum_steps
     totals: dict[str, float] = {}
