@@ -161,21 +161,3 @@ def test_evaluate_cli_bad_input(tiny_hybrid, tiny_checkpoints, corpus, tmp_path,
     assert "tokenizer differs" in capsys.readouterr().err
     assert main(_evaluate_argv(tiny_checkpoints["llama"], corpus, tmp_path / "b", tiny_checkpoints["llama"])) == 2
     assert "not a hybrid" in capsys.readouterr().err
-
-
-def test_diffusion_lm_rounding_and_memorisation(tmp_path):
-    from dihal_fast.evaluate.diffusion_lm import DiffusionLMConfig, train_diffusion_lm
-
-    torch.manual_seed(0)
-    embedding = torch.randn(40, 16)
-    block = torch.arange(3, 15)[None]  # one 12-token sequence, repeated: the control must learn to emit it
-    config = DiffusionLMConfig(seq_len=12, width=32, steps=150, batch_size=4)
-    control = train_diffusion_lm(embedding, block.expand(8, -1), config, tmp_path / "dlm")
-    x = torch.randn(2, 12, 16)
-    want = -((x[:, :, None, :] - control.table[None, None]) ** 2).sum(-1)
-    assert torch.allclose(control.round_logits(x), want, atol=1e-3)
-    sample = control.sample(3, 12, nfe=10, generator=torch.Generator().manual_seed(0))
-    assert sample.tokens.shape == (3, 12)
-    assert (sample.tokens == block).float().mean() > 0.9
-    with pytest.raises(ValueError, match="length"):
-        control.sample(1, 13, nfe=2)

@@ -1,5 +1,6 @@
 """Evaluation of hybrids against their backbones: scoring with an evaluator LM, generation, the
-evaluation harness, the Diffusion-LM-like control, score/loss correlations and report formatting.
+evaluation harness, score/loss correlations and report formatting (the Diffusion-LM-like control is in
+:mod:`dihal_fast.controls`).
 
 The metrics (pure functions) and the float64 sampler live in the leaf modules
 :mod:`dihal_fast.common.metrics` and :mod:`dihal_fast.common.sampling`, which the models use too; their

@@ -153,22 +153,27 @@ def evaluate_hybrid(
 
 
 def _diffusion_lm_section(backbone: LoadedLM, corpus, out_dir: Path, settings: EvalSettings, evaluator, steps: int):
+    import time
+
+    from dihal_fast.controls import DiffusionLMConfig, train_diffusion_lm
     from dihal_fast.corpus import read_texts, token_blocks
-    from dihal_fast.evaluate.diffusion_lm import DiffusionLMConfig, train_diffusion_lm
+    from dihal_fast.evaluate.generation import Generation
 
     config = DiffusionLMConfig(seq_len=settings.max_new_tokens, steps=steps, seed=settings.seed)
     blocks = token_blocks(backbone.tokenizer, read_texts(corpus), config.seq_len)
     n_train = blocks.shape[0] - max(1, (settings.eval_blocks * settings.seq_len) // config.seq_len)
     if n_train < 1:
         raise ValueError("the corpus is too small to train the Diffusion-LM control outside the held-out blocks")
-    embedding = backbone.model.get_input_embeddings().weight
+    embedding = backbone.model.get_input_embeddings().weight.detach().cpu()  # the control trains on the CPU
     control = train_diffusion_lm(embedding, blocks[:n_train], config, out_dir / "diffusion_lm")
-    generation = control.sample(
+    start = time.perf_counter()
+    tokens = control.sample(
         settings.n_samples,
         settings.max_new_tokens,
         settings.nfe or config.nfe,
         torch.Generator().manual_seed(settings.seed),
     )
+    generation = Generation(tokens, time.perf_counter() - start)
     metrics_, texts = sample_metrics(generation, backbone.tokenizer, evaluator)
     unavailable = "not defined: the control has no tractable likelihood"
     return {
