@@ -18,7 +18,7 @@ from dihal_fast.backbone.baselines import best_bigram_perplexity, bigram_perplex
 from dihal_fast.backbone.config import BackboneModelConfig, BackboneTrainConfig
 from dihal_fast.backbone.corpus import read_text_file, split_tail
 from dihal_fast.backbone.data import WindowSampler
-from dihal_fast.backbone.evaluate import stream_nll
+from dihal_fast.backbone.perplexity import stream_nll
 from dihal_fast.backbone.tokenizer import encode_documents, train_tokenizer
 from dihal_fast.backbone.train import train_backbone
 from dihal_fast.cli import main

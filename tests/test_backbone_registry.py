@@ -225,7 +225,7 @@ def test_qwen3_trains_with_a_reused_tokenizer(tmp_path):
 def test_shipped_qwen3_loads_offline_and_beats_bigram(monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dihal_fast.backbone.evaluate import stream_nll
+    from dihal_fast.backbone.perplexity import stream_nll
     from dihal_fast.backbone.tokenizer import encode_documents
     from dihal_fast.common import read_json
 

@@ -1,7 +1,7 @@
 """Unigram and add-k bigram perplexity baselines on token-id streams.
 
 Both are fitted on a training stream and scored on the tokens ``eval_ids[1:]`` - exactly the tokens the
-language model predicts when it reads ``eval_ids`` (see :func:`dihal_fast.backbone.evaluate.stream_nll`).
+language model predicts when it reads ``eval_ids`` (see :func:`dihal_fast.backbone.perplexity.stream_nll`).
 """
 
 from __future__ import annotations

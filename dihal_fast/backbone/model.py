@@ -1,8 +1,9 @@
 """The backbone model: a ``LlamaForCausalLM`` or ``Qwen3ForCausalLM`` built from :class:`BackboneModelConfig`, and
-precision choice."""
+precision choice (and its autocast)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from dihal_fast.backbone.config import BackboneModelConfig
@@ -59,3 +60,12 @@ def resolve_precision(precision: str, device: str) -> str:
     if precision != "auto":
         return precision
     return "bf16" if device.startswith("cuda") or cpu_has_amx() else "fp32"
+
+
+def autocast_context(precision: str, device: str = "cpu"):
+    """bf16 autocast on ``device`` for ``precision == "bf16"``, a no-op otherwise."""
+    import torch
+
+    if precision == "bf16":
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()

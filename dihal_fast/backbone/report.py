@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from dihal_fast.backbone.baselines import best_bigram_perplexity, unigram_perplexity
-from dihal_fast.backbone.evaluate import stream_nll
+from dihal_fast.backbone.perplexity import stream_nll
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
 from dihal_fast.common.metrics import perplexity, pooled_nll
 

@@ -28,8 +28,8 @@ from torch import nn
 from dihal_fast.backbone.config import BackboneTrainConfig
 from dihal_fast.backbone.corpus import default_valid_files, read_text_file, sha256_file, split_tail
 from dihal_fast.backbone.data import WindowSampler
-from dihal_fast.backbone.evaluate import autocast_context, stream_nll
-from dihal_fast.backbone.model import build_model, resolve_precision
+from dihal_fast.backbone.model import autocast_context, build_model, resolve_precision
+from dihal_fast.backbone.perplexity import stream_nll
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json, seed_everything
 from dihal_fast.common.io import append_line, write_into
 from dihal_fast.train.checkpoint import latest_checkpoint

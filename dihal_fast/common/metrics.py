@@ -26,6 +26,9 @@ PROTOCOL = {
     "nll": "token-pooled teacher-forced NLL in nats; first token of each sequence unscored; "
     "a token is scored when it and its predecessor are unpadded",
     "ppl": "exp(token-pooled NLL)",
+    "stream_nll": "backbone reports only: token-pooled NLL in nats over a token stream cut into windows of "
+    "seq_len + 1 tokens that share one token, so every token after the first is scored once (as the unigram "
+    "and bigram baselines score them)",
     "kl": "mean over scored positions of KL(backbone || hybrid) of next-token distributions, nats",
     "entropy": "per-sample unigram entropy of the sample's evaluator token ids (nats), mean over samples",
     "diversity_dihal": "product over n=1..4 of distinct-n (unique/total n-grams pooled over samples)",
@@ -58,10 +61,14 @@ def token_nll(
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     mask = scored_mask(attention_mask)
-    losses = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), input_ids[:, 1:], reduction="none").to(
-        torch.float64
-    )
-    return (losses * mask).sum(dim=1), mask.sum(dim=1)
+    return target_nll(logits[:, :-1], input_ids[:, 1:], mask).sum(dim=1), mask.sum(dim=1)
+
+
+def target_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``-log softmax(logits)[target]`` per position (float64 ``[B, T]``, float32 softmax), 0 where ``mask`` is
+    false: the one cross-entropy of both perplexity protocols."""
+    losses = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none").to(torch.float64)
+    return losses * mask
 
 
 def pooled_nll(nll_sum: float | torch.Tensor, n_tokens: int | torch.Tensor) -> float:

@@ -1,19 +1,18 @@
-"""Held-out negative log-likelihood of a causal LM on a token stream (every token after the first, once)."""
+"""The backbone report's perplexity protocol: held-out NLL of a causal LM on a token stream, every token
+after the first predicted once (:data:`dihal_fast.common.metrics.PROTOCOL` ``"stream_nll"``).
+
+It differs from the block protocol of ``dihal evaluate`` (:func:`dihal_fast.common.metrics.token_nll`:
+fixed blocks, the first token of each block unscored) on purpose: the stream protocol scores exactly the
+tokens the unigram and bigram baselines score, so the three perplexities of a backbone report compare.
+"""
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-
-def autocast_context(precision: str, device: str = "cpu"):
-    """bf16 autocast on ``device`` for ``precision == "bf16"``, a no-op otherwise."""
-    if precision == "bf16":
-        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+from dihal_fast.backbone.model import autocast_context
+from dihal_fast.common.metrics import target_nll
 
 
 @torch.no_grad()
@@ -45,9 +44,9 @@ def stream_nll(
             inputs, targets = inputs.to(device), targets.to(device)
             with autocast_context(precision, str(device)):
                 logits = model(input_ids=inputs).logits
-            nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum")
-            total += float(nll)
-            count += int((targets != -100).sum())
+            scored = targets != -100
+            total += float(target_nll(logits, targets.clamp_min(0), scored).sum())
+            count += int(scored.sum())
     finally:
         model.train(was_training)
     return total, count
