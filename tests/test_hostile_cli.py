@@ -4,19 +4,25 @@ message. The table holds the cases the issue lists; test_hostile_configs.py gene
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
 
 import pytest
 
+from dihal_fast.backbone.config import BackboneModelConfig, BackboneTrainConfig
 from dihal_fast.cli import main
+from dihal_fast.collect.config import CollectConfig
+from dihal_fast.common.assets import default_model_dir
+from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.validation import INT_LIMIT
 from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, SampleConfig
-from dihal_fast.pipeline import LocateConfig
+from dihal_fast.pipeline import LocateConfig, ReplaceConfig
 from dihal_fast.pipeline.generate_stage import GenerateConfig
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.tasks.registry import TaskConfig
+from dihal_fast.train.settings import LoopSettings
 
 TINY = [
     "--hidden",
@@ -280,6 +286,15 @@ def test_debug_shows_the_traceback(monkeypatch):
         (lambda: GenerateConfig(nfe=0), "--nfe must be >= 1"),
         (lambda: BridgeTrainConfig(lr=1e12), "--lr must be <= 1.0"),
         (lambda: BridgeTrainConfig(device="cuda:3"), "CUDA"),
+        (lambda: ReplaceConfig(layer=0), "--layer must be >= 1"),
+        (lambda: ReplaceConfig(layer=True), "--layer must be an integer"),
+        (lambda: BackboneModelConfig(rope_theta=math.nan), "--rope-theta must be a finite number"),
+        (lambda: BackboneTrainConfig(corpus=["a.txt"], lr=1e12), "--lr must be <= 1.0"),
+        (lambda: BackboneTrainConfig(corpus=["a.txt"], grad_clip=math.nan), "--grad-clip must be a finite number"),
+        (lambda: LoopSettings(steps=1, batch_size=1, lr=math.inf, warmup_steps=0), "lr must be a finite number"),
+        (lambda: LoopSettings(steps=1, batch_size=1, lr=1.0, warmup_steps=-1), "warmup_steps must be >= 0"),
+        (lambda: CollectConfig(model="m", corpus=["c"], reservoir_size=0), "reservoir_size must be >= 1"),
+        (lambda: CollectConfig(model="m", corpus=["c"], seed=1.5), "seed must be an integer"),
     ],
 )
 def test_the_python_api_refuses_the_same_values(make, message):
@@ -298,3 +313,90 @@ def test_locate_backend_cuda_without_a_gpu_is_refused_before_the_collection(tmp_
         capsys,
         tmp_path / "run",
     )
+
+
+# --- a checkpoint config.json that cannot be used: a wrong-typed shape field, a --seq-len beyond the context ------
+
+
+def _checkpoint(tmp_path, name: str = "model", **fields) -> str:
+    """A copy of the shipped backbone's config.json (nothing else: a command that got past the check would fail
+    to load weights) with ``fields`` replaced."""
+    folder = tmp_path / name
+    folder.mkdir()
+    config = json.loads((default_model_dir() / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+    return str(folder)
+
+
+def _hybrid(tmp_path, max_positions: int) -> str:
+    """A hybrid directory's config.json of a backbone with ``max_positions`` positions."""
+    return _checkpoint(tmp_path, "hybrid", model_type="dihal_hybrid", max_position_embeddings=max_positions)
+
+
+BAD_FIELDS = [
+    ("num_hidden_layers", "four"),
+    ("hidden_size", 128.0),
+    ("num_attention_heads", True),
+    ("vocab_size", -1),
+    ("num_key_value_heads", [2]),
+    ("max_position_embeddings", "128"),
+]
+
+
+@pytest.mark.parametrize("field, value", BAD_FIELDS)
+@pytest.mark.parametrize("command", ["locate", "replace", "evaluate"])
+def test_a_wrong_typed_shape_field_is_refused_naming_file_and_field(tmp_path, capsys, command, field, value):
+    model = _checkpoint(tmp_path, **{field: value})
+    run = tmp_path / "run"
+    argv = {
+        "locate": ["locate", "--model", model, "--out", str(run)],
+        "replace": ["replace", "--model", model, "--layer", "1", "--out", str(run)],
+        "evaluate": ["evaluate", "--hybrid", model, "--out", str(run)],
+    }[command]
+    _refused(argv, f"model/config.json: field {field!r} is {value!r}, expected a whole number", capsys, run)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["locate", "--seq-len", "1000"],
+        ["replace", "--layer", "1", "--seq-len", "1000"],
+        ["sweep", "--seq-len", "1000"],
+        ["demo", "--seq-len", "1000"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_a_seq_len_beyond_the_backbones_context_is_refused_at_once(tmp_path, capsys, argv):
+    model = _checkpoint(tmp_path, max_position_embeddings=128)
+    run = tmp_path / "run"
+    expected = f"--seq-len 1000 exceeds the model's max_position_embeddings (128 positions, in {model}/config.json)"
+    _refused([*argv, "--model", model, "--out", str(run)], expected, capsys, run)
+
+
+def test_evaluate_seq_len_beyond_the_hybrids_context_is_refused_at_once(tmp_path, capsys):
+    hybrid = _hybrid(tmp_path, 128)
+    run = tmp_path / "run"
+    _refused(
+        ["evaluate", "--hybrid", hybrid, "--out", str(run), "--seq-len", "1000"],
+        "--seq-len 1000 exceeds the model's max_position_embeddings (128 positions",
+        capsys,
+        run,
+    )
+
+
+def test_the_context_under_either_name_bounds_seq_len_and_zero_means_none(tmp_path):
+    gpt2 = _checkpoint(tmp_path, "gpt2", max_position_embeddings=None, n_positions=64)
+    with pytest.raises(ValueError, match="exceeds the model's n_positions [(]64 positions"):
+        check_checkpoint_config(gpt2, 65)
+    assert check_checkpoint_config(gpt2, 64).name == "gpt2"
+    unbounded = _checkpoint(tmp_path, "unbounded", max_position_embeddings=0)
+    assert check_checkpoint_config(unbounded, 10**6).name == "unbounded"
+    assert check_checkpoint_config(None, 128) == default_model_dir()  # the shipped backbone passes
+
+
+def test_a_config_that_is_not_an_object_is_refused(tmp_path):
+    folder = tmp_path / "list"
+    folder.mkdir()
+    (folder / "config.json").write_text("[]")
+    with pytest.raises(ValueError, match="holds list, expected a JSON object"):
+        check_checkpoint_config(folder)

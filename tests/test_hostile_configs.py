@@ -16,7 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dihal_fast.backbone.config import BackboneModelConfig, BackboneTrainConfig
 from dihal_fast.cli import main
+from dihal_fast.collect.config import CollectConfig
 from dihal_fast.common.options import option  # noqa: F401  (the metadata these tests read)
 from dihal_fast.common.validation import INT_LIMIT
 from dihal_fast.evaluate.harness import EvalSettings
@@ -26,12 +28,13 @@ from dihal_fast.hcdlm.config import (
     ObjectiveConfig,
     SampleConfig,
 )
-from dihal_fast.pipeline import LocateConfig
+from dihal_fast.pipeline import LocateConfig, ReplaceConfig
 from dihal_fast.pipeline.demo_stage import DemoConfig, DemoSettings
 from dihal_fast.pipeline.generate_stage import GenerateConfig
 from dihal_fast.pipeline.sweep_stage import SweepConfig, SweepSettings
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.tasks.registry import TaskConfig
+from dihal_fast.train.settings import LoopSettings
 
 CHECKED = [
     HCDLMModelConfig,
@@ -47,7 +50,19 @@ CHECKED = [
     SweepConfig,
     DemoSettings,
     DemoConfig,
+    ReplaceConfig,
+    BackboneModelConfig,
+    BackboneTrainConfig,
+    LoopSettings,
+    CollectConfig,
 ]
+# The fields a config needs besides the one under test (a required field, or one of two that must be given).
+REQUIRED = {
+    ReplaceConfig: {"layer": 1},
+    BackboneTrainConfig: {"corpus": ["/nonexistent/dihal-hostile/train.txt"]},
+    LoopSettings: {"steps": 1, "batch_size": 1, "lr": 1e-3, "warmup_steps": 0},
+    CollectConfig: {"model": "/nonexistent/model", "corpus": ["/nonexistent/corpus.txt"]},
+}
 TINY = [
     "--hidden",
     "32",
@@ -91,7 +106,18 @@ COMMANDS = {
     "generate": (["generate", "--model", "/nonexistent/model"], [GenerateConfig]),
     "replace": (
         ["replace", "--model", "/nonexistent/model", "--layer", "1", "--out", "/nonexistent/dihal-hostile/run"],
-        [BridgeTrainConfig],
+        [BridgeTrainConfig, ReplaceConfig],
+    ),
+    "backbone train": (
+        [
+            "backbone",
+            "train",
+            "--corpus",
+            "/nonexistent/dihal-hostile/train.txt",
+            "--out",
+            "/nonexistent/dihal-hostile/run",
+        ],
+        [BackboneModelConfig, BackboneTrainConfig],
     ),
     "sweep": (["sweep", "--model", "/nonexistent/model", "--out", "/nonexistent/dihal-hostile/run"], [SweepSettings]),
     "demo": (["demo", "--model", "/nonexistent/model", "--out", "/nonexistent/dihal-hostile/run"], [DemoSettings]),
@@ -186,7 +212,7 @@ def test_every_field_takes_an_allowed_value_or_refuses_it_in_one_line(cls, data)
     value = data.draw(HOSTILE_VALUES, label="value")
     hint = typing.get_type_hints(cls)[spec.name]
     try:
-        cls(**{spec.name: value})
+        cls(**{**REQUIRED.get(cls, {}), spec.name: value})
     except (ValueError, TypeError) as exc:
         _one_line(exc)
         return
@@ -231,7 +257,7 @@ def test_every_command_refuses_a_refused_value_in_one_line_before_any_work(data,
     hint = typing.get_type_hints(cls)[spec.name]
     as_parsed = str(value) if str in (hint, *typing.get_args(hint)) else value  # argparse hands a str field a string
     try:
-        cls(**{spec.name: as_parsed})
+        cls(**{**REQUIRED.get(cls, {}), spec.name: as_parsed})
         return  # a value the config takes: running the command would start the work
     except (ValueError, TypeError):
         pass

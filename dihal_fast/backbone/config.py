@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dihal_fast.common.options import option
+from dihal_fast.common.validation import CheckedConfig, check_fields
 from dihal_fast.train.settings import LoopSettings
 
 LOG_EVERY = 10  # optimizer steps between training-loss log lines
@@ -16,33 +17,30 @@ FAMILIES = ("llama", "qwen3")  # LlamaForCausalLM, Qwen3ForCausalLM (QK-norm; gr
 
 
 @dataclass
-class BackboneModelConfig:
-    """Shape of the backbone: Llama (RoPE, RMSNorm, SwiGLU) or Qwen3 (the same plus RMSNorm on queries and keys)."""
+class BackboneModelConfig(CheckedConfig):
+    """Shape of the backbone: Llama (RoPE, RMSNorm, SwiGLU) or Qwen3 (the same plus RMSNorm on queries and keys).
+    Every field is checked when built (:mod:`dihal_fast.common.validation`), the shape's consistency too."""
 
     family: str = option(
         "llama", "architecture: llama = LlamaForCausalLM, qwen3 = Qwen3ForCausalLM (QK-norm)", choices=FAMILIES
     )
-    vocab_size: int = option(4096, "BPE vocabulary size (incl. 3 special tokens)")
-    hidden_size: int = option(256, "model width", flag="--hidden")
-    num_layers: int = option(8, "transformer layers", flag="--layers")
-    num_heads: int = option(4, "attention (query) heads", flag="--heads")
+    vocab_size: int = option(4096, "BPE vocabulary size (incl. 3 special tokens)", min=1)
+    hidden_size: int = option(256, "model width", flag="--hidden", min=1)
+    num_layers: int = option(8, "transformer layers", flag="--layers", min=1)
+    num_heads: int = option(4, "attention (query) heads", flag="--heads", min=1)
     num_kv_heads: int = option(0, "key/value heads (grouped-query attention; 0 = --heads)", flag="--kv-heads")
     head_dim: int = option(0, "size of one head, even (RoPE); 0 = hidden / heads")
-    intermediate_size: int = option(688, "SwiGLU inner width", flag="--intermediate")
-    seq_len: int = option(256, "tokens per training sequence (also the model's context)")
-    rope_theta: float = option(10000.0, "RoPE base frequency")
+    intermediate_size: int = option(688, "SwiGLU inner width", flag="--intermediate", min=1)
+    seq_len: int = option(256, "tokens per training sequence (also the model's context)", min=1)
+    rope_theta: float = option(10000.0, "RoPE base frequency", gt=0.0)
     tie_embeddings: bool = option(True, "share the input embedding matrix with the LM head")
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> None:
-        if self.family not in FAMILIES:
-            raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_kv_heads < 0 or self.head_dim < 0:
-            raise ValueError(
-                f"kv heads and head dim must be >= 0 (0 = derived), got {self.num_kv_heads}, {self.head_dim}"
-            )
+        """Every field, then the shape's consistency (run when built; again after a field was changed)."""
+        check_fields(self)
         if self.num_heads % self.kv_heads:
             raise ValueError(
                 f"{self.num_heads} query heads do not split into groups of {self.kv_heads} key/value heads"
@@ -66,52 +64,49 @@ class BackboneModelConfig:
 
 
 @dataclass
-class BackboneTrainConfig:
-    """Everything that determines a training run, so that ``--resume`` can check it is the same run."""
+class BackboneTrainConfig(CheckedConfig):
+    """Everything that determines a training run, so that ``--resume`` can check it is the same run. Every
+    field is checked when built (:mod:`dihal_fast.common.validation`); :meth:`validate` also looks at the files."""
 
     corpus: list[str] = option(default_factory=list, help="UTF-8 training text files", required=True)
     valid: list[str] = option(default_factory=list, help="held-out UTF-8 text files (one validation split each)")
-    valid_fraction: float = option(0.05, "tail fraction held out per file when no valid files exist")
+    valid_fraction: float = option(0.05, "tail fraction held out per file when no valid files exist", gt=0.0, lt=1.0)
     model: BackboneModelConfig = field(default_factory=BackboneModelConfig)
-    steps: int = option(3000, "total optimizer steps (the LR schedule spans these)")
-    batch_size: int = option(16, "sequences per micro-batch")
+    steps: int = option(3000, "total optimizer steps (the LR schedule spans these)", min=1)
+    batch_size: int = option(16, "sequences per micro-batch", min=1)
     grad_accum_steps: int = option(
         1,
         "micro-batches per optimizer step (gradient accumulation): the effective batch is "
         "--batch-size x this x processes",
+        min=1,
     )
-    lr: float = option(2e-3, "peak learning rate")
-    min_lr_ratio: float = option(0.1, "final LR as a fraction of the peak")
+    lr: float = option(2e-3, "peak learning rate", gt=0.0, max=1.0)
+    min_lr_ratio: float = option(0.1, "final LR as a fraction of the peak", min=0.0, max=1.0)
     warmup_steps: int = option(100, "linear warmup steps")
-    weight_decay: float = option(0.1, "AdamW weight decay on matrices")
-    grad_clip: float = option(1.0, "gradient-norm clipping threshold")
+    weight_decay: float = option(0.1, "AdamW weight decay on matrices", min=0.0)
+    grad_clip: float = option(1.0, "gradient-norm clipping threshold (0 = off)", min=0.0)
     seed: int = option(0, "seed of initialisation and data order")
     precision: str = option(
         "auto",
         "bf16 autocast or fp32; auto = bf16 on CUDA or AMX CPUs, fp32 otherwise",
         choices=("auto", "fp32", "bf16"),
     )
-    eval_every: int = option(200, "steps between quick validation estimates")
-    eval_windows: int = option(16, "windows per split in the quick estimates")
-    checkpoint_every: int = option(200, "steps between checkpoints")
+    eval_every: int = option(200, "steps between quick validation estimates", min=1)
+    eval_windows: int = option(16, "windows per split in the quick estimates", min=1)
+    checkpoint_every: int = option(200, "steps between checkpoints", min=1)
     tokenizer: str = option(
         "", "reuse the tokenizer saved in this directory (e.g. another backbone's) instead of training one"
     )
 
-    def validate(self) -> None:
-        self.model.validate()
-        for name in ("steps", "batch_size", "grad_accum_steps", "eval_every", "checkpoint_every", "eval_windows"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1 or self.warmup_steps < 0:
-            raise ValueError(
-                f"need lr > 0, 0 <= min_lr_ratio <= 1, warmup >= 0; got {self.lr}, {self.min_lr_ratio}, "
-                f"{self.warmup_steps}"
-            )
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"precision must be auto, fp32 or bf16, got {self.precision!r}")
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.corpus:
-            raise ValueError("no corpus files given")
+            raise ValueError("no corpus files given (--corpus)")
+
+    def validate(self) -> None:
+        """Every field again (they may have been changed since), then the files: a reused tokenizer must exist."""
+        self.model.validate()
+        check_fields(self)
         if self.tokenizer and not (Path(self.tokenizer) / "tokenizer.json").is_file():
             raise FileNotFoundError(f"--tokenizer {self.tokenizer}: no tokenizer.json in that directory")
 

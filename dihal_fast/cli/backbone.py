@@ -83,11 +83,12 @@ def run_train(args: argparse.Namespace) -> int:
 
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0, got {args.threads}")
+    config = dataclass_from_options(BackboneTrainConfig, args)  # refuses a bad value before the run directory
     if args.threads:
         torch.set_num_threads(args.threads)
     with run_directory(args.out, "dihal backbone train"):
         report = train_backbone(
-            dataclass_from_options(BackboneTrainConfig, args),
+            config,
             args.out,
             resume=args.resume,
             stop_at=args.stop_at,

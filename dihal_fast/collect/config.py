@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from dihal_fast.common.models import DTYPES
+from dihal_fast.common.validation import CheckedConfig, checked
 
 # Fields that may change between an interrupted run and its resumption without changing the result
 # (beyond float rounding of the forward pass on another device).
@@ -13,43 +14,33 @@ RESUMABLE_CHANGES = ("device", "checkpoint_every")
 
 
 @dataclass
-class CollectConfig:
+class CollectConfig(CheckedConfig):
     """What to collect and how. ``max_tokens`` counts block tokens over all processes (``None``: the
     whole corpus); the statistics see fewer because the first position of each block is excluded
-    unless ``keep_first``. ``reservoir_size`` tokens are kept per layer for the kNN/pair proxies."""
+    unless ``keep_first``. ``reservoir_size`` tokens are kept per layer for the kNN/pair proxies.
+    Every field is checked when built (:mod:`dihal_fast.common.validation`; messages name the field)."""
 
-    model: str
+    flag_names = False
+
+    model: str = checked()
     corpus: list[str] = field(default_factory=list)
-    seq_len: int = 128
-    batch_size: int = 8
-    max_tokens: int | None = None
-    reservoir_size: int = 30000
-    keep_first: bool = False
-    dtype: str = "float32"
-    seed: int = 0
-    world_size: int = 1
-    device: str = "cpu"
-    checkpoint_every: int = 100
+    seq_len: int = checked(128, min=2)  # the first position of a block is special
+    batch_size: int = checked(8, min=1)
+    max_tokens: int | None = checked(None, min=1)
+    reservoir_size: int = checked(30000, min=1)
+    keep_first: bool = checked(False)
+    dtype: str = checked("float32", choices=tuple(DTYPES))
+    seed: int = checked(0)
+    world_size: int = checked(1, min=1)
+    device: str = checked("cpu", device=True)
+    checkpoint_every: int = checked(100, min=1)
 
     def __post_init__(self) -> None:
-        positive = {
-            "seq_len": self.seq_len,
-            "batch_size": self.batch_size,
-            "reservoir_size": self.reservoir_size,
-            "world_size": self.world_size,
-            "checkpoint_every": self.checkpoint_every,
-        }
-        for name, value in positive.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.seq_len < 2:
-            raise ValueError(f"seq_len must be >= 2 (the first position of a block is special), got {self.seq_len}")
+        super().__post_init__()
         if self.max_tokens is not None and self.max_tokens < self.seq_len:
             raise ValueError(
                 f"max_tokens ({self.max_tokens}) must be at least one block of seq_len = {self.seq_len} tokens"
             )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not self.corpus:
             raise ValueError("corpus is empty: give at least one corpus path")
 

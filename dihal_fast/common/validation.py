@@ -14,6 +14,10 @@ field's annotation and the metadata of :func:`dihal_fast.common.options.option`:
   (a float that may be infinite), ``device=True`` (a torch device this machine has: see
   :func:`dihal_fast.common.devices.resolve_device`).
 
+A config that no command builds from its flags (a derived or API-only one, such as the training loop's
+``LoopSettings``) sets ``flag_names = False``: its messages name the field alone
+(``grad_accum_steps must be >= 1, got 0``). Such fields are written with :func:`checked`.
+
 Consistency between fields (``hidden`` a multiple of ``heads``) stays in the config's own
 ``__post_init__``, after the per-field checks.
 """
@@ -26,7 +30,7 @@ import math
 import numbers
 import types
 import typing
-from typing import Any
+from typing import Any, ClassVar
 
 INT_LIMIT = 2**63 - 1  # what torch, NumPy and the C++ kernels take as an integer
 
@@ -34,16 +38,25 @@ INT_LIMIT = 2**63 - 1  # what torch, NumPy and the C++ kernels take as an intege
 class CheckedConfig:
     """Mixin of the configuration dataclasses: ``__post_init__`` checks every field (see the module doc)."""
 
+    flag_names: ClassVar[bool] = True  # messages name the field's --flag (False: the field alone)
+
     def __post_init__(self) -> None:
         check_fields(self)
+
+
+def checked(default: Any = dataclasses.MISSING, **constraints: Any) -> Any:
+    """A dataclass field with the constraints of the module doc but no command-line help (a config of
+    ``flag_names = False``)."""
+    return dataclasses.field(default=default, metadata=constraints)
 
 
 def check_fields(config: Any) -> None:
     """Check every init field of the dataclass instance ``config`` against its annotation and metadata."""
     hints = _hints(type(config))
+    by_flag = getattr(config, "flag_names", True)
     for spec in dataclasses.fields(config):
         if spec.init:
-            check_value(spec.name, getattr(config, spec.name), hints[spec.name], spec.metadata)
+            check_value(spec.name, getattr(config, spec.name), hints[spec.name], spec.metadata, by_flag)
 
 
 @functools.cache
@@ -57,10 +70,18 @@ def _flag(name: str, metadata: typing.Mapping[str, Any]) -> str:
 
 
 def check_value(
-    name: str, value: Any, hint: Any, metadata: typing.Mapping[str, Any] = types.MappingProxyType({})
+    name: str,
+    value: Any,
+    hint: Any,
+    metadata: typing.Mapping[str, Any] = types.MappingProxyType({}),
+    by_flag: bool = True,
 ) -> None:
     """``value`` of field ``name`` against the annotation ``hint`` and the constraints in ``metadata``; the error
-    names the flag and the field (``--n-samples must be >= 1, got 0 (n_samples)``)."""
+    names the flag and the field (``--n-samples must be >= 1, got 0 (n_samples)``), or the field alone when not
+    ``by_flag``."""
+    if not by_flag:
+        _check_value(name, value, hint, metadata)
+        return
     try:
         _check_value(_flag(name, metadata), value, hint, metadata)
     except (TypeError, ValueError) as exc:

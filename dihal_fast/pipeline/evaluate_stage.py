@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.options import option
 from dihal_fast.evaluate.harness import EvalSettings
 from dihal_fast.pipeline.reports import EvaluateReport
@@ -57,6 +58,7 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
     per-position draw of its config's ``noise_seed``; see :class:`dihal_fast.hybrid.HybridConfig`)."""
     from dihal_fast.common import seed_everything
     from dihal_fast.common.rundir import run_directory
+    from dihal_fast.evaluate.models import find_hybrid_dir
     from dihal_fast.evaluate.run import evaluate_hybrid
     from dihal_fast.pipeline.sweep_stage import sweep_controls
 
@@ -67,6 +69,7 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
         tasks, _ = check_tasks(config.tasks)
     if config.task_limit is not None and config.task_limit < 1:
         raise ValueError(f"--task-limit must be >= 1 example per task, got {config.task_limit}")
+    check_checkpoint_config(find_hybrid_dir(Path(config.hybrid)) or config.hybrid, config.settings.seq_len)
     seed_everything(config.settings.seed)
     controls = sweep_controls(config.sweep) if config.sweep else None
     with run_directory(out, "dihal evaluate"):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.devices import device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
@@ -102,6 +103,7 @@ def locate(config: LocateConfig, out: str | Path) -> LocateReport:
     from dihal_fast.common.rundir import run_directory
 
     device = str(resolve_device(config.device))
+    check_checkpoint_config(config.model, config.seq_len)  # a bad config.json or a too long --seq-len: refused now
     with run_directory(out, "dihal locate"), distributed_session(device) as (rank, world):
         return _locate(config, Path(out), device, rank, world)
 

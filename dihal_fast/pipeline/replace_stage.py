@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.options import option
+from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.pipeline.reports import ReplaceReport
 from dihal_fast.replace.config import BridgeTrainConfig, add_config_arguments, config_from_args
 from dihal_fast.train.settings import DEEPSPEED_HELP
@@ -20,9 +22,9 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class ReplaceConfig:
+class ReplaceConfig(CheckedConfig):
     """Which layer of which model, on which corpus, and the bridge training run (exactly one of ``layer``
-    and ``from_locate``)."""
+    and ``from_locate``); every field is checked when built (:mod:`dihal_fast.common.validation`)."""
 
     model: str | None = option(
         None,
@@ -30,7 +32,7 @@ class ReplaceConfig:
         "tiny-llama-8l, or "
         "locate.json's model with --from-locate)",
     )
-    layer: int | None = option(None, "hidden state l* to rebuild (1..L-1); layers 1..l* are replaced")
+    layer: int | None = option(None, "hidden state l* to rebuild (1..L-1); layers 1..l* are replaced", min=1)
     from_locate: str | None = option(
         None, "take l* from RUN/locate.json (selected_layer) written by dihal locate", metavar="RUN"
     )
@@ -46,6 +48,7 @@ class ReplaceConfig:
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if (self.layer is None) == (self.from_locate is None):
             raise ValueError("give exactly one of --layer and --from-locate (layer or from_locate)")
 
@@ -75,6 +78,7 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
         elif located_model and resolve_model_dir(model).resolve() != Path(located_model).resolve():
             logger.warning("--model %s differs from the model %s that dihal locate measured", model, located_model)
         logger.info("layer %d from %s", layer, Path(config.from_locate) / "locate.json")
+    check_checkpoint_config(model, config.train.seq_len)  # a bad config.json or a too long --seq-len: refused now
     with run_directory(out, "dihal replace"):
         result = train_bridge(
             model,

@@ -10,50 +10,39 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dihal_fast.common.validation import CheckedConfig, checked
+
 CLOCKS = ("wall", "cpu")
 # The help of every command's --deepspeed option (the file is read by train.trainer.prepare_deepspeed).
 DEEPSPEED_HELP = "DeepSpeed JSON config (ZeRO stage 0-3, bf16); shipped examples: $(dihal info --examples)/ds_*.json"
 
 
 @dataclass(frozen=True)
-class LoopSettings:
-    """Optimisation and bookkeeping of one training run (derived, never saved on its own)."""
+class LoopSettings(CheckedConfig):
+    """Optimisation and bookkeeping of one training run (derived, never saved on its own). Every field is
+    checked when built (:mod:`dihal_fast.common.validation`; messages name the field, as no flag sets it)."""
 
-    steps: int
-    batch_size: int  # per process and micro-batch; checked against a DeepSpeed config
-    lr: float
-    warmup_steps: int
-    lr_floor: float = 0.1  # the cosine ends at lr * lr_floor; 1.0 keeps the rate constant after warm-up
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    decay_matrices_only: bool = False  # weight decay on >= 2-D parameters only (norm gains and biases exempt)
-    grad_clip: float = 1.0  # 0 = no clipping (the norm is still logged)
-    ema_decay: float = 0.0  # 0 = no EMA
-    seed: int = 0
-    device: str = "cpu"
-    log_every: int = 10
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 2
-    max_minutes: float = 0.0  # stop after this much training time (0 = run all steps)
-    budget_clock: str = "wall"  # what max_minutes measures: "wall" or "cpu" (process CPU time)
+    flag_names = False
+
+    steps: int = checked(min=1)
+    batch_size: int = checked(min=1)  # per process and micro-batch; checked against a DeepSpeed config
+    lr: float = checked(gt=0.0)
+    warmup_steps: int = checked()
+    lr_floor: float = checked(0.1, min=0.0, max=1.0)  # the cosine ends at lr * lr_floor; 1.0: constant after warm-up
+    weight_decay: float = checked(0.0, min=0.0)
+    betas: tuple[float, float] = checked((0.9, 0.999), min=0.0, lt=1.0)
+    decay_matrices_only: bool = checked(False)  # weight decay on >= 2-D parameters only (norm gains, biases exempt)
+    grad_clip: float = checked(1.0, min=0.0)  # 0 = no clipping (the norm is still logged)
+    ema_decay: float = checked(0.0, min=0.0, lt=1.0)  # 0 = no EMA
+    seed: int = checked(0)
+    device: str = checked("cpu")
+    log_every: int = checked(10, min=1)
+    checkpoint_every: int = checked(100, min=1)
+    keep_checkpoints: int = checked(2, min=1)
+    max_minutes: float = checked(0.0, min=0.0)  # stop after this much training time (0 = run all steps)
+    budget_clock: str = checked("wall", choices=CLOCKS)  # what max_minutes measures: wall or cpu (process CPU time)
     # micro-batches per optimizer step: the effective batch is batch_size x grad_accum_steps x world size
-    grad_accum_steps: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "log_every", "checkpoint_every", "keep_checkpoints", "grad_accum_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0 or self.warmup_steps < 0 or not 0.0 <= self.lr_floor <= 1.0:
-            raise ValueError(
-                f"need lr > 0, warmup_steps >= 0 and 0 <= lr_floor <= 1; got {self.lr}, {self.warmup_steps}, "
-                f"{self.lr_floor}"
-            )
-        if self.weight_decay < 0 or self.grad_clip < 0 or self.max_minutes < 0:
-            raise ValueError("weight_decay, grad_clip and max_minutes must be >= 0")
-        if not 0.0 <= self.ema_decay < 1.0:
-            raise ValueError(f"ema_decay must lie in [0, 1), got {self.ema_decay}")
-        if self.budget_clock not in CLOCKS:
-            raise ValueError(f"budget_clock must be one of {CLOCKS}, got {self.budget_clock!r}")
+    grad_accum_steps: int = checked(1, min=1)
 
 
 def lr_factor(step: int, settings: LoopSettings) -> float:
