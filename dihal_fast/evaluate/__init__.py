@@ -4,13 +4,11 @@ evaluation harness, score/loss correlations and report formatting (the Diffusion
 
 The metrics (pure functions) and the float64 sampler live in the leaf modules
 :mod:`dihal_fast.common.metrics` and :mod:`dihal_fast.common.sampling`, which the models use too; their
-documented names ``dihal_fast.evaluate.metrics`` and ``dihal_fast.evaluate.sampling`` are the same
-module objects. The stages that run this (evaluate, sweep, demo) are in :mod:`dihal_fast.pipeline`.
+old paths ``dihal_fast.evaluate.metrics`` and ``dihal_fast.evaluate.sampling`` still import, with a
+DeprecationWarning (see those modules). The stages that run this (evaluate, sweep, demo) are in
+:mod:`dihal_fast.pipeline`.
 """
 
-import sys
-
-from dihal_fast.common import metrics, sampling
 from dihal_fast.common.metrics import (
     PROTOCOL,
     distinct_n,
@@ -25,9 +23,6 @@ from dihal_fast.common.metrics import (
     unigram_entropy,
 )
 from dihal_fast.common.sampling import sample_categorical
-
-sys.modules[f"{__name__}.metrics"] = metrics
-sys.modules[f"{__name__}.sampling"] = sampling
 
 __all__ = [
     "PROTOCOL",
