@@ -3,6 +3,7 @@ padding/first-position masks, checkpoint + resume, and merging across (virtual) 
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
 from scipy import stats as scipy_stats
 
 from dihal_fast import geometry_proxies, selection_scores
@@ -287,10 +289,34 @@ def test_resume_checks_the_run_directory(tiny_checkpoints, corpus, tmp_path):
         collect(config, tmp_path / "run", progress=False)
     with pytest.raises(ValueError, match="configuration changed.*seq_len"):
         collect(_config(tiny_checkpoints["llama"], corpus, seq_len=16), tmp_path / "run", resume=True, progress=False)
-    state = tmp_path / "run" / "collect" / "state-rank0000-of-0001.safetensors"
-    state.write_bytes(state.read_bytes()[:100])
-    with pytest.raises(ValueError, match="corrupt"):
+    part = next((tmp_path / "run" / "collect").glob("state-rank0000-of-0001.parts-*/cov-1.safetensors"))
+    part.write_bytes(part.read_bytes()[:100])
+    with pytest.raises(ValueError, match="corrupt.*cov-1.safetensors is missing or not the"):
         collect(config, tmp_path / "run", resume=True, progress=False)
+
+
+MANIFEST = "state-rank0000-of-0001.json"  # rank 0 of 1's checkpoint manifest in RUN/collect
+
+
+def _read_checkpoint(run) -> tuple[dict[str, torch.Tensor], dict]:
+    """The tensors of every part of rank 0's streamed checkpoint in ``run`` and its progress."""
+    manifest = json.loads((run / "collect" / MANIFEST).read_text())
+    tensors = {}
+    for name in manifest["files"]:
+        tensors.update(load_file(run / "collect" / manifest["parts"] / name))
+    return tensors, manifest["progress"]
+
+
+def _rewrite_checkpoint(run, tensors: dict[str, torch.Tensor], progress: dict) -> None:
+    """Write (edited) ``tensors`` back into the parts they came from and ``progress`` into the manifest, with the
+    new part sizes: what a careful hand-editor of the checkpoint would do."""
+    path = run / "collect" / MANIFEST
+    manifest = json.loads(path.read_text())
+    for name in manifest["files"]:
+        part = run / "collect" / manifest["parts"] / name
+        save_file({key: tensors[key].contiguous() for key in load_file(part)}, str(part))
+        manifest["files"][name] = part.stat().st_size
+    path.write_text(json.dumps({**manifest, "progress": progress}))
 
 
 @pytest.fixture(scope="module")
@@ -341,22 +367,15 @@ def _non_psd_comoment(tensors, progress):
 )
 def test_an_edited_collection_checkpoint_is_refused_naming_the_file_and_field(partial_run, tmp_path, tamper, field):
     """Issue 21: an edited locate checkpoint was resumed into a different l* score with exit 0."""
-    import json
     import shutil
-
-    from safetensors import safe_open
-    from safetensors.torch import save_file
 
     config, pristine = partial_run
     shutil.copytree(pristine, tmp_path / "run")
-    state = tmp_path / "run" / "collect" / "state-rank0000-of-0001.safetensors"
-    with safe_open(state, framework="pt") as handle:
-        progress = json.loads(handle.metadata()["progress"])
-        tensors = {name: handle.get_tensor(name).clone() for name in handle.keys()}
+    tensors, progress = _read_checkpoint(tmp_path / "run")
     assert tensors["reservoir.keys"].numel() == 150  # a full reservoir: every field is exercised
     tamper(tensors, progress)
-    save_file(tensors, str(state), metadata={"progress": json.dumps(progress)})
-    with pytest.raises(ValueError, match=f"{state.name}.*'{re.escape(field)}") as info:
+    _rewrite_checkpoint(tmp_path / "run", tensors, progress)
+    with pytest.raises(ValueError, match=f"{MANIFEST}.*'{re.escape(field)}") as info:
         collect(config, tmp_path / "run", resume=True, progress=False)
     assert "\n" not in str(info.value)
 

@@ -309,9 +309,9 @@ def _check_two_process_run(out: Path, one: dict) -> None:
     )
     for name, values in one["per_repeat"].items():
         np.testing.assert_allclose(two["per_repeat"][name], values, rtol=1e-4, atol=1e-6, err_msg=name)
-    assert sorted(p.name for p in (out / "collect").glob("state-*")) == [
-        "state-rank0000-of-0002.safetensors",
-        "state-rank0001-of-0002.safetensors",
+    assert sorted(p.name for p in (out / "collect").glob("state-*.json")) == [
+        "state-rank0000-of-0002.json",
+        "state-rank0001-of-0002.json",
     ]
 
 

@@ -98,7 +98,7 @@ def test_stopped_run_leaves_no_report_and_resume_matches_uninterrupted(tiny_chec
     code, _, _ = _locate(capsys, "--model", model, "--corpus", corpus, "--out", parts, "--max-batches", "3", *SMALL)
     assert code == 3
     assert not (parts / "locate.json").exists() and not (parts / "geometry.png").exists()
-    assert (parts / "collect" / "state-rank0000-of-0001.safetensors").is_file()
+    assert (parts / "collect" / "state-rank0000-of-0001.json").is_file()
     code, _, _ = _locate(capsys, "--model", model, "--corpus", corpus, "--out", parts, "--resume", *SMALL)
     assert code == 0
     whole = json.loads((tmp_path / "whole" / "locate.json").read_text())
@@ -120,7 +120,7 @@ def test_resume_removes_the_temporary_file_of_a_killed_checkpoint_write(tiny_che
     assert code == 3
     # what a kill -9 during atomic_write_bytes leaves: the hidden temporary beside the checkpoint
     leftovers = [
-        out / "collect" / ".state-rank0000-of-0001.safetensors.k1ll3d",
+        out / "collect" / ".state-rank0000-of-0001.json.k1ll3d",
         out / "collect" / ".config.json.k1ll3d",
     ]
     for leftover in leftovers:
@@ -130,7 +130,7 @@ def test_resume_removes_the_temporary_file_of_a_killed_checkpoint_write(tiny_che
     )
     assert code == 3
     assert not any(leftover.exists() for leftover in leftovers)
-    assert (out / "collect" / "state-rank0000-of-0001.safetensors").is_file()
+    assert (out / "collect" / "state-rank0000-of-0001.json").is_file()
 
 
 def _no_pad_checkpoint(source: Path, dest: Path) -> Path:
@@ -263,7 +263,7 @@ def test_two_process_gloo_run_equals_one_process(tiny_checkpoints, corpus, tmp_p
         s2 = load_file(tmp_path / "two" / "shards" / f"layer_{layer:03d}.safetensors")
         assert s1["positions"].tolist() == s2["positions"].tolist()  # the same tokens, in the same order
         np.testing.assert_allclose(s2["vectors"].numpy(), s1["vectors"].numpy(), rtol=1e-5, atol=1e-5)
-    assert sorted(p.name for p in (tmp_path / "two" / "collect").glob("state-*")) == [
-        "state-rank0000-of-0002.safetensors",
-        "state-rank0001-of-0002.safetensors",
+    assert sorted(p.name for p in (tmp_path / "two" / "collect").glob("state-*.json")) == [
+        "state-rank0000-of-0002.json",
+        "state-rank0001-of-0002.json",
     ]

@@ -1,9 +1,22 @@
-"""Per-rank checkpoints of the collection state in ``RUN/collect/`` (atomic safetensors + JSON config)."""
+"""Per-rank checkpoints of the collection state in ``RUN/collect/``, streamed to disk part by part.
+
+A rank's state (a covariance per layer, the token reservoir with a vector table per layer) is written one part
+at a time, each part a safetensors file written atomically (:func:`dihal_fast.common.io.atomic_write_bytes`)
+into a fresh folder, so a save never holds more than one part's serialised bytes beside the state itself (a
+single file would need the whole state twice over: ~44 GB at 32 layers x 4,096). The manifest naming the folder,
+its files and the progress is written last: a save killed midway leaves the previous checkpoint whole, and the
+unfinished folder is removed when the run starts again. A checkpoint of the earlier single-file layout
+(``state-rank*.safetensors``) is still resumed.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,27 +28,35 @@ from dihal_fast.collect.config import CollectConfig
 from dihal_fast.collect.reservoir import token_keys
 from dihal_fast.collect.statistics import LayerStatistics
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
-from dihal_fast.common.io import remove_stale_temporaries
+from dihal_fast.common.io import make_directories, remove_stale_temporaries
 
 logger = logging.getLogger(__name__)
 
+FORMAT = "dihal-collect-state/2"  # the manifest's format: parts folder + manifest
+
 
 class CheckpointStore:
-    """``RUN/collect/config.json`` (the :class:`CollectConfig`) and one ``state-rank*.safetensors``
-    per rank holding that rank's :class:`LayerStatistics` and its progress (in the metadata)."""
+    """``RUN/collect/config.json`` (the :class:`CollectConfig`) and, per rank, the manifest
+    ``state-rank*.json`` naming the folder ``state-rank*.parts-*`` that holds that rank's
+    :class:`LayerStatistics` (one safetensors file per part) and its progress."""
 
     def __init__(self, run_dir: str | Path, rank: int = 0, world_size: int = 1) -> None:
         self.dir = Path(run_dir) / "collect"
         self.rank, self.world_size = rank, world_size
         self.config_path = self.dir / "config.json"
-        self.state_path = self.dir / f"state-rank{rank:04d}-of-{world_size:04d}.safetensors"
+        stem = f"state-rank{rank:04d}-of-{world_size:04d}"
+        self.manifest_path = self.dir / f"{stem}.json"
+        self.legacy_path = self.dir / f"{stem}.safetensors"  # the single-file layout of earlier versions
+        self._parts_prefix = f"{stem}.parts-"
 
     def start(self, config: CollectConfig, resume: bool) -> None:
         """Check that ``RUN`` fits the request (fresh run or a resumable one) and save the config.
 
-        Temporary files of this rank's checkpoint left by a killed run are deleted first."""
-        for path in (self.state_path, self.config_path) if self.rank == 0 else (self.state_path,):
+        What a killed run left of this rank's checkpoint (temporary files, an unfinished parts folder) is
+        deleted first."""
+        for path in (self.manifest_path, self.legacy_path, *((self.config_path,) if self.rank == 0 else ())):
             remove_stale_temporaries(path)
+        self._remove_parts(keep=self._manifest_parts())
         if resume:
             saved = read_json(self.config_path, "collection config to resume (from an earlier run with this --out)")
             if not isinstance(saved, dict):
@@ -44,8 +65,8 @@ class CheckpointStore:
             if diff:
                 raise ValueError(f"cannot resume {self.dir}: the configuration changed ({'; '.join(diff)})")
             return
-        existing = self.config_path if self.rank == 0 else self.state_path
-        if existing.exists():
+        existing = (self.config_path,) if self.rank == 0 else (self.manifest_path, self.legacy_path)
+        if any(path.exists() for path in existing):
             raise ValueError(
                 f"{self.dir} already holds a collection; pass --resume to continue it or choose a new --out"
             )
@@ -53,31 +74,98 @@ class CheckpointStore:
             atomic_write_json(self.config_path, config.to_dict())
 
     def save(self, stats: LayerStatistics, progress: dict) -> None:
-        """Write this rank's statistics and progress atomically (complete or absent, never partial)."""
-        data = save_safetensors(stats.state_dict(), metadata={"progress": json.dumps(progress)})
-        atomic_write_bytes(self.state_path, data)
-        logger.debug("checkpoint %s (%d blocks, %.1f MB)", self.state_path, progress["blocks_done"], len(data) / 2**20)
+        """Write this rank's statistics part by part into a fresh folder, then the manifest naming it (the
+        checkpoint switches to the new state at that rename), then delete the previous one."""
+        folder = make_directories(self.dir / f"{self._parts_prefix}{secrets.token_hex(4)}")
+        files, total = {}, 0
+        for name, tensors in _parts(stats):
+            data = save_safetensors(tensors)
+            del tensors
+            atomic_write_bytes(folder / name, data)
+            files[name], total = len(data), total + len(data)
+            del data  # the next part is serialised only after this one's bytes are freed
+        manifest = {"format": FORMAT, "parts": folder.name, "files": files, "progress": progress}
+        atomic_write_json(self.manifest_path, manifest)
+        self._remove_parts(keep=folder.name)
+        if self.legacy_path.exists():
+            self.legacy_path.unlink()
+        logger.debug("checkpoint %s (%d blocks, %.1f MB)", folder, progress["blocks_done"], total / 2**20)
 
     def load(self, stats: LayerStatistics, config: CollectConfig, vocab: int) -> dict | None:
         """Restore this rank's statistics into ``stats``; returns the progress, or ``None`` if no state was saved.
 
         Every invariant a real state satisfies is checked (:func:`check_collection_state`), so an edited or
         damaged file is refused with a line naming it and the field, never resumed into a different result."""
-        if not self.state_path.exists():
+        path = self.manifest_path if self.manifest_path.exists() else self.legacy_path
+        if not path.exists():
             logger.info("no checkpoint for rank %d in %s; this rank starts from the beginning", self.rank, self.dir)
             return None
         try:
-            with safe_open(self.state_path, framework="pt") as handle:
-                progress = json.loads(handle.metadata()["progress"])
-                stats.load_state_dict({name: handle.get_tensor(name) for name in handle.keys()})
+            state, progress = self._read(path)
+            stats.load_state_dict(state)
+            del state
             check_collection_state(stats, progress, config, self.rank, self.world_size, vocab)
         except Exception as exc:  # safetensors/json raise several types for a damaged file
             raise ValueError(
-                f"checkpoint {self.state_path} is corrupt or does not match this run ({type(exc).__name__}: {exc}); "
+                f"checkpoint {path} is corrupt or does not match this run ({type(exc).__name__}: {exc}); "
                 "delete that file to recollect this process's share from the start with --resume, or use a new --out"
             ) from None
-        logger.info("resuming rank %d from %s: %d blocks done", self.rank, self.state_path, progress["blocks_done"])
+        logger.info("resuming rank %d from %s: %d blocks done", self.rank, path, progress["blocks_done"])
         return progress
+
+    def _read(self, path: Path) -> tuple[dict[str, torch.Tensor], object]:
+        """The state dict and progress of the manifest or legacy file ``path``."""
+        if path == self.legacy_path:
+            with safe_open(path, framework="pt") as handle:
+                return {name: handle.get_tensor(name) for name in handle.keys()}, json.loads(
+                    handle.metadata()["progress"]
+                )
+        manifest = read_json(path, "collection checkpoint manifest")
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} manifest")
+        folder, files = manifest.get("parts"), manifest.get("files")
+        if not isinstance(folder, str) or not folder.startswith(self._parts_prefix) or not isinstance(files, dict):
+            raise ValueError(f"field 'parts' is {folder!r}, expected a {self._parts_prefix}* folder and its files")
+        state: dict[str, torch.Tensor] = {}
+        for name, size in files.items():
+            part = self.dir / folder / str(name)
+            if os.path.basename(str(name)) != name or not part.is_file() or part.stat().st_size != size:
+                raise ValueError(f"part {part} is missing or not the {size} bytes the manifest records")
+            with safe_open(part, framework="pt") as handle:
+                state.update({key: handle.get_tensor(key) for key in handle.keys()})
+        return state, manifest.get("progress")
+
+    def _manifest_parts(self) -> str | None:
+        """The parts folder the manifest names (``None`` when there is no readable manifest)."""
+        try:
+            manifest = json.loads(self.manifest_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return manifest.get("parts") if isinstance(manifest, dict) else None
+
+    def _remove_parts(self, keep: str | None) -> None:
+        """Delete this rank's parts folders other than ``keep`` (older states, or a save that was killed)."""
+        for folder in self.dir.glob(f"{self._parts_prefix}*") if self.dir.is_dir() else ():
+            if folder.name != keep and folder.is_dir() and not folder.is_symlink():
+                shutil.rmtree(folder)
+                logger.debug("removed %s (not the checkpoint the manifest names)", folder)
+
+
+def _parts(stats: LayerStatistics) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+    """``(file name, tensors)`` of each part of ``stats.state_dict()``, built one at a time: a covariance per
+    layer, the reservoir's keys, positions and ids, and its vectors per layer (views, not copies)."""
+    for layer, cov in stats.covariances.items():
+        yield (
+            f"cov-{layer}.safetensors",
+            {f"cov.{layer}.{name}": torch.from_numpy(np.asarray(value)) for name, value in cov.state_dict().items()},
+        )
+    reservoir = stats.reservoir.state_dict()
+    yield (
+        "reservoir.safetensors",
+        {f"reservoir.{name}": reservoir.pop(name) for name in ("keys", "positions", "token_ids")},
+    )
+    for layer in stats.layers:
+        yield f"reservoir-{layer}.safetensors", {f"reservoir.vectors.{layer}": reservoir.pop(f"vectors.{layer}")}
 
 
 def check_collection_state(
