@@ -31,7 +31,7 @@ from _common import markdown_tables, report, table  # noqa: E402
 from dihal_fast.common import atomic_write_json  # noqa: E402
 from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file, generated_sudoku, text_windows  # noqa: E402
-from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run  # noqa: E402
+from dihal_fast.hcdlm.scoring import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run  # noqa: E402
 from dihal_fast.hcdlm.plots import plot_accuracy_vs_steps  # noqa: E402
 from dihal_fast.hcdlm.sampler import generate  # noqa: E402
 from dihal_fast.hcdlm.trainer import train  # noqa: E402
@@ -255,7 +255,7 @@ def bench_text(models: list[str], args: argparse.Namespace) -> dict:
     results, reference = {}, None
     for model in models:
         run_dir = args.out / "text" / model
-        summary = train(run_dir, run_config("text", model, args))
+        summary = train(run_config("text", model, args), run_dir)
         run = load_run(run_dir, device=args.device)
         if reference is None:
             reference = text_windows(run.task, SHARED / "text" / "tinystories.valid.txt", args.text_samples)
@@ -315,7 +315,7 @@ def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
         runs = []
         for seed in seeds:
             run_dir = args.out / task / run_name(model, seed)
-            summary = train(run_dir, run_config(task, model, args, seed))
+            summary = train(run_config(task, model, args, seed), run_dir)
             run = load_run(run_dir, device=args.device)
             examples, val = eval_examples(task, run, args), eval_examples(task, run, args, "validation")
             chosen, tried = pick_sampler(run, model, val, base, args)
@@ -465,7 +465,7 @@ def main() -> int:
         for task in [t for t in args.tasks.split(",") if t]:
             for model in models:
                 for seed in int_list(args.seeds):
-                    train(args.out / task / run_name(model, seed), run_config(task, model, args, seed))
+                    train(run_config(task, model, args, seed), args.out / task / run_name(model, seed))
         return 0
     for task in [t for t in args.tasks.split(",") if t]:
         if task == "text":

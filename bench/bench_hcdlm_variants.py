@@ -29,7 +29,7 @@ import bench_hcdlm  # noqa: E402
 from _common import report, rows_figure, table  # noqa: E402
 
 from dihal_fast.hcdlm.config import SampleConfig  # noqa: E402
-from dihal_fast.hcdlm.evaluate import evaluate_examples, load_run, readout_by_step  # noqa: E402
+from dihal_fast.hcdlm.scoring import evaluate_examples, load_run, readout_by_step  # noqa: E402
 from dihal_fast.hcdlm.mechanism import ablation_effects, ablation_readout, reference_targets  # noqa: E402
 from dihal_fast.hcdlm.trainer import train  # noqa: E402
 
@@ -70,7 +70,7 @@ def main() -> int:
         section, field = key.split(".")
         setattr(config, section, replace(getattr(config, section), **{field: json.loads(value)}))
     run_dir = args.out / args.name
-    summary = train(run_dir, config)
+    summary = train(config, run_dir)
     result = {"name": args.name, "model": args.model, "set": args.set, "minutes": args.minutes, "step": summary["step"]}
     run = load_run(run_dir, device="cpu")
     val = bench_hcdlm.eval_examples("sudoku", run, defaults, "validation")

@@ -6,7 +6,7 @@ import math
 
 from dihal_fast.cli import main
 from dihal_fast.common import read_json
-from dihal_fast.evaluate.report import METRICS
+from dihal_fast.evaluate.markdown import METRICS
 
 
 def _argv(model, corpus, out):

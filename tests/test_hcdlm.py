@@ -9,7 +9,7 @@ import torch
 
 from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.layers import SlotPositions, count_parameters
-from dihal_fast.hcdlm.models import HCDLM, ARNet, MDMNet, build_model
+from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet, build_model
 from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel, make_kernel, noisy_token_probs
 from dihal_fast.hcdlm.objective import hcdlm_loss
 from dihal_fast.hcdlm.sampler import generate, guided_x0, sample_hcdlm, sample_mdm
@@ -495,7 +495,7 @@ def test_auto_token_weighting_is_the_papers_per_kernel(sudoku4):
 
 def test_soft_logvar_bound_has_a_gradient_everywhere(sudoku4):
     """soft: tanh-bounded in [logvar_min, 0], slope 1 in the middle, gradient beyond the ends; clamp: none there."""
-    from dihal_fast.hcdlm.models import LOGVAR_INIT
+    from dihal_fast.hcdlm.networks import LOGVAR_INIT
 
     soft = HCDLM(sudoku4.spec, HCDLMModelConfig(logvar_min=-6.0, **TINY)).encoder
     clamp = HCDLM(sudoku4.spec, HCDLMModelConfig(logvar_bound="clamp", logvar_min=-6.0, **TINY)).encoder

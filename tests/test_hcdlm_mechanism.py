@@ -12,7 +12,7 @@ import torch
 from dihal_fast.cli import main
 from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.mechanism import ablation_effects, ablation_readout
-from dihal_fast.hcdlm.models import MDMNet
+from dihal_fast.hcdlm.networks import MDMNet
 from dihal_fast.hcdlm.sampler import sample_mdm
 from dihal_fast.hcdlm.trainer import train
 from dihal_fast.tasks.registry import TaskConfig
@@ -53,8 +53,8 @@ def _run_config(kind: str, steps: int) -> RunConfig:
 def trained(tmp_path_factory):
     """A 300-step HC-DLM and a 50-step MDM on 4x4 Sudoku, and a CSV of 60 fresh puzzles (a few CPU-seconds)."""
     root = tmp_path_factory.mktemp("mechanism")
-    train(root / "hcdlm", _run_config("hcdlm", 300))
-    train(root / "mdm", _run_config("mdm", 50))
+    train(_run_config("hcdlm", 300), root / "hcdlm")
+    train(_run_config("mdm", 50), root / "mdm")
     rng, geo = random.Random("mechanism-test"), geometry(2, 2)
     rows = [generate(rng, geo, "singles") for _ in range(60)]
     csv = root / "fresh.csv"
@@ -66,7 +66,7 @@ def test_each_ablation_moves_the_readout_of_a_model_that_uses_its_inputs(trained
     """Trained with exposure 0, the model reads x_t at low noise and the scaffold at high noise: replacing
     either changes the blank-cell read-out by >= 5 points somewhere, and a true scaffold beats a random one."""
     from dihal_fast.hcdlm.eval_data import examples_from_file
-    from dihal_fast.hcdlm.evaluate import load_run
+    from dihal_fast.hcdlm.scoring import load_run
 
     run = load_run(trained / "hcdlm", device="cpu")
     rows = ablation_readout(run, examples_from_file(run.task, trained / "fresh.csv"), (0.05, 0.5, 0.95))

@@ -46,11 +46,20 @@ def _config(steps: int, kind: str = "hcdlm") -> RunConfig:
     )
 
 
+def test_the_old_argument_order_warns_and_trains_the_same_run(tmp_path):
+    new = train(_config(2), tmp_path / "new")
+    with pytest.warns(DeprecationWarning, match=r"train\(config, run_dir\)"):
+        old = train(tmp_path / "old", _config(2))
+    assert old["step"] == new["step"] == 2 and old["loss"] == new["loss"]
+    with pytest.raises(TypeError, match="RunConfig"):
+        train({"steps": 2}, tmp_path / "dict")
+
+
 @pytest.mark.parametrize("kind", ["hcdlm", "mdm"])
 def test_resume_gives_the_same_weights(tmp_path, kind):
-    train(tmp_path / "straight", _config(6, kind))
-    train(tmp_path / "resumed", _config(3, kind))
-    train(tmp_path / "resumed", _config(6, kind))
+    train(_config(6, kind), tmp_path / "straight")
+    train(_config(3, kind), tmp_path / "resumed")
+    train(_config(6, kind), tmp_path / "resumed")
     for name in ("weights.safetensors", "ema.safetensors", "stream.safetensors"):
         a = load_file(latest_checkpoint(tmp_path / "straight") / name)
         b = load_file(latest_checkpoint(tmp_path / "resumed") / name)
@@ -62,23 +71,23 @@ def test_resume_gives_the_same_weights(tmp_path, kind):
 
 
 def test_resume_with_another_model_is_refused(tmp_path):
-    train(tmp_path, _config(2))
+    train(_config(2), tmp_path)
     with pytest.raises(ValueError, match="different model"):
-        train(tmp_path, _config(2, "ar"))
+        train(_config(2, "ar"), tmp_path)
 
 
 def test_device_errors_are_clear(tmp_path):
     config = _config(3)
     config.train.device = "gpu0"
     with pytest.raises(ValueError, match="not a torch device"):
-        train(tmp_path / "bad", config)
-    train(tmp_path / "run", _config(3))
+        train(config, tmp_path / "bad")
+    train(_config(3), tmp_path / "run")
     state_path = latest_checkpoint(tmp_path / "run") / "stream.json"
     state = json.loads(state_path.read_text())
     assert state["generator_device"] == "cpu"
     state_path.write_text(json.dumps({**state, "generator_device": "cuda"}))
     with pytest.raises(ValueError, match="trained on cuda; resume it with --device cuda"):
-        train(tmp_path / "run", _config(6))
+        train(_config(6), tmp_path / "run")
 
 
 def test_cli_countdown_train_eval_solve(tmp_path, shared_data, capsys):
@@ -353,7 +362,7 @@ def test_cli_countdown_baselines_train_and_eval(tmp_path, model, shared_data):
 
 def test_resume_after_a_kill_logs_each_step_once(tmp_path):
     """Rows a killed run logged past its last checkpoint are dropped on resume, not duplicated."""
-    train(tmp_path, _config(3))
+    train(_config(3), tmp_path)
     log_path = tmp_path / "log.jsonl"
     with log_path.open("a") as log:  # what a run killed at step 5 (checkpoint at 3) leaves behind
         log.write(
@@ -363,7 +372,7 @@ def test_resume_after_a_kill_logs_each_step_once(tmp_path):
             + "\n"
             + '{"step": 6, "lo'
         )
-    train(tmp_path, _config(6))
+    train(_config(6), tmp_path)
     assert [json.loads(line)["step"] for line in log_path.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
 
 
@@ -516,7 +525,7 @@ def test_a_second_writer_of_a_run_is_refused(tmp_path, capsys):
 
 def test_configs_saved_before_new_fields_keep_their_meaning(tmp_path):
     """A run saved without the slot head / token term / exposure fields loads as it was trained."""
-    train(tmp_path, _config(2))
+    train(_config(2), tmp_path)
     config_path = latest_checkpoint(tmp_path) / "config.json"
     data = json.loads(config_path.read_text())
     data["model"].pop("slot_head")
@@ -530,7 +539,7 @@ def test_configs_saved_before_new_fields_keep_their_meaning(tmp_path):
 def test_configs_saved_before_the_issue_23_options_keep_their_meaning(tmp_path):
     """A run saved without the variance bound, guidance switch and exposure ramp loads with the hard clamp,
     the scaffold drop always on and a constant exposure share; new runs get the new defaults."""
-    train(tmp_path, _config(2))
+    train(_config(2), tmp_path)
     data = json.loads((latest_checkpoint(tmp_path) / "config.json").read_text())
     for section, name in (
         ("model", "logvar_bound"),
@@ -546,13 +555,13 @@ def test_configs_saved_before_the_issue_23_options_keep_their_meaning(tmp_path):
     latest_checkpoint(tmp_path).joinpath("config.json").write_text(json.dumps(data))
     legacy = _config(4)
     legacy.model.logvar_bound, legacy.objective.guidance_training = "clamp", True
-    assert train(tmp_path, legacy)["step"] == 4
+    assert train(legacy, tmp_path)["step"] == 4
     data = json.loads((latest_checkpoint(tmp_path) / "config.json").read_text())
     for section, name in (("model", "logvar_bound"), ("objective", "guidance_training")):
         data[section].pop(name)
     latest_checkpoint(tmp_path).joinpath("config.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="logvar_bound"):
-        train(tmp_path, _config(6))
+        train(_config(6), tmp_path)
     new = RunConfig()
     assert new.model.logvar_bound == "soft" and not new.objective.guidance_training
     assert (
@@ -579,8 +588,8 @@ def test_guidance_on_a_run_trained_without_it_is_refused(tmp_path, capsys):
 def test_deepspeed_zero2_step_equals_a_plain_torch_step(tmp_path):
     """HC-DLM trains through the shared loop's DeepSpeed engine too (one process, gloo, ZeRO-2)."""
     (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
-    train(tmp_path / "plain", _config(2))
-    summary = train(tmp_path / "zero", _config(2), deepspeed_config=tmp_path / "ds.json")
+    train(_config(2), tmp_path / "plain")
+    summary = train(_config(2), tmp_path / "zero", deepspeed_config=tmp_path / "ds.json")
     assert summary["step"] == 2
     plain = load_file(latest_checkpoint(tmp_path / "plain") / "weights.safetensors")
     zero = load_file(latest_checkpoint(tmp_path / "zero") / "weights.safetensors")

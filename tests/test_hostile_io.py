@@ -217,7 +217,7 @@ def test_a_checkpoint_interrupted_while_written_keeps_the_previous_one(tmp_path,
 
     monkeypatch.setattr(checkpoint, "save_file", fails_on_the_second_checkpoint)
     with pytest.raises(KeyboardInterrupt):
-        train(tmp_path, config)
+        train(config, tmp_path)
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000002"
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000002"]
 

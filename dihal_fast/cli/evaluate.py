@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dihal_fast.cli import UserError
     from dihal_fast.evaluate.downstream import MissingHarness
-    from dihal_fast.evaluate.report import METRICS, downstream_table
+    from dihal_fast.evaluate.markdown import METRICS, downstream_table
     from dihal_fast.pipeline import EvaluateConfig, evaluate
 
     try:

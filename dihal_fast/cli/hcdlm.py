@@ -142,7 +142,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.slot_head is None:
         args.slot_head = args.slot_aux_weight > 0
     config = dataclass_from_options(RunConfig, args)
-    summary = train(args.out, config, deepspeed_config=args.deepspeed)
+    summary = train(config, args.out, deepspeed_config=args.deepspeed)
     print(
         f"trained {config.model.kind} on {config.task.name}: step {summary['step']}, "
         f"loss {summary.get('loss', float('nan')):.4f}, {summary['parameters']} parameters -> {args.out}"
@@ -159,7 +159,7 @@ def _sample_config(args: argparse.Namespace, text: bool):
 
 def run_eval(args: argparse.Namespace) -> int:
     from dihal_fast.common import read_json
-    from dihal_fast.hcdlm.report import evaluate_run
+    from dihal_fast.hcdlm.api import evaluate_run
 
     saved = args.run_dir / "config.json"  # the default temperature depends on the run's task
     text = saved.is_file() and read_json(saved, "run config").get("task", {}).get("name") == "text"
@@ -195,7 +195,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_solve(args: argparse.Namespace) -> int:
-    from dihal_fast.hcdlm.report import solve_puzzle
+    from dihal_fast.hcdlm.api import solve_puzzle
 
     solution = solve_puzzle(
         args.run_dir,

@@ -6,9 +6,9 @@ Entry points: :func:`train` (a run directory from a :class:`RunConfig`), :func:`
 :func:`evaluate_examples` / :func:`evaluate_text` / :func:`readout_by_step`, and the ``dihal hcdlm`` command.
 """
 
+from dihal_fast.hcdlm.api import Solution, evaluate_run, solve_puzzle
 from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig
-from dihal_fast.hcdlm.evaluate import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run, readout_by_step
-from dihal_fast.hcdlm.report import Solution, evaluate_run, solve_puzzle
+from dihal_fast.hcdlm.scoring import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run, readout_by_step
 from dihal_fast.hcdlm.trainer import train
 
 __all__ = [

@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 
 from dihal_fast.hcdlm.config import SampleConfig
-from dihal_fast.hcdlm.evaluate import LoadedRun, mean_scores, readout_by_step
-from dihal_fast.hcdlm.models import MDMNet
+from dihal_fast.hcdlm.networks import MDMNet
 from dihal_fast.hcdlm.noise import LATENT_FLOW
 from dihal_fast.hcdlm.sampler import sample_mdm
+from dihal_fast.hcdlm.scoring import LoadedRun, mean_scores, readout_by_step
 from dihal_fast.tasks.base import EvalExample
 
 ABLATION_LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)

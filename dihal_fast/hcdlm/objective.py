@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from dihal_fast.hcdlm.config import ObjectiveConfig
-from dihal_fast.hcdlm.models import HCDLM, ARNet, MDMNet
+from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
 from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel
 
 LOG_2PI = math.log(2 * math.pi)

@@ -12,7 +12,7 @@ import torch
 
 from dihal_fast.common.sampling import sample_categorical
 from dihal_fast.hcdlm.config import SampleConfig
-from dihal_fast.hcdlm.models import HCDLM, ARNet, MDMNet
+from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
 from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel
 
 StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], None]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from dihal_fast.common import read_json, resolve_device, seed_everything
 from dihal_fast.common.rundir import run_directory
 from dihal_fast.hcdlm.config import HCDLMTrainConfig, ObjectiveConfig, RunConfig
 from dihal_fast.hcdlm.layers import count_parameters
-from dihal_fast.hcdlm.models import HCDLM, ARNet, MDMNet, build_model
+from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet, build_model
 from dihal_fast.hcdlm.noise import make_kernel
 from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss
 from dihal_fast.tasks.registry import build_task
@@ -149,11 +150,18 @@ def _saved_config(run_dir: Path) -> object:
         return None
 
 
-def train(run_dir: str | os.PathLike, config: RunConfig, deepspeed_config: str | os.PathLike | None = None) -> dict:
+def train(config: RunConfig, run_dir: str | os.PathLike, deepspeed_config: str | os.PathLike | None = None) -> dict:
     """Train (or resume) the run in ``run_dir``, holding its lock; returns a summary with the final step and loss.
 
-    With ``deepspeed_config`` the DeepSpeed ZeRO engine is used (launch several processes with torchrun).
+    ``(config, out)`` like every stage's entry point; the 0.1 order ``train(run_dir, config)`` still works, with a
+    DeprecationWarning, until 0.3. With ``deepspeed_config`` the DeepSpeed ZeRO engine is used (launch several
+    processes with torchrun).
     """
+    if isinstance(run_dir, RunConfig) and not isinstance(config, RunConfig):
+        warnings.warn("hcdlm.train(run_dir, config) is deprecated; call train(config, run_dir)", DeprecationWarning, 2)
+        config, run_dir = run_dir, config
+    if not isinstance(config, RunConfig):
+        raise TypeError(f"config must be a RunConfig, got {type(config).__name__}")
     with run_directory(run_dir, f"dihal hcdlm train --model {config.model.kind}") as folder:
         check_layout(folder)
         tc = config.train

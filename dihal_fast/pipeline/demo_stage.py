@@ -18,7 +18,7 @@ from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.cpu_threads import poll_threads
-from dihal_fast.evaluate import report as md
+from dihal_fast.evaluate import markdown as md
 from dihal_fast.evaluate.harness import EvalSettings
 from dihal_fast.pipeline.evaluate_stage import EvaluateConfig
 from dihal_fast.pipeline.evaluate_stage import evaluate as evaluate_stage

@@ -13,7 +13,7 @@ import torch
 from dihal_fast.common import resolve_device
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig
-from dihal_fast.hcdlm.models import build_model
+from dihal_fast.hcdlm.networks import build_model
 from dihal_fast.hcdlm.noise import AbsorbingKernel, UniformKernel, make_kernel
 from dihal_fast.hcdlm.sampler import generate
 from dihal_fast.tasks.base import EvalExample, Task

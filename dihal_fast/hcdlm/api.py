@@ -15,15 +15,6 @@ from dihal_fast.common.rundir import check_output_file
 from dihal_fast.common.validation import check_value
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.eval_data import examples_from_file, text_windows
-from dihal_fast.hcdlm.evaluate import (
-    LoadedRun,
-    accuracy_vs_steps,
-    evaluate_examples,
-    evaluate_text,
-    load_run,
-    readout_by_step,
-    sample_targets,
-)
 from dihal_fast.hcdlm.mechanism import (
     ABLATION_LEVELS,
     ablation_effects,
@@ -32,6 +23,15 @@ from dihal_fast.hcdlm.mechanism import (
     readout_trajectory,
 )
 from dihal_fast.hcdlm.plots import plot_ablations, plot_accuracy_vs_steps, plot_readout_by_step, plot_trajectories
+from dihal_fast.hcdlm.scoring import (
+    LoadedRun,
+    accuracy_vs_steps,
+    evaluate_examples,
+    evaluate_text,
+    load_run,
+    readout_by_step,
+    sample_targets,
+)
 
 logger = logging.getLogger(__name__)
 
