@@ -110,6 +110,8 @@ def test_a_checkpoint_of_the_single_file_layout_is_resumed(tiny_checkpoints, cor
     [
         (lambda m: m.update(format="dihal-collect-state/9"), "not a dihal-collect-state/2 manifest"),
         (lambda m: m.update(parts="../../elsewhere"), "field 'parts' is '../../elsewhere'"),
+        (lambda m: m.update(parts=m["parts"] + "/../../x"), "field 'parts' is 'state-rank0000-of-0001.parts-"),
+        (lambda m: m.update(files=[]), "field 'files' is"),
         (lambda m: m["files"].update({"../config.json": 10}), "is missing or not the 10 bytes"),
         (lambda m: m["files"].pop("cov-2.safetensors"), "covariance state is missing"),
     ],
@@ -144,3 +146,12 @@ def test_a_save_holds_one_part_at_a_time(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 3.5 * largest_part < whole_state / 2, (peak, largest_part, whole_state)
+
+
+def test_a_damaged_manifest_is_refused_and_its_parts_are_kept(tiny_checkpoints, corpus, tmp_path):
+    config, run = _config(tiny_checkpoints["llama"], corpus), tmp_path / "run"
+    collect(config, run, max_batches=2, progress=False)
+    (run / "collect" / MANIFEST).write_text('{"format": "dihal-collect-st')  # cut short by a full disk, say
+    with pytest.raises(ValueError, match=f"{MANIFEST} is corrupt.*not valid JSON"):
+        collect(config, run, resume=True, progress=False)
+    assert len(list((run / "collect").glob("state-*.parts-*"))) == 1  # left for the user to repair or delete

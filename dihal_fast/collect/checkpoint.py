@@ -56,7 +56,9 @@ class CheckpointStore:
         deleted first."""
         for path in (self.manifest_path, self.legacy_path, *((self.config_path,) if self.rank == 0 else ())):
             remove_stale_temporaries(path)
-        self._remove_parts(keep=self._manifest_parts())
+        keep = self._manifest_parts()
+        if keep is not None or not self.manifest_path.exists():  # an unreadable manifest: every folder is kept
+            self._remove_parts(keep)
         if resume:
             saved = read_json(self.config_path, "collection config to resume (from an earlier run with this --out)")
             if not isinstance(saved, dict):
@@ -124,8 +126,10 @@ class CheckpointStore:
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} manifest")
         folder, files = manifest.get("parts"), manifest.get("files")
-        if not isinstance(folder, str) or not folder.startswith(self._parts_prefix) or not isinstance(files, dict):
-            raise ValueError(f"field 'parts' is {folder!r}, expected a {self._parts_prefix}* folder and its files")
+        if not (isinstance(folder, str) and folder.startswith(self._parts_prefix) and Path(folder).name == folder):
+            raise ValueError(f"field 'parts' is {folder!r}, expected a {self._parts_prefix}* folder beside it")
+        if not isinstance(files, dict):
+            raise ValueError(f"field 'files' is {files!r}, expected an object of file names and sizes")
         state: dict[str, torch.Tensor] = {}
         for name, size in files.items():
             part = self.dir / folder / str(name)
