@@ -9,6 +9,7 @@ import shlex
 import sys
 
 from dihal_fast.backbone.config import BackboneTrainConfig
+from dihal_fast.common.devices import DEVICE_HELP, device_argument
 from dihal_fast.common.options import HelpFormatter, add_dataclass_options, dataclass_from_options
 from dihal_fast.train.settings import DEEPSPEED_HELP
 
@@ -67,7 +68,7 @@ def _register_train(actions: argparse._SubParsersAction) -> None:
         default=None,
         help="end this invocation after this step with a checkpoint (continue with --resume)",
     )
-    p.add_argument("--device", default="cpu", help="torch device to train on (cpu, cuda, cuda:1, ...)")
+    p.add_argument("--device", default="auto", type=device_argument, help=DEVICE_HELP)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--deepspeed", default=None, metavar="CFG", help=DEEPSPEED_HELP)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")

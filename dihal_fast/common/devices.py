@@ -4,12 +4,17 @@
 :func:`resolve_device` and :func:`resolve_dtype` turn them into torch objects before any work starts,
 refusing what this machine cannot run with one line. ``--dtype auto`` is the checkpoint's own dtype
 (``dtype`` / ``torch_dtype`` in its ``config.json``), as transformers' ``from_pretrained(dtype="auto")``.
+``device_map_option()`` (``--device-map``) places a checkpoint's layers across this process's devices with
+accelerate's strategies (:func:`rank_gpus`, :func:`rank_max_memory`: one disjoint set of GPUs per rank of a node).
+:func:`device_argument` is the same device check as an argparse ``type`` for commands without a config field.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from dihal_fast.common.options import option
@@ -19,6 +24,14 @@ DTYPE_HELP = "model dtype: auto (the checkpoint's own, from its config.json), fl
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 _CHECKPOINT_DEFAULT = "float32"  # transformers' default when a config names no dtype
+DEVICE_MAP_CHOICES = ("none", "auto", "balanced", "balanced_low_0", "sequential")
+DEVICE_MAP_HELP = (
+    "placement of a checkpoint's layers: none (the whole model on --device) or an accelerate strategy (auto, "
+    "balanced, balanced_low_0, sequential) spreading it over this process's GPUs, then the CPU; under a launcher "
+    "rank r of n on a node takes GPUs r, r+n, r+2n, ... (needs accelerate; not with DeepSpeed)"
+)
+# The variables that say how many processes run on this node: torchrun, the deepspeed launcher, SLURM.
+RANKS_PER_NODE_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
 
 
 def device_option(default: str = "auto", help: str = DEVICE_HELP):
@@ -30,6 +43,21 @@ def device_option(default: str = "auto", help: str = DEVICE_HELP):
 def dtype_option(default: str = "auto", help: str = DTYPE_HELP):
     """The ``dtype`` field of a stage config (``--dtype``), choices :data:`DTYPE_CHOICES`."""
     return option(default, help, choices=DTYPE_CHOICES)
+
+
+def device_map_option(default: str = "none", help: str = DEVICE_MAP_HELP):
+    """The ``device_map`` field of a stage config (``--device-map``), choices :data:`DEVICE_MAP_CHOICES`."""
+    return option(default, help, choices=DEVICE_MAP_CHOICES)
+
+
+def device_argument(text: str) -> str:
+    """``--device`` as an argparse ``type``: ``text`` when :func:`resolve_device` accepts it, else a usage error
+    (one line) while the command line is parsed, before any work."""
+    try:
+        resolve_device(text)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def resolve_device(name: str):
@@ -91,3 +119,44 @@ def resolve_dtype(name: str, model_dir: str | os.PathLike | None = None):
     import torch
 
     return getattr(torch, dtype_name(name, model_dir))
+
+
+def ranks_per_node(env: Mapping[str, str] | None = None) -> int:
+    """How many processes of this job run on this node: ``LOCAL_WORLD_SIZE`` (torchrun), ``LOCAL_SIZE`` (the
+    deepspeed launcher) or ``SLURM_NTASKS_PER_NODE``; 1 without a launcher (``WORLD_SIZE`` unset or 1)."""
+    env = os.environ if env is None else env
+    for name in RANKS_PER_NODE_VARS:
+        value = env.get(name, "")
+        if value:
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            return int(value)
+    world = env.get("WORLD_SIZE", "1") or "1"
+    if world.isdigit() and int(world) <= 1:
+        return 1
+    raise ValueError(
+        f"--device-map under a launcher (WORLD_SIZE={world}) needs the number of ranks on this node "
+        f"({', '.join(RANKS_PER_NODE_VARS)}); torchrun and the deepspeed launcher set it, set one by hand otherwise"
+    )
+
+
+def rank_gpus(n_gpus: int, local_rank: int, local_ranks: int) -> list[int]:
+    """The GPUs local rank ``local_rank`` of ``local_ranks`` on a node with ``n_gpus`` places its model on:
+    ``local_rank, local_rank + local_ranks, ...`` (disjoint between ranks; the first is the rank's own
+    ``cuda:LOCAL_RANK``, where DeepSpeed and torchrun put it). A rank without a GPU is a ValueError."""
+    if not 0 <= local_rank < local_ranks:
+        raise ValueError(f"local rank {local_rank} must lie in 0..{local_ranks - 1} ({local_ranks} ranks per node)")
+    if local_rank >= n_gpus:
+        raise ValueError(
+            f"--device-map: local rank {local_rank} of {local_ranks} on this node has no GPU (torch sees {n_gpus}); "
+            "run at most one rank per GPU"
+        )
+    return list(range(local_rank, n_gpus, local_ranks))
+
+
+def rank_max_memory(free: Mapping[int | str, int], gpus: list[int] | None, local_ranks: int) -> dict[int | str, int]:
+    """accelerate's ``max_memory`` for one rank: the free memory (``free``, as ``accelerate.utils.get_max_memory``
+    gives it) of its ``gpus`` only (``None``: no GPU, the CPU alone) and its share of the host memory."""
+    memory: dict[int | str, int] = {gpu: int(free[gpu]) for gpu in gpus or []}
+    memory["cpu"] = int(free["cpu"]) // local_ranks
+    return memory

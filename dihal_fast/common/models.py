@@ -51,17 +51,52 @@ def load_tokenizer(path: str | os.PathLike | None):
     return tokenizer
 
 
-def _placement(device) -> dict:
-    """``device_map`` onto a GPU when accelerate is installed (extra ``deepspeed``): the shards load straight
-    into GPU memory instead of being staged in host memory first (each rank of a node would hold a full copy)."""
+def placement(device, device_map: str = "none") -> dict:
+    """``from_pretrained`` keyword arguments placing a checkpoint on torch device ``device`` (resolved).
+
+    ``device_map="none"``: the whole model on ``device``; on a GPU through accelerate when it is installed, so the
+    shards load straight into GPU memory instead of being staged in host memory first. A strategy of
+    :data:`~dihal_fast.common.devices.DEVICE_MAP_CHOICES` (``auto``, ``balanced``, ...): accelerate spreads the
+    layers over this rank's GPUs (:func:`~dihal_fast.common.devices.rank_gpus`; on ``cpu``: the CPU alone) and
+    then the rank's share of host memory, through ``max_memory``; the model then holds ``hf_device_map``.
+    """
+    import torch
     from transformers.utils import is_accelerate_available
 
-    return {"device_map": {"": str(device)}} if device.type == "cuda" and is_accelerate_available() else {}
+    from dihal_fast.common.devices import DEVICE_MAP_CHOICES, rank_gpus, rank_max_memory, ranks_per_node
+    from dihal_fast.common.launch import launcher_env
+
+    if device_map not in DEVICE_MAP_CHOICES:
+        raise ValueError(f"--device-map must be one of {', '.join(DEVICE_MAP_CHOICES)}, got {device_map!r}")
+    if device_map == "none":
+        return {"device_map": {"": str(device)}} if device.type == "cuda" and is_accelerate_available() else {}
+    if not is_accelerate_available():
+        raise ValueError(f"--device-map {device_map} needs accelerate: pip install 'dihal_fast[deepspeed]'")
+    if device.index is not None:
+        raise ValueError(
+            f"--device-map {device_map} spreads the model over this rank's GPUs, --device {device} pins one; pass "
+            "--device cuda (or auto), or --device-map none"
+        )
+    from accelerate.utils import get_max_memory
+
+    local_ranks = ranks_per_node()
+    gpus = (
+        rank_gpus(torch.cuda.device_count(), launcher_env().local_rank, local_ranks) if device.type == "cuda" else None
+    )
+    return {"device_map": device_map, "max_memory": rank_max_memory(get_max_memory(), gpus, local_ranks)}
 
 
-def load_causal_lm(path: str | os.PathLike | None, dtype: str = "float32", device: str = "cpu"):
+def input_device(model) -> torch.device:
+    """Where a model's inputs go: the device of its input embedding (the first device of a spread model)."""
+    return model.get_input_embeddings().weight.device
+
+
+def load_causal_lm(
+    path: str | os.PathLike | None, dtype: str = "float32", device: str = "cpu", device_map: str = "none"
+):
     """``(model, tokenizer)`` from a local checkpoint directory, in eval mode on ``device`` (``auto`` or a torch
-    device) and ``dtype`` (``auto`` = the checkpoint's own; see :mod:`dihal_fast.common.devices`)."""
+    device) and ``dtype`` (``auto`` = the checkpoint's own; see :mod:`dihal_fast.common.devices`); ``device_map``
+    spreads it over this rank's devices instead (:func:`placement`; inputs go to :func:`input_device`)."""
     from transformers import AutoModelForCausalLM
 
     from dihal_fast.common.devices import resolve_device, resolve_dtype
@@ -69,10 +104,13 @@ def load_causal_lm(path: str | os.PathLike | None, dtype: str = "float32", devic
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {dtype!r}")
     device = resolve_device(str(device))
+    where = placement(device, device_map)
     path = resolve_model_dir(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, path), **_placement(device))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, path), **where)
     except Exception as exc:  # transformers/safetensors raise many types for a bad checkpoint
         raise ValueError(f"could not load a causal LM from {path}: {type(exc).__name__}: {exc}") from None
     tokenizer = load_tokenizer(path)
-    return model.to(device).eval(), tokenizer
+    if device_map == "none":
+        model = model.to(device)
+    return model.eval(), tokenizer

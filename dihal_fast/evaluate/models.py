@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from dihal_fast.common.models import load_causal_lm, resolve_model_dir
+from dihal_fast.common.models import input_device, load_causal_lm, resolve_model_dir
 from dihal_fast.evaluate.generation import Generation, check_generation_request
 from dihal_fast.evaluate.scoring import evaluator_context
 
@@ -38,9 +38,15 @@ class LoadedLM:
         recorded = getattr(self.model.config, "backbone_dir", "")
         return Path(recorded) if recorded else self.path
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's inputs go (its input embedding's device; the first device of a spread model)."""
+        return input_device(self.model)
+
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """``[B, T, V]`` next-token logits."""
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        """``[B, T, V]`` next-token logits (inputs moved to :attr:`device`; the logits stay where the model made
+        them)."""
+        return self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)).logits
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """A prompt's token ids: the start-of-document token (BOS, else EOS) then the text's tokens,
@@ -63,12 +69,14 @@ class LoadedLM:
         """Continuations of each row of ``prompt_ids[B, P]`` by ``model.generate`` with float64 draws, timed.
 
         Without ``stop_at_eos`` exactly ``max_new_tokens`` are drawn per row; with it a row ends at its first
-        EOS and is padded after it (``pad_token_id``) to the longest row.
+        EOS and is padded after it (``pad_token_id``) to the longest row. The prompt moves to :attr:`device`; the
+        draws come from ``generator`` (a CPU one gives the same tokens on every device).
         """
         from dihal_fast.hybrid.generation import float64_sampling
 
         check_generation_request(prompt_ids.shape[1], prompt_ids.shape[0], max_new_tokens, self.context)
         eos = self.tokenizer.eos_token_id if stop_at_eos else None
+        prompt_ids = prompt_ids.to(self.device)
         start = time.perf_counter()
         out = self.model.generate(
             prompt_ids,
@@ -108,20 +116,38 @@ def set_denoising_steps(model: torch.nn.Module, nfe: int | None) -> None:
 
 
 def load_lm(
-    path: str | os.PathLike | None, dtype: str = "auto", device: str = "cpu", nfe: int | None = None
+    path: str | os.PathLike | None,
+    dtype: str = "auto",
+    device: str = "cpu",
+    nfe: int | None = None,
+    device_map: str = "none",
 ) -> LoadedLM:
     """A backbone checkpoint directory, a hybrid directory or a ``dihal replace`` run directory (``None`` = the
-    shipped backbone), in ``dtype`` (``auto`` = the checkpoint's); ``nfe`` sets a hybrid's denoising steps."""
+    shipped backbone), in ``dtype`` (``auto`` = the checkpoint's) on ``device`` (``auto``: cuda when torch sees one),
+    or spread by ``device_map`` (:func:`dihal_fast.common.models.placement`); ``nfe`` sets a hybrid's denoising
+    steps."""
     import dihal_fast.hybrid  # noqa: F401  (registers the hybrid with the Auto classes)
 
     model_dir = resolve_model_dir(path if path is None else (find_hybrid_dir(Path(path)) or path))
-    model, tokenizer = load_causal_lm(model_dir, dtype=dtype, device=device)
+    model, tokenizer = load_causal_lm(model_dir, dtype=dtype, device=device, device_map=device_map)
     set_denoising_steps(model, nfe)
     kind = "hybrid" if model.config.model_type == HYBRID_MODEL_TYPE else "backbone"
-    logger.info("loaded the %s in %s (%s)", kind, model_dir, model.dtype)
+    logger.info("loaded the %s in %s (%s on %s)", kind, model_dir, model.dtype, describe_placement(model))
     return LoadedLM(kind, model_dir, model, tokenizer, evaluator_context(model, tokenizer))
 
 
 def same_tokenizer(a, b) -> bool:
     """Whether two tokenizers map text to the same ids (same vocabulary and special tokens)."""
     return a.get_vocab() == b.get_vocab() and a.all_special_ids == b.all_special_ids
+
+
+def describe_placement(model) -> str:
+    """``cpu``, ``cuda:0``, or the devices of a spread model with their share of its parameters
+    (``cuda:0 52%, cuda:1 48%``), for logs and reports."""
+    counts: dict[str, int] = {}
+    for parameter in model.parameters():
+        counts[str(parameter.device)] = counts.get(str(parameter.device), 0) + parameter.numel()
+    if len(counts) == 1:
+        return next(iter(counts))
+    total = sum(counts.values())
+    return ", ".join(f"{name} {100 * n / total:.0f}%" for name, n in counts.items())

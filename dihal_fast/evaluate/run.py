@@ -85,6 +85,9 @@ def evaluate_hybrid(
     backbone_path: str | Path | None = None,
     tasks: list[str] | None = None,
     task_limit: int | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    device_map: str = "none",
 ) -> dict:
     """Evaluate a hybrid and its backbone (and optional controls) and write ``out_dir/evaluate.json``.
 
@@ -93,16 +96,20 @@ def evaluate_hybrid(
     ``evaluator_dtype`` is the evaluator LM's dtype (recorded in the report); ``backbone_path`` is the checkpoint
     the hybrid was cut from (default: the one its config records); ``tasks`` are lm-evaluation-harness tasks run
     on every scored model (``report["downstream"]``, :func:`dihal_fast.evaluate.downstream.downstream_report`),
-    ``task_limit`` keeps their first N examples.
+    ``task_limit`` keeps their first N examples. Every model loads on ``device`` (``auto``: cuda when torch sees
+    one) or spread by ``device_map``, the hybrid, its backbone and the controls in ``dtype`` (``auto``: each
+    checkpoint's own; a hybrid's bridge stays float32), the evaluator in ``evaluator_dtype``; samples are drawn in
+    float64 from a CPU generator (the draws do not depend on the device).
     """
     out_dir = Path(out_dir)
-    hybrid = load_lm(hybrid_path)
+    place = {"device": device, "device_map": device_map}
+    hybrid = load_lm(hybrid_path, dtype, **place)
     if hybrid.kind != "hybrid":
         raise ValueError(f"--hybrid {hybrid_path} is not a hybrid directory (it is a plain {hybrid.kind} checkpoint)")
     set_denoising_steps(hybrid.model, settings.nfe)
-    backbone = load_lm(find_backbone(hybrid, backbone_path))
+    backbone = load_lm(find_backbone(hybrid, backbone_path), dtype, **place)
     hybrid.model.check_backbone(backbone.model)
-    evaluator = load_lm(evaluator_path, dtype=evaluator_dtype)
+    evaluator = load_lm(evaluator_path, evaluator_dtype, **place)
     check_compatible(hybrid, evaluator, retokenise)
     if not same_tokenizer(hybrid.tokenizer, backbone.tokenizer):
         raise ValueError(f"the hybrid at {hybrid.path} does not share its backbone's ({backbone.path}) tokenizer")
@@ -125,7 +132,7 @@ def evaluate_hybrid(
     report["controls"] = {}
     scored = {"backbone": backbone, "hybrid": hybrid}
     for name, path in (controls or {}).items():
-        control = load_lm(path, nfe=settings.nfe)
+        control = load_lm(path, dtype, nfe=settings.nfe, **place)
         check_compatible(control, backbone, retokenise=False)
         scored[name] = control
         report["controls"][name] = section(

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from dihal_fast.common.metrics import perplexity, pooled_nll, token_kl, token_nll
+from dihal_fast.common.models import input_device
 from dihal_fast.common.progress import progress_bar
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ def teacher_forced(
     """Token-pooled NLL and PPL of ``model`` on ``LongTensor[N, T]`` blocks (no padding).
 
     With ``reference`` (the backbone), also the mean per-token ``KL(reference || model)`` on the same
-    positions. Returns ``{nll, ppl, n_tokens[, kl]}``.
+    positions. Returns ``{nll, ppl, n_tokens[, kl]}``. ``model`` and ``reference`` put the blocks on their own
+    devices (:meth:`~dihal_fast.evaluate.models.LoadedLM.logits` does); the sums are taken where ``model``'s logits are.
     """
     if blocks.dim() != 2 or blocks.shape[0] == 0 or blocks.shape[1] < 2:
         raise ValueError(f"expected a non-empty LongTensor[N, T] of blocks with T >= 2, got {tuple(blocks.shape)}")
@@ -55,11 +57,12 @@ def teacher_forced(
         ids = blocks[start : start + batch_size]
         mask = torch.ones_like(ids)
         logits = model(ids, mask)
+        ids, mask = ids.to(logits.device), mask.to(logits.device)
         batch_nll, batch_count = token_nll(logits, ids, mask)
         nll_sum += float(batch_nll.sum())
         n_tokens += int(batch_count.sum())
         if reference is not None:
-            kl_sum += float(token_kl(reference(ids, mask), logits, mask)[0].sum())
+            kl_sum += float(token_kl(reference(ids, mask).to(logits.device), logits, mask)[0].sum())
     nll = pooled_nll(nll_sum, n_tokens)
     out = {"nll": nll, "ppl": perplexity(nll), "n_tokens": n_tokens}
     if reference is not None:
@@ -80,8 +83,11 @@ def evaluator_context(model, tokenizer) -> int:
 
 
 @torch.no_grad()
-def generative_perplexity(texts: Sequence[str], model, tokenizer, batch_size: int = 8, device: str = "cpu") -> dict:
-    """Gen PPL of sample texts under an evaluator causal LM, by :data:`GEN_PPL_PROTOCOL`.
+def generative_perplexity(
+    texts: Sequence[str], model, tokenizer, batch_size: int = 8, device: str | torch.device | None = None
+) -> dict:
+    """Gen PPL of sample texts under an evaluator causal LM, by :data:`GEN_PPL_PROTOCOL`, its inputs on ``device``
+    (default: the evaluator's input embedding's device).
 
     Returns the pooled and per-sample Gen PPL, token counts, how many samples were truncated or
     empty after retokenisation, and ``token_ids`` (the evaluator tokens of each sample, used for
@@ -103,6 +109,7 @@ def generative_perplexity(texts: Sequence[str], model, tokenizer, batch_size: in
     if not scored:
         raise ValueError("every sample is empty (or one token without a BOS) after retokenisation; nothing to score")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    device = input_device(model) if device is None else device
     per_sample_nll: list[float] = []
     nll_total, count_total = 0.0, 0
     for start in range(0, len(scored), batch_size):
@@ -115,7 +122,7 @@ def generative_perplexity(texts: Sequence[str], model, tokenizer, batch_size: in
             mask[row, : len(ids)] = 1
         input_ids, mask = input_ids.to(device), mask.to(device)
         logits = model(input_ids=input_ids, attention_mask=mask).logits
-        sums, counts = token_nll(logits, input_ids, mask)
+        sums, counts = token_nll(logits, input_ids.to(logits.device), mask.to(logits.device))
         nll_total += float(sums.sum())
         count_total += int(counts.sum())
         per_sample_nll += (sums / counts).tolist()

@@ -94,6 +94,10 @@ class HybridLM(PreTrainedModel, GenerationMixin):
             self.condition_position_table.requires_grad_(False)
         self.set_upper_trainable(not config.freeze_upper)
 
+    def get_input_embeddings(self) -> nn.Module:
+        """The backbone's token embedding (the retained part's), which also makes the bridge's condition."""
+        return self.upper.get_input_embeddings()
+
     def _init_weights(self, module: nn.Module) -> None:
         """Nothing: the bridge initialises itself and the retained part comes from the backbone or the file."""
 

@@ -12,14 +12,17 @@ from pathlib import Path
 
 from dihal_fast.common.assets import corpus_or_default
 from dihal_fast.common.checkpoint_config import check_checkpoint_config
+from dihal_fast.common.devices import DTYPE_NAMES, device_map_option, device_option, dtype_option
 from dihal_fast.common.options import option
+from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.evaluate.harness import EvalSettings
 from dihal_fast.pipeline.reports import EvaluateReport
 
 
 @dataclass
-class EvaluateConfig:
-    """The hybrid, the corpus, the evaluator LM, the controls and the :class:`EvalSettings`."""
+class EvaluateConfig(CheckedConfig):
+    """The hybrid, the corpus, the evaluator LM, the controls, the devices and the :class:`EvalSettings`
+    (every field checked when the config is built, before any work)."""
 
     hybrid: str = option(help="hybrid directory or `dihal replace` run directory")
     corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
@@ -36,7 +39,7 @@ class EvaluateConfig:
     evaluator_dtype: str = option(
         "float32",
         "dtype of the evaluator LM (recorded in the report)",
-        choices=["float32", "bfloat16", "float16", "float64"],
+        choices=DTYPE_NAMES,
     )
     retokenise: bool = option(
         False, "allow an evaluator whose tokenizer differs from the hybrid's (samples are decoded and retokenised)"
@@ -47,7 +50,16 @@ class EvaluateConfig:
         "the controls through lm-eval's HFLM (offline: dihal_lambada_local,dihal_cloze_local; "
         "needs dihal_fast[lm_eval])",
     )
-    task_limit: int | None = option(None, "only the first N examples of each task (a quick check; default: all)")
+    task_limit: int | None = option(None, "only the first N examples of each task (a quick check; default: all)", min=1)
+    device: str = device_option(
+        help="device of every model (hybrid, backbone, controls, evaluator): auto (cuda "
+        "when torch sees one, else cpu), cpu, cuda or cuda:N"
+    )
+    dtype: str = dtype_option(
+        help="dtype of the hybrid's retained layers, its backbone and the controls: auto (each checkpoint's own), "
+        "float32, bfloat16, float16 or float64; a bridge stays float32 (the evaluator: --evaluator-dtype)"
+    )
+    device_map: str = device_map_option()
     settings: EvalSettings = field(default_factory=EvalSettings, metadata={"help": "what is measured and how much"})
 
 
@@ -67,8 +79,6 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
         from dihal_fast.evaluate.downstream import check_tasks
 
         tasks, _ = check_tasks(config.tasks)
-    if config.task_limit is not None and config.task_limit < 1:
-        raise ValueError(f"--task-limit must be >= 1 example per task, got {config.task_limit}")
     check_checkpoint_config(find_hybrid_dir(Path(config.hybrid)) or config.hybrid, config.settings.seq_len)
     seed_everything(config.settings.seed)
     controls = sweep_controls(config.sweep) if config.sweep else None
@@ -86,5 +96,8 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
             config.backbone,
             tasks,
             config.task_limit,
+            config.device,
+            config.dtype,
+            config.device_map,
         )
     return EvaluateReport(Path(out), report)

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from dihal_fast.common.devices import device_option
+from dihal_fast.common.devices import device_map_option, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.pipeline.reports import GenerateReport
@@ -41,6 +41,8 @@ class GenerateConfig(CheckedConfig):
     stop_at_eos: bool = option(True, "end a sample at its first EOS token (--no-stop-at-eos: always max-new-tokens)")
     seed: int = option(0, "random seed")
     device: str = device_option()
+    dtype: str = dtype_option()
+    device_map: str = device_map_option()
 
 
 def generate_texts(
@@ -64,7 +66,7 @@ def generate_texts(
     eos = lm.tokenizer.eos_token_id
     samples, seconds, n_tokens = [], 0.0, 0
     for prompt in prompts:
-        ids = torch.tensor([lm.prompt_ids(prompt)], device=next(lm.model.parameters()).device)
+        ids = torch.tensor([lm.prompt_ids(prompt)], device=lm.device)
         out = lm.sample(ids.expand(n_samples, -1), max_new_tokens, temperature, top_k, generator, top_p, stop_at_eos)
         seconds += out.seconds
         for row in out.tokens.tolist():
@@ -93,7 +95,7 @@ def generate(config: GenerateConfig, out: str | Path | None = None) -> GenerateR
     device = str(resolve_device(config.device))
     if out is not None:
         out = check_output_file(out)
-    lm = load_lm(config.model, device=device, nfe=config.nfe)
+    lm = load_lm(config.model, config.dtype, device, config.nfe, config.device_map)
     logger.info("sampling %d x %d tokens from the %s at %s", config.n_samples, config.max_new_tokens, lm.kind, lm.path)
     temperature = config.temperature if config.do_sample else 0.0
     result = generate_texts(
