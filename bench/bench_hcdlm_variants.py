@@ -29,8 +29,8 @@ import bench_hcdlm  # noqa: E402
 from _common import report, rows_figure, table  # noqa: E402
 
 from dihal_fast.hcdlm.config import SampleConfig  # noqa: E402
-from dihal_fast.hcdlm.scoring import evaluate_examples, load_run, readout_by_step  # noqa: E402
 from dihal_fast.hcdlm.mechanism import ablation_effects, ablation_readout, reference_targets  # noqa: E402
+from dihal_fast.hcdlm.scoring import evaluate_examples, load_run, readout_by_step  # noqa: E402
 from dihal_fast.hcdlm.trainer import train  # noqa: E402
 
 

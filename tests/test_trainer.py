@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from dihal_fast.common.serial import SerialConfig
 from dihal_fast.train import LoopSettings, TrainingJob, fit, lr_factor
 from dihal_fast.train.checkpoint import latest_checkpoint
 from dihal_fast.train.trainer import resume_point
@@ -174,15 +176,25 @@ def test_accumulated_run_resumes_bit_for_bit_and_refuses_another_accumulation(tm
         resume_point(tmp_path / "resumed", other.configs, other.resumable, 6, None, 1, resume=True)
 
 
+@dataclass
+class _LaterSettings(SerialConfig):
+    """A config that gained ``grad_accum_steps`` after runs were saved without it (declared in ``legacy``)."""
+
+    legacy = {"grad_accum_steps": 1}
+    lr: float = 0.3
+    grad_accum_steps: int = 1
+
+
 def test_a_run_saved_before_gradient_accumulation_existed_resumes(tmp_path):
     old = RegressionJob(6)  # its config has no grad_accum_steps
     fit(old, tmp_path, stop_at=3, progress=False)
     new = RegressionJob(6)
-    new.configs = {"config.json": {"lr": 0.3, "grad_accum_steps": 1}}
-    assert resume_point(tmp_path, new.configs, new.resumable, 6, None, 1, resume=True).name == "step_00000003"
-    new.configs = {"config.json": {"lr": 0.3, "grad_accum_steps": 2}}
+    configs = {"config.json": _LaterSettings()}
+    assert resume_point(tmp_path, configs, new.resumable, 6, None, 1, resume=True).name == "step_00000003"
     with pytest.raises(ValueError, match="grad_accum_steps"):
-        resume_point(tmp_path, new.configs, new.resumable, 6, None, 1, resume=True)
+        resume_point(tmp_path, {"config.json": _LaterSettings(grad_accum_steps=2)}, new.resumable, 6, None, 1, True)
+    with pytest.raises(ValueError, match="grad_accum_steps"):  # a plain dict is compared whole
+        resume_point(tmp_path, {"config.json": {"lr": 0.3, "grad_accum_steps": 1}}, new.resumable, 6, None, 1, True)
 
 
 def test_deepspeed_accumulation_equals_the_large_plain_torch_batch(tmp_path):

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig, check_fields
@@ -68,6 +67,8 @@ class BackboneTrainConfig(CheckedConfig):
     """Everything that determines a training run, so that ``--resume`` can check it is the same run. Every
     field is checked when built (:mod:`dihal_fast.common.validation`); :meth:`validate` also looks at the files."""
 
+    legacy = {"grad_accum_steps": 1}  # fields added since runs were saved, with the value those runs used
+
     corpus: list[str] = option(default_factory=list, help="UTF-8 training text files", required=True)
     valid: list[str] = option(default_factory=list, help="held-out UTF-8 text files (one validation split each)")
     valid_fraction: float = option(0.05, "tail fraction held out per file when no valid files exist", gt=0.0, lt=1.0)
@@ -110,9 +111,6 @@ class BackboneTrainConfig(CheckedConfig):
         if self.tokenizer and not (Path(self.tokenizer) / "tokenizer.json").is_file():
             raise FileNotFoundError(f"--tokenizer {self.tokenizer}: no tokenizer.json in that directory")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def loop_settings(self, device: str = "cpu") -> LoopSettings:
         """The shared loop's view: AdamW (0.9, 0.95) with decay on matrices only, cosine to ``min_lr_ratio``."""
         return LoopSettings(
@@ -132,29 +130,3 @@ class BackboneTrainConfig(CheckedConfig):
             keep_checkpoints=1,
             grad_accum_steps=self.grad_accum_steps,
         )
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BackboneTrainConfig:
-        known = {f.name for f in fields(cls)}
-        kwargs = {key: value for key, value in data.items() if key in known}
-        kwargs["model"] = BackboneModelConfig(**data.get("model", {}))
-        return cls(**kwargs)
-
-    def differences(self, other: BackboneTrainConfig, ignore: tuple[str, ...] = ()) -> list[str]:
-        """Human-readable ``field: mine != theirs`` lines (nested model fields flattened)."""
-        mine, theirs = _flatten(self.to_dict()), _flatten(other.to_dict())
-        return [
-            f"{key}: {mine.get(key)!r} != {theirs.get(key)!r}"
-            for key in sorted(set(mine) | set(theirs))
-            if key not in ignore and mine.get(key) != theirs.get(key)
-        ]
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat

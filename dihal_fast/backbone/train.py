@@ -105,10 +105,10 @@ def check_out_dir(out: Path, cfg: BackboneTrainConfig, resume: bool) -> tuple[bo
     saved_steps = None
     if resume and (out / "train_config.json").exists():
         saved = BackboneTrainConfig.from_dict(read_json(out / "train_config.json", "training config"))
-        diffs = saved.differences(cfg, ignore=("steps",))
+        diffs = cfg.differences(saved.to_dict(), ignore=("steps",))
         if diffs:
             raise ValueError(
-                f"--resume: {out} holds a different run (saved != requested: {'; '.join(diffs)}); "
+                f"--resume: {out} holds a different run ({'; '.join(diffs)}); "
                 "use the same options (only --steps may change) or another --out"
             )
         saved_steps = saved.steps if saved.steps != cfg.steps else None
@@ -255,7 +255,7 @@ def train_backbone(
     checkpoint = None
     if has_checkpoint:
         checkpoint = resume_point(
-            out, {CONFIG_NAME: cfg.to_dict()}, BackboneJob.resumable, cfg.steps, ds_config, world, resume=True
+            out, {CONFIG_NAME: cfg}, BackboneJob.resumable, cfg.steps, ds_config, world, resume=True
         )
     with training_session(ds_config, settings) as (rank, _, device):
         out.mkdir(parents=True, exist_ok=True)

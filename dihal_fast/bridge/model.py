@@ -34,11 +34,11 @@ from torch import Tensor, nn
 from dihal_fast.bridge.layers import ContextBlock, FiLMBlock, KVCache, Modulation, rotary_tables, sinusoidal_embedding
 from dihal_fast.bridge.samplers import make_sampler
 from dihal_fast.bridge.schedules import Prediction, make_schedule
-from dihal_fast.bridge.serial import DictConfig
+from dihal_fast.common.serial import SerialConfig
 
 
 @dataclass
-class BridgeConfig(DictConfig):
+class BridgeConfig(SerialConfig):
     """Architecture, diffusion process and target statistics of a bridge (saved as JSON beside it)."""
 
     hidden_size: int  # D of the rebuilt hidden state h_l

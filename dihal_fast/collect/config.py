@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from dihal_fast.common.models import DTYPES
@@ -49,14 +48,6 @@ class CollectConfig(CheckedConfig):
         """Blocks requested over all processes (``None``: as many as the corpus holds)."""
         return None if self.max_tokens is None else self.max_tokens // self.seq_len
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
     def mismatches(self, saved: dict) -> list[str]:
         """Fields (other than :data:`RESUMABLE_CHANGES`) where ``saved`` differs from this config."""
-        mine = self.to_dict()
-        return [
-            f"{name}: saved {saved.get(name)!r}, now {mine[name]!r}"
-            for name in mine
-            if name not in RESUMABLE_CHANGES and saved.get(name) != mine[name]
-        ]
+        return self.differences(saved, ignore=RESUMABLE_CHANGES)

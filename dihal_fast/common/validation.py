@@ -25,18 +25,20 @@ Consistency between fields (``hidden`` a multiple of ``heads``) stays in the con
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import numbers
 import types
 import typing
 from typing import Any, ClassVar
 
+from dihal_fast.common.serial import SerialConfig
+
 INT_LIMIT = 2**63 - 1  # what torch, NumPy and the C++ kernels take as an integer
 
 
-class CheckedConfig:
-    """Mixin of the configuration dataclasses: ``__post_init__`` checks every field (see the module doc)."""
+class CheckedConfig(SerialConfig):
+    """Mixin of the configuration dataclasses: ``__post_init__`` checks every field (see the module doc); the
+    (de)serialisation comes from :class:`~dihal_fast.common.serial.SerialConfig`."""
 
     flag_names: ClassVar[bool] = True  # messages name the field's --flag (False: the field alone)
 
@@ -59,9 +61,14 @@ def check_fields(config: Any) -> None:
             check_value(spec.name, getattr(config, spec.name), hints[spec.name], spec.metadata, by_flag)
 
 
-@functools.cache
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    """The resolved annotations of ``cls`` (computed once per class)."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def _flag(name: str, metadata: typing.Mapping[str, Any]) -> str:
@@ -108,7 +115,7 @@ def _check_value(where: str, value: Any, hint: Any, metadata: typing.Mapping[str
 
 
 def _check_scalar(where: str, value: Any, hint: Any, metadata: typing.Mapping[str, Any]) -> None:
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(value, hint):
             raise TypeError(f"{where} must be a {hint.__name__}, got {value!r}")
         return

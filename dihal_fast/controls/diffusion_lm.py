@@ -200,7 +200,7 @@ def train_diffusion_lm(
         return model.eval()
     job = DiffusionLMJob(model, blocks, config, device)
     checkpoint = resume_point(
-        out_dir, job.configs, job.resumable, config.steps, ds_config=None, world_size=1, resume=None
+        out_dir, {CONFIG_NAME: config}, job.resumable, config.steps, ds_config=None, world_size=1, resume=None
     )
     run = fit(job, out_dir, checkpoint=checkpoint, progress=progress)
     with torch.no_grad():

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.options import option
+from dihal_fast.common.serial import SerialConfig
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.tasks.registry import TaskConfig
 
@@ -20,6 +18,9 @@ REMASKS = ("auto", "random", "confidence")
 @dataclass
 class HCDLMModelConfig(CheckedConfig):
     """Architecture. Baselines use ``hidden``/``heads`` and as many blocks as fit the HC-DLM budget."""
+
+    # What a saved config without these (newer) fields meant, so that older runs load and resume as trained.
+    legacy = {"slot_head": False, "logvar_bound": "clamp", "logvar_min": -10.0}
 
     kind: str = option(
         "hcdlm",
@@ -79,6 +80,14 @@ class ObjectiveConfig(CheckedConfig):
     ``exposure_ramp_steps``, and dropping scaffolds only when ``guidance_training`` is on (the paper
     always drops them).
     """
+
+    legacy = {  # the objective before these fields existed (see HCDLMModelConfig.legacy)
+        "lambda_token": 0.0,
+        "exposure_share": 0.0,
+        "slot_aux_weight": 0.0,
+        "guidance_training": True,
+        "exposure_ramp_steps": 0,
+    }
 
     lambda_recon: float = option(1.0, "weight of the token reconstruction CE", min=0.0)
     lambda_ent: float = option(8e-3, "weight of the encoder's E[log q] (entropy regulariser)")
@@ -169,6 +178,8 @@ class ObjectiveConfig(CheckedConfig):
 class HCDLMTrainConfig(CheckedConfig):
     """Optimisation and bookkeeping of an HC-DLM run (AdamW, linear warm-up, then a constant rate)."""
 
+    renamed = {"ema": "ema_decay"}  # keys saved under an earlier name
+
     steps: int = option(10000, "optimizer steps in total", min=1)
     batch_size: int = option(64, "examples per step", min=1)
     lr: float = option(1e-3, "AdamW learning rate (constant after the warm-up)", gt=0.0, max=1.0)
@@ -227,76 +238,12 @@ class SampleConfig(CheckedConfig):
     )
 
 
-# What a saved config without these (newer) fields meant: the model and objective before they existed,
-# so older runs load and resume as they were trained.
-LEGACY = {
-    "model": {"slot_head": False, "logvar_bound": "clamp", "logvar_min": -10.0},
-    "objective": {
-        "lambda_token": 0.0,
-        "exposure_share": 0.0,
-        "slot_aux_weight": 0.0,
-        "guidance_training": True,
-        "exposure_ramp_steps": 0,
-    },
-}
-# Fields saved under an earlier name: {section: {old name: current name}}.
-RENAMED = {"train": {"ema": "ema_decay"}}
-
-
-def _current_names(section: str, values: dict) -> dict:
-    renamed = RENAMED.get(section, {})
-    return {renamed.get(key, key): value for key, value in values.items()}
-
-
 @dataclass
-class RunConfig:
+class RunConfig(SerialConfig):
+    """Everything that determines an HC-DLM run, saved as ``config.json`` in the run and in every checkpoint
+    (sections read back with their own ``renamed`` / ``legacy`` history, :mod:`dihal_fast.common.serial`)."""
+
     task: TaskConfig = field(default_factory=TaskConfig)
     model: HCDLMModelConfig = field(default_factory=HCDLMModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: HCDLMTrainConfig = field(default_factory=HCDLMTrainConfig)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def comparable_to(self, saved: object) -> dict:
-        """This config as a dict for the resume check against ``saved`` (a checkpoint's config): fields that
-        ``saved`` lacks and that hold their :data:`LEGACY` value are left out, so a run saved before they
-        existed resumes when it is continued with the meaning it was trained with (and only then)."""
-        data = self.to_dict()
-        if not isinstance(saved, dict):
-            return data
-        for section, legacy in LEGACY.items():
-            old = saved.get(section)
-            if isinstance(old, dict):
-                data[section] = {
-                    k: v for k, v in data[section].items() if not (k in legacy and k not in old and v == legacy[k])
-                }
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> RunConfig:
-        parts = {"task": TaskConfig, "model": HCDLMModelConfig, "objective": ObjectiveConfig, "train": HCDLMTrainConfig}
-        if not isinstance(data, dict) or any(not isinstance(data.get(name, {}), dict) for name in parts):
-            raise ValueError(
-                f"run config must be an object with the sections {sorted(parts)} (objects), got {str(data)[:80]}"
-            )
-        try:
-            return cls(
-                **{
-                    name: kind(**{**LEGACY.get(name, {}), **_current_names(name, data.get(name, {}))})
-                    for name, kind in parts.items()
-                }
-            )
-        except TypeError as exc:
-            raise ValueError(f"run config has unknown or missing fields: {exc}") from None
-
-    def save(self, path: Path) -> None:
-        atomic_write_json(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: Path) -> RunConfig:
-        data = read_json(path, "run config")
-        try:
-            return cls.from_dict(data)
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dihal_fast.common import read_json, resolve_device, seed_everything
+from dihal_fast.common import resolve_device, seed_everything
 from dihal_fast.common.rundir import run_directory
 from dihal_fast.hcdlm.config import HCDLMTrainConfig, ObjectiveConfig, RunConfig
 from dihal_fast.hcdlm.layers import count_parameters
@@ -22,7 +22,6 @@ from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet, build_model
 from dihal_fast.hcdlm.noise import make_kernel
 from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss
 from dihal_fast.tasks.registry import build_task
-from dihal_fast.train.checkpoint import latest_checkpoint
 from dihal_fast.train.settings import LoopSettings
 from dihal_fast.train.trainer import TrainingJob, fit, prepare_deepspeed, resume_point, training_session
 
@@ -139,17 +138,6 @@ class RunJob(TrainingJob):
             ) from None
 
 
-def _saved_config(run_dir: Path) -> object:
-    """The config saved with the newest checkpoint (None without one; a damaged one is resume_point's to name)."""
-    folder = latest_checkpoint(run_dir)
-    if folder is None or not (folder / CONFIG_NAME).is_file():
-        return None
-    try:
-        return read_json(folder / CONFIG_NAME, "checkpoint config")
-    except ValueError:
-        return None
-
-
 def train(config: RunConfig, run_dir: str | os.PathLike, deepspeed_config: str | os.PathLike | None = None) -> dict:
     """Train (or resume) the run in ``run_dir``, holding its lock; returns a summary with the final step and loss.
 
@@ -173,7 +161,7 @@ def train(config: RunConfig, run_dir: str | os.PathLike, deepspeed_config: str |
             job = RunJob(config, folder, torch.device(session_device), rank)
             checkpoint = resume_point(
                 folder,
-                {CONFIG_NAME: config.comparable_to(_saved_config(folder))},
+                {CONFIG_NAME: config},
                 job.resumable,
                 tc.steps,
                 ds_config,

@@ -11,19 +11,18 @@ import argparse
 from dataclasses import dataclass, field, fields
 
 from dihal_fast.bridge import PREDICTIONS, SAMPLERS, SCHEDULES, BridgeConfig
-from dihal_fast.bridge.serial import DictConfig
 from dihal_fast.common.devices import device_option, dtype_option
 from dihal_fast.common.options import add_dataclass_options, dataclass_from_options, option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.train.settings import LoopSettings
 
-# Keys saved under an earlier name by runs of earlier versions: {old name: current name}.
-RENAMED = {"save_every": "checkpoint_every"}
-
 
 @dataclass
-class BridgeTrainConfig(CheckedConfig, DictConfig):
+class BridgeTrainConfig(CheckedConfig):
     """Data, optimisation, loss weights, bridge architecture and bookkeeping of one bridge training run."""
+
+    renamed = {"save_every": "checkpoint_every"}  # keys saved under an earlier name (common.serial)
+    legacy = {"grad_accum_steps": 1}  # fields added since runs were saved, with the value those runs used
 
     # data
     seq_len: int = option(128, "tokens per training block", min=2)
@@ -105,13 +104,6 @@ class BridgeTrainConfig(CheckedConfig, DictConfig):
             keep_checkpoints=self.keep_checkpoints,
             grad_accum_steps=self.grad_accum_steps,
         )
-
-    @classmethod
-    def from_dict(cls, data: dict) -> BridgeTrainConfig:
-        """A saved config, with keys of earlier versions (:data:`RENAMED`) read under their current names."""
-        if isinstance(data, dict):
-            data = {RENAMED.get(key, key): value for key, value in data.items()}
-        return super().from_dict(data)
 
     def bridge_options(self, hidden_size: int, layer: int = 1) -> BridgeConfig:
         """The BridgeConfig these overrides give for a backbone of width ``hidden_size``."""

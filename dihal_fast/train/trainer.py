@@ -15,7 +15,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from dihal_fast.common import read_json
 from dihal_fast.common.devices import resolve_device
 from dihal_fast.common.launch import launcher_env
 from dihal_fast.common.progress import progress_bar
+from dihal_fast.common.serial import SerialConfig
 from dihal_fast.cpu_threads import poll_threads
 from dihal_fast.profiling import nvtx_range
 from dihal_fast.train.checkpoint import check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -140,16 +141,19 @@ def training_session(ds_config: dict | None, settings: LoopSettings) -> Iterator
 
 def resume_point(
     run_dir: Path,
-    configs: dict[str, dict],
+    configs: Mapping[str, SerialConfig | dict],
     resumable: Iterable[str],
     steps: int,
     ds_config: dict | None,
     world_size: int,
     resume: bool | None,
 ) -> Path | None:
-    """The checkpoint to continue from, checked against this run's ``configs`` and engine (DeepSpeed when
-    ``ds_config`` is given, as in :func:`make_engine`; see :func:`~dihal_fast.train.checkpoint.check_resumable`);
-    ``resume=None`` continues whenever one exists. Needs no job, so a family can call it before it loads any weights."""
+    """The checkpoint to continue from, checked against this run's ``configs`` (by file name in the checkpoint)
+    and engine (DeepSpeed when ``ds_config`` is given, as in :func:`make_engine`; see
+    :func:`~dihal_fast.train.checkpoint.check_resumable`); ``resume=None`` continues whenever one exists. Of a
+    config given as a :class:`~dihal_fast.common.serial.SerialConfig`, a field added since the checkpoint was saved
+    is compared only when it differs from its ``legacy`` value (``comparable_to``); a plain dict is compared whole.
+    Needs no job, so a family can call it before it loads any weights."""
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is not None and resume is False:
         raise ValueError(
@@ -160,27 +164,19 @@ def resume_point(
         if resume:
             logger.info("--resume: no checkpoint in %s yet, starting at step 0", run_dir)
         return None
-    configs = {name: _without_later_defaults(config, checkpoint / name) for name, config in configs.items()}
+    compared = {
+        name: config.comparable_to(_saved(checkpoint / name)) if isinstance(config, SerialConfig) else config
+        for name, config in configs.items()
+    }
     check_resumable(
-        checkpoint, configs, resumable, "deepspeed" if ds_config is not None else "torch", world_size, steps
+        checkpoint, compared, resumable, "deepspeed" if ds_config is not None else "torch", world_size, steps
     )
     return checkpoint
 
 
-# Config fields added after runs were saved without them, with the value such runs used (so that they resume).
-LATER_FIELDS: dict[str, object] = {"grad_accum_steps": 1}
-
-
-def _without_later_defaults(config: dict, saved_path: Path) -> dict:
-    """``config`` less the :data:`LATER_FIELDS` that the saved config lacks and that keep their old value."""
-    if not saved_path.is_file():
-        return config  # check_resumable names the missing file
-    saved = read_json(saved_path, "checkpoint config")
-    return {
-        k: v
-        for k, v in config.items()
-        if not (k in LATER_FIELDS and isinstance(saved, dict) and k not in saved and v == LATER_FIELDS[k])
-    }
+def _saved(path: Path) -> object:
+    """A checkpoint's saved config, or None when the file is missing (check_resumable names it)."""
+    return read_json(path, "checkpoint config") if path.is_file() else None
 
 
 @contextlib.contextmanager
