@@ -92,6 +92,7 @@ def backbone_tables(model: str, out: Path, args: argparse.Namespace) -> None:
     """The sweep, Table 1 and (unless skipped) Table 4 of one backbone, reported as one record."""
     import torch
 
+    from dihal_fast.backbone.corpus import sha256_file
     from dihal_fast.common import read_json
     from dihal_fast.common.assets import corpus_or_default
     from dihal_fast.common.models import resolve_model_dir
@@ -201,6 +202,7 @@ def backbone_tables(model: str, out: Path, args: argparse.Namespace) -> None:
         ),
     ]
     figures: dict = {
+        "backbone_sha256": sha256_file(model_dir / "model.safetensors"),  # which weights the tables are of
         "sweep_s": sweep_s,
         "selected_layer": geometry,
         "oracle_layer": oracle,

@@ -240,8 +240,8 @@ def test_shipped_qwen3_loads_offline_and_beats_bigram(monkeypatch):
     assert tok.get_vocab() == load_tokenizer(None).get_vocab()  # the first backbone's tokenizer, reused
     report = read_json(path / "training_report.json")
     assert report["checkpoint_bytes"] == (path / "model.safetensors").stat().st_size  # the report is of these weights
-    for name, row in report["validation"].items():  # 800 steps only: near the bigram, far below the unigram
-        assert row["ppl"] < row["unigram_ppl"] / 4, name
+    for name, row in report["validation"].items():  # every held-out split below both baselines
+        assert row["ppl"] < min(row["bigram_ppl"], row["unigram_ppl"] / 4), name
     text = (default_model_dir().parent / "corpus" / "default.txt").read_text()[:6000]
     nll, count = stream_nll(model.float(), encode_documents(tok, [text]), seq_len=256)
     assert math.exp(nll / count) < report["validation"]["gutenberg_nltk"]["unigram_ppl"] / 4
