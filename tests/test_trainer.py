@@ -224,3 +224,32 @@ def test_deepspeed_config_contradicting_the_accumulation_is_refused(tmp_path):
         check_deepspeed_config({"gradient_accumulation_steps": 4}, settings, cuda=False)
     with pytest.raises(ValueError, match="grad_accum_steps must be >= 1"):
         LoopSettings(steps=1, batch_size=4, lr=1.0, warmup_steps=0, grad_accum_steps=0)
+
+
+def test_loop_settings_take_the_family_fields_by_name_and_the_given_ones():
+    from dihal_fast.backbone.config import BackboneTrainConfig
+    from dihal_fast.hcdlm.config import HCDLMTrainConfig
+    from dihal_fast.replace.config import BridgeTrainConfig
+
+    bridge = BridgeTrainConfig(steps=7, lr=0.02, grad_accum_steps=3, keep_checkpoints=4, seed=5)
+    settings = bridge.loop_settings("cpu")
+    assert (settings.steps, settings.lr, settings.grad_accum_steps, settings.keep_checkpoints, settings.seed) == (
+        7,
+        0.02,
+        3,
+        4,
+        5,
+    )
+    assert settings.lr_floor == 0.1 and settings.device == "cpu"
+    backbone = BackboneTrainConfig(corpus=["x.txt"], min_lr_ratio=0.3, checkpoint_every=9).loop_settings()
+    assert (backbone.lr_floor, backbone.betas, backbone.decay_matrices_only, backbone.keep_checkpoints) == (
+        0.3,
+        (0.9, 0.95),
+        True,
+        1,
+    )
+    assert backbone.checkpoint_every == 9
+    from dihal_fast.hcdlm.trainer import loop_settings
+
+    hcdlm = loop_settings(HCDLMTrainConfig(max_minutes=2.5, budget_clock="cpu"), "cpu")
+    assert (hcdlm.lr_floor, hcdlm.max_minutes, hcdlm.budget_clock) == (1.0, 2.5, "cpu")

@@ -113,20 +113,12 @@ class BackboneTrainConfig(CheckedConfig):
 
     def loop_settings(self, device: str = "cpu") -> LoopSettings:
         """The shared loop's view: AdamW (0.9, 0.95) with decay on matrices only, cosine to ``min_lr_ratio``."""
-        return LoopSettings(
-            steps=self.steps,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            warmup_steps=self.warmup_steps,
+        return LoopSettings.from_config(
+            self,
             lr_floor=self.min_lr_ratio,
-            weight_decay=self.weight_decay,
             betas=(0.9, 0.95),
             decay_matrices_only=True,
-            grad_clip=self.grad_clip,
-            seed=self.seed,
             device=device,
             log_every=LOG_EVERY,
-            checkpoint_every=self.checkpoint_every,
             keep_checkpoints=1,
-            grad_accum_steps=self.grad_accum_steps,
         )

@@ -65,18 +65,7 @@ class DiffusionLMConfig(CheckedConfig):
 
     def loop_settings(self, device: str = "cpu") -> LoopSettings:
         """The shared loop's view of the control's training."""
-        return LoopSettings(
-            steps=self.steps,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            warmup_steps=self.warmup_steps,
-            grad_clip=self.grad_clip,
-            ema_decay=self.ema_decay,
-            seed=self.seed,
-            device=device,
-            log_every=max(1, self.steps // 20),
-            checkpoint_every=self.checkpoint_every,
-        )
+        return LoopSettings.from_config(self, device=device, log_every=max(1, self.steps // 20))
 
 
 class DiffusionLM(nn.Module):

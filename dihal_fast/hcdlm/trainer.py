@@ -61,22 +61,7 @@ class RunObjective(nn.Module):
 
 def loop_settings(train: HCDLMTrainConfig, device: str) -> LoopSettings:
     """The shared loop's view of an HC-DLM run: warm-up, then a constant rate (lr_floor 1)."""
-    return LoopSettings(
-        steps=train.steps,
-        batch_size=train.batch_size,
-        lr=train.lr,
-        warmup_steps=train.warmup_steps,
-        lr_floor=1.0,
-        weight_decay=train.weight_decay,
-        grad_clip=train.grad_clip,
-        ema_decay=train.ema_decay,
-        seed=train.seed,
-        device=device,
-        log_every=train.log_every,
-        checkpoint_every=train.checkpoint_every,
-        max_minutes=train.max_minutes,
-        budget_clock=train.budget_clock,
-    )
+    return LoopSettings.from_config(train, lr_floor=1.0, device=device)
 
 
 def check_layout(run_dir: Path) -> None:

@@ -88,22 +88,7 @@ class BridgeTrainConfig(CheckedConfig):
 
     def loop_settings(self, device: str | None = None) -> LoopSettings:
         """The shared loop's view of a bridge run (cosine to a tenth of the peak rate after warm-up)."""
-        return LoopSettings(
-            steps=self.steps,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            warmup_steps=self.warmup_steps,
-            lr_floor=0.1,
-            weight_decay=self.weight_decay,
-            grad_clip=self.grad_clip,
-            ema_decay=self.ema_decay,
-            seed=self.seed,
-            device=device or self.device,
-            log_every=self.log_every,
-            checkpoint_every=self.checkpoint_every,
-            keep_checkpoints=self.keep_checkpoints,
-            grad_accum_steps=self.grad_accum_steps,
-        )
+        return LoopSettings.from_config(self, lr_floor=0.1, device=device or self.device)
 
     def bridge_options(self, hidden_size: int, layer: int = 1) -> BridgeConfig:
         """The BridgeConfig these overrides give for a backbone of width ``hidden_size``."""

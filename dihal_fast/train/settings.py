@@ -1,14 +1,17 @@
 """What the shared training loop needs from a family's config, and the one learning-rate schedule.
 
-Each family (backbone, bridge, HC-DLM) keeps its own config dataclass, saved next to its checkpoints,
-and maps it onto :class:`LoopSettings` with a ``loop_settings()`` method; the loop, the engines, the
-EMA and the checkpoints read only these fields.
+Each family (backbone, bridge, HC-DLM, the Diffusion-LM control) keeps its own config dataclass, saved next
+to its checkpoints, whose loop fields carry the names of :class:`LoopSettings`; :meth:`LoopSettings.from_config`
+takes them over by name, with what the family fixes or derives given explicitly. The loop, the engines, the EMA
+and the checkpoints read only these fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from dihal_fast.common.validation import CheckedConfig, checked
 
@@ -43,6 +46,13 @@ class LoopSettings(CheckedConfig):
     budget_clock: str = checked("wall", choices=CLOCKS)  # what max_minutes measures: wall or cpu (process CPU time)
     # micro-batches per optimizer step: the effective batch is batch_size x grad_accum_steps x world size
     grad_accum_steps: int = checked(1, min=1)
+
+    @classmethod
+    def from_config(cls, config: object, **given: Any) -> LoopSettings:
+        """The loop's view of a family's config: each field of ``config`` named as one of these (``steps``,
+        ``lr``, ``seed``, ...), then ``given`` (what the family fixes or derives: ``lr_floor``, ``device``, ...)."""
+        names = [spec.name for spec in dataclasses.fields(cls)]
+        return cls(**{**{name: getattr(config, name) for name in names if hasattr(config, name)}, **given})
 
 
 def lr_factor(step: int, settings: LoopSettings) -> float:
