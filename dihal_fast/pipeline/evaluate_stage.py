@@ -79,10 +79,10 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
         from dihal_fast.evaluate.downstream import check_tasks
 
         tasks, _ = check_tasks(config.tasks)
-    check_checkpoint_config(find_hybrid_dir(Path(config.hybrid)) or config.hybrid, config.settings.seq_len)
     seed_everything(config.settings.seed)
     controls = sweep_controls(config.sweep) if config.sweep else None
     with run_directory(out, "dihal evaluate"):
+        check_checkpoint_config(find_hybrid_dir(Path(config.hybrid)) or config.hybrid, config.settings.seq_len)
         report = evaluate_hybrid(
             config.hybrid,
             corpus_or_default(config.corpus),

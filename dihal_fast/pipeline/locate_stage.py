@@ -103,8 +103,8 @@ def locate(config: LocateConfig, out: str | Path) -> LocateReport:
     from dihal_fast.common.rundir import run_directory
 
     device = str(resolve_device(config.device))
-    check_checkpoint_config(config.model, config.seq_len)  # a bad config.json or a too long --seq-len: refused now
     with run_directory(out, "dihal locate"), distributed_session(device) as (rank, world):
+        check_checkpoint_config(config.model, config.seq_len)  # a bad config.json, a too long --seq-len
         return _locate(config, Path(out), device, rank, world)
 
 

@@ -78,8 +78,8 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
         elif located_model and resolve_model_dir(model).resolve() != Path(located_model).resolve():
             logger.warning("--model %s differs from the model %s that dihal locate measured", model, located_model)
         logger.info("layer %d from %s", layer, Path(config.from_locate) / "locate.json")
-    check_checkpoint_config(model, config.train.seq_len)  # a bad config.json or a too long --seq-len: refused now
     with run_directory(out, "dihal replace"):
+        check_checkpoint_config(model, config.train.seq_len)  # a bad config.json, a too long --seq-len
         result = train_bridge(
             model,
             layer,
