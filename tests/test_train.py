@@ -15,9 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from dihal_fast.common.options import add_dataclass_options, dataclass_from_options
 from dihal_fast.hybrid import HybridLM
 from dihal_fast.replace import BridgeTrainConfig, train_bridge
-from dihal_fast.replace.config import add_config_arguments, config_from_args
 from dihal_fast.replace.objective import kd_loss, lm_loss
 from dihal_fast.train.deepspeed_engine import check_deepspeed_config
 
@@ -72,9 +72,10 @@ def test_distillation_and_lm_losses_match_their_formulas():
 
 def test_config_options_round_trip_through_the_command_line():
     parser = argparse.ArgumentParser()
-    add_config_arguments(parser)
-    assert config_from_args(parser.parse_args([])) == BridgeTrainConfig()
-    config = config_from_args(
+    add_dataclass_options(parser, BridgeTrainConfig)
+    assert dataclass_from_options(BridgeTrainConfig, parser.parse_args([])) == BridgeTrainConfig()
+    config = dataclass_from_options(
+        BridgeTrainConfig,
         parser.parse_args(
             [
                 "--steps",
@@ -89,7 +90,7 @@ def test_config_options_round_trip_through_the_command_line():
                 "--bridge-prediction",
                 "velocity",
             ]
-        )
+        ),
     )
     assert (config.steps, config.w_kd, config.train_upper) == (7, 0.0, True)
     assert config.bridge == {"nfe": 3, "schedule": "flow", "prediction": "velocity"}

@@ -10,7 +10,10 @@ cannot drift apart. A field becomes:
 - ``layers: list[int] | None`` -> ``--layers L [L ...]`` (with ``action="append"``: a repeatable flag);
 - a field without a default -> a required flag;
 - a nested dataclass -> the flags of its own fields (flattened), built back into the nested object;
-  ``metadata["options"] = (add, build)`` hands a nested config to its own flag functions instead.
+  ``metadata["options"] = (add, build)`` hands a nested config to its own flag functions instead;
+- ``bridge: dict`` with ``metadata["overrides"] = (BridgeConfig, {"width": {"help": ...}, ...})`` -> prefixed
+  flags ``--bridge-width``, ... for the named fields of that dataclass (its defaults, the given help and
+  ``choices``), built back into the dict of the values that differ from those defaults.
 
 ``metadata`` may also give ``choices``, ``metavar`` and:
 
@@ -90,6 +93,9 @@ def add_dataclass_options(
         if "options" in spec.metadata:
             spec.metadata["options"][0](parser)
             continue
+        if "overrides" in spec.metadata:
+            _add_override_options(parser, spec.name, *spec.metadata["overrides"])
+            continue
         if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             add_dataclass_options(parser, kind, defaults=default)
             continue
@@ -125,6 +131,28 @@ def add_dataclass_options(
         )
 
 
+def _add_override_options(
+    parser: argparse.ArgumentParser, prefix: str, target: type, specs: dict[str, dict[str, Any]]
+) -> None:
+    """``--{prefix}-{name}`` for each field ``name`` of dataclass ``target`` in ``specs`` (its help, choices)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(target)}
+    for name, spec in specs.items():
+        parser.add_argument(
+            f"--{prefix}-{name.replace('_', '-')}",
+            dest=f"{prefix}_{name}",
+            type=type(defaults[name]),
+            default=defaults[name],
+            **spec,
+        )
+
+
+def _override_values(args: argparse.Namespace, prefix: str, target: type, specs: dict[str, Any]) -> dict[str, Any]:
+    """The values of :func:`_add_override_options`' flags that differ from ``target``'s defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(target)}
+    values = {name: getattr(args, f"{prefix}_{name}") for name in specs}
+    return {name: value for name, value in values.items() if value != defaults[name]}
+
+
 def dataclass_from_options(cls: type, args: argparse.Namespace, **given: Any) -> Any:
     """The ``cls`` instance that the flags of :func:`add_dataclass_options` describe; ``given`` fields
     are taken as they are instead of from ``args``."""
@@ -136,6 +164,8 @@ def dataclass_from_options(cls: type, args: argparse.Namespace, **given: Any) ->
         kind = _unwrap(hints[spec.name])[0]
         if "options" in spec.metadata:
             values[spec.name] = spec.metadata["options"][1](args)
+        elif "overrides" in spec.metadata:
+            values[spec.name] = _override_values(args, spec.name, *spec.metadata["overrides"])
         elif isinstance(kind, type) and dataclasses.is_dataclass(kind):
             values[spec.name] = dataclass_from_options(kind, args)
         else:

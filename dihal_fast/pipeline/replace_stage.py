@@ -15,7 +15,7 @@ from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.pipeline.reports import ReplaceReport
-from dihal_fast.replace.config import BridgeTrainConfig, add_config_arguments, config_from_args
+from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.train.settings import DEEPSPEED_HELP
 
 logger = logging.getLogger(__name__)
@@ -42,10 +42,7 @@ class ReplaceConfig(CheckedConfig):
     val_corpus: str | None = option(None, "held-out corpus for validation (default: the tail of --corpus)")
     deepspeed: str | None = option(None, DEEPSPEED_HELP, metavar="CFG")
     resume: bool = option(False, "continue from the newest checkpoint in the run directory")
-    train: BridgeTrainConfig = field(
-        default_factory=BridgeTrainConfig,
-        metadata={"help": "bridge training options", "options": (add_config_arguments, config_from_args)},
-    )
+    train: BridgeTrainConfig = field(default_factory=BridgeTrainConfig, metadata={"help": "bridge training options"})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,20 +1,39 @@
 """BridgeTrainConfig: everything that determines a bridge training run (saved as JSON next to every checkpoint).
 
-Each field carries its command-line help in ``metadata["help"]``; :func:`add_config_arguments` turns the
-dataclass into ``dihal replace`` options (:mod:`dihal_fast.common.options`), so the CLI and the Python API
+Each field carries its command-line help in ``metadata["help"]``; :mod:`dihal_fast.common.options` turns the
+dataclass into ``dihal replace`` options (the bridge overrides as ``--bridge-*``), so the CLI and the Python API
 cannot drift apart.
 """
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from dihal_fast.bridge import PREDICTIONS, SAMPLERS, SCHEDULES, BridgeConfig
 from dihal_fast.common.devices import device_option, dtype_option
-from dihal_fast.common.options import add_dataclass_options, dataclass_from_options, option
+from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.train.settings import LoopSettings
+
+# Bridge options a user may set, as ``--bridge-*`` flags (the rest of BridgeConfig is derived from the backbone
+# and the data): {BridgeConfig field: argparse settings}.
+BRIDGE_OPTIONS: dict[str, dict] = {
+    "width": {"help": "bridge width W (0 = the backbone's hidden size)"},
+    "context_layers": {
+        "help": "causal attention blocks of the context encoder over c(x) (-1 = one per replaced layer, l*)"
+    },
+    "heads": {"help": "attention heads of the context encoder (0 = W // 64)"},
+    "mlp_ratio": {"help": "MLP expansion of context and denoiser blocks"},
+    "unet_depth": {"help": "halvings of the width in the denoiser's down path (UNet levels - 1)"},
+    "time_dim": {"help": "size of the sinusoidal time embedding"},
+    "schedule": {"help": f"noise schedule: {', '.join(SCHEDULES)}", "choices": sorted(SCHEDULES)},
+    "prediction": {"help": f"what the denoiser predicts: {', '.join(PREDICTIONS)}", "choices": list(PREDICTIONS)},
+    "sampler": {
+        "help": f"sampler used in training unrolls and by default at inference: {', '.join(SAMPLERS)}",
+        "choices": sorted(SAMPLERS),
+    },
+    "nfe": {"help": "denoiser evaluations per token (training unroll and default inference)"},
+}
 
 
 @dataclass
@@ -63,7 +82,13 @@ class BridgeTrainConfig(CheckedConfig):
         help="dtype of the backbone (teacher) and retained layers: auto (the checkpoint's own), "
         "float32, bfloat16, float16 or float64; saved resolved"
     )
-    bridge: dict = field(default_factory=dict, metadata={"help": "overrides of BridgeConfig options (see --bridge-*)"})
+    bridge: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "overrides of BridgeConfig options (--bridge-*)",
+            "overrides": (BridgeConfig, BRIDGE_OPTIONS),
+        },
+    )
     # bookkeeping
     seed: int = option(0, "seed of initialisation, data order and diffusion noise")
     device: str = device_option(
@@ -97,49 +122,3 @@ class BridgeTrainConfig(CheckedConfig):
         if unknown:
             raise ValueError(f"unknown bridge options {unknown}; expected a subset of {sorted(allowed)}")
         return BridgeConfig(hidden_size=hidden_size, condition_size=hidden_size, layer=layer, **self.bridge)
-
-
-# Bridge options a user may set (the rest of BridgeConfig is derived from the backbone and the data).
-BRIDGE_OPTIONS: dict[str, str] = {
-    "width": "bridge width W (0 = the backbone's hidden size)",
-    "context_layers": "causal attention blocks of the context encoder over c(x) (-1 = one per replaced layer, l*)",
-    "heads": "attention heads of the context encoder (0 = W // 64)",
-    "mlp_ratio": "MLP expansion of context and denoiser blocks",
-    "unet_depth": "halvings of the width in the denoiser's down path (UNet levels - 1)",
-    "time_dim": "size of the sinusoidal time embedding",
-    "schedule": f"noise schedule: {', '.join(SCHEDULES)}",
-    "prediction": f"what the denoiser predicts: {', '.join(PREDICTIONS)}",
-    "sampler": f"sampler used in training unrolls and by default at inference: {', '.join(SAMPLERS)}",
-    "nfe": "denoiser evaluations per token (training unroll and default inference)",
-}
-# Fields set by commands themselves rather than as plain options.
-_NOT_OPTIONS = {"bridge"}
-
-
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--seq-len``, ``--lr``, ... for every BridgeTrainConfig field and ``--bridge-width``, ... for the bridge."""
-    add_dataclass_options(parser, BridgeTrainConfig, exclude=tuple(_NOT_OPTIONS))
-    defaults = {f.name: f.default for f in fields(BridgeConfig)}
-    for name, help_text in BRIDGE_OPTIONS.items():
-        choices = {"schedule": sorted(SCHEDULES), "prediction": list(PREDICTIONS), "sampler": sorted(SAMPLERS)}.get(
-            name
-        )
-        parser.add_argument(
-            "--bridge-" + name.replace("_", "-"),
-            dest="bridge_" + name,
-            type=type(defaults[name]),
-            default=defaults[name],
-            choices=choices,
-            help=help_text,
-        )
-
-
-def config_from_args(args: argparse.Namespace) -> BridgeTrainConfig:
-    """The BridgeTrainConfig that the options of :func:`add_config_arguments` describe."""
-    defaults = {f.name: f.default for f in fields(BridgeConfig)}
-    bridge = {
-        name: getattr(args, "bridge_" + name)
-        for name in BRIDGE_OPTIONS
-        if getattr(args, "bridge_" + name) != defaults[name]
-    }
-    return dataclass_from_options(BridgeTrainConfig, args, bridge=bridge)
