@@ -1,4 +1,4 @@
-"""Deprecated path of :mod:`dihal_fast.common.metrics` (the 0.1 README named it; removed in 0.3).
+"""Deprecated path of :mod:`dihal_fast.common.metrics` (the 0.1 and 0.2 README named it; removed in 0.4).
 
 Every name is looked up in :mod:`dihal_fast.common.metrics`, so both paths give the same objects.
 """

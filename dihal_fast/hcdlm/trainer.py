@@ -127,7 +127,7 @@ def train(config: RunConfig, run_dir: str | os.PathLike, deepspeed_config: str |
     """Train (or resume) the run in ``run_dir``, holding its lock; returns a summary with the final step and loss.
 
     ``(config, out)`` like every stage's entry point; the 0.1 order ``train(run_dir, config)`` still works, with a
-    DeprecationWarning, until 0.3. With ``deepspeed_config`` the DeepSpeed ZeRO engine is used (launch several
+    DeprecationWarning, until 0.4. With ``deepspeed_config`` the DeepSpeed ZeRO engine is used (launch several
     processes with torchrun).
     """
     if isinstance(run_dir, RunConfig) and not isinstance(config, RunConfig):
