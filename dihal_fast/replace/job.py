@@ -84,9 +84,7 @@ def _preflight(model_dir, layer: int, corpus, out_dir: Path, config: BridgeTrain
     check_layer(backbone_config, layer)
     corpus_files(corpus)
     ds_config, world = prepare_deepspeed(deepspeed_config, config.loop_settings())
-    checkpoint = resume_point(
-        out_dir, {CONFIG_NAME: config}, RESUMABLE_CHANGES, config.steps, ds_config, world, resume
-    )
+    checkpoint = resume_point(out_dir, {CONFIG_NAME: config}, RESUMABLE_CHANGES, config.steps, ds_config, world, resume)
     if checkpoint is not None:
         read_json(checkpoint / BRIDGE_CONFIG_NAME, "checkpoint bridge config")
     return model_dir, config, ds_config, checkpoint
