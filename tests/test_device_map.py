@@ -153,3 +153,17 @@ def test_placement_refuses_what_cannot_work():
 def test_load_lm_logs_where_the_model_is(checkpoints):
     lm = load_lm(checkpoints["hybrid"], device="cpu", device_map="sequential")
     assert lm.device == torch.device("cpu") and lm.kind == "hybrid"
+
+
+def test_evaluate_refuses_an_unplaceable_device_map_before_its_run_directory(tmp_path, monkeypatch, capsys):
+    from dihal_fast.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a launcher that did not say how many ranks share this node
+    monkeypatch.setenv("RANK", "0")
+    for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    argv = ["evaluate", "--hybrid", str(tmp_path / "h"), "--out", str(tmp_path / "run"), "--device-map", "auto"]
+    assert main([*argv, "--device", "cpu"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "LOCAL_WORLD_SIZE" in errors[0], errors
+    assert not (tmp_path / "run").exists()

@@ -68,7 +68,8 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
     ``settings.seed``, so that the numbers do not depend on what ran before in the same process (e.g. ``dihal
     demo`` resuming a run). A hybrid is scored and sampled with its deterministic bridge noise (the fixed
     per-position draw of its config's ``noise_seed``; see :class:`dihal_fast.hybrid.HybridConfig`)."""
-    from dihal_fast.common import seed_everything
+    from dihal_fast.common import resolve_device, seed_everything
+    from dihal_fast.common.models import placement
     from dihal_fast.common.rundir import run_directory
     from dihal_fast.evaluate.models import find_hybrid_dir
     from dihal_fast.evaluate.run import evaluate_hybrid
@@ -79,6 +80,8 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
         from dihal_fast.evaluate.downstream import check_tasks
 
         tasks, _ = check_tasks(config.tasks)
+    # A strategy with a pinned GPU, without accelerate or with no ranks-per-node under a launcher: refused now.
+    placement(resolve_device(config.device), config.device_map)
     seed_everything(config.settings.seed)
     controls = sweep_controls(config.sweep) if config.sweep else None
     with run_directory(out, "dihal evaluate"):
