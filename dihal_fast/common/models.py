@@ -58,7 +58,8 @@ def placement(device, device_map: str = "none") -> dict:
     shards load straight into GPU memory instead of being staged in host memory first. A strategy of
     :data:`~dihal_fast.common.devices.DEVICE_MAP_CHOICES` (``auto``, ``balanced``, ...): accelerate spreads the
     layers over this rank's GPUs (:func:`~dihal_fast.common.devices.rank_gpus`; on ``cpu``: the CPU alone) and
-    then the rank's share of host memory, through ``max_memory``; the model then holds ``hf_device_map``.
+    then the rank's share of host memory, through ``max_memory`` (each rank sees all of its node's GPUs, as torchrun
+    and the deepspeed launcher leave them); a model spread over several places holds ``hf_device_map``.
     """
     import torch
     from transformers.utils import is_accelerate_available
@@ -77,13 +78,16 @@ def placement(device, device_map: str = "none") -> dict:
             f"--device-map {device_map} spreads the model over this rank's GPUs, --device {device} pins one; pass "
             "--device cuda (or auto), or --device-map none"
         )
-    from accelerate.utils import get_max_memory
+    import psutil  # type: ignore[import-untyped]  # an accelerate dependency
 
     local_ranks = ranks_per_node()
     gpus = (
         rank_gpus(torch.cuda.device_count(), launcher_env().local_rank, local_ranks) if device.type == "cuda" else None
     )
-    return {"device_map": device_map, "max_memory": rank_max_memory(get_max_memory(), gpus, local_ranks)}
+    # Free memory of this rank's GPUs only: querying a GPU opens a CUDA context on it, in every rank that asks.
+    free: dict[int | str, int] = {gpu: torch.cuda.mem_get_info(gpu)[0] for gpu in gpus or []}
+    free["cpu"] = psutil.virtual_memory().available
+    return {"device_map": device_map, "max_memory": rank_max_memory(free, gpus, local_ranks)}
 
 
 def input_device(model) -> torch.device:
