@@ -15,7 +15,7 @@ from dihal_fast.evaluate.models import describe_placement, load_lm
 from dihal_fast.hybrid import HybridLM
 
 PROMPT = "The quick brown fox"
-STRATEGIES = ("auto", "balanced", "sequential")
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 @pytest.fixture(scope="module")
