@@ -50,6 +50,8 @@ def test_unknown_and_missing_keys_name_the_class():
         Outer.from_dict({"inner": {"depth": 2}})
     with pytest.raises(ValueError, match="must be read from a JSON object, got list"):
         Outer.from_dict([])
+    with pytest.raises(ValueError, match="key 'inner' must be an object, got str"):
+        Outer.from_dict({"inner": "wide"})
     with pytest.raises(ValueError, match=r"BridgeConfig lacks the keys \['condition_size'"):
         BridgeConfig.from_dict({"hidden_size": 8})
 

@@ -49,7 +49,9 @@ class SerialConfig:
         hints = typing.get_type_hints(cls)
         for name, value in values.items():
             nested = _config_type(hints[name])
-            if nested is not None and isinstance(value, dict):
+            if nested is not None and not isinstance(value, nested) and value is not None:
+                if not isinstance(value, dict):
+                    raise ValueError(f"{cls.__name__} key {name!r} must be an object, got {type(value).__name__}")
                 values[name] = nested.from_dict(value)
         required = {
             name

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dihal_fast.common.options import option
-from dihal_fast.common.serial import SerialConfig
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.tasks.registry import TaskConfig
 
@@ -239,7 +238,7 @@ class SampleConfig(CheckedConfig):
 
 
 @dataclass
-class RunConfig(SerialConfig):
+class RunConfig(CheckedConfig):
     """Everything that determines an HC-DLM run, saved as ``config.json`` in the run and in every checkpoint
     (sections read back with their own ``renamed`` / ``legacy`` history, :mod:`dihal_fast.common.serial`)."""
 
