@@ -229,6 +229,14 @@ QUESTIONS: dict[str, Question] = {
         "The shipped backbone, `train_bridge` at layer 4 for 3 steps under `torchrun --nproc_per_node 2` "
         "(ZeRO-2, gloo on CPU), once shared and once with the copying load forced.",
     ),
+    "scoring_noise": Question(
+        "Hybrid scoring: deterministic against stochastic bridge noise",
+        PIPELINE,
+        "How much does the bridge's noise move a hybrid's held-out NLL: fixed noise seeds (what `dihal evaluate` "
+        "reports) against fresh noise per call, pooled and per block?",
+        "The shipped backbone's layer-1 hybrid (`replace --layer 1 --steps 300`), the 32 x 128 held-out blocks of "
+        "the shipped corpus that `dihal evaluate` scores; noise seeds 0-3 twice each, 8 stochastic calls.",
+    ),
     "hcdlm_defaults": Question(
         "HC-DLM defaults chosen on the 6x6 validation split (issue 23)",
         HCDLM,
