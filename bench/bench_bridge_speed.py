@@ -54,7 +54,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from dihal_fast.backbone import default_corpus
     from dihal_fast.evaluate.harness import EvalSettings, heldout_blocks
-    from dihal_fast.evaluate.models import load_lm
+    from dihal_fast.evaluate.loaded_lm import load_lm
     from dihal_fast.evaluate.scoring import teacher_forced
 
     hybrids = {

@@ -77,7 +77,7 @@ def _max_rss_mb() -> float:
 def child_memory(args: argparse.Namespace) -> None:
     """Collect ``--tokens`` tokens in this fresh process and print peak RSS figures as JSON."""
     from dihal_fast.collect import CollectConfig, collect
-    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.common.hf_loading import load_causal_lm
 
     load_causal_lm(args.model)  # the model's own footprint, to separate it from the collection's
     after_model = _max_rss_mb()
@@ -130,7 +130,7 @@ def throughput(args: argparse.Namespace, model_dir: str, corpus: str) -> dict[st
     import torch
 
     from dihal_fast.collect import LayerStatistics, model_hidden_states, token_mask
-    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.common.hf_loading import load_causal_lm
     from dihal_fast.corpus import read_texts, token_blocks
 
     model, tokenizer = load_causal_lm(model_dir)

@@ -28,7 +28,7 @@ def hidden_states(tokens: int, layers: list[int], seq_len: int = 128) -> dict[in
 
     from dihal_fast.backbone import DEFAULT_MODEL_DIR, default_corpus
     from dihal_fast.collect import model_hidden_states
-    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.common.hf_loading import load_causal_lm
     from dihal_fast.corpus import read_texts, token_blocks
 
     model, tokenizer = load_causal_lm(str(DEFAULT_MODEL_DIR))

@@ -95,7 +95,7 @@ def backbone_tables(model: str, out: Path, args: argparse.Namespace) -> None:
     from dihal_fast.backbone.corpus import sha256_file
     from dihal_fast.common import read_json
     from dihal_fast.common.assets import corpus_or_default
-    from dihal_fast.common.models import resolve_model_dir
+    from dihal_fast.common.hf_loading import resolve_model_dir
     from dihal_fast.pipeline import SweepConfig, SweepSettings
     from dihal_fast.pipeline import sweep as run_sweep
 

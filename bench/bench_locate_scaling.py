@@ -48,7 +48,7 @@ BUILD = (  # a child builds each checkpoint, so that this process's RSS stays be
     "make_checkpoint(Shape(int(sys.argv[3]), int(sys.argv[4])), sys.argv[2], int(sys.argv[5]))\n"
 )
 LOAD = (  # safetensors weights are mapped lazily: read every parameter so that they are all resident
-    "import sys\nfrom dihal_fast.common.models import load_causal_lm\n"
+    "import sys\nfrom dihal_fast.common.hf_loading import load_causal_lm\n"
     "model, _ = load_causal_lm(sys.argv[1])\nsum(float(p.detach().sum()) for p in model.parameters())\n"
 )
 ANCHOR = (

@@ -162,7 +162,7 @@ def _speed_by_nfe(hybrid_dir: str, model: str | None, n_samples: int, new_tokens
     import torch
 
     from dihal_fast.common.metrics import tokens_per_second
-    from dihal_fast.evaluate.models import load_lm, set_denoising_steps
+    from dihal_fast.evaluate.loaded_lm import load_lm, set_denoising_steps
 
     def speed(lm, nfe):
         set_denoising_steps(lm.model, nfe)

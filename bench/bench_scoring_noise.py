@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import report, rows_figure, table  # noqa: E402
 
 from dihal_fast.common.assets import corpus_or_default  # noqa: E402
+from dihal_fast.common.hf_loading import load_causal_lm  # noqa: E402
 from dihal_fast.common.metrics import token_nll  # noqa: E402
-from dihal_fast.common.models import load_causal_lm  # noqa: E402
 from dihal_fast.evaluate.harness import EvalSettings, heldout_blocks  # noqa: E402
 from dihal_fast.hybrid import HybridLM  # noqa: E402
 from dihal_fast.pipeline import ReplaceConfig, replace  # noqa: E402

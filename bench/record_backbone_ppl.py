@@ -85,7 +85,7 @@ def _shown(path: Path) -> str:
 
 
 def main() -> None:
-    from dihal_fast.common.models import resolve_model_dir
+    from dihal_fast.common.hf_loading import resolve_model_dir
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny-qwen3-16l", help="shipped backbone name or backbone run directory")

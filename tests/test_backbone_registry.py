@@ -14,7 +14,7 @@ from dihal_fast.backbone.config import BackboneModelConfig, BackboneTrainConfig
 from dihal_fast.backbone.model import build_model
 from dihal_fast.cli import main
 from dihal_fast.common.assets import DEFAULT_BACKBONE, SHIPPED_BACKBONES, default_model_dir, model_location
-from dihal_fast.common.models import load_tokenizer, resolve_model_dir
+from dihal_fast.common.hf_loading import load_tokenizer, resolve_model_dir
 
 QWEN3 = SHIPPED_BACKBONES["tiny-qwen3-16l"]
 QWEN3_SHIPPED = (QWEN3.directory / "model.safetensors").is_file()
@@ -54,7 +54,7 @@ def test_unknown_name_is_one_line_listing_the_shipped_names(tmp_path, monkeypatc
 
 def test_every_command_takes_a_shipped_name(tmp_path, capsys):
     """The commands' ``--model`` reaches resolve_model_dir: a name runs, an unknown one is refused before any work."""
-    from dihal_fast.evaluate.models import load_lm
+    from dihal_fast.evaluate.loaded_lm import load_lm
 
     lm = load_lm("tiny-llama-8l")
     assert lm.kind == "backbone" and lm.path == default_model_dir()

@@ -24,7 +24,7 @@ from dihal_fast.collect import (
     token_keys,
     token_mask,
 )
-from dihal_fast.common.models import load_causal_lm
+from dihal_fast.common.hf_loading import load_causal_lm
 from dihal_fast.corpus import read_texts, token_blocks
 from dihal_fast.select import estimate_geometry, subsample
 

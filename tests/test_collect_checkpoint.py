@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dihal_fast.collect import CheckpointStore, CollectConfig, LayerStatistics, collect
-from dihal_fast.collect import checkpoint as checkpoint_module
+from dihal_fast.collect import state_store as checkpoint_module
 
 BATCH = 4
 MANIFEST = "state-rank0000-of-0001.json"

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dihal_fast.common.devices import rank_gpus, rank_max_memory, ranks_per_node
-from dihal_fast.common.models import load_causal_lm, placement
-from dihal_fast.evaluate.models import describe_placement, load_lm
+from dihal_fast.common.hf_loading import load_causal_lm, placement
+from dihal_fast.evaluate.loaded_lm import describe_placement, load_lm
 from dihal_fast.hybrid import HybridLM
 
 PROMPT = "The quick brown fox"

@@ -9,7 +9,7 @@ import torch
 
 from dihal_fast.evaluate.generation import Generation
 from dihal_fast.evaluate.harness import TIMING_REPEATS, EvalSettings, evaluate_lm, heldout_blocks, timed_sample
-from dihal_fast.evaluate.models import load_lm
+from dihal_fast.evaluate.loaded_lm import load_lm
 from dihal_fast.evaluate.run import check_compatible
 
 TEXT = "\n\n".join(
@@ -97,7 +97,7 @@ def test_diffusion_lm_control_trains_samples_and_resumes(models, corpus, tmp_pat
 @pytest.fixture(scope="module")
 def tiny_hybrid(tiny_checkpoints, tmp_path_factory):
     """An untrained hybrid cut at layer 2 of the tiny Llama (enough to exercise the whole harness)."""
-    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.common.hf_loading import load_causal_lm
     from dihal_fast.hybrid.model import HybridLM
 
     model, tokenizer = load_causal_lm(tiny_checkpoints["llama"])

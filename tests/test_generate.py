@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from dihal_fast.common.models import load_causal_lm
+from dihal_fast.common.hf_loading import load_causal_lm
 from dihal_fast.common.sampling import sample_categorical
 from dihal_fast.evaluate.generation import check_generation_request
-from dihal_fast.evaluate.models import LoadedLM
+from dihal_fast.evaluate.loaded_lm import LoadedLM
 from dihal_fast.evaluate.scoring import generative_perplexity, logits_fn, teacher_forced
 
 

@@ -672,7 +672,7 @@ def test_emulated_jacobi_matches_eigvalsh():
 # ---------------------------------------------------------------- real hidden states
 def _hidden_states(model_dir, texts: list[str]) -> list[np.ndarray]:
     """Every layer's hidden states (padding and the first position dropped) of a local checkpoint."""
-    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.common.hf_loading import load_causal_lm
 
     model, tokenizer = load_causal_lm(model_dir)
     batch = tokenizer(texts, return_tensors="pt", padding=True)

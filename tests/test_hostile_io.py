@@ -223,7 +223,7 @@ def test_a_checkpoint_interrupted_while_written_keeps_the_previous_one(tmp_path,
 
 
 def test_a_hybrid_is_saved_whole_and_never_through_a_link(tmp_path, precious, tiny_checkpoints):
-    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.common.hf_loading import load_causal_lm
     from dihal_fast.hybrid import HybridLM
 
     model, tokenizer = load_causal_lm(tiny_checkpoints["llama"], "float32", "cpu")

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dihal_fast.common.models import load_causal_lm
+from dihal_fast.common.hf_loading import load_causal_lm
 from dihal_fast.hybrid import HybridLM, backbone_targets
 from dihal_fast.hybrid.generation import float64_sampling, nucleus_mask
 from dihal_fast.hybrid.slicing import check_family, check_layer

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dihal_fast.common.models import load_causal_lm
+from dihal_fast.common.hf_loading import load_causal_lm
 from dihal_fast.hybrid import HybridLM, backbone_targets
 from dihal_fast.testing import make_tiny_checkpoint
 from dihal_fast.testing.tiny import MORE_FAMILIES

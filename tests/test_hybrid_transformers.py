@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from dihal_fast.common.models import load_causal_lm
+from dihal_fast.common.hf_loading import load_causal_lm
 from dihal_fast.hybrid import HybridLM
 from dihal_fast.testing import make_tiny_checkpoint
 

@@ -208,7 +208,7 @@ def test_bad_dtypes_are_refused(tmp_path):
 
 
 def test_a_bfloat16_checkpoint_loads_as_bfloat16_by_default(tmp_path):
-    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.common.hf_loading import load_causal_lm
     from dihal_fast.testing import make_tiny_checkpoint
 
     path = make_tiny_checkpoint(tmp_path / "llama", "llama")

@@ -39,7 +39,7 @@ def _offline_single_process(monkeypatch):
 @pytest.fixture(scope="module")
 def tiny_hybrid_dir(tiny_checkpoints, tmp_path_factory):
     """A tiny Llama hybrid at layer 2 whose bridge output depends on the input, saved as a directory."""
-    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.common.hf_loading import load_causal_lm
     from dihal_fast.hybrid import HybridLM
 
     model, tokenizer = load_causal_lm(tiny_checkpoints["llama"])
@@ -151,7 +151,7 @@ def test_dihal_evaluate_tasks_scores_hybrid_and_backbone_the_same_way(
 ):
     from dihal_fast.cli import main
     from dihal_fast.common import read_json
-    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.common.hf_loading import load_causal_lm
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("The quick brown fox jumps over the lazy dog. Once upon a time there was a girl.\n\n" * 12)

@@ -162,7 +162,7 @@ def test_training_lowers_the_validation_bridge_loss_and_exports_a_working_hybrid
 
 
 def test_train_upper_updates_the_retained_layers_but_not_embeddings_or_head(tiny_checkpoints, corpus, tmp_path):
-    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.common.hf_loading import load_causal_lm
 
     result = train_bridge(tiny_checkpoints["gpt2"], 2, corpus, tmp_path / "run", _config(steps=2, train_upper=True))
     hybrid = HybridLM.from_pretrained(result["hybrid_dir"])
@@ -415,7 +415,7 @@ def test_frozen_retained_layers_share_the_teachers_tensors(tiny_checkpoints, fam
     """One copy of the upper layers, embeddings and head per process: the frozen hybrid references the
     teacher's tensors (``data_ptr`` equal), a hybrid with ``train_upper`` owns copies, and bridge training
     through the shared weights leaves the teacher unchanged."""
-    from dihal_fast.common.models import load_causal_lm
+    from dihal_fast.common.hf_loading import load_causal_lm
     from dihal_fast.hybrid import backbone_targets
     from dihal_fast.replace import export_hybrid
     from dihal_fast.replace.data import step_generator

@@ -105,7 +105,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_info(args: argparse.Namespace) -> int:
     from dihal_fast.backbone.report import describe_backbone
-    from dihal_fast.common.models import resolve_model_dir
+    from dihal_fast.common.hf_loading import resolve_model_dir
 
     print(describe_backbone(resolve_model_dir(args.model)))
     return 0

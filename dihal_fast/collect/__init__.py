@@ -9,12 +9,12 @@ Memory grows with layers x D^2 (+ the reservoir), never with the number of token
 checkpointed, resumable, and can be spread over processes with ``torchrun``.
 """
 
-from dihal_fast.collect.checkpoint import CheckpointStore
 from dihal_fast.collect.config import CollectConfig
 from dihal_fast.collect.distributed import distributed_session, merge_to_rank0, rank_info
 from dihal_fast.collect.reservoir import TokenReservoir, token_keys
 from dihal_fast.collect.run import CollectResult, collect, model_hidden_states
 from dihal_fast.collect.shards import write_shards
+from dihal_fast.collect.state_store import CheckpointStore
 from dihal_fast.collect.statistics import LayerStatistics, token_mask
 
 __all__ = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dihal_fast.common.models import DTYPES
+from dihal_fast.common.hf_loading import DTYPES
 from dihal_fast.common.validation import CheckedConfig, checked
 
 # Fields that may change between an interrupted run and its resumption without changing the result

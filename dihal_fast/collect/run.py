@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from dihal_fast.collect.checkpoint import CheckpointStore
 from dihal_fast.collect.config import CollectConfig
 from dihal_fast.collect.distributed import agree_on_errors, all_reduce_ints, local_device, merge_to_rank0, rank_info
+from dihal_fast.collect.state_store import CheckpointStore
 from dihal_fast.collect.statistics import LayerStatistics, token_mask
-from dihal_fast.common.models import DTYPES, load_causal_lm
+from dihal_fast.common.hf_loading import DTYPES, load_causal_lm
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.corpus import iter_token_blocks, read_texts
 from dihal_fast.profiling import nvtx_range

@@ -1,7 +1,7 @@
 """Where the shipped backbone checkpoints and the default corpus lie inside the installed package, and
 the names that select a shipped backbone (``--model tiny-qwen3-16l``).
 
-A leaf module so that model loading (:mod:`dihal_fast.common.models`) can default to the shipped
+A leaf module so that model loading (:mod:`dihal_fast.common.hf_loading`) can default to the shipped
 backbone without importing :mod:`dihal_fast.backbone`, which builds on ``common``; the documented
 names are re-exported by :mod:`dihal_fast.backbone`.
 """

@@ -36,12 +36,12 @@ CONTEXT_FIELDS = ("max_position_embeddings", "n_positions")
 def check_checkpoint_config(
     model: str | os.PathLike | None, seq_len: int | None = None, flag: str = "--seq-len"
 ) -> Path:
-    """The checkpoint directory of ``model`` (:func:`~dihal_fast.common.models.resolve_model_dir`: a path, a
+    """The checkpoint directory of ``model`` (:func:`~dihal_fast.common.hf_loading.resolve_model_dir`: a path, a
     shipped backbone's name or ``None``) after checking its ``config.json``: every shape field present is a whole
     number (>= 1; a context field >= 0), and ``seq_len`` (given with ``flag``) fits the context. ``ValueError``
     naming the file and the field otherwise."""
+    from dihal_fast.common.hf_loading import resolve_model_dir
     from dihal_fast.common.io import read_json
-    from dihal_fast.common.models import resolve_model_dir
 
     model_dir = resolve_model_dir(model)
     path = model_dir / "config.json"

@@ -65,7 +65,7 @@ def heldout_blocks(tokenizer, corpus, settings: EvalSettings) -> torch.Tensor:
 def sample_metrics(generation: Generation, tokenizer, evaluator) -> tuple[dict, list[str]]:
     """Gen PPL, entropy, both diversities and tokens/s of samples; also returns the decoded texts.
 
-    ``evaluator`` is a :class:`~dihal_fast.evaluate.models.LoadedLM`; entropy and diversity use its
+    ``evaluator`` is a :class:`~dihal_fast.evaluate.loaded_lm.LoadedLM`; entropy and diversity use its
     tokens of each sample so that all sample metrics share one tokenisation. A metric the samples do
     not define (every sample empty after decoding, no 4-grams) is ``None`` with the reason in ``notes``.
     """
@@ -109,7 +109,7 @@ def timed_sample(lm, prompt: torch.Tensor, settings: EvalSettings) -> Generation
 
 
 def evaluate_lm(lm, blocks: torch.Tensor, settings: EvalSettings, evaluator, reference=None) -> tuple[dict, list[str]]:
-    """One report section for a :class:`~dihal_fast.evaluate.models.LoadedLM` and its sample texts.
+    """One report section for a :class:`~dihal_fast.evaluate.loaded_lm.LoadedLM` and its sample texts.
 
     With ``reference`` (the backbone) the section's ``kl`` is KL(reference || lm); without, ``lm`` is the
     reference and its KL is 0 by definition.

@@ -16,7 +16,7 @@ from dihal_fast.evaluate.harness import (
     report_header,
     sample_metrics,
 )
-from dihal_fast.evaluate.models import (
+from dihal_fast.evaluate.loaded_lm import (
     LoadedLM,
     load_lm,
     same_tokenizer,

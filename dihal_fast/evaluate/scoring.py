@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from dihal_fast.common.hf_loading import input_device
 from dihal_fast.common.metrics import perplexity, pooled_nll, token_kl, token_nll
-from dihal_fast.common.models import input_device
 from dihal_fast.common.progress import progress_bar
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ def teacher_forced(
 
     With ``reference`` (the backbone), also the mean per-token ``KL(reference || model)`` on the same
     positions. Returns ``{nll, ppl, n_tokens[, kl]}``. ``model`` and ``reference`` put the blocks on their own
-    devices (:meth:`~dihal_fast.evaluate.models.LoadedLM.logits` does); the sums are taken where ``model``'s logits are.
+    devices (:meth:`~dihal_fast.evaluate.loaded_lm.LoadedLM.logits` does); the sums are taken where ``model``'s
+    logits are.
     """
     if blocks.dim() != 2 or blocks.shape[0] == 0 or blocks.shape[1] < 2:
         raise ValueError(f"expected a non-empty LongTensor[N, T] of blocks with T >= 2, got {tuple(blocks.shape)}")

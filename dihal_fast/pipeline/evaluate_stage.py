@@ -69,9 +69,9 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
     demo`` resuming a run). A hybrid is scored and sampled with its deterministic bridge noise (the fixed
     per-position draw of its config's ``noise_seed``; see :class:`dihal_fast.hybrid.HybridConfig`)."""
     from dihal_fast.common import resolve_device, seed_everything
-    from dihal_fast.common.models import placement
+    from dihal_fast.common.hf_loading import placement
     from dihal_fast.common.rundir import run_directory
-    from dihal_fast.evaluate.models import find_hybrid_dir
+    from dihal_fast.evaluate.loaded_lm import find_hybrid_dir
     from dihal_fast.evaluate.run import evaluate_hybrid
     from dihal_fast.pipeline.sweep_stage import sweep_controls
 

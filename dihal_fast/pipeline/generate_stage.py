@@ -87,7 +87,7 @@ def generate(config: GenerateConfig, out: str | Path | None = None) -> GenerateR
     from dihal_fast.common import atomic_write_json, resolve_device
     from dihal_fast.common.rundir import check_output_file
     from dihal_fast.common.sampling import PROTOCOL
-    from dihal_fast.evaluate.models import load_lm
+    from dihal_fast.evaluate.loaded_lm import load_lm
 
     torch.manual_seed(config.seed)
     if config.n_samples < 1:

@@ -182,7 +182,7 @@ def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) ->
     from dihal_fast.collect import CollectConfig, collect, write_shards
     from dihal_fast.common import atomic_write_json
     from dihal_fast.common.devices import dtype_name
-    from dihal_fast.common.models import resolve_model_dir
+    from dihal_fast.common.hf_loading import resolve_model_dir
     from dihal_fast.select import estimate_geometry, plot_geometry
 
     start = time.perf_counter()

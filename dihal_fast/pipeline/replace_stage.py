@@ -63,7 +63,7 @@ def _from_locate(run: str) -> tuple[int, str | None]:
 def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
     """Train the bridge for ``config``'s layer in run directory ``out`` (holding its lock) and export the
     hybrid; every process of a DeepSpeed job calls this and gets the summary."""
-    from dihal_fast.common.models import resolve_model_dir
+    from dihal_fast.common.hf_loading import resolve_model_dir
     from dihal_fast.common.rundir import run_directory
     from dihal_fast.replace import train_bridge
 

@@ -28,7 +28,7 @@ import torch
 from dihal_fast.bridge import BridgeConfig
 from dihal_fast.common import atomic_write_json, read_json, resolve_device, seed_everything
 from dihal_fast.common.devices import dtype_name
-from dihal_fast.common.models import load_causal_lm, resolve_model_dir
+from dihal_fast.common.hf_loading import load_causal_lm, resolve_model_dir
 from dihal_fast.corpus import corpus_files
 from dihal_fast.hybrid import HybridLM, backbone_targets
 from dihal_fast.hybrid.slicing import check_family, check_layer

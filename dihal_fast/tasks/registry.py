@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from dihal_fast.common.models import load_tokenizer
+from dihal_fast.common.hf_loading import load_tokenizer
 from dihal_fast.common.options import comma_integers, option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.tasks.countdown import COUNTS, shortest_solution

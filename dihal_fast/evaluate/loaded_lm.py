@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from dihal_fast.common.models import input_device, load_causal_lm, resolve_model_dir
+from dihal_fast.common.hf_loading import input_device, load_causal_lm, resolve_model_dir
 from dihal_fast.evaluate.generation import Generation, check_generation_request
 from dihal_fast.evaluate.scoring import evaluator_context
 
@@ -124,7 +124,7 @@ def load_lm(
 ) -> LoadedLM:
     """A backbone checkpoint directory, a hybrid directory or a ``dihal replace`` run directory (``None`` = the
     shipped backbone), in ``dtype`` (``auto`` = the checkpoint's) on ``device`` (``auto``: cuda when torch sees one),
-    or spread by ``device_map`` (:func:`dihal_fast.common.models.placement`); ``nfe`` sets a hybrid's denoising
+    or spread by ``device_map`` (:func:`dihal_fast.common.hf_loading.placement`); ``nfe`` sets a hybrid's denoising
     steps."""
     import dihal_fast.hybrid  # noqa: F401  (registers the hybrid with the Auto classes)
 
