@@ -106,6 +106,7 @@ def backbone_tables(model: str, out: Path, args: argparse.Namespace) -> None:
     sweep = dict(run_sweep(SweepConfig(model=model, corpus=corpus, settings=settings), out / "sweep").data)
     sweep_s = time.perf_counter() - start
     layers = _layer_rows(sweep, read_json)
+    compute_s = _sweep_compute_s(out / "sweep", layers, read_json)
     by_layer = {row["layer"]: row for row in layers}
     geometry = sweep["selected_layer"]
     ordered = sorted(layers, key=lambda r: r["bridge_loss"])
@@ -173,8 +174,8 @@ def backbone_tables(model: str, out: Path, args: argparse.Namespace) -> None:
             f"validation on the last {settings.val_blocks} blocks of the corpus), scores from "
             f"{settings.score_repeats} runs "
             f"of {settings.score_sample} tokens; torch threads {torch.get_num_threads()}; sweep {sweep_s:.0f} s "
-            "(stages "
-            "reused from an earlier run take no time). Backbone PPL on the sweep's validation blocks "
+            f"of wall time in this run (stages reused from an earlier run take no time; locate + bridge training took "
+            f"{compute_s:.0f} s when they ran). Backbone PPL on the sweep's validation blocks "
             f"{backbone_ppl:.2f}."
         ),
         "**Sweep** (ranks: 1 = highest score / lowest loss):\n\n"
@@ -204,6 +205,7 @@ def backbone_tables(model: str, out: Path, args: argparse.Namespace) -> None:
     figures: dict = {
         "backbone_sha256": sha256_file(model_dir / "model.safetensors"),  # which weights the tables are of
         "sweep_s": sweep_s,
+        "sweep_compute_s": compute_s,
         "selected_layer": geometry,
         "oracle_layer": oracle,
         "worst_layer": worst,
@@ -244,6 +246,16 @@ def backbone_tables(model: str, out: Path, args: argparse.Namespace) -> None:
     )
 
 
+def _sweep_compute_s(sweep_dir: Path, layers: list[dict], read_json) -> float:
+    """Seconds the sweep's stages took when they ran (locate + every layer's bridge training), whichever
+    invocation ran them: a rerun that reuses them takes almost no wall time of its own."""
+    locate = read_json(sweep_dir / "locate" / "locate.json", "locate report")["timings"]["total_s"]
+    return locate + sum(
+        read_json(Path(row["hybrid_dir"]).parent / "result.json", "bridge training summary")["train_seconds_this_run"]
+        for row in layers
+    )
+
+
 def _layer_rows(sweep: dict, read_json) -> list[dict]:
     """The sweep's rows with each layer's validation PPL / KL and the score and loss ranks (1 = best)."""
     rows = []
@@ -278,10 +290,12 @@ def _final_table(
 
     config = BridgeTrainConfig(steps=args.final_steps, seq_len=FINAL_SEQ_LEN, val_blocks=FINAL_VAL_BLOCKS, seed=0)
     start = time.perf_counter()
-    hybrids = {
-        layer: ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus, config)["hybrid_dir"]
+    trained = {
+        layer: ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus, config)
         for layer in dict.fromkeys((geometry, oracle, worst))
     }
+    hybrids = {layer: result["hybrid_dir"] for layer, result in trained.items()}
+    train_s = sum(result["train_seconds_this_run"] for result in trained.values())
     settings = EvalSettings(
         seq_len=FINAL_SEQ_LEN,
         eval_blocks=FINAL_VAL_BLOCKS,
@@ -293,9 +307,9 @@ def _final_table(
     with run_directory(out / "evaluate", "bench_layer_tables evaluate"):
         evaluation = evaluate_hybrid(hybrids[geometry], corpus, out / "evaluate", settings, controls=controls)
     final_s = time.perf_counter() - start
-    roles = {geometry: ["geometry (l*)"], oracle: [], worst: []}
-    roles[oracle].append("oracle")
-    roles[worst].append("worst")
+    roles: dict[int, list[str]] = {}
+    for layer, role in ((geometry, "geometry (l*)"), (oracle, "oracle"), (worst, "worst")):
+        roles.setdefault(layer, []).append(role)
     columns = {
         "backbone": evaluation["backbone"],
         **{
@@ -315,14 +329,24 @@ def _final_table(
         f"{FINAL_SEQ_LEN}; evaluated on the last {FINAL_VAL_BLOCKS} blocks of {FINAL_SEQ_LEN} tokens of the shipped "
         f"corpus, the tail held out from bridge training; {args.n_samples} samples of {args.max_new_tokens} tokens, "
         f"Gen PPL under the evaluator `{evaluation['evaluator']['path']}` (the default, tiny-llama-8l); "
-        f"{final_s:.0f} s):\n\n" + table(["metric", *columns], rows)
+        f"{final_s:.0f} s of wall time in this run; the hybrids' training took {train_s:.0f} s when it ran):\n\n"
+        + table(["metric", *columns], rows)
     )
     final_target = [
         "geometry layer's trained hybrid within 5 % of the oracle layer's PPL",
         f"{geometry_ppl:.2f} vs {oracle_ppl:.2f} ({gap:+.1%})",
         gap <= 0.05,
     ]
-    return text, {"final_s": final_s, "final_geometry_ppl": geometry_ppl, "final_oracle_ppl": oracle_ppl}, final_target
+    return (
+        text,
+        {
+            "final_s": final_s,
+            "final_train_s": train_s,
+            "final_geometry_ppl": geometry_ppl,
+            "final_oracle_ppl": oracle_ppl,
+        },
+        final_target,
+    )
 
 
 if __name__ == "__main__":
