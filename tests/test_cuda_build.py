@@ -101,6 +101,19 @@ def test_cuvs_library_must_be_the_release_of_the_headers():
     assert info["cuvs_compiled"] == bool(info["cuvs_version"])
 
 
+def test_cuvs_library_of_the_compiled_release_loads():
+    # No GPU needed: load_cuvs opens libcuvs_c.so, binds the C API and checks cuvsVersionGet against the headers.
+    import importlib.util
+
+    module = _cuda_module()
+    if not module.build_info()["cuvs_compiled"]:
+        pytest.skip("this build has no cuVS (packaging/build_wheels.sh cu12|cu13 compiles it in)")
+    if importlib.util.find_spec("libcuvs") is None:
+        pytest.skip(f'no libcuvs wheel installed (pip install "{backend_cuda.cuvs_requirement(module.build_info())}")')
+    backend_cuda._load_cuvs(module)
+    assert module.load_cuvs(["libcuvs_c.so"])  # loaded once, then the same library is returned
+
+
 @pytest.mark.parametrize(
     ("runtime", "headers", "wheel"),
     [
