@@ -124,6 +124,8 @@ def build_info() -> dict:
     info["backends"]["cuvs"] = {
         "compiled": cuvs_compiled,
         "available": cuvs_compiled and cuda_entry["available"],
-        "reason": "" if cuvs_compiled else "built without cuVS (libcuvs not found at build time)",
+        "reason": cuda_entry["reason"] if cuvs_compiled else "built without cuVS (libcuvs not found at build time)",
     }
+    if cuvs_compiled:  # the library opened at run time must be this release (libcuvs-cuNN==YY.MM.*)
+        info["backends"]["cuvs"]["cuvs_version"] = cuda_entry["cuvs_version"]
     return info

