@@ -24,7 +24,7 @@ solves in float32, sums, centring, factorisations and eigenvalues in float64; se
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -127,10 +127,40 @@ def symmetrize_upper(M: np.ndarray) -> np.ndarray:
     return upper + np.triu(M, 1).T
 
 
-_INSTANCES: dict[str, Any] = {}
+class GeometryOps(Protocol):
+    """The operations every backend has (the module doc); arrays are NumPy or torch, as the backend expects."""
+
+    def covariance(self, X: Any, precision: str = "float64") -> tuple[Any, Any]: ...
+
+    def trace(self, cov: Any) -> float: ...
+
+    def top_eigenvalue(self, cov: Any, precision: str = "float64") -> float: ...
+
+    def knn(self, X: Any, k: int) -> tuple[Any, Any]: ...
+
+    def local_top_eigenvalues(self, X: Any, idx: Any, precision: str = "float64") -> Any: ...
+
+    def pair_quotients(
+        self, X: Any, mean: Any, cov: Any, lam: float, pi: Any, pj: Any, precision: str = "float64"
+    ) -> Any: ...
+
+    def covariance_update(self, X: Any, count: int, mean: Any, comoment: Any) -> int: ...
 
 
-def get_backend(backend: str, device: str = "cpu") -> Any:
+class GramOps(GeometryOps, Protocol):
+    """The optional n x n route of a backend that has it (``hasattr(ops, "gram")``; the CPU backend)."""
+
+    def gram(self, X: Any) -> Any: ...
+
+    def gram_pair_quotients(self, X: Any, G: Any, lam: float, pi: Any, pj: Any) -> Any: ...
+
+    def knn_from_gram(self, X: Any, G: Any, k: int) -> tuple[Any, Any]: ...
+
+
+_INSTANCES: dict[str, GeometryOps] = {}
+
+
+def get_backend(backend: str, device: str = "cpu") -> GeometryOps:
     """The backend object for ``backend`` given where the data lives (``cpu`` or ``cuda``)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -143,7 +173,7 @@ def get_backend(backend: str, device: str = "cpu") -> Any:
     return _INSTANCES[backend]
 
 
-def _create(backend: str) -> Any:
+def _create(backend: str) -> GeometryOps:
     if backend == "cpu":
         return CpuBackend()
     if backend == "reference":

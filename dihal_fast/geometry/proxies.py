@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from dihal_fast.geometry.backends import PRECISIONS, get_backend
+from dihal_fast.geometry.backends import PRECISIONS, GeometryOps, GramOps, get_backend
 from dihal_fast.geometry.inputs import Matrix, as_matrix, check_k, check_positive
 from dihal_fast.profiling import nvtx_range
 from dihal_fast.reference import draw_pairs, weighted_median
@@ -28,7 +28,9 @@ DEFAULT_PRECISION = "float64"
 SAFE_EXPONENT, SAFE_EXPONENT_LOW_PRECISION = 64, 16
 
 
-def _prepare(X: Any, backend: str, min_rows: int = 2, precision: str = DEFAULT_PRECISION) -> tuple[Matrix, Any, int]:
+def _prepare(
+    X: Any, backend: str, min_rows: int = 2, precision: str = DEFAULT_PRECISION
+) -> tuple[Matrix, GeometryOps, int]:
     """The checked matrix (rescaled by ``2^shift`` when its magnitude is extreme), its backend, and ``shift``."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -105,11 +107,11 @@ class _Moments:
         return self.mean is None
 
 
-def _moments(matrix: Matrix, ops: Any, precision: str) -> _Moments:
+def _moments(matrix: Matrix, ops: GeometryOps, precision: str) -> _Moments:
     n, D = matrix.shape
     with nvtx_range("covariance"):
         if n < D and hasattr(ops, "gram"):
-            G = ops.gram(matrix.data)
+            G = cast(GramOps, ops).gram(matrix.data)
             moments = _Moments(None, G, n, ops.trace(G) / n)
         else:
             mean, cov = ops.covariance(matrix.data, precision)
@@ -119,20 +121,20 @@ def _moments(matrix: Matrix, ops: Any, precision: str) -> _Moments:
     return moments
 
 
-def _k_eff(ops: Any, moments: _Moments, precision: str) -> float:
+def _k_eff(ops: GeometryOps, moments: _Moments, precision: str) -> float:
     with nvtx_range("top_eigen"):
         return moments.trace / (ops.top_eigenvalue(moments.matrix, precision) / moments.scale)
 
 
 def _m_mono(
-    matrix: Matrix, ops: Any, moments: _Moments, ridge: float, n_pairs: int, seed: int, precision: str
+    matrix: Matrix, ops: GeometryOps, moments: _Moments, ridge: float, n_pairs: int, seed: int, precision: str
 ) -> float:
     n, D = matrix.shape
     pi, pj, counts = draw_pairs(n, n_pairs, seed)
     lam = ridge * moments.trace / D
     with nvtx_range("pairs"):
         if moments.gram:
-            q = ops.gram_pair_quotients(matrix.data, moments.matrix, lam, pi, pj)
+            q = cast(GramOps, ops).gram_pair_quotients(matrix.data, moments.matrix, lam, pi, pj)
         else:
             q = ops.pair_quotients(matrix.data, moments.mean, moments.matrix, lam, pi, pj, precision)
     q = np.asarray(q)
@@ -142,9 +144,12 @@ def _m_mono(
     return _representable("m_mono", weighted_median(q[keep], counts[keep]), moments.trace / D)
 
 
-def _m_curv(matrix: Matrix, ops: Any, moments: _Moments, k: int, precision: str) -> float:
+def _m_curv(matrix: Matrix, ops: GeometryOps, moments: _Moments, k: int, precision: str) -> float:
     with nvtx_range("knn"):
-        idx, _ = ops.knn_from_gram(matrix.data, moments.matrix, k) if moments.gram else ops.knn(matrix.data, k)
+        if moments.gram:
+            idx, _ = cast(GramOps, ops).knn_from_gram(matrix.data, moments.matrix, k)
+        else:
+            idx, _ = ops.knn(matrix.data, k)
     with nvtx_range("local_eigen"):
         lam = np.asarray(ops.local_top_eigenvalues(matrix.data, idx, precision))
     eps = 1e-12 * moments.trace / matrix.shape[1]
