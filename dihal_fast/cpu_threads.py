@@ -147,15 +147,16 @@ class ThreadGovernor:
         """Measure the other processes' load since the last reading (the first poll decides once at least
         ``min_window`` seconds have passed, later ones every ``interval`` seconds) and move the thread count
         to the free cores; returns the count in use (None while undecided)."""
-        if self.pinned is not None or self._last is None:
+        last = self._last
+        if self.pinned is not None or last is None:
             return self.threads
         if self._changed_elsewhere():
             self.pinned = self.threads = sys.modules["torch"].get_num_threads()
             return self.threads
         now = cpu_sample()
-        if now.wall - self._last.wall < (self.interval if self.threads is not None else self.min_window):
+        if now.wall - last.wall < (self.interval if self.threads is not None else self.min_window):
             return self.threads
-        other = other_busy_cores(self._last, now)
+        other = other_busy_cores(last, now)
         count = choose_threads(self.cores, other)
         self._last = now
         if count != self.threads:
