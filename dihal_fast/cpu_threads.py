@@ -154,6 +154,8 @@ class ThreadGovernor:
             self.pinned = self.threads = sys.modules["torch"].get_num_threads()
             return self.threads
         now = cpu_sample()
+        if now is None:  # /proc/stat stopped being readable: keep the count in use
+            return self.threads
         if now.wall - last.wall < (self.interval if self.threads is not None else self.min_window):
             return self.threads
         other = other_busy_cores(last, now)
