@@ -13,6 +13,7 @@ import torch
 from dihal_fast.cli import build_parser, main
 from dihal_fast.common.devices import DTYPE_CHOICES
 from dihal_fast.pipeline import EvaluateConfig
+from dihal_fast.testing.tiny import HCDLM_TINY_ARGS
 
 
 def leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
@@ -76,11 +77,8 @@ def test_every_command_with_a_checkpoint_dtype_takes_dtype():
 def hcdlm_run(tmp_path_factory):
     """A one-step HC-DLM run on 2x2 Sudoku: what ``hcdlm eval`` / ``hcdlm solve`` open before the device."""
     out = tmp_path_factory.mktemp("hcdlm") / "run"
-    tiny = "--hidden 32 --heads 2 --encoder-blocks 1 --denoiser-blocks 1 --predictor-blocks 1 --latent-dim 8"
     argv = ["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--steps", "1"]
-    assert (
-        main([*argv, *tiny.split(), "--batch-size", "8", "--threads", "1", "--device", "cpu", "--out", str(out)]) == 0
-    )
+    assert main([*argv, *HCDLM_TINY_ARGS, "--device", "cpu", "--out", str(out)]) == 0
     return out
 
 

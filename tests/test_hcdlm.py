@@ -17,9 +17,10 @@ from dihal_fast.hcdlm.trainer import compute_loss
 from dihal_fast.tasks.base import TaskSpec
 from dihal_fast.tasks.countdown_task import CountdownTask
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
+from dihal_fast.testing.tiny import HCDLM_TINY
 
 KINDS = ("hcdlm", "latent", "mdm", "ar")
-TINY = dict(hidden=32, heads=2, encoder_blocks=1, denoiser_blocks=1, predictor_blocks=1, latent_dim=8)
+TINY = HCDLM_TINY
 
 
 @pytest.fixture(scope="module")

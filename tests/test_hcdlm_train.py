@@ -14,26 +14,10 @@ from dihal_fast.cli import main
 from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, RunConfig
 from dihal_fast.hcdlm.trainer import train
 from dihal_fast.tasks.registry import TaskConfig
+from dihal_fast.testing.tiny import HCDLM_TINY_ARGS
 from dihal_fast.train.checkpoint import latest_checkpoint
 
-TINY = [
-    "--hidden",
-    "32",
-    "--heads",
-    "2",
-    "--encoder-blocks",
-    "1",
-    "--denoiser-blocks",
-    "1",
-    "--predictor-blocks",
-    "1",
-    "--latent-dim",
-    "8",
-    "--batch-size",
-    "8",
-    "--threads",
-    "1",
-]
+TINY = HCDLM_TINY_ARGS
 
 
 def _config(steps: int, kind: str = "hcdlm") -> RunConfig:

@@ -22,26 +22,10 @@ from dihal_fast.pipeline import LocateConfig, ReplaceConfig
 from dihal_fast.pipeline.generate_stage import GenerateConfig
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.tasks.registry import TaskConfig
+from dihal_fast.testing.tiny import HCDLM_TINY_ARGS
 from dihal_fast.train.settings import LoopSettings
 
-TINY = [
-    "--hidden",
-    "32",
-    "--heads",
-    "2",
-    "--encoder-blocks",
-    "1",
-    "--denoiser-blocks",
-    "1",
-    "--predictor-blocks",
-    "1",
-    "--latent-dim",
-    "8",
-    "--batch-size",
-    "8",
-    "--threads",
-    "1",
-]
+TINY = HCDLM_TINY_ARGS
 SUDOKU = ["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", "--steps", "1"]
 COUNTDOWN = ["hcdlm", "train", "--task", "countdown", "--countdown-numbers", "3", "--steps", "1"]
 

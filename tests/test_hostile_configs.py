@@ -35,6 +35,7 @@ from dihal_fast.pipeline.generate_stage import GenerateConfig
 from dihal_fast.pipeline.sweep_stage import SweepConfig, SweepSettings
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.tasks.registry import TaskConfig
+from dihal_fast.testing.tiny import HCDLM_TINY, HCDLM_TINY_ARGS
 from dihal_fast.train.settings import LoopSettings
 
 CHECKED = [
@@ -64,24 +65,7 @@ REQUIRED = {
     LoopSettings: {"steps": 1, "batch_size": 1, "lr": 1e-3, "warmup_steps": 0},
     CollectConfig: {"model": "/nonexistent/model", "corpus": ["/nonexistent/corpus.txt"]},
 }
-TINY = [
-    "--hidden",
-    "32",
-    "--heads",
-    "2",
-    "--encoder-blocks",
-    "1",
-    "--denoiser-blocks",
-    "1",
-    "--predictor-blocks",
-    "1",
-    "--latent-dim",
-    "8",
-    "--batch-size",
-    "8",
-    "--threads",
-    "1",
-]
+TINY = HCDLM_TINY_ARGS
 # Each command, the argv that makes it valid but for the field under test (paths that do not exist: nothing
 # may be loaded before the value is refused), and the configs it builds from its flags.
 COMMANDS = {
@@ -125,14 +109,7 @@ COMMANDS = {
 }
 # The values a command's base argv gives other fields of a config (TINY), for the fields checked together.
 CONTEXT = {
-    ("hcdlm train", HCDLMModelConfig): {
-        "hidden": 32,
-        "heads": 2,
-        "encoder_blocks": 1,
-        "denoiser_blocks": 1,
-        "predictor_blocks": 1,
-        "latent_dim": 8,
-    }
+    ("hcdlm train", HCDLMModelConfig): HCDLM_TINY,
 }
 GIVEN = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]

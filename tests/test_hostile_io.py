@@ -17,6 +17,7 @@ from dihal_fast.common.rundir import LOCK_NAME, run_directory
 from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, RunConfig
 from dihal_fast.hcdlm.trainer import train
 from dihal_fast.tasks.registry import TaskConfig
+from dihal_fast.testing.tiny import HCDLM_TINY_ARGS
 
 
 @pytest.fixture
@@ -174,22 +175,7 @@ def test_a_full_disk_in_hcdlm_train_leaves_no_checkpoint_temporary_and_one_line(
             str(run),
             "--steps",
             "2",
-            "--hidden",
-            "32",
-            "--heads",
-            "2",
-            "--encoder-blocks",
-            "1",
-            "--denoiser-blocks",
-            "1",
-            "--predictor-blocks",
-            "1",
-            "--latent-dim",
-            "8",
-            "--batch-size",
-            "8",
-            "--threads",
-            "1",
+            *HCDLM_TINY_ARGS,
         ]
     )
     assert code != 0

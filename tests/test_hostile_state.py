@@ -12,26 +12,10 @@ import pytest
 from dihal_fast.cli import main
 from dihal_fast.tasks.sudoku import geometry
 from dihal_fast.tasks.sudoku_task import generate_pool
+from dihal_fast.testing.tiny import HCDLM_TINY_ARGS
 from dihal_fast.train.checkpoint import latest_checkpoint
 
-TINY = [
-    "--hidden",
-    "32",
-    "--heads",
-    "2",
-    "--encoder-blocks",
-    "1",
-    "--denoiser-blocks",
-    "1",
-    "--predictor-blocks",
-    "1",
-    "--latent-dim",
-    "8",
-    "--batch-size",
-    "8",
-    "--threads",
-    "1",
-]
+TINY = HCDLM_TINY_ARGS
 TRAIN = ["hcdlm", "train", "--task", "sudoku", "--sudoku-box", "2x2", "--sudoku-pool", "20", *TINY]
 
 

@@ -12,6 +12,21 @@ from pathlib import Path
 FAMILIES = ("llama", "qwen3", "gpt2", "mistral")  # the session fixture's set
 MORE_FAMILIES = ("qwen2", "gemma", "gemma2", "phi3", "gpt_neox")
 
+# The smallest HC-DLM the tests train: its model fields, and the same as `dihal hcdlm train` flags (with a batch of 8
+# on one thread).
+HCDLM_TINY = {
+    "hidden": 32,
+    "heads": 2,
+    "encoder_blocks": 1,
+    "denoiser_blocks": 1,
+    "predictor_blocks": 1,
+    "latent_dim": 8,
+}
+HCDLM_TINY_ARGS = [
+    *(arg for name, value in HCDLM_TINY.items() for arg in (f"--{name.replace('_', '-')}", str(value))),
+    *("--batch-size", "8", "--threads", "1"),
+]
+
 _TRAINING_TEXT = [
     "The quick brown fox jumps over the lazy dog.",
     "Once upon a time there was a little girl who loved to read books.",
