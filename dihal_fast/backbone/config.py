@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig, check_fields
-from dihal_fast.train.settings import LoopSettings
+from dihal_fast.train.settings import LoopSettings, loop_option
 
 LOG_EVERY = 10  # optimizer steps between training-loss log lines
 
@@ -73,20 +73,15 @@ class BackboneTrainConfig(CheckedConfig):
     valid: list[str] = option(default_factory=list, help="held-out UTF-8 text files (one validation split each)")
     valid_fraction: float = option(0.05, "tail fraction held out per file when no valid files exist", gt=0.0, lt=1.0)
     model: BackboneModelConfig = field(default_factory=BackboneModelConfig)
-    steps: int = option(3000, "total optimizer steps (the LR schedule spans these)", min=1)
-    batch_size: int = option(16, "sequences per micro-batch", min=1)
-    grad_accum_steps: int = option(
-        1,
-        "micro-batches per optimizer step (gradient accumulation): the effective batch is "
-        "--batch-size x this x processes",
-        min=1,
-    )
-    lr: float = option(2e-3, "peak learning rate", gt=0.0, max=1.0)
+    steps: int = loop_option("steps", 3000)
+    batch_size: int = loop_option("batch_size", 16, "an example is one training window")
+    grad_accum_steps: int = loop_option("grad_accum_steps", 1)
+    lr: float = loop_option("lr", 2e-3, "then a cosine to --min-lr-ratio of it")
     min_lr_ratio: float = option(0.1, "final LR as a fraction of the peak", min=0.0, max=1.0)
-    warmup_steps: int = option(100, "linear warmup steps")
-    weight_decay: float = option(0.1, "AdamW weight decay on matrices", min=0.0)
-    grad_clip: float = option(1.0, "gradient-norm clipping threshold (0 = off)", min=0.0)
-    seed: int = option(0, "seed of initialisation and data order")
+    warmup_steps: int = loop_option("warmup_steps", 100)
+    weight_decay: float = loop_option("weight_decay", 0.1, "on matrices only (norm gains exempt)")
+    grad_clip: float = loop_option("grad_clip", 1.0)
+    seed: int = loop_option("seed", 0)
     precision: str = option(
         "auto",
         "bf16 autocast or fp32; auto = bf16 on CUDA or AMX CPUs, fp32 otherwise",
@@ -94,7 +89,7 @@ class BackboneTrainConfig(CheckedConfig):
     )
     eval_every: int = option(200, "steps between quick validation estimates", min=1)
     eval_windows: int = option(16, "windows per split in the quick estimates", min=1)
-    checkpoint_every: int = option(200, "steps between checkpoints", min=1)
+    checkpoint_every: int = loop_option("checkpoint_every", 200)
     tokenizer: str = option(
         "", "reuse the tokenizer saved in this directory (e.g. another backbone's) instead of training one"
     )

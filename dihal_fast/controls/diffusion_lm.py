@@ -30,7 +30,7 @@ from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.train.engines import Engine
-from dihal_fast.train.settings import LoopSettings
+from dihal_fast.train.settings import LoopSettings, loop_option
 from dihal_fast.train.trainer import TrainingJob, fit, resume_point
 
 logger = logging.getLogger(__name__)
@@ -48,15 +48,15 @@ class DiffusionLMConfig(CheckedConfig):
     width: int = option(128, "transformer width", min=2)
     layers: int = option(2, "bidirectional transformer blocks", min=1)
     heads: int = option(4, "attention heads (divide the width)", min=1)
-    lr: float = option(1e-3, "peak AdamW learning rate", gt=0.0, max=1.0)
-    batch_size: int = option(16, "sequences per step", min=1)
-    steps: int = option(200, "optimizer steps", min=1)
-    warmup_steps: int = option(20, "linear warm-up steps, then cosine decay to a tenth of the peak")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", min=0.0)
-    ema_decay: float = option(0.999, "EMA decay of the exported weights (0 = no EMA)", min=0.0, lt=1.0)
+    lr: float = loop_option("lr", 1e-3, "then a cosine to a tenth of it")
+    batch_size: int = loop_option("batch_size", 16, "an example is one sequence")
+    steps: int = loop_option("steps", 200)
+    warmup_steps: int = loop_option("warmup_steps", 20)
+    grad_clip: float = loop_option("grad_clip", 1.0)
+    ema_decay: float = loop_option("ema_decay", 0.999)
     nfe: int = option(50, "denoiser evaluations per sample (DDIM steps)", min=1)
-    seed: int = option(0, "seed of initialisation, data order and diffusion noise")
-    checkpoint_every: int = option(100, "steps between checkpoints (a final one is always written)", min=1)
+    seed: int = loop_option("seed", 0)
+    checkpoint_every: int = loop_option("checkpoint_every", 100)
 
     def __post_init__(self) -> None:
         super().__post_init__()

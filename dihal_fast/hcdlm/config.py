@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dihal_fast.common.devices import DEVICE_HELP, device_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.tasks.registry import TaskConfig
+from dihal_fast.train.settings import loop_option
 
 MODEL_KINDS = ("hcdlm", "latent", "mdm", "ar")
 KERNELS = ("uniform", "absorbing")
@@ -179,34 +181,20 @@ class HCDLMTrainConfig(CheckedConfig):
 
     renamed = {"ema": "ema_decay"}  # keys saved under an earlier name
 
-    steps: int = option(10000, "optimizer steps in total", min=1)
-    batch_size: int = option(64, "examples per step", min=1)
-    lr: float = option(1e-3, "AdamW learning rate (constant after the warm-up)", gt=0.0, max=1.0)
-    weight_decay: float = option(0.0, "AdamW weight decay", min=0.0)
-    warmup_steps: int = option(100, "linear warm-up steps ((step + 1) / warmup of the rate)")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", min=0.0)
-    ema_decay: float = option(
-        0.999,
-        "EMA decay of the evaluation weights (with warm-up (1+s)/(10+s); 0 = no EMA)",
-        flag=("--ema-decay", "--ema"),
-        min=0.0,
-        lt=1.0,
-    )
-    seed: int = option(0, "random seed (data, noise, initialisation)")
-    max_minutes: float = option(0.0, "stop after this much training time (0 = no limit)", min=0.0)
-    budget_clock: str = option(
-        "wall",
-        "what --max-minutes measures: wall-clock or process CPU time (fair on a shared, oversubscribed machine)",
-        choices=("wall", "cpu"),
-    )
-    log_every: int = option(25, "steps between lines of log.jsonl", min=1)
-    checkpoint_every: int = option(250, "steps between checkpoints (a final one is always written)", min=1)
+    steps: int = loop_option("steps", 10000)
+    batch_size: int = loop_option("batch_size", 64, "an example is one puzzle or text sequence")
+    lr: float = loop_option("lr", 1e-3, "constant after the warm-up")
+    weight_decay: float = loop_option("weight_decay", 0.0)
+    warmup_steps: int = loop_option("warmup_steps", 100)
+    grad_clip: float = loop_option("grad_clip", 1.0)
+    ema_decay: float = loop_option("ema_decay", 0.999, flag=("--ema-decay", "--ema"))
+    seed: int = loop_option("seed", 0)
+    max_minutes: float = loop_option("max_minutes", 0.0)
+    budget_clock: str = loop_option("budget_clock", "wall")
+    log_every: int = loop_option("log_every", 25)
+    checkpoint_every: int = loop_option("checkpoint_every", 250)
     threads: int = option(0, "torch CPU threads (0 = torch default)")
-    device: str = option(
-        "auto",
-        "auto (cuda when torch sees one), cpu, cuda or cuda:N; a run resumes on the device type it started on",
-        device=True,
-    )
+    device: str = device_option(help=DEVICE_HELP + "; a run resumes on the device type it started on")
 
 
 @dataclass

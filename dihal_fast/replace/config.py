@@ -13,7 +13,7 @@ from dihal_fast.bridge import PREDICTIONS, SAMPLERS, SCHEDULES, BridgeConfig
 from dihal_fast.common.devices import device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
-from dihal_fast.train.settings import LoopSettings
+from dihal_fast.train.settings import LoopSettings, loop_option
 
 # Bridge options a user may set, as ``--bridge-*`` flags (the rest of BridgeConfig is derived from the backbone
 # and the data): {BridgeConfig field: argparse settings}.
@@ -45,13 +45,8 @@ class BridgeTrainConfig(CheckedConfig):
 
     # data
     seq_len: int = option(128, "tokens per training block", min=2)
-    batch_size: int = option(8, "blocks per micro-batch on each process", min=1)
-    grad_accum_steps: int = option(
-        1,
-        "micro-batches per optimizer step (gradient accumulation): the effective batch is "
-        "--batch-size x this x processes",
-        min=1,
-    )
+    batch_size: int = loop_option("batch_size", 8, "an example is a block of --seq-len tokens")
+    grad_accum_steps: int = loop_option("grad_accum_steps", 1)
     val_blocks: int = option(
         32, "held-out blocks for validation (the corpus tail, or the first blocks of --val-corpus)", min=1
     )
@@ -60,16 +55,12 @@ class BridgeTrainConfig(CheckedConfig):
         64, "training blocks used for the teacher's mean/std of h_l (target normalisation)", min=1
     )
     # optimisation
-    steps: int = option(300, "optimizer steps in total", min=1)
-    lr: float = option(3e-3, "peak AdamW learning rate", gt=0.0, max=1.0)
-    weight_decay: float = option(0.0, "AdamW weight decay", min=0.0)
-    warmup_steps: int = option(
-        20, "linear warm-up steps ((step + 1) / warmup), then cosine decay to a tenth of the peak"
-    )
-    grad_clip: float = option(1.0, "clip the global gradient norm to this value (0 = off)", min=0.0)
-    ema_decay: float = option(
-        0.999, "EMA decay of the exported bridge weights (with warm-up (1+s)/(10+s))", min=0.0, lt=1.0
-    )
+    steps: int = loop_option("steps", 300)
+    lr: float = loop_option("lr", 3e-3, "then a cosine to a tenth of it")
+    weight_decay: float = loop_option("weight_decay", 0.0)
+    warmup_steps: int = loop_option("warmup_steps", 20)
+    grad_clip: float = loop_option("grad_clip", 1.0)
+    ema_decay: float = loop_option("ema_decay", 0.999)
     # loss
     w_diff: float = option(1.0, "weight of the diffusion loss (MSE on the prediction target at a random t)", min=0.0)
     w_rec: float = option(1.0, "weight of the variance-normalised reconstruction MSE of the sampled h_l", min=0.0)
@@ -90,20 +81,15 @@ class BridgeTrainConfig(CheckedConfig):
         },
     )
     # bookkeeping
-    seed: int = option(0, "seed of initialisation, data order and diffusion noise")
+    seed: int = loop_option("seed", 0)
     device: str = device_option(
         help="device for plain-torch training: auto (cuda when torch sees one), cpu, cuda, cuda:N "
         "(DeepSpeed uses cuda:LOCAL_RANK when CUDA is present)"
     )
-    log_every: int = option(10, "steps between JSONL log lines", min=1)
+    log_every: int = loop_option("log_every", 10)
     eval_every: int = option(0, "steps between validations (0 = only at the end)")
-    checkpoint_every: int = option(
-        100,
-        "steps between checkpoints (a final one is always written)",
-        flag=("--checkpoint-every", "--save-every"),
-        min=1,
-    )
-    keep_checkpoints: int = option(2, "newest checkpoints kept on disk", min=1)
+    checkpoint_every: int = loop_option("checkpoint_every", 100, flag=("--checkpoint-every", "--save-every"))
+    keep_checkpoints: int = loop_option("keep_checkpoints", 2)
 
     def __post_init__(self) -> None:
         super().__post_init__()
