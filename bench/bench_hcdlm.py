@@ -46,6 +46,7 @@ LABELS = {
     "mdm": "MDM",
     "latent": "Latent DM",
     "ar": "AR",
+    "ccdd": "CCDD",
 }
 # bench name -> (model kind, scaffold kernel, objective overrides); "paper objective" = without our exposure share,
 # with the paper's scaffold drop for guidance
@@ -133,7 +134,7 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
         latents = args.text_latents
     kind, kernel, objective = VARIANTS.get(model, (model, "uniform", {}))
     encoder, denoiser, predictor = (int(b) for b in args.blocks.split(","))
-    if kind in ("mdm", "ar"):  # HC-DLM-only options off, so a baseline's saved config claims no slot head
+    if kind in ("mdm", "ar", "ccdd"):  # HC-DLM-only options off, so a baseline's saved config claims no slot head
         objective = {**objective, "slot_aux_weight": 0.0}
     model_cfg = HCDLMModelConfig(
         kind=kind,
@@ -142,7 +143,7 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
         heads=4,
         latents=latents,
         encoder_blocks=encoder,
-        slot_head=kind not in ("mdm", "ar"),
+        slot_head=kind not in ("mdm", "ar", "ccdd"),
         denoiser_blocks=denoiser,
         predictor_blocks=predictor,
     )
@@ -196,7 +197,7 @@ def sampler_candidates(model: str, args: argparse.Namespace, guidance: bool = Tr
     and guidance is tried only on a run trained for it (``guidance``)."""
     if model == "ar":
         return [{}]
-    if model == "mdm":
+    if model in ("mdm", "ccdd"):  # CCDD's token chain unmasks as MDM's does
         options = [{"order": "margin"}, {"order": "prob"}]
     else:
         weights = [0.0] + ([args.cfg_weight] if args.cfg_weight and model != "latent" and guidance else [])

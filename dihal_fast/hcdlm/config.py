@@ -10,7 +10,7 @@ from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.tasks.registry import TaskConfig
 from dihal_fast.train.settings import loop_option
 
-MODEL_KINDS = ("hcdlm", "latent", "mdm", "ar")
+MODEL_KINDS = ("hcdlm", "latent", "mdm", "ar", "ccdd")
 KERNELS = ("uniform", "absorbing")
 LOGVAR_BOUNDS = ("soft", "clamp")
 REMASKS = ("auto", "random", "confidence")
@@ -25,7 +25,8 @@ class HCDLMModelConfig(CheckedConfig):
 
     kind: str = option(
         "hcdlm",
-        "hcdlm, mdm (masked diffusion), latent (Latent DM: no token scaffold) or ar",
+        "hcdlm, mdm (masked diffusion), latent (Latent DM: no token scaffold), ar, or ccdd (CCDD: a masked "
+        "token chain and a token-embedding chain denoised together; --kernel applies to hcdlm only)",
         flag="--model",
         choices=MODEL_KINDS,
     )

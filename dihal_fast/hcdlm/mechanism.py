@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from dihal_fast.hcdlm.ccdd import CCDDNet, sample_ccdd
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.networks import MDMNet
 from dihal_fast.hcdlm.noise import LATENT_FLOW
@@ -40,13 +41,15 @@ def reference_targets(run: LoadedRun, batch: list[EvalExample]) -> torch.Tensor:
 
 
 def mdm_readout_by_step(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0) -> list[dict]:
-    """MDM: the task's scores of the revealed tokens with the masked slots filled by their argmax, after each step."""
+    """MDM and CCDD: the task's scores of the revealed tokens with the masked slots filled by their argmax, after
+    each step."""
+    sampler = sample_ccdd if isinstance(run.model, CCDDNet) else sample_mdm
     generator = torch.Generator(run.device).manual_seed(seed)
     per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]
     for start in range(0, len(examples), cfg.batch_size):
         batch = examples[start : start + cfg.batch_size]
         decoded: list[list[list[int]]] = []
-        sample_mdm(
+        sampler(
             run.model,
             _contexts(batch, run.device),
             cfg,
@@ -65,13 +68,13 @@ def readout_trajectory(
     Latent DM); ``rows``: the run's :func:`readout_by_step` already traced with these settings."""
     if rows is not None:
         pass
-    elif isinstance(run.model, MDMNet):
+    elif isinstance(run.model, (MDMNet, CCDDNet)):
         rows = mdm_readout_by_step(run, examples, cfg, seed)
     elif hasattr(run.model, "denoiser"):
         rows = readout_by_step(run, examples, cfg, seed)
     else:
         raise ValueError(
-            f"a per-step read-out needs a diffusion run (HC-DLM, Latent DM, MDM), not {run.config.model.kind}"
+            f"a per-step read-out needs a diffusion run (HC-DLM, Latent DM, MDM, CCDD), not {run.config.model.kind}"
         )
     return [{**row, "fraction": row["step"] / cfg.steps} for row in rows]
 

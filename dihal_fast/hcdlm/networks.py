@@ -252,8 +252,14 @@ def matched_blocks(spec: TaskSpec, cfg: HCDLMModelConfig, kind: str) -> int:
     if cfg.baseline_blocks:
         return cfg.baseline_blocks
     budget = count_parameters(HCDLM(spec, cfg))
-    net = MDMNet if kind == "mdm" else ARNet
-    base, one = count_parameters(net(spec, cfg, 0)), count_parameters(Block(cfg.hidden, cfg.heads))
+    if kind == "ccdd":
+        from dihal_fast.hcdlm.ccdd import CCDDNet  # it builds on this module's TokenSlots
+
+        net, cond_dim = CCDDNet, cfg.hidden  # time-conditioned (adaLN) blocks
+    else:
+        net, cond_dim = (MDMNet if kind == "mdm" else ARNet), 0
+    base = count_parameters(net(spec, cfg, 0))
+    one = count_parameters(Block(cfg.hidden, cfg.heads, cond_dim=cond_dim))
     return max(1, round((budget - base) / one))
 
 
@@ -264,4 +270,8 @@ def build_model(spec: TaskSpec, cfg: HCDLMModelConfig) -> nn.Module:
     if cfg.kind == "latent":
         return HCDLM(spec, cfg, scaffold=False)
     blocks = matched_blocks(spec, cfg, cfg.kind)
+    if cfg.kind == "ccdd":
+        from dihal_fast.hcdlm.ccdd import CCDDNet
+
+        return CCDDNet(spec, cfg, blocks)
     return MDMNet(spec, cfg, blocks) if cfg.kind == "mdm" else ARNet(spec, cfg, blocks)

@@ -82,6 +82,25 @@ def _confidence(probs: torch.Tensor, chosen: torch.Tensor, order: str) -> torch.
     return top2[..., 0] - top2[..., 1]
 
 
+def reveal_confident(
+    tokens: torch.Tensor,
+    logits: torch.Tensor,
+    masked: torch.Tensor,
+    n_new: int,
+    cfg: SampleConfig,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """``tokens`` with the ``n_new`` most confident ``masked`` slots of each row set to a draw of ``logits``
+    (float64, ``cfg.temperature``; confidence by ``cfg.order``); revealed slots stay (MDM, CCDD's token chain)."""
+    if n_new <= 0:
+        return tokens
+    chosen = sample_categorical(logits, cfg.temperature, generator=generator)
+    confidence = _confidence(torch.softmax(logits, dim=-1), chosen, cfg.order).masked_fill(~masked, -1.0)
+    picked = confidence.topk(n_new, dim=1).indices
+    reveal = torch.zeros_like(masked).scatter(1, picked, True) & masked
+    return torch.where(reveal, chosen, tokens)
+
+
 @torch.no_grad()
 def sample_mdm(
     model: MDMNet,
@@ -106,12 +125,7 @@ def sample_mdm(
         if n_new <= 0 and on_step is None:
             continue
         logits = model(tokens, context).to(torch.float64)
-        if n_new > 0:
-            chosen = sample_categorical(logits, cfg.temperature, generator=generator)
-            confidence = _confidence(torch.softmax(logits, dim=-1), chosen, cfg.order).masked_fill(~masked, -1.0)
-            picked = confidence.topk(n_new, dim=1).indices
-            reveal = torch.zeros_like(masked).scatter(1, picked, True) & masked
-            tokens = torch.where(reveal, chosen, tokens)
+        tokens = reveal_confident(tokens, logits, masked, n_new, cfg, generator)
         if on_step is not None:
             on_step(i, torch.where(tokens == model.mask_id, logits.argmax(-1), tokens))
     return tokens
@@ -139,4 +153,8 @@ def generate(
         return sample_mdm(model, context, cfg, generator)
     if isinstance(model, ARNet):
         return sample_ar(model, context, cfg, generator)
+    from dihal_fast.hcdlm.ccdd import CCDDNet, sample_ccdd  # it builds on this module's reveal_confident
+
+    if isinstance(model, CCDDNet):
+        return sample_ccdd(model, context, cfg, generator)
     raise TypeError(f"no sampler for {type(model).__name__}")

@@ -16,6 +16,7 @@ from torch import nn
 
 from dihal_fast.common import resolve_device, seed_everything
 from dihal_fast.common.rundir import run_directory
+from dihal_fast.hcdlm.ccdd import CCDDNet, ccdd_loss
 from dihal_fast.hcdlm.config import HCDLMTrainConfig, ObjectiveConfig, RunConfig
 from dihal_fast.hcdlm.layers import count_parameters
 from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet, build_model
@@ -40,6 +41,8 @@ def compute_loss(model, kernel, context, target, objective: ObjectiveConfig, gen
         return mdm_loss(model, context, target, generator)
     if isinstance(model, ARNet):
         return ar_loss(model, context, target, generator)
+    if isinstance(model, CCDDNet):
+        return ccdd_loss(model, context, target, objective, generator)
     raise TypeError(f"no objective for {type(model).__name__}")
 
 

@@ -1,0 +1,148 @@
+"""CCDD, HC-DLM's strongest same-scale baseline (Zhou et al. 2025, "Coevolutionary Continuous Discrete
+Diffusion", arXiv 2510.03206; HC-DLM's Table 10): a discrete token chain and a continuous embedding chain,
+corrupted independently and denoised together by one network, each conditioning the other.
+
+State at level ``s``: tokens ``k_s[B, L]`` (each slot [MASK]ed with probability ``s``: the masked CTMC) and
+embeddings ``z_s = (1 - s) z_0 + s eps`` of ``z_0 = E[k_0]`` (``[B, L, d]``, ``d = latent_dim``). The network
+reads both at every slot and predicts the clean tokens (logits) and ``z_0``. Sampling starts from all-[MASK]
+and ``z_1 ~ N(0, I)``; every step moves both chains from the same prediction: the most confident masked
+slots are revealed and stay (the token chain of MDM), and ``z`` takes the x0-prediction Euler step.
+
+The paper's: the joint state, independent forward corruption of the two chains, one network denoising both
+with each chain conditioning the other, the masked token chain with its ELBO (``1/s``-weighted CE on masked
+slots), an x0-regression on the continuous chain, revealed tokens kept. Ours, for a CPU-scale, same-harness
+comparison with HC-DLM:
+- the embedding space: a fixed random code per token (:data:`CODE_SEED`, layer-normalised to the scale of
+  the N(0, I) noise, not trained; the paper uses a pretrained LM's representations or token embeddings, and
+  Sudoku has no pretrained encoder);
+- the noise schedule: one level ``s = t / T`` for both chains, the linear masking rate and HC-DLM's straight
+  (rectified-flow) latent path :data:`~dihal_fast.hcdlm.noise.LATENT_FLOW` (the paper: a Gaussian SDE /
+  probability-flow ODE, with the option of separate schedules);
+- the network: one stream that sums a slot's token embedding and its projected ``z_s`` (the paper's MDiT /
+  MMDiT / MoEDiT keep per-modality streams), adaLN-Zero (DiT) blocks on ``s``, as many as match the HC-DLM
+  parameter count (``baseline_blocks=0``, as for MDM and AR);
+- the loss weights: ``token ELBO + lambda_cont * omega(s) * MSE(z_hat, z_0)`` (mean over slots and
+  dimensions), ``lambda_cont`` and ``cont_weighting`` of :class:`~dihal_fast.hcdlm.config.ObjectiveConfig`;
+- the sampler: both chains updated from one forward pass per step (the paper's factored kernel alternates
+  the two updates as micro-steps), the MDM confidence order of ``SampleConfig.order`` for the reveals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, SampleConfig
+from dihal_fast.hcdlm.layers import Block, TimeEmbedding, run_blocks
+from dihal_fast.hcdlm.networks import TokenSlots
+from dihal_fast.hcdlm.noise import LATENT_FLOW
+from dihal_fast.hcdlm.objective import continuous_weight, token_term
+from dihal_fast.hcdlm.sampler import reveal_confident
+from dihal_fast.tasks.base import TaskSpec
+
+CODE_SEED = 0  # the fixed token code is drawn from its own generator: the same table in every run and process
+
+
+def token_code(vocab: int, dim: int) -> torch.Tensor:
+    """``[vocab, dim]``: N(0, 1) vectors, layer-normalised (mean 0, variance 1 per row), from :data:`CODE_SEED`."""
+    table = torch.randn(vocab, dim, generator=torch.Generator().manual_seed(CODE_SEED))
+    return F.layer_norm(table, (dim,))
+
+
+class CCDDNet(nn.Module):
+    """One transformer over the ``L`` slots; slot ``i`` reads ``k_s[i]`` (token embedding, [MASK] included),
+    ``z_s[i]`` (linear projection), its position and the aligned context; adaLN-Zero blocks on ``s``.
+    ``forward -> (logits[B, L, V], z_hat[B, L, d])``."""
+
+    def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig, blocks: int) -> None:
+        super().__init__()
+        self.spec, self.cfg = spec, cfg
+        self.slots = TokenSlots(spec, cfg.hidden)
+        self.embed_in = nn.Linear(cfg.latent_dim, cfg.hidden)
+        self.time = TimeEmbedding(cfg.hidden)
+        self.blocks = nn.ModuleList(
+            Block(cfg.hidden, cfg.heads, cfg.dropout, cond_dim=cfg.hidden) for _ in range(blocks)
+        )
+        self.out_norm = nn.LayerNorm(cfg.hidden)
+        self.token_head = nn.Linear(cfg.hidden, spec.target_vocab)
+        self.embed_head = nn.Linear(cfg.hidden, cfg.latent_dim)
+        # not a parameter (no gradient, not in the checkpoint): rebuilt identically from CODE_SEED on load
+        self.register_buffer("code", token_code(spec.target_vocab, cfg.latent_dim), persistent=False)
+
+    @property
+    def mask_id(self) -> int:
+        return self.spec.target_vocab
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``z_0 = E[k_0]``: the fixed code of ``tokens[B, L]`` (ids below the vocabulary) -> ``[B, L, d]``."""
+        return self.code[tokens]
+
+    def forward(
+        self, z_t: torch.Tensor, tokens: torch.Tensor, s: torch.Tensor, context: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        prefix, slots = self.slots(tokens, context, tokens.shape[0])
+        h = run_blocks(self.blocks, [slots + self.embed_in(z_t), prefix], self.time(s))
+        h = self.out_norm(h[:, : slots.shape[1]])
+        return self.token_head(h), self.embed_head(h)
+
+
+def ccdd_loss(
+    model: CCDDNet, context: torch.Tensor, target: torch.Tensor, cfg: ObjectiveConfig, generator: torch.Generator
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``E_s[(1/s) sum_masked CE] / L + lambda_cont omega(s) |z_hat - z_0|^2`` (MSE per slot and dimension),
+    both chains at one level ``s = t / T``, ``t ~ U{1..T}``; masks from float64 uniforms."""
+    batch, device = target.shape[0], target.device
+    t = torch.randint(1, cfg.timesteps + 1, (batch,), generator=generator, device=device)
+    s = t.float() / cfg.timesteps
+    z_0 = model.embed(target)
+    z_t = LATENT_FLOW.noise(z_0, s, torch.randn(z_0.shape, generator=generator, device=device))
+    masked = torch.rand(target.shape, generator=generator, dtype=torch.float64, device=device) < s[:, None]
+    logits, z_hat = model(z_t, target.masked_fill(masked, model.mask_id), s, context)
+    token = token_term(logits, target, masked, s, "schedule")
+    cont = (continuous_weight(s, cfg.cont_weighting) * (z_hat - z_0).pow(2).flatten(1).mean(1)).mean()
+    loss = token + cfg.lambda_cont * cont
+    return loss, {"loss": loss.item(), "token": token.item(), "cont": cont.item()}
+
+
+def check_ccdd_sampler(cfg: SampleConfig) -> None:
+    """Refuse HC-DLM-only sampler options, which CCDD has no branch for."""
+    if cfg.cfg_weight or cfg.clamp:
+        raise ValueError(
+            f"--cfg-weight ({cfg.cfg_weight}) and --clamp ({cfg.clamp}) are HC-DLM sampler options; "
+            "sample a CCDD run without them"
+        )
+
+
+@torch.no_grad()
+def sample_ccdd(
+    model: CCDDNet,
+    context: torch.Tensor,
+    cfg: SampleConfig,
+    generator: torch.Generator | None = None,
+    on_step: Callable[[int, torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """``N = cfg.steps`` joint steps from all-[MASK] and ``z ~ N(0, I)``: at step ``i`` (level ``s = (N-i+1)/N``)
+    one forward pass gives the token logits and ``z_hat_0``; the most confident masked slots are revealed so
+    that ``round(L (N-i)/N)`` stay masked, and ``z <- z - (z - z_hat_0) / (N-i+1)``.
+
+    ``on_step(i, decoded)`` (as in :func:`~dihal_fast.hcdlm.sampler.sample_mdm`) gets the revealed tokens with
+    every still-masked slot filled by its argmax.
+    """
+    check_ccdd_sampler(cfg)
+    batch, length, device = context.shape[0], model.spec.target_len, context.device
+    tokens = torch.full((batch, length), model.mask_id, dtype=torch.long, device=device)
+    z = torch.randn((batch, length, model.cfg.latent_dim), generator=generator, device=device)
+    for i in range(1, cfg.steps + 1):
+        t = cfg.steps - i + 1
+        logits, z_hat = model(z, tokens, torch.full((batch,), t / cfg.steps, device=device), context)
+        logits = logits.to(torch.float64)
+        masked = tokens == model.mask_id
+        n_new = int(masked.sum(dim=1).max()) - int(round(length * (cfg.steps - i) / cfg.steps))
+        tokens = reveal_confident(tokens, logits, masked, n_new, cfg, generator)
+        z = LATENT_FLOW.euler_step(z, z_hat, t)
+        if on_step is not None:
+            on_step(i, torch.where(tokens == model.mask_id, logits.argmax(-1), tokens))
+    return tokens
