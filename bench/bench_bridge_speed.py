@@ -53,7 +53,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from dihal_fast.backbone import default_corpus
-    from dihal_fast.evaluate.harness import EvalSettings, heldout_blocks
+    from dihal_fast.evaluate.harness import EvalProtocolConfig, heldout_blocks
     from dihal_fast.evaluate.loaded_lm import load_lm
     from dihal_fast.evaluate.scoring import teacher_forced
 
@@ -62,7 +62,7 @@ def main() -> None:
         for i, (name, (options, nfe)) in enumerate(VARIANTS.items())
     }
     backbone = load_lm(next(iter(hybrids.values())).backbone_dir)
-    settings = EvalSettings()
+    settings = EvalProtocolConfig()
     blocks = heldout_blocks(backbone.tokenizer, [default_corpus()], settings)
     base_ppl = teacher_forced(backbone.logits, blocks, settings.batch_size)["ppl"]
     ppl = {}

@@ -35,9 +35,9 @@ FINAL_SEQ_LEN, FINAL_VAL_BLOCKS = 128, 32  # Table 4: the demo's held-out tail (
 
 
 def main() -> None:
-    from dihal_fast.pipeline import SweepSettings
+    from dihal_fast.pipeline import SweepBudgetConfig
 
-    defaults = SweepSettings()
+    defaults = SweepBudgetConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument(
         "--model", nargs="+", default=list(SHIPPED), help="shipped backbone names or checkpoint directories"
@@ -80,10 +80,10 @@ def main() -> None:
 def _train_sweep_layers(model: str, out: Path, args: argparse.Namespace) -> None:
     """The sweep's bridges of ``--train-layers``, exactly as ``dihal sweep`` trains them (it reuses them)."""
     from dihal_fast.common.assets import corpus_or_default
-    from dihal_fast.pipeline import SweepSettings
+    from dihal_fast.pipeline import SweepBudgetConfig
     from dihal_fast.pipeline.reuse import ensure_replace
 
-    config = SweepSettings(budget_steps=args.budget_steps, score_repeats=args.score_repeats).train_config()
+    config = SweepBudgetConfig(budget_steps=args.budget_steps, score_repeats=args.score_repeats).train_config()
     for layer in args.train_layers:
         ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus_or_default(None), config)
 
@@ -96,12 +96,12 @@ def backbone_tables(model: str, out: Path, args: argparse.Namespace) -> None:
     from dihal_fast.common import read_json
     from dihal_fast.common.assets import corpus_or_default
     from dihal_fast.common.hf_loading import resolve_model_dir
-    from dihal_fast.pipeline import SweepConfig, SweepSettings
+    from dihal_fast.pipeline import SweepBudgetConfig, SweepConfig
     from dihal_fast.pipeline import sweep as run_sweep
 
     model_dir = resolve_model_dir(model)
     corpus = corpus_or_default(None)
-    settings = SweepSettings(budget_steps=args.budget_steps, score_repeats=args.score_repeats)
+    settings = SweepBudgetConfig(budget_steps=args.budget_steps, score_repeats=args.score_repeats)
     start = time.perf_counter()
     sweep = dict(run_sweep(SweepConfig(model=model, corpus=corpus, settings=settings), out / "sweep").data)
     sweep_s = time.perf_counter() - start
@@ -283,7 +283,7 @@ def _final_table(
     """Table 4: the geometry, oracle and worst layers trained for ``--final-steps`` and evaluated together."""
     from dihal_fast.common import seed_everything
     from dihal_fast.common.rundir import run_directory
-    from dihal_fast.evaluate.harness import EvalSettings
+    from dihal_fast.evaluate.harness import EvalProtocolConfig
     from dihal_fast.evaluate.run import evaluate_hybrid
     from dihal_fast.pipeline.reuse import ensure_replace
     from dihal_fast.replace.config import BridgeTrainConfig
@@ -296,7 +296,7 @@ def _final_table(
     }
     hybrids = {layer: result["hybrid_dir"] for layer, result in trained.items()}
     train_s = sum(result["train_seconds_this_run"] for result in trained.values())
-    settings = EvalSettings(
+    settings = EvalProtocolConfig(
         seq_len=FINAL_SEQ_LEN,
         eval_blocks=FINAL_VAL_BLOCKS,
         n_samples=args.n_samples,

@@ -45,13 +45,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from dihal_fast.common.assets import corpus_or_default
-    from dihal_fast.evaluate.harness import EvalSettings
-    from dihal_fast.pipeline import EvaluateConfig, SweepConfig, SweepSettings, evaluate
+    from dihal_fast.evaluate.harness import EvalProtocolConfig
+    from dihal_fast.pipeline import EvaluateConfig, SweepBudgetConfig, SweepConfig, evaluate
     from dihal_fast.pipeline import sweep as run_sweep
 
     corpus = corpus_or_default(args.corpus)
     out = Path(args.out)
-    settings = SweepSettings(
+    settings = SweepBudgetConfig(
         budget_steps=args.budget_steps,
         score_repeats=args.score_repeats,
         score_sample=args.score_sample,
@@ -70,7 +70,7 @@ def main() -> None:
             evaluator=args.model,
             sweep=None if args.no_controls else str(out / "sweep"),
             diffusion_lm_steps=0 if args.no_controls else args.budget_steps,
-            settings=EvalSettings(
+            settings=EvalProtocolConfig(
                 seq_len=settings.seq_len,
                 eval_blocks=settings.val_blocks,
                 n_samples=args.n_samples,

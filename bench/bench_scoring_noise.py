@@ -21,7 +21,7 @@ from _common import report, rows_figure, table  # noqa: E402
 from dihal_fast.common.assets import corpus_or_default  # noqa: E402
 from dihal_fast.common.hf_loading import load_causal_lm  # noqa: E402
 from dihal_fast.common.metrics import token_nll  # noqa: E402
-from dihal_fast.evaluate.harness import EvalSettings, heldout_blocks  # noqa: E402
+from dihal_fast.evaluate.harness import EvalProtocolConfig, heldout_blocks  # noqa: E402
 from dihal_fast.hybrid import HybridLM  # noqa: E402
 from dihal_fast.pipeline import ReplaceConfig, replace  # noqa: E402
 from dihal_fast.replace import BridgeTrainConfig  # noqa: E402
@@ -59,7 +59,7 @@ def main() -> None:
         hybrid_dir = replace(ReplaceConfig(layer=1, train=BridgeTrainConfig(steps=args.steps)), args.work).hybrid_dir
     model = HybridLM.from_pretrained(hybrid_dir).eval()
     backbone, tokenizer = load_causal_lm(None)
-    settings = EvalSettings()
+    settings = EvalProtocolConfig()
     blocks = heldout_blocks(tokenizer, corpus_or_default(None), settings)
 
     backbone_nll = pooled(block_nll(backbone, blocks))

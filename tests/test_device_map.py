@@ -76,12 +76,12 @@ def test_generate_stage_with_a_device_map_samples_the_same(checkpoints):
 
 
 def test_evaluate_stage_with_a_device_map_reports_the_same(checkpoints, tmp_path):
-    from dihal_fast.evaluate.harness import EvalSettings
+    from dihal_fast.evaluate.harness import EvalProtocolConfig
     from dihal_fast.pipeline import EvaluateConfig, evaluate
 
     corpus = tmp_path / "text.txt"
     corpus.write_text("\n\n".join(f"Story {i}: a fox and a dog went to the river {i % 7}." for i in range(40)))
-    settings = EvalSettings(seq_len=16, eval_blocks=2, batch_size=2, n_samples=2, max_new_tokens=6, nfe=2)
+    settings = EvalProtocolConfig(seq_len=16, eval_blocks=2, batch_size=2, n_samples=2, max_new_tokens=6, nfe=2)
     reports = {}
     for device_map in ("none", "auto"):
         config = EvaluateConfig(

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dihal_fast.evaluate import downstream, task_data
-from dihal_fast.evaluate.task_data import TaskSettings, cloze_examples, lambada_examples
+from dihal_fast.evaluate.task_data import TaskDataConfig, cloze_examples, lambada_examples
 
 STORY = """Once upon a time there was a girl called Mia. Mia had a red kite. She loved the kite very much.
 
@@ -26,7 +26,7 @@ They walked to the woods. They looked under every tree. At last Mia saw somethin
 
 Mia hugged her dad. They went home with the kite. That night Mia dreamed of flying with her kite.
 """
-SMALL = TaskSettings(n_per_source=1, min_context_words=8, max_context_words=60)
+SMALL = TaskDataConfig(n_per_source=1, min_context_words=8, max_context_words=60)
 
 
 def _rows(name: str) -> list[dict]:
@@ -43,7 +43,9 @@ def test_paragraph_and_sentence_spans():
 
 
 def test_lambada_examples_end_before_a_word_of_the_passage():
-    examples = lambada_examples(STORY, TaskSettings(n_per_source=3, min_context_words=8, max_context_words=60), seed=0)
+    examples = lambada_examples(
+        STORY, TaskDataConfig(n_per_source=3, min_context_words=8, max_context_words=60), seed=0
+    )
     assert len(examples) == 3
     for example in examples:
         word = example["target"]
@@ -57,7 +59,7 @@ def test_lambada_examples_end_before_a_word_of_the_passage():
 
 
 def test_cloze_examples_hold_the_true_next_sentence_once():
-    settings = TaskSettings(
+    settings = TaskDataConfig(
         n_per_source=2, min_context_words=8, max_context_words=60, n_choices=3, length_tolerance=1.0
     )
     for example in cloze_examples(STORY, settings, seed=0):
@@ -71,7 +73,7 @@ def test_cloze_examples_hold_the_true_next_sentence_once():
 @given(seed=st.integers(0, 2**31 - 1))
 def test_builders_are_functions_of_text_settings_and_seed(seed):
     assert lambada_examples(STORY, SMALL, seed) == lambada_examples(STORY, SMALL, seed)
-    settings = TaskSettings(
+    settings = TaskDataConfig(
         n_per_source=1, min_context_words=8, max_context_words=60, n_choices=3, length_tolerance=1.0
     )
     assert cloze_examples(STORY, settings, seed) == cloze_examples(STORY, settings, seed)
@@ -79,11 +81,11 @@ def test_builders_are_functions_of_text_settings_and_seed(seed):
 
 def test_too_few_examples_and_bad_settings_are_one_clear_error(tmp_path):
     with pytest.raises(ValueError, match=r"gives only \d+ LAMBADA-style examples, 1000 were asked for"):
-        lambada_examples(STORY, TaskSettings(n_per_source=1000, min_context_words=8), seed=0)
+        lambada_examples(STORY, TaskDataConfig(n_per_source=1000, min_context_words=8), seed=0)
     with pytest.raises(ValueError, match="n_choices >= 2"):
-        TaskSettings(n_choices=1)
+        TaskDataConfig(n_choices=1)
     with pytest.raises(ValueError, match="maximum is below its minimum"):
-        TaskSettings(min_context_words=50, max_context_words=10)
+        TaskDataConfig(min_context_words=50, max_context_words=10)
     with pytest.raises(FileNotFoundError, match="missing.txt does not exist"):
         task_data.build_tasks([tmp_path / "missing.txt"], tmp_path / "out")
 
@@ -91,7 +93,7 @@ def test_too_few_examples_and_bad_settings_are_one_clear_error(tmp_path):
 def test_build_tasks_writes_files_and_manifest(tmp_path):
     source = tmp_path / "story.txt"
     source.write_text(STORY, encoding="utf-8")
-    settings = TaskSettings(
+    settings = TaskDataConfig(
         n_per_source=1, min_context_words=8, max_context_words=60, n_choices=3, length_tolerance=1.0
     )
     manifest = task_data.build_tasks([source], tmp_path / "tasks", settings)

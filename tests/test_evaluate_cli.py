@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dihal_fast.evaluate.generation import Generation
-from dihal_fast.evaluate.harness import TIMING_REPEATS, EvalSettings, evaluate_lm, heldout_blocks, timed_sample
+from dihal_fast.evaluate.harness import TIMING_REPEATS, EvalProtocolConfig, evaluate_lm, heldout_blocks, timed_sample
 from dihal_fast.evaluate.loaded_lm import load_lm
 from dihal_fast.evaluate.run import check_compatible
 
@@ -16,7 +16,7 @@ TEXT = "\n\n".join(
     f"Story {i}: once upon a time a fox and a dog went to the river number {i % 7} and read books together."
     for i in range(60)
 )
-SETTINGS = EvalSettings(seq_len=24, eval_blocks=4, batch_size=2, n_samples=4, max_new_tokens=12)
+SETTINGS = EvalProtocolConfig(seq_len=24, eval_blocks=4, batch_size=2, n_samples=4, max_new_tokens=12)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from dihal_fast.cli import main
 from dihal_fast.collect.config import CollectConfig
 from dihal_fast.common.options import option  # noqa: F401  (the metadata these tests read)
 from dihal_fast.common.validation import INT_LIMIT
-from dihal_fast.evaluate.harness import EvalSettings
+from dihal_fast.evaluate.harness import EvalProtocolConfig
 from dihal_fast.hcdlm.config import (
     HCDLMModelConfig,
     HCDLMTrainConfig,
@@ -30,9 +30,9 @@ from dihal_fast.hcdlm.config import (
     SampleConfig,
 )
 from dihal_fast.pipeline import LocateConfig, ReplaceConfig
-from dihal_fast.pipeline.demo_stage import DemoConfig, DemoSettings
+from dihal_fast.pipeline.demo_stage import DemoBudgetConfig, DemoConfig
 from dihal_fast.pipeline.generate_stage import GenerateConfig
-from dihal_fast.pipeline.sweep_stage import SweepConfig, SweepSettings
+from dihal_fast.pipeline.sweep_stage import SweepBudgetConfig, SweepConfig
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.tasks.registry import TaskConfig
 from dihal_fast.testing.tiny import HCDLM_TINY, HCDLM_TINY_ARGS
@@ -46,11 +46,11 @@ CHECKED = [
     TaskConfig,
     LocateConfig,
     GenerateConfig,
-    EvalSettings,
+    EvalProtocolConfig,
     BridgeTrainConfig,
-    SweepSettings,
+    SweepBudgetConfig,
     SweepConfig,
-    DemoSettings,
+    DemoBudgetConfig,
     DemoConfig,
     ReplaceConfig,
     BackboneModelConfig,
@@ -104,8 +104,11 @@ COMMANDS = {
         ],
         [BackboneModelConfig, BackboneTrainConfig],
     ),
-    "sweep": (["sweep", "--model", "/nonexistent/model", "--out", "/nonexistent/dihal-hostile/run"], [SweepSettings]),
-    "demo": (["demo", "--model", "/nonexistent/model", "--out", "/nonexistent/dihal-hostile/run"], [DemoSettings]),
+    "sweep": (
+        ["sweep", "--model", "/nonexistent/model", "--out", "/nonexistent/dihal-hostile/run"],
+        [SweepBudgetConfig],
+    ),
+    "demo": (["demo", "--model", "/nonexistent/model", "--out", "/nonexistent/dihal-hostile/run"], [DemoBudgetConfig]),
 }
 # The values a command's base argv gives other fields of a config (TINY), for the fields checked together.
 CONTEXT = {

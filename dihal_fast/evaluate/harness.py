@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from dihal_fast.common import metrics
+from dihal_fast.common.deprecation import renamed_attributes
 from dihal_fast.common.options import option
 from dihal_fast.common.sampling import PROTOCOL as SAMPLING_PROTOCOL
 from dihal_fast.common.validation import CheckedConfig
@@ -22,7 +23,7 @@ TIMING_REPEATS = 3  # identical sampling calls per model; tokens/s comes from th
 
 
 @dataclass
-class EvalSettings(CheckedConfig):
+class EvalProtocolConfig(CheckedConfig):
     """What is measured and how much of it (saved in the report)."""
 
     seq_len: int = option(128, "tokens per held-out block", min=2)
@@ -35,7 +36,7 @@ class EvalSettings(CheckedConfig):
     seed: int = option(0, "random seed")
 
 
-def protocol(settings: EvalSettings) -> dict:
+def protocol(settings: EvalProtocolConfig) -> dict:
     """The named protocol of a report: how every number in it was computed."""
     return {
         **metrics.PROTOCOL,
@@ -50,7 +51,7 @@ def protocol(settings: EvalSettings) -> dict:
     }
 
 
-def heldout_blocks(tokenizer, corpus, settings: EvalSettings) -> torch.Tensor:
+def heldout_blocks(tokenizer, corpus, settings: EvalProtocolConfig) -> torch.Tensor:
     """The last ``eval_blocks`` blocks of ``seq_len`` tokens of the corpus (``LongTensor[N, seq_len]``)."""
     from dihal_fast.corpus import read_texts, token_blocks
 
@@ -96,7 +97,7 @@ def sample_metrics(generation: Generation, tokenizer, evaluator) -> tuple[dict, 
     return section, texts
 
 
-def timed_sample(lm, prompt: torch.Tensor, settings: EvalSettings) -> Generation:
+def timed_sample(lm, prompt: torch.Tensor, settings: EvalProtocolConfig) -> Generation:
     """The samples of ``lm``, timed as the fastest of :data:`TIMING_REPEATS` identical calls (same seed, same
     tokens): the cost of sampling rather than of whatever else a shared machine ran during one call."""
     runs = [
@@ -108,7 +109,9 @@ def timed_sample(lm, prompt: torch.Tensor, settings: EvalSettings) -> Generation
     return Generation(runs[0].tokens, min(run.seconds for run in runs))
 
 
-def evaluate_lm(lm, blocks: torch.Tensor, settings: EvalSettings, evaluator, reference=None) -> tuple[dict, list[str]]:
+def evaluate_lm(
+    lm, blocks: torch.Tensor, settings: EvalProtocolConfig, evaluator, reference=None
+) -> tuple[dict, list[str]]:
     """One report section for a :class:`~dihal_fast.evaluate.loaded_lm.LoadedLM` and its sample texts.
 
     With ``reference`` (the backbone) the section's ``kl`` is KL(reference || lm); without, ``lm`` is the
@@ -128,7 +131,7 @@ def evaluate_lm(lm, blocks: torch.Tensor, settings: EvalSettings, evaluator, ref
     return {"model": str(lm.path), "kind": lm.kind, **scores, **section}, texts
 
 
-def report_header(settings: EvalSettings, corpus, evaluator) -> dict:
+def report_header(settings: EvalProtocolConfig, corpus, evaluator) -> dict:
     """The fields every evaluation report starts with."""
     return {
         "protocol": protocol(settings),
@@ -139,3 +142,6 @@ def report_header(settings: EvalSettings, corpus, evaluator) -> dict:
             "dtype": str(next(evaluator.model.parameters()).dtype).replace("torch.", ""),
         },
     }
+
+
+__getattr__ = renamed_attributes(__name__, globals(), {"EvalSettings": "EvalProtocolConfig"})  # until 0.4

@@ -10,7 +10,7 @@ import torch
 
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.evaluate.harness import (
-    EvalSettings,
+    EvalProtocolConfig,
     evaluate_lm,
     heldout_blocks,
     report_header,
@@ -52,7 +52,7 @@ def find_backbone(hybrid: LoadedLM, explicit: str | Path | None) -> Path:
 class SectionStore:
     """Finished report sections as ``RUN/sections/<name>.json``, reused when the settings match."""
 
-    def __init__(self, out_dir: Path, settings: EvalSettings):
+    def __init__(self, out_dir: Path, settings: EvalProtocolConfig):
         self.dir, self.settings = out_dir / "sections", asdict(settings)
 
     def get(self, name: str) -> tuple[dict, list[str]] | None:
@@ -76,7 +76,7 @@ def evaluate_hybrid(
     hybrid_path: str | Path,
     corpus,
     out_dir: str | Path,
-    settings: EvalSettings,
+    settings: EvalProtocolConfig,
     evaluator_path: str | Path | None = None,
     retokenise: bool = False,
     controls: dict[str, str | Path] | None = None,
@@ -159,7 +159,9 @@ def evaluate_hybrid(
     return report
 
 
-def _diffusion_lm_section(backbone: LoadedLM, corpus, out_dir: Path, settings: EvalSettings, evaluator, steps: int):
+def _diffusion_lm_section(
+    backbone: LoadedLM, corpus, out_dir: Path, settings: EvalProtocolConfig, evaluator, steps: int
+):
     import time
 
     from dihal_fast.controls import DiffusionLMConfig, train_diffusion_lm

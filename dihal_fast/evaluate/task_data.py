@@ -58,7 +58,7 @@ _WORD = re.compile(r"[A-Za-z]+")
 
 
 @dataclass(frozen=True)
-class TaskSettings:
+class TaskDataConfig:
     """How the examples are chosen (saved in the manifest beside the files)."""
 
     n_per_source: int = 150
@@ -114,7 +114,7 @@ def _words(text: str) -> int:
 
 
 def _context_start(
-    text: str, spans: Sequence[tuple[int, int]], paragraph: int, end: int, settings: TaskSettings
+    text: str, spans: Sequence[tuple[int, int]], paragraph: int, end: int, settings: TaskDataConfig
 ) -> tuple[int, int] | None:
     """The passage before ``end``: its first paragraph and start, taking as many whole preceding paragraphs
     (plus the current one up to ``end``) as keep at most ``max_context_words`` words; None when that passage
@@ -128,7 +128,7 @@ def _context_start(
     return (first, start) if _words(text[start:end]) >= settings.min_context_words else None
 
 
-def lambada_examples(text: str, settings: TaskSettings, seed: int) -> list[dict]:
+def lambada_examples(text: str, settings: TaskDataConfig, seed: int) -> list[dict]:
     """LAMBADA-style examples ``{"context", "target", "offset"}``: at most one per paragraph, sampled with the seed.
 
     ``target`` carries its leading space (``" word"``); ``context`` ends right before it; ``offset`` is the
@@ -158,7 +158,7 @@ def lambada_examples(text: str, settings: TaskSettings, seed: int) -> list[dict]
     return _sample(one_each, settings.n_per_source, rng, "LAMBADA-style")
 
 
-def cloze_examples(text: str, settings: TaskSettings, seed: int) -> list[dict]:
+def cloze_examples(text: str, settings: TaskDataConfig, seed: int) -> list[dict]:
     """Next-sentence cloze examples ``{"context", "choices", "label", "offset"}``, at most one per paragraph.
 
     Every choice is a sentence that follows another one in its paragraph after a single space (so no choice
@@ -235,7 +235,9 @@ def _jsonl(rows: Sequence[dict]) -> bytes:
     return "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows).encode()
 
 
-def build_tasks(sources: Sequence[str | Path], out_dir: str | Path, settings: TaskSettings = TaskSettings()) -> dict:
+def build_tasks(
+    sources: Sequence[str | Path], out_dir: str | Path, settings: TaskDataConfig = TaskDataConfig()
+) -> dict:
     """Write ``<task>.jsonl`` for each of :data:`TASK_NAMES` and ``manifest.json`` into ``out_dir``.
 
     Every row carries its ``source`` (file name) and ``offset`` (character position in that file). Source
@@ -283,10 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"held-out text files (the shipped tasks: the shared data's text/{' and text/'.join(DEFAULT_SOURCES)})",
     )
     parser.add_argument("--out", required=True, help="directory for the .jsonl files and manifest.json")
-    parser.add_argument("--n-per-source", type=int, default=TaskSettings.n_per_source)
-    parser.add_argument("--seed", type=int, default=TaskSettings.seed)
+    parser.add_argument("--n-per-source", type=int, default=TaskDataConfig.n_per_source)
+    parser.add_argument("--seed", type=int, default=TaskDataConfig.seed)
     args = parser.parse_args(argv)
-    manifest = build_tasks(args.source, args.out, TaskSettings(n_per_source=args.n_per_source, seed=args.seed))
+    manifest = build_tasks(args.source, args.out, TaskDataConfig(n_per_source=args.n_per_source, seed=args.seed))
     print(json.dumps(manifest["files"], indent=1))
     return 0
 

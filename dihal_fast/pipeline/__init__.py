@@ -11,7 +11,8 @@ command is a thin shell over these functions: its flags are generated from the s
     hybrid = replace(ReplaceConfig(from_locate="runs/locate"), "runs/replace").hybrid_dir
 """
 
-from dihal_fast.pipeline.demo_stage import DemoConfig, DemoSettings, demo
+from dihal_fast.common.deprecation import renamed_attributes
+from dihal_fast.pipeline.demo_stage import DemoBudgetConfig, DemoConfig, demo
 from dihal_fast.pipeline.evaluate_stage import EvaluateConfig, evaluate
 from dihal_fast.pipeline.generate_stage import GenerateConfig, generate
 from dihal_fast.pipeline.locate_stage import LocateConfig, locate
@@ -25,12 +26,12 @@ from dihal_fast.pipeline.reports import (
     StageReport,
     SweepReport,
 )
-from dihal_fast.pipeline.sweep_stage import SweepConfig, SweepSettings, sweep
+from dihal_fast.pipeline.sweep_stage import SweepBudgetConfig, SweepConfig, sweep
 
 __all__ = [
     "DemoConfig",
     "DemoReport",
-    "DemoSettings",
+    "DemoBudgetConfig",
     "EvaluateConfig",
     "EvaluateReport",
     "GenerateConfig",
@@ -42,7 +43,7 @@ __all__ = [
     "StageReport",
     "SweepConfig",
     "SweepReport",
-    "SweepSettings",
+    "SweepBudgetConfig",
     "demo",
     "evaluate",
     "generate",
@@ -50,3 +51,7 @@ __all__ = [
     "replace",
     "sweep",
 ]
+
+__getattr__ = renamed_attributes(
+    __name__, globals(), {"DemoSettings": "DemoBudgetConfig", "SweepSettings": "SweepBudgetConfig"}
+)  # until 0.4

@@ -14,12 +14,13 @@ from pathlib import Path
 
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.deprecation import renamed_attributes
 from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.cpu_threads import poll_threads
 from dihal_fast.evaluate import markdown as md
-from dihal_fast.evaluate.harness import EvalSettings
+from dihal_fast.evaluate.harness import EvalProtocolConfig
 from dihal_fast.pipeline.evaluate_stage import EvaluateConfig
 from dihal_fast.pipeline.evaluate_stage import evaluate as evaluate_stage
 from dihal_fast.pipeline.generate_stage import GenerateConfig, generate
@@ -33,7 +34,7 @@ PROMPTS = ("It was a bright cold day in April, and", "The President said that", 
 
 
 @dataclass
-class DemoSettings(CheckedConfig):
+class DemoBudgetConfig(CheckedConfig):
     """Sizes of the demo, chosen to finish in about 15 minutes on 2 CPU cores with the shipped backbone."""
 
     locate_max_tokens: int = option(16384, "tokens locate reads", min=1)
@@ -60,9 +61,9 @@ class DemoSettings(CheckedConfig):
             )
 
     @property
-    def evaluation(self) -> EvalSettings:
+    def evaluation(self) -> EvalProtocolConfig:
         """The evaluation settings: this demo's block length, held-out blocks, samples and seed."""
-        return EvalSettings(
+        return EvalProtocolConfig(
             seq_len=self.seq_len,
             eval_blocks=self.eval_blocks,
             n_samples=self.n_samples,
@@ -95,7 +96,7 @@ class DemoSettings(CheckedConfig):
 
 @dataclass
 class DemoConfig(CheckedConfig):
-    """The backbone, the corpus and the :class:`DemoSettings`."""
+    """The backbone, the corpus and the :class:`DemoBudgetConfig`."""
 
     model: str | None = option(
         None,
@@ -104,7 +105,7 @@ class DemoConfig(CheckedConfig):
     corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
     device: str = device_option(help="device of locate, bridge training and sampling: " + DEVICE_HELP)
     dtype: str = dtype_option()
-    settings: DemoSettings = field(default_factory=DemoSettings, metadata={"help": "sizes of the demo"})
+    settings: DemoBudgetConfig = field(default_factory=DemoBudgetConfig, metadata={"help": "sizes of the demo"})
 
 
 class StageClock:
@@ -268,3 +269,6 @@ def write_markdown(out: Path, summary: dict, evaluation: dict, samples: dict) ->
         ),
     ]
     return md.write_report(out / "report.md", "DiHAL demo: locate, replace, evaluate, generate", sections)
+
+
+__getattr__ = renamed_attributes(__name__, globals(), {"DemoSettings": "DemoBudgetConfig"})  # until 0.4

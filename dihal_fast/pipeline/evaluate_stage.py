@@ -15,13 +15,13 @@ from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.devices import DTYPE_NAMES, device_map_option, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
-from dihal_fast.evaluate.harness import EvalSettings
+from dihal_fast.evaluate.harness import EvalProtocolConfig
 from dihal_fast.pipeline.reports import EvaluateReport
 
 
 @dataclass
 class EvaluateConfig(CheckedConfig):
-    """The hybrid, the corpus, the evaluator LM, the controls, the devices and the :class:`EvalSettings`
+    """The hybrid, the corpus, the evaluator LM, the controls, the devices and the :class:`EvalProtocolConfig`
     (every field checked when the config is built, before any work)."""
 
     hybrid: str = option(help="hybrid directory or `dihal replace` run directory")
@@ -60,7 +60,9 @@ class EvaluateConfig(CheckedConfig):
         "float32, bfloat16, float16 or float64; a bridge stays float32 (the evaluator: --evaluator-dtype)"
     )
     device_map: str = device_map_option()
-    settings: EvalSettings = field(default_factory=EvalSettings, metadata={"help": "what is measured and how much"})
+    settings: EvalProtocolConfig = field(
+        default_factory=EvalProtocolConfig, metadata={"help": "what is measured and how much"}
+    )
 
 
 def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:

@@ -16,6 +16,7 @@ import numpy as np
 
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.deprecation import renamed_attributes
 from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.progress import progress_bar
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class SweepSettings(CheckedConfig):
+class SweepBudgetConfig(CheckedConfig):
     """Budget and sizes of a sweep (saved in ``sweep.json``)."""
 
     budget_steps: int = option(200, "bridge training steps per layer", min=1)
@@ -56,7 +57,7 @@ class SweepSettings(CheckedConfig):
 
 @dataclass
 class SweepConfig(CheckedConfig):
-    """The model, the corpus, the candidate layers and the :class:`SweepSettings`."""
+    """The model, the corpus, the candidate layers and the :class:`SweepBudgetConfig`."""
 
     model: str | None = option(
         None,
@@ -66,7 +67,7 @@ class SweepConfig(CheckedConfig):
     layers: list[int] | None = option(None, "candidate layers (default 1..L-1)")
     device: str = device_option(help="device of locate and of every bridge training: " + DEVICE_HELP)
     dtype: str = dtype_option()
-    settings: SweepSettings = field(default_factory=SweepSettings, metadata={"help": "budget and sizes"})
+    settings: SweepBudgetConfig = field(default_factory=SweepBudgetConfig, metadata={"help": "budget and sizes"})
 
     def locate_config(self) -> LocateConfig:
         """The locate run that gives the repeated scores."""
@@ -154,3 +155,6 @@ def sweep_controls(sweep_dir: str | Path) -> dict[str, str]:
         f"oracle_layer_{ordered[0]['layer']}": ordered[0]["hybrid_dir"],
         f"worst_layer_{ordered[-1]['layer']}": ordered[-1]["hybrid_dir"],
     }
+
+
+__getattr__ = renamed_attributes(__name__, globals(), {"SweepSettings": "SweepBudgetConfig"})  # until 0.4
