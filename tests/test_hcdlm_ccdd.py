@@ -213,3 +213,35 @@ def test_cli_train_eval_solve(tmp_path, capsys):
     assert main(["hcdlm", "eval", str(run), "--data", str(csv), "--out", str(out), "--cfg-weight", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "HC-DLM sampler options" in err[0]
+
+
+def test_cli_countdown_train_and_eval(tmp_path, shared_data):
+    run, out = tmp_path / "cd", tmp_path / "cd.json"
+    train_args = ["hcdlm", "train", "--task", "countdown", "--model", "ccdd", "--out", str(run), "--steps", "2"]
+    assert main([*train_args, *HCDLM_TINY_ARGS]) == 0
+    data = str(shared_data / "countdown.jsonl")
+    eval_args = ["--limit", "4", "--steps", "2", "--steps-sweep", ""]
+    assert main(["hcdlm", "eval", str(run), "--data", data, "--out", str(out), *eval_args]) == 0
+    report = json.loads(out.read_text())
+    assert report["model"] == "ccdd" and report["n"] == 4 and {"accuracy", "loose"} <= set(report)
+
+
+def test_cli_text_with_tiny_backbone(tmp_path, tiny_checkpoints, shared_data):
+    backbone, text = tiny_checkpoints["llama"], shared_data / "text" / "tinystories.valid.txt"
+    run, out = tmp_path / "text", tmp_path / "text.json"
+    text_args = [
+        "--text-files",
+        str(text),
+        "--text-max-chars",
+        "20000",
+        "--text-len",
+        "16",
+        "--backbone",
+        str(backbone),
+    ]
+    train_args = ["hcdlm", "train", "--task", "text", "--model", "ccdd", "--out", str(run), "--steps", "2"]
+    assert main([*train_args, *text_args, *HCDLM_TINY_ARGS]) == 0
+    eval_args = ["--samples", "4", "--steps", "2", "--evaluator", str(backbone)]
+    assert main(["hcdlm", "eval", str(run), "--data", str(text), "--out", str(out), *eval_args]) == 0
+    report = json.loads(out.read_text())
+    assert report["model"] == "ccdd" and report["gen_ppl"] > 1 and report["temperature"] == 1.0

@@ -114,7 +114,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "hcdlm",
         formatter_class=HelpFormatter,
         help="hierarchical continuous diffusion LM (train, eval, solve)",
-        description="HC-DLM and its baselines (MDM, Latent DM, AR) on Sudoku, Countdown and text.",
+        description="HC-DLM and its baselines (MDM, Latent DM, CCDD, AR) on Sudoku, Countdown and text.",
     )
     sub = parser.add_subparsers(dest="hcdlm_command", metavar="ACTION", required=True)
     _add_train(sub)

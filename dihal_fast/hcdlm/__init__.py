@@ -1,5 +1,5 @@
 """HC-DLM: a hierarchical continuous diffusion LM (continuous latent carried across steps, a token
-scaffold read out of it at every step), with MDM, Latent DM and AR baselines in the same harness.
+scaffold read out of it at every step), with MDM, Latent DM, CCDD and AR baselines in the same harness.
 
 Entry points: :func:`train` (a run directory from a :class:`RunConfig`), :func:`evaluate_run` and
 :func:`solve_puzzle` (what ``dihal hcdlm eval`` / ``solve`` do), :func:`load_run` +
