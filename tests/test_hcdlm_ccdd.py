@@ -158,6 +158,19 @@ def test_hcdlm_sampler_options_are_refused_in_one_line(sudoku4):
         assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"kind": "cdd"}, "--model must be one of .*ccdd"),
+        ({"kind": "ccdd", "baseline_blocks": -1}, "--baseline-blocks"),
+    ],
+)
+def test_bad_model_options_are_refused_in_one_line(fields, message):
+    with pytest.raises(ValueError, match=message) as info:
+        HCDLMModelConfig(**fields)
+    assert "\n" not in str(info.value)
+
+
 def _config(steps: int) -> RunConfig:
     return RunConfig(
         task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=30),

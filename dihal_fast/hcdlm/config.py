@@ -50,7 +50,7 @@ class HCDLMModelConfig(CheckedConfig):
         -10.0, "lower bound of the encoder's log-variance (sigma >= exp(logvar_min / 2))", min=-30.0, lt=0.0
     )
     dropout: float = option(0.0, "dropout rate", min=0.0, lt=1.0)
-    baseline_blocks: int = option(0, "blocks of MDM/AR (0 = match the HC-DLM parameter count)")
+    baseline_blocks: int = option(0, "blocks of MDM/AR/CCDD (0 = match the HC-DLM parameter count)", min=0)
     slot_head: bool = option(
         True,
         "a training-only per-slot token head on the denoiser, needed by --slot-aux-weight "
