@@ -12,6 +12,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from dihal_fast.common.options import option
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_CORPUS = ASSETS_DIR / "corpus" / "default.txt"
@@ -102,3 +105,23 @@ def corpus_or_default(corpus: Sequence[str | os.PathLike] | None) -> list[str]:
     if corpus:
         return [str(path) for path in corpus]
     return [str(default_corpus())]
+
+
+def backbone_option(default_note: str = "") -> Any:
+    """The ``model`` field of a stage config that loads a backbone (``--model``): a shipped name or a local
+    checkpoint, None meaning the default backbone (``default_note`` adds what else None may mean)."""
+    return option(
+        None,
+        "shipped backbone name (dihal backbone list) or local Hugging Face causal-LM checkpoint directory "
+        f"(default: {DEFAULT_BACKBONE}{default_note})",
+        metavar="MODEL",
+    )
+
+
+def corpus_option() -> Any:
+    """The ``corpus`` field of a stage config (``--corpus``), None meaning the shipped corpus."""
+    return option(
+        None,
+        ".txt / .jsonl files, directories of them or a saved dataset (default: the shipped corpus)",
+        metavar="PATH",
+    )

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dihal_fast.common import atomic_write_json, read_json
-from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.assets import backbone_option, corpus_option, corpus_or_default
 from dihal_fast.common.deprecation import renamed_attributes
 from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
@@ -98,11 +98,8 @@ class DemoBudgetConfig(CheckedConfig):
 class DemoConfig(CheckedConfig):
     """The backbone, the corpus and the :class:`DemoBudgetConfig`."""
 
-    model: str | None = option(
-        None,
-        "shipped backbone name (dihal backbone list) or HF causal-LM checkpoint directory (default: tiny-llama-8l)",
-    )
-    corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
+    model: str | None = backbone_option()
+    corpus: list[str] | None = corpus_option()
     device: str = device_option(help="device of locate, bridge training and sampling: " + DEVICE_HELP)
     dtype: str = dtype_option()
     settings: DemoBudgetConfig = field(default_factory=DemoBudgetConfig, metadata={"help": "sizes of the demo"})

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.assets import corpus_option, corpus_or_default
 from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.devices import DTYPE_NAMES, device_map_option, device_option, dtype_option
 from dihal_fast.common.options import option
@@ -25,7 +25,7 @@ class EvaluateConfig(CheckedConfig):
     (every field checked when the config is built, before any work)."""
 
     hybrid: str = option(help="hybrid directory or `dihal replace` run directory")
-    corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
+    corpus: list[str] | None = corpus_option()
     sweep: str | None = option(
         None, "a `dihal sweep` run: also evaluate its lowest- and highest-bridge-loss layers (oracle, worst)"
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.assets import backbone_option, corpus_option, corpus_or_default
 from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.devices import device_option, dtype_option
 from dihal_fast.common.options import option
@@ -32,17 +32,8 @@ class LocateConfig(CheckedConfig):
     """Model, corpus, collection and estimation settings of one locate run (errors name the ``dihal locate``
     flag of the field: ``sample_size`` is ``--sample-size``)."""
 
-    model: str | None = option(
-        None,
-        "shipped backbone name (dihal backbone list) or local Hugging Face causal-LM checkpoint directory (default: "
-        "tiny-llama-8l)",
-        metavar="DIR",
-    )
-    corpus: list[str] | None = option(
-        None,
-        ".txt / .jsonl files, directories of them or a saved dataset (default: the shipped corpus)",
-        metavar="PATH",
-    )
+    model: str | None = backbone_option()
+    corpus: list[str] | None = corpus_option()
     max_tokens: int | None = option(
         None, "tokens to read over all processes, in whole blocks (default: the whole corpus)", metavar="N", min=1
     )

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.assets import backbone_option, corpus_option, corpus_or_default
 from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
@@ -26,19 +26,12 @@ class ReplaceConfig(CheckedConfig):
     """Which layer of which model, on which corpus, and the bridge training run (exactly one of ``layer``
     and ``from_locate``); every field is checked when built (:mod:`dihal_fast.common.validation`)."""
 
-    model: str | None = option(
-        None,
-        "shipped backbone name (dihal backbone list) or local Hugging Face causal-LM checkpoint (default: "
-        "tiny-llama-8l, or "
-        "locate.json's model with --from-locate)",
-    )
+    model: str | None = backbone_option(", or locate.json's model with --from-locate")
     layer: int | None = option(None, "hidden state l* to rebuild (1..L-1); layers 1..l* are replaced", min=1)
     from_locate: str | None = option(
         None, "take l* from RUN/locate.json (selected_layer) written by dihal locate", metavar="RUN"
     )
-    corpus: list[str] | None = option(
-        None, ".txt / .jsonl files, directories of them or a saved dataset (default: the shipped corpus)"
-    )
+    corpus: list[str] | None = corpus_option()
     val_corpus: str | None = option(None, "held-out corpus for validation (default: the tail of --corpus)")
     deepspeed: str | None = option(None, DEEPSPEED_HELP, metavar="CFG")
     resume: bool = option(False, "continue from the newest checkpoint in the run directory")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from dihal_fast.common import atomic_write_json, read_json
-from dihal_fast.common.assets import corpus_or_default
+from dihal_fast.common.assets import backbone_option, corpus_option, corpus_or_default
 from dihal_fast.common.deprecation import renamed_attributes
 from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
@@ -59,11 +59,8 @@ class SweepBudgetConfig(CheckedConfig):
 class SweepConfig(CheckedConfig):
     """The model, the corpus, the candidate layers and the :class:`SweepBudgetConfig`."""
 
-    model: str | None = option(
-        None,
-        "shipped backbone name (dihal backbone list) or HF causal-LM checkpoint directory (default: tiny-llama-8l)",
-    )
-    corpus: list[str] | None = option(None, "corpus files/directories (default: the shipped corpus)")
+    model: str | None = backbone_option()
+    corpus: list[str] | None = corpus_option()
     layers: list[int] | None = option(None, "candidate layers (default 1..L-1)")
     device: str = device_option(help="device of locate and of every bridge training: " + DEVICE_HELP)
     dtype: str = dtype_option()
