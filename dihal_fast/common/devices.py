@@ -5,7 +5,8 @@
 refusing what this machine cannot run with one line. ``--dtype auto`` is the checkpoint's own dtype
 (``dtype`` / ``torch_dtype`` in its ``config.json``), as transformers' ``from_pretrained(dtype="auto")``.
 ``device_map_option()`` (``--device-map``) places a checkpoint's layers across this process's devices with
-accelerate's strategies (:func:`rank_gpus`, :func:`rank_max_memory`: one disjoint set of GPUs per rank of a node).
+accelerate's strategies (:func:`rank_gpus`, :func:`rank_max_memory`: one disjoint set of GPUs per rank of a node)
+or an explicit JSON map (:func:`parse_device_map`, :func:`check_map_devices`).
 :func:`device_argument` is the same device check as an argparse ``type`` for commands without a config field.
 """
 
@@ -26,9 +27,11 @@ DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 _CHECKPOINT_DEFAULT = "float32"  # transformers' default when a config names no dtype
 DEVICE_MAP_CHOICES = ("none", "auto", "balanced", "balanced_low_0", "sequential")
 DEVICE_MAP_HELP = (
-    "placement of a checkpoint's layers: none (the whole model on --device) or an accelerate strategy (auto, "
-    "balanced, balanced_low_0, sequential) spreading it over this process's GPUs, then the CPU; under a launcher "
-    "rank r of n on a node takes GPUs r, r+n, r+2n, ... (needs accelerate; not with DeepSpeed)"
+    "placement of a checkpoint's layers: none (the whole model on --device), an accelerate strategy (auto, "
+    "balanced, balanced_low_0, sequential) spreading it over this process's GPUs, then the CPU, or a JSON map of "
+    'module names to devices (\'{"": "cpu"}\', \'{"model.embed_tokens": 0, ..., "lm_head": 1}\': GPU indices, '
+    '"cuda:N" or "cpu"); under a launcher rank r of n on a node takes GPUs r, r+n, r+2n, ... (needs accelerate; '
+    "not with DeepSpeed)"
 )
 # The variables that say how many processes run on this node: torchrun, the deepspeed launcher, SLURM.
 RANKS_PER_NODE_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
@@ -46,8 +49,56 @@ def dtype_option(default: str = "auto", help: str = DTYPE_HELP):
 
 
 def device_map_option(default: str = "none", help: str = DEVICE_MAP_HELP):
-    """The ``device_map`` field of a stage config (``--device-map``), choices :data:`DEVICE_MAP_CHOICES`."""
-    return option(default, help, choices=DEVICE_MAP_CHOICES)
+    """The ``device_map`` field of a stage config (``--device-map``): a strategy of :data:`DEVICE_MAP_CHOICES` or
+    a JSON map, checked by :func:`parse_device_map` when the config is built."""
+    return option(default, help, device_map=True, metavar="MAP")
+
+
+def parse_device_map(text: str) -> str | dict[str, int | str]:
+    """``text`` as ``from_pretrained(device_map=...)`` takes it: a strategy of :data:`DEVICE_MAP_CHOICES` as is, or
+    a JSON object ``{module name: device}`` with each device a GPU index (``0``, ``"cuda:0"``) or ``"cpu"``
+    (GPU indices as ints). Anything else is one ValueError naming what was expected."""
+    if not isinstance(text, str):
+        raise TypeError(f"--device-map must be a string, got {type(text).__name__}")
+    if text in DEVICE_MAP_CHOICES:
+        return text
+    expected = f"one of {', '.join(DEVICE_MAP_CHOICES)} or a JSON object of module names to devices"
+    if not text.lstrip().startswith("{"):
+        raise ValueError(f"--device-map must be {expected}, got {text!r}")
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--device-map {text!r} is not valid JSON: {exc}") from None
+    if not isinstance(spec, dict) or not spec:
+        raise ValueError(f"--device-map must be {expected}, got {text!r}")
+    parsed: dict[str, int | str] = {}
+    for name, value in spec.items():
+        if value == "cpu":
+            parsed[name] = "cpu"
+        elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            parsed[name] = value
+        elif isinstance(value, str) and value.startswith("cuda:") and value[5:].isdigit():
+            parsed[name] = int(value[5:])
+        else:
+            raise ValueError(
+                f'--device-map: module {name!r} is mapped to {value!r}; a device is a GPU index (0, "cuda:0") or '
+                '"cpu" (disk offload needs an offload folder, which no command sets)'
+            )
+    return parsed
+
+
+def check_map_devices(spec: Mapping[str, int | str], gpus: list[int] | None) -> None:
+    """Refuse a JSON map (:func:`parse_device_map`) naming a GPU outside ``gpus``: this rank's GPUs
+    (:func:`rank_gpus`; ``None``: the process runs on the CPU and may name no GPU)."""
+    named = sorted({value for value in spec.values() if isinstance(value, int)})
+    if named and gpus is None:
+        raise ValueError(f"--device-map names GPU(s) {named}, but this process runs on the CPU (--device cpu)")
+    outside = [gpu for gpu in named if gpu not in (gpus or [])]
+    if outside:
+        raise ValueError(
+            f"--device-map names GPU(s) {outside}, outside this rank's GPUs {gpus} (rank r of n on a node owns GPUs "
+            "r, r+n, ...; torch numbers the GPUs it sees)"
+        )
 
 
 def device_argument(text: str) -> str:

@@ -59,17 +59,23 @@ def placement(device, device_map: str = "none") -> dict:
     :data:`~dihal_fast.common.devices.DEVICE_MAP_CHOICES` (``auto``, ``balanced``, ...): accelerate spreads the
     layers over this rank's GPUs (:func:`~dihal_fast.common.devices.rank_gpus`; on ``cpu``: the CPU alone) and
     then the rank's share of host memory, through ``max_memory`` (each rank sees all of its node's GPUs, as torchrun
-    and the deepspeed launcher leave them); a model spread over several places holds ``hf_device_map``.
+    and the deepspeed launcher leave them); a model spread over several places holds ``hf_device_map``. A JSON map
+    (:func:`~dihal_fast.common.devices.parse_device_map`) is passed as given, once it names only this rank's GPUs.
     """
     import torch
     from transformers.utils import is_accelerate_available
 
-    from dihal_fast.common.devices import DEVICE_MAP_CHOICES, rank_gpus, rank_max_memory, ranks_per_node
+    from dihal_fast.common.devices import (
+        check_map_devices,
+        parse_device_map,
+        rank_gpus,
+        rank_max_memory,
+        ranks_per_node,
+    )
     from dihal_fast.common.launch import launcher_env
 
-    if device_map not in DEVICE_MAP_CHOICES:
-        raise ValueError(f"--device-map must be one of {', '.join(DEVICE_MAP_CHOICES)}, got {device_map!r}")
-    if device_map == "none":
+    spec = parse_device_map(device_map)
+    if spec == "none":
         return {"device_map": {"": str(device)}} if device.type == "cuda" and is_accelerate_available() else {}
     if not is_accelerate_available():
         raise ValueError(f"--device-map {device_map} needs accelerate: pip install 'dihal_fast[deepspeed]'")
@@ -84,10 +90,13 @@ def placement(device, device_map: str = "none") -> dict:
     gpus = (
         rank_gpus(torch.cuda.device_count(), launcher_env().local_rank, local_ranks) if device.type == "cuda" else None
     )
+    if isinstance(spec, dict):
+        check_map_devices(spec, gpus)
+        return {"device_map": spec}
     # Free memory of this rank's GPUs only: querying a GPU opens a CUDA context on it, in every rank that asks.
     free: dict[int | str, int] = {gpu: torch.cuda.mem_get_info(gpu)[0] for gpu in gpus or []}
     free["cpu"] = psutil.virtual_memory().available
-    return {"device_map": device_map, "max_memory": rank_max_memory(free, gpus, local_ranks)}
+    return {"device_map": spec, "max_memory": rank_max_memory(free, gpus, local_ranks)}
 
 
 def input_device(model) -> torch.device:

@@ -12,7 +12,8 @@ field's annotation and the metadata of :func:`dihal_fast.common.options.option`:
   ``list[X]`` / ``tuple[X, ...]`` each element as ``X``; a nested config must be an instance of its class;
 - by metadata: ``min`` / ``max`` (inclusive), ``gt`` / ``lt`` (exclusive), ``choices``, ``finite=False``
   (a float that may be infinite), ``device=True`` (a torch device this machine has: see
-  :func:`dihal_fast.common.devices.resolve_device`).
+  :func:`dihal_fast.common.devices.resolve_device`), ``device_map=True`` (a ``--device-map``: see
+  :func:`dihal_fast.common.devices.parse_device_map`).
 
 A config that no command builds from its flags (a derived or API-only one, such as the training loop's
 ``LoopSettings``) sets ``flag_names = False``: its messages name the field alone
@@ -141,6 +142,10 @@ def _check_scalar(where: str, value: Any, hint: Any, metadata: typing.Mapping[st
         from dihal_fast.common.devices import resolve_device
 
         resolve_device(value)
+    if metadata.get("device_map"):
+        from dihal_fast.common.devices import parse_device_map
+
+        parse_device_map(value)
 
 
 def _check_range(

@@ -188,11 +188,12 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         table = slicing.position_table(backbone)
         if table is not None:
             hybrid.condition_position_table.to(dtype).load_state_dict(table.state_dict())
-        slicing.verify_cut(backbone, hybrid.upper.to(next(backbone.parameters()).device), layer, table)
+        slicing.place_like_backbone(hybrid, backbone, layer)  # a spread backbone: on its devices
+        slicing.verify_cut(backbone, hybrid.upper, layer, table)
         if getattr(backbone, "generation_config", None) is not None:
             hybrid.generation_config = GenerationConfig.from_dict(backbone.generation_config.to_dict())
         hybrid.tokenizer = tokenizer
-        return hybrid.to(next(backbone.parameters()).device)
+        return hybrid
 
     def set_upper_trainable(self, trainable: bool) -> None:
         """Unfreeze (or freeze) the retained decoder layers and final norm; embeddings and head stay frozen."""

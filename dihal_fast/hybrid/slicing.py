@@ -11,6 +11,10 @@ input of the first block is its input embedding (plus, for GPT-2-like models, a 
 embeddings, masks, sliding windows and the KV cache are the model's own code. :func:`verify_cut` runs a probe
 through both and refuses a model for which the retained part fed the true ``h_l`` does not reproduce the
 backbone's logits, or whose first block does not see the input embedding, saying which.
+
+A backbone spread over several devices (``device_map``, ``hf_device_map``) gets a hybrid whose retained part runs
+where the backbone's own layers do (:func:`place_like_backbone`); the bridge and the condition sit on the device
+of the input embedding, and :func:`backbone_targets` returns the teacher's targets on the device of its inputs.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from torch import Tensor, nn
 # The families the tests cut and run (tiny random checkpoints); others are accepted when they pass the checks.
 TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2", "gpt_neox")
 _LAYER_KEY = re.compile(r"^(.*\.(?:layers|h))\.(\d+)\.(.*)$")
+_LAYER_MODULE = re.compile(r"^(.*\.(?:layers|h))\.(\d+)((?:\..*)?)$")  # a device-map key: a layer or inside one
 _LAYER_LISTS = ("layers", "h")
 # Per-layer config lists that must be cut like the layers themselves.
 _PER_LAYER_ATTRIBUTES = ("layer_types",)
@@ -124,7 +129,7 @@ def position_table(model: nn.Module) -> nn.Embedding | None:
 def embedding_output(model: nn.Module, input_ids: Tensor, positions: Tensor, table: nn.Embedding | None) -> Tensor:
     """``c(x)``: the backbone's hidden state 0 (token embedding, plus a learned position embedding if any)."""
     embedded = model.get_input_embeddings()(input_ids)
-    return embedded if table is None else embedded + table(positions)
+    return embedded if table is None else embedded + table(positions.to(table.weight.device)).to(embedded.device)
 
 
 @contextmanager
@@ -146,10 +151,11 @@ def tap_hidden_state(model: nn.Module, layer: int) -> Iterator[list[Tensor]]:
 def backbone_targets(
     model: nn.Module, input_ids: Tensor, layer: int, attention_mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """The teacher's ``(h_layer (B, T, D), logits (B, T, V))`` from one inference forward pass."""
+    """The teacher's ``(h_layer (B, T, D), logits (B, T, V))`` from one inference forward pass, on the device of
+    ``input_ids`` (a spread backbone computes ``h_layer`` on the device of decoder layer ``layer``)."""
     with tap_hidden_state(model, layer) as captured:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    return captured[-1], logits
+    return captured[-1].to(input_ids.device), logits.to(input_ids.device)
 
 
 @torch.no_grad()
@@ -157,7 +163,7 @@ def verify_cut(backbone: nn.Module, upper: nn.Module, layer: int, table: nn.Embe
     """Refuse (ValueError) a cut that does not reproduce the backbone on a probe: the first block must see
     :func:`embedding_output`, and the retained part fed the true ``h_l`` must give the backbone's logits."""
     family = backbone.config.model_type
-    device = next(backbone.parameters()).device
+    device = backbone.get_input_embeddings().weight.device
     ids = (torch.arange(length, device=device) * 7 + 3).remainder(backbone.config.vocab_size)[None]
     positions = torch.arange(length, device=device)[None]
     first_input: list[Tensor] = []
@@ -172,16 +178,59 @@ def verify_cut(backbone: nn.Module, upper: nn.Module, layer: int, table: nn.Embe
     tolerance = 1e-4 if logits.dtype in (torch.float32, torch.float64) else 2e-2
     condition = embedding_output(backbone, ids, positions, table)
     if not first_input or not torch.allclose(
-        first_input[0].float(), condition.float(), atol=tolerance * scale, rtol=tolerance
+        first_input[0].to(condition.device).float(), condition.float(), atol=tolerance * scale, rtol=tolerance
     ):
         raise ValueError(
             f"backbone family {family!r} cannot be cut into a hybrid: its first decoder block does not see "
             "the input embedding (the model transforms it first, e.g. a norm or scale outside the embedding module)"
         )
-    rebuilt = upper(inputs_embeds=hidden, position_ids=positions, use_cache=False).logits
+    rebuilt = upper(inputs_embeds=hidden, position_ids=positions, use_cache=False).logits.to(logits.device)
     if not torch.allclose(rebuilt.float(), logits.float(), atol=tolerance * scale, rtol=tolerance):
         raise ValueError(
             f"backbone family {family!r} cannot be cut into a hybrid: its layers {layer + 1}.."
             f"{backbone.config.num_hidden_layers} rebuilt as a smaller model and fed the true h_{layer} do not "
             f"reproduce its logits (max difference {float((rebuilt - logits).abs().max()):.3g})"
         )
+
+
+def spread_map(model: nn.Module) -> dict[str, int | str] | None:
+    """A model's ``hf_device_map`` when accelerate spread it over more than one device, else ``None``."""
+    device_map = getattr(model, "hf_device_map", None)
+    return dict(device_map) if device_map and len(set(device_map.values())) > 1 else None
+
+
+def upper_device_map(device_map: dict[str, int | str], layer: int) -> dict[str, int | str]:
+    """The backbone's device map for the retained part: keys of layers ``< layer`` dropped, later layers
+    renumbered from 0 (as :func:`upper_state_dict` renumbers the weights); other keys (embeddings, norm, head,
+    a whole layer list) kept."""
+    out: dict[str, int | str] = {}
+    for key, device in device_map.items():
+        match = _LAYER_MODULE.match(key)
+        if match:
+            index = int(match.group(2))
+            if index < layer:
+                continue
+            key = f"{match.group(1)}.{index - layer}{match.group(3)}"
+        out[key] = device
+    return out
+
+
+def place_like_backbone(hybrid: nn.Module, backbone: nn.Module, layer: int) -> None:
+    """Move ``hybrid`` (bridge, condition table, retained part ``hybrid.upper``) to ``backbone``'s device(s).
+
+    A backbone on one device: ``hybrid.to(device)``. A spread one (:func:`spread_map`): the retained part is
+    dispatched by accelerate with the backbone's map (:func:`upper_device_map`), so each retained layer runs on
+    the device holding the backbone's tensors it shares and its hooks move the hidden states in between (outputs
+    come back to the device of the inputs); the rest of the hybrid goes to the device of the input embedding."""
+    device_map = spread_map(backbone)
+    device = backbone.get_input_embeddings().weight.device
+    if device_map is None:
+        hybrid.to(next(backbone.parameters()).device)
+        return
+    from accelerate import dispatch_model
+
+    # main_device as a string: accelerate compares it with "cpu"
+    dispatch_model(hybrid.upper, upper_device_map(device_map, layer), main_device=str(device))
+    for name, child in hybrid.named_children():
+        if name != "upper":
+            child.to(device)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dihal_fast.common.assets import backbone_option, corpus_option, corpus_or_default
 from dihal_fast.common.checkpoint_config import check_checkpoint_config
+from dihal_fast.common.devices import device_map_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.pipeline.reports import ReplaceReport
@@ -34,6 +35,12 @@ class ReplaceConfig(CheckedConfig):
     corpus: list[str] | None = corpus_option()
     val_corpus: str | None = option(None, "held-out corpus for validation (default: the tail of --corpus)")
     deepspeed: str | None = option(None, DEEPSPEED_HELP, metavar="CFG")
+    device_map: str = device_map_option(
+        help="placement of the frozen teacher and the retained layers in one process, for a backbone larger than "
+        "one GPU: none (all on --device), an accelerate strategy (auto, balanced, balanced_low_0, sequential) over "
+        "the process's GPUs, or a JSON map of module names to GPU indices ('{\"model.embed_tokens\": 0, ...}'); "
+        "the bridge trains on the device of the input embedding; not with --deepspeed (needs accelerate)"
+    )
     resume: bool = option(False, "continue from the newest checkpoint in the run directory")
     train: BridgeTrainConfig = field(default_factory=BridgeTrainConfig, metadata={"help": "bridge training options"})
 
@@ -59,6 +66,7 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
     from dihal_fast.common.hf_loading import resolve_model_dir
     from dihal_fast.common.rundir import run_directory
     from dihal_fast.replace import train_bridge
+    from dihal_fast.replace.placement import check_replace_placement
 
     layer, model = config.layer, config.model
     if config.from_locate is not None:
@@ -68,6 +76,7 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
         elif located_model and resolve_model_dir(model).resolve() != Path(located_model).resolve():
             logger.warning("--model %s differs from the model %s that dihal locate measured", model, located_model)
         logger.info("layer %d from %s", layer, Path(config.from_locate) / "locate.json")
+    check_replace_placement(model, config.train.device, config.device_map, config.deepspeed)  # before the run dir
     with run_directory(out, "dihal replace"):
         check_checkpoint_config(model, config.train.seq_len)  # a bad config.json, a too long --seq-len
         result = train_bridge(
@@ -79,5 +88,6 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
             deepspeed_config=config.deepspeed,
             resume=config.resume,
             val_corpus=config.val_corpus,
+            device_map=config.device_map,
         )
     return ReplaceReport(Path(out), result)

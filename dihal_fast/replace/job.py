@@ -35,6 +35,7 @@ from dihal_fast.hybrid.slicing import check_family, check_layer
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.replace.data import Blocks, batch_indices, load_blocks, step_generator
 from dihal_fast.replace.objective import BridgeObjective
+from dihal_fast.replace.placement import check_replace_placement, check_teacher_placed, training_device
 from dihal_fast.replace.statistics import target_statistics
 from dihal_fast.replace.validation import validation_bridge_loss
 from dihal_fast.train.runlog import RunLog
@@ -68,7 +69,9 @@ RESUMABLE_CHANGES = frozenset(
 CONFIG_NAME, BRIDGE_CONFIG_NAME = "train_config.json", "bridge_config.json"
 
 
-def _preflight(model_dir, layer: int, corpus, out_dir: Path, config: BridgeTrainConfig, deepspeed_config, resume: bool):
+def _preflight(
+    model_dir, layer: int, corpus, out_dir: Path, config: BridgeTrainConfig, deepspeed_config, resume: bool, device_map
+):
     """Every check that needs no model weights: fails fast, before any process group or training.
 
     Returns the config with ``device`` and ``dtype`` resolved (``auto`` -> cuda or cpu, the checkpoint's dtype),
@@ -82,6 +85,7 @@ def _preflight(model_dir, layer: int, corpus, out_dir: Path, config: BridgeTrain
     backbone_config = AutoConfig.from_pretrained(model_dir)
     check_family(backbone_config)
     check_layer(backbone_config, layer)
+    check_replace_placement(model_dir, config.device, device_map, deepspeed_config)
     corpus_files(corpus)
     ds_config, world = prepare_deepspeed(deepspeed_config, config.loop_settings())
     checkpoint = resume_point(out_dir, {CONFIG_NAME: config}, RESUMABLE_CHANGES, config.steps, ds_config, world, resume)
@@ -107,8 +111,8 @@ def export_hybrid(
     missing = set(state) - {name for name, _ in hybrid.named_parameters()}
     if missing:
         raise ValueError(f"exported weights name unknown parameters: {sorted(missing)[:4]}")
-    hybrid.load_state_dict(state, strict=False)
-    return hybrid.to(next(backbone.parameters()).device).eval()
+    hybrid.load_state_dict(state, strict=False)  # into the parameters from_backbone placed
+    return hybrid.eval()
 
 
 def train_bridge(
@@ -121,21 +125,27 @@ def train_bridge(
     resume: bool = False,
     val_corpus: str | os.PathLike | None = None,
     callback: Callable[[StepInfo], None] | None = None,
+    device_map: str = "none",
 ) -> dict:
     """Train a bridge for hidden state ``layer`` of ``model_dir`` (None = shipped backbone) on ``corpus``.
 
     Returns the summary also written to ``out_dir/result.json``: ``bridge_loss`` (validation, EMA weights),
     the validation report, ``hybrid_dir`` and timings. With ``deepspeed_config`` the DeepSpeed engine is
-    used (launch several processes with torchrun); otherwise one process with plain torch.
+    used (launch several processes with torchrun); otherwise one process with plain torch, where ``device_map``
+    (``--device-map``: a strategy or a JSON map) spreads the frozen teacher and the retained layers over the
+    process's GPUs and the bridge trains on the device of the input embedding (:mod:`dihal_fast.replace.placement`).
     """
     config = config or BridgeTrainConfig()
     out_dir = Path(out_dir)
     model_dir, config, ds_config, checkpoint = _preflight(
-        model_dir, layer, corpus, out_dir, config, deepspeed_config, resume
+        model_dir, layer, corpus, out_dir, config, deepspeed_config, resume, device_map
     )
     with training_session(ds_config, config.loop_settings()) as (rank, _, device):
-        backbone, tokenizer = load_causal_lm(model_dir, config.dtype, device)
+        backbone, tokenizer = load_causal_lm(model_dir, config.dtype, device, device_map)
         backbone.requires_grad_(False)
+        if device_map != "none":
+            check_teacher_placed(backbone)
+            device = training_device(backbone)
         blocks = load_blocks(tokenizer, corpus, config.seq_len, config.val_blocks, config.max_train_tokens, val_corpus)
         bridge_config = _bridge_config(checkpoint, backbone, blocks, layer, config)
         if rank == 0:

@@ -69,7 +69,7 @@ class BridgeObjective(nn.Module):
             "rec": F.mse_loss(x0, z0),
         }
         if cfg.w_lm > 0 or cfg.w_kd > 0:
-            logits = self.hybrid.decode(bridge.denormalize(x0), None, positions)
+            logits = self.hybrid.decode(bridge.denormalize(x0), None, positions).to(input_ids.device)
             terms["lm"] = lm_loss(logits, input_ids)
             if teacher_logits is not None:
                 terms["kd"] = kd_loss(teacher_logits, logits, cfg.kd_temperature)

@@ -15,7 +15,7 @@ def target_statistics(backbone: nn.Module, blocks: Tensor, layer: int, batch_siz
     ``blocks``, and the root mean square of the condition ``c(x)`` on the same tokens."""
     if blocks.shape[0] == 0:
         raise ValueError("no blocks to compute target statistics on")
-    device = next(backbone.parameters()).device
+    device = backbone.get_input_embeddings().weight.device
     table = position_table(backbone)
     total = second = None
     condition_square, count = 0.0, 0

@@ -28,12 +28,13 @@ def validation_bridge_loss(
 ) -> dict:
     """Bridge loss, hybrid and backbone NLL/PPL and KL(backbone || hybrid) on ``blocks`` ``(N, T)``.
 
-    Runs on the device of ``hybrid``'s parameters; ``backbone`` must be the checkpoint the hybrid was cut from.
+    Runs on the device of ``hybrid``'s input embedding (where its bridge is); ``backbone`` must be the checkpoint
+    the hybrid was cut from.
     """
     if blocks.dim() != 2 or blocks.shape[0] == 0:
         raise ValueError(f"validation blocks must be a non-empty (N, T) tensor, got {tuple(blocks.shape)}")
     hybrid.eval()
-    device = next(hybrid.parameters()).device
+    device = hybrid.get_input_embeddings().weight.device
     layer, bridge = hybrid.config.layer, hybrid.bridge
     squared, count = torch.zeros((), dtype=torch.float64), 0
     sums = {"hybrid": [], "backbone": [], "kl": []}

@@ -103,9 +103,12 @@ class TrainingRun:
 
 
 def make_engine(objective: nn.Module, settings: LoopSettings, ds_config: dict | None) -> Engine:
-    """A DeepSpeed engine when ``ds_config`` is given (inside :func:`training_session`), else plain torch."""
+    """A DeepSpeed engine when ``ds_config`` is given (inside :func:`training_session`), else plain torch; an
+    objective holding a model spread over several devices (``hf_device_map``, as transformers' Trainer checks) is
+    left where it was placed."""
     if ds_config is None:
-        return TorchEngine(objective.to(settings.device), settings)
+        spread = any(len(set(getattr(m, "hf_device_map", {}).values())) > 1 for m in objective.modules())
+        return TorchEngine(objective if spread else objective.to(settings.device), settings)
     from dihal_fast.train.deepspeed_engine import DeepSpeedEngine
 
     return DeepSpeedEngine(objective, settings, ds_config)
