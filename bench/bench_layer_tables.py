@@ -81,11 +81,10 @@ def _train_sweep_layers(model: str, out: Path, args: argparse.Namespace) -> None
     """The sweep's bridges of ``--train-layers``, exactly as ``dihal sweep`` trains them (it reuses them)."""
     from dihal_fast.common.assets import corpus_or_default
     from dihal_fast.pipeline import SweepBudgetConfig
-    from dihal_fast.pipeline.reuse import ensure_replace
+    from dihal_fast.pipeline.sweep_stage import sweep_bridges
 
     config = SweepBudgetConfig(budget_steps=args.budget_steps, score_repeats=args.score_repeats).train_config()
-    for layer in args.train_layers:
-        ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus_or_default(None), config)
+    sweep_bridges(out, model, list(args.train_layers), corpus_or_default(None), config)
 
 
 def backbone_tables(model: str, out: Path, args: argparse.Namespace) -> None:

@@ -2,15 +2,19 @@
 geometry score predicted it.
 
 ``sweep(SweepConfig(...), out)`` runs locate with repeated score runs, trains a bridge per layer with one
-budget, and writes ``out/sweep.json`` and ``out/sweep.png``; reruns reuse finished layers.
+budget, and writes ``out/sweep.json`` and ``out/sweep.png``; reruns reuse finished layers. The layers' bridges
+train together (:func:`sweep_bridges`): one teacher forward pass per batch serves all of them, with the numbers
+each would get from ``dihal replace`` alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,12 +23,14 @@ from dihal_fast.common.assets import backbone_option, corpus_option, corpus_or_d
 from dihal_fast.common.deprecation import renamed_attributes
 from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
-from dihal_fast.common.progress import progress_bar
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.evaluate.correlation import plot_sweep, score_loss_correlations
 from dihal_fast.pipeline.locate_stage import LocateConfig
 from dihal_fast.pipeline.reports import SweepReport
-from dihal_fast.pipeline.reuse import ensure_locate, ensure_replace
+from dihal_fast.pipeline.reuse import ensure_locate
+
+if TYPE_CHECKING:
+    from dihal_fast.replace.config import BridgeTrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -104,10 +110,10 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
     candidates = list(locate["candidate_layers"])
     score_runs = np.asarray(locate["per_repeat"]["score"], dtype=np.float64)
     score_rows = {row["layer"]: row["score"] for row in locate["layers"]}
+    results = sweep_bridges(out, model, candidates, corpus, config.train_config())
     rows = []
-    for layer in progress_bar(candidates, desc="sweep (bridge per layer)"):
-        result = ensure_replace(out / f"layer_{layer:02d}", model, layer, corpus, config.train_config())
-        loss, hybrid_dir = float(result["bridge_loss"]), result["hybrid_dir"]
+    for layer in candidates:
+        loss, hybrid_dir = float(results[layer]["bridge_loss"]), results[layer]["hybrid_dir"]
         logger.info("layer %d: score %.3f, validation bridge loss %.4f", layer, score_rows[layer]["mean"], loss)
         rows.append(
             {
@@ -139,6 +145,36 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
     plot_sweep(out / "sweep.png", rows, correlations)
     atomic_write_json(out / "sweep.json", report)
     return report
+
+
+def sweep_bridges(
+    out: Path, model: str | None, layers: list[int], corpus: list[str], train: BridgeTrainConfig
+) -> dict[int, dict]:
+    """The bridge training summary of each of ``layers`` in ``out/layer_NN``: read back where that run finished,
+    else trained (or resumed) together with the other unfinished layers, each run directory locked
+    (:func:`~dihal_fast.replace.lockstep.train_bridges`; ``train`` is the
+    :class:`~dihal_fast.replace.config.BridgeTrainConfig` of every layer)."""
+    from dihal_fast.common.checkpoint_config import check_checkpoint_config
+    from dihal_fast.common.rundir import run_directory
+    from dihal_fast.replace.lockstep import train_bridges
+
+    dirs = {layer: out / f"layer_{layer:02d}" for layer in layers}
+    results = {
+        layer: read_json(d / "result.json", "bridge training summary")
+        for layer, d in dirs.items()
+        if (d / "result.json").is_file()
+    }
+    if results:
+        logger.info("reusing the finished bridge trainings of layers %s", sorted(results))
+    todo = [layer for layer in layers if layer not in results]
+    if todo:
+        check_checkpoint_config(model, train.seq_len)  # a bad config.json, a too long --seq-len
+        logger.info("training the bridges of layers %s together (%d steps each)", todo, train.steps)
+        with contextlib.ExitStack() as locks:
+            for layer in todo:
+                locks.enter_context(run_directory(dirs[layer], "dihal sweep"))
+            results.update(train_bridges(model, todo, corpus, {layer: dirs[layer] for layer in todo}, train))
+    return results
 
 
 def sweep_controls(sweep_dir: str | Path) -> dict[str, str]:

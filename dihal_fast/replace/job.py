@@ -36,7 +36,7 @@ from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.replace.data import Blocks, batch_indices, load_blocks, step_generator
 from dihal_fast.replace.objective import BridgeObjective
 from dihal_fast.replace.placement import check_replace_placement, check_teacher_placed, training_device
-from dihal_fast.replace.statistics import target_statistics
+from dihal_fast.replace.statistics import Teacher, target_statistics
 from dihal_fast.replace.validation import validation_bridge_loss
 from dihal_fast.train.runlog import RunLog
 from dihal_fast.train.trainer import (
@@ -147,29 +147,50 @@ def train_bridge(
             check_teacher_placed(backbone)
             device = training_device(backbone)
         blocks = load_blocks(tokenizer, corpus, config.seq_len, config.val_blocks, config.max_train_tokens, val_corpus)
-        bridge_config = _bridge_config(checkpoint, backbone, blocks, layer, config)
-        if rank == 0:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(out_dir / CONFIG_NAME, config.to_dict())
-            atomic_write_json(out_dir / BRIDGE_CONFIG_NAME, bridge_config.to_dict())
-        seed_everything(config.seed)
-        export = functools.partial(
-            export_hybrid, backbone, tokenizer, layer, bridge_config, model_dir, config.train_upper
-        )
-        job = BridgeJob(
-            BridgeObjective(export({}).train(), config),
-            config,
-            bridge_config,
-            backbone,
-            blocks,
-            export,
-            device,
-            rank,
-            callback,
+        job = bridge_job(
+            backbone, tokenizer, model_dir, blocks, layer, out_dir, config, checkpoint, device, rank, callback
         )
         began = time.perf_counter()
         run = fit(job, out_dir, ds_config, checkpoint)
         return job.finish(run, time.perf_counter() - began)
+
+
+def bridge_job(
+    backbone,
+    tokenizer,
+    model_dir: Path,
+    blocks: Blocks,
+    layer: int,
+    out_dir: Path,
+    config: BridgeTrainConfig,
+    checkpoint: Path | None,
+    device: str,
+    rank: int,
+    callback: Callable[[StepInfo], None] | None = None,
+    teacher: Teacher | None = None,
+) -> BridgeJob:
+    """The bridge job of ``layer`` on a loaded backbone: its configs written to ``out_dir``, a fresh bridge
+    initialised from ``config.seed`` (the checkpoint's weights replace it when resuming); ``teacher`` gives the
+    backbone's targets (default: :func:`~dihal_fast.hybrid.backbone_targets`, one forward pass per call)."""
+    bridge_config = _bridge_config(checkpoint, backbone, blocks, layer, config, teacher)
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out_dir / CONFIG_NAME, config.to_dict())
+        atomic_write_json(out_dir / BRIDGE_CONFIG_NAME, bridge_config.to_dict())
+    seed_everything(config.seed)
+    export = functools.partial(export_hybrid, backbone, tokenizer, layer, bridge_config, model_dir, config.train_upper)
+    return BridgeJob(
+        BridgeObjective(export({}).train(), config),
+        config,
+        bridge_config,
+        backbone,
+        blocks,
+        export,
+        device,
+        rank,
+        callback,
+        teacher,
+    )
 
 
 class BridgeJob(TrainingJob):
@@ -188,6 +209,7 @@ class BridgeJob(TrainingJob):
         device: str,
         rank: int,
         callback: Callable[[StepInfo], None] | None,
+        teacher: Teacher | None = None,
     ):
         self.objective, self.config, self.backbone, self.blocks, self.export = (
             objective,
@@ -200,6 +222,7 @@ class BridgeJob(TrainingJob):
         self.configs = {CONFIG_NAME: config.to_dict()}
         self.derived = {BRIDGE_CONFIG_NAME: bridge_config.to_dict()}
         self.layer, self.rank, self.callback = bridge_config.layer, rank, callback
+        self.teacher: Teacher = teacher or functools.partial(backbone_targets, backbone)
         self.name = f"bridge layer {self.layer}"
         self.history: list[dict] = []
 
@@ -209,7 +232,7 @@ class BridgeJob(TrainingJob):
             step, self.blocks.train.shape[0], config.batch_size, engine.world_size, self.rank, config.seed
         )
         ids = self.blocks.train[rows].to(engine.device)
-        hidden, teacher_logits = backbone_targets(self.backbone, ids, self.layer)
+        hidden, teacher_logits = self.teacher(ids, self.layer)
         randoms = engine.module.random_inputs(*ids.shape, step_generator(config.seed, step, self.rank))
         return {
             "input_ids": ids,
@@ -256,7 +279,12 @@ class BridgeJob(TrainingJob):
                 "step": step,
                 "layer": hybrid.config.layer,
                 **validation_bridge_loss(
-                    hybrid, self.backbone, self.blocks.val, self.config.batch_size, seed=self.config.seed
+                    hybrid,
+                    self.backbone,
+                    self.blocks.val,
+                    self.config.batch_size,
+                    seed=self.config.seed,
+                    teacher=self.teacher,
                 ),
             }
             logger.info(
@@ -300,14 +328,14 @@ class BridgeJob(TrainingJob):
 
 
 def _bridge_config(
-    checkpoint: Path | None, backbone, blocks: Blocks, layer: int, config: BridgeTrainConfig
+    checkpoint: Path | None, backbone, blocks: Blocks, layer: int, config: BridgeTrainConfig, teacher: Teacher | None
 ) -> BridgeConfig:
     """The checkpoint's bridge config when resuming, else the options with fresh target statistics."""
     if checkpoint is not None:
         return BridgeConfig.from_dict(read_json(checkpoint / BRIDGE_CONFIG_NAME, "checkpoint bridge config"))
     bridge_config = config.bridge_options(backbone.config.hidden_size, layer)
     mean, std, condition_rms = target_statistics(
-        backbone, blocks.train[: config.stats_blocks], layer, config.batch_size
+        backbone, blocks.train[: config.stats_blocks], layer, config.batch_size, teacher
     )
     bridge_config.target_mean, bridge_config.target_std = [float(v) for v in mean], std
     bridge_config.condition_rms = condition_rms

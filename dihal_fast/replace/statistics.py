@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
 from dihal_fast.hybrid import backbone_targets
 from dihal_fast.hybrid.slicing import embedding_output, position_table
 
+# ``(input_ids, layer) -> (h_layer, logits)`` as :func:`~dihal_fast.hybrid.backbone_targets` gives them (one forward
+# pass of the backbone); the sweep passes one that shares each batch's pass among its layers.
+Teacher = Callable[[Tensor, int], tuple[Tensor, Tensor]]
+
 
 @torch.no_grad()
-def target_statistics(backbone: nn.Module, blocks: Tensor, layer: int, batch_size: int) -> tuple[Tensor, float, float]:
+def target_statistics(
+    backbone: nn.Module, blocks: Tensor, layer: int, batch_size: int, teacher: Teacher | None = None
+) -> tuple[Tensor, float, float]:
     """Per-dimension mean (float64 ``(D,)``) and ``sqrt(mean per-dimension variance)`` of ``h_layer`` on
-    ``blocks``, and the root mean square of the condition ``c(x)`` on the same tokens."""
+    ``blocks``, and the root mean square of the condition ``c(x)`` on the same tokens (``teacher``: where the
+    targets come from, default ``backbone_targets`` of ``backbone``)."""
     if blocks.shape[0] == 0:
         raise ValueError("no blocks to compute target statistics on")
     device = backbone.get_input_embeddings().weight.device
@@ -21,7 +30,7 @@ def target_statistics(backbone: nn.Module, blocks: Tensor, layer: int, batch_siz
     condition_square, count = 0.0, 0
     for start in range(0, blocks.shape[0], batch_size):
         ids = blocks[start : start + batch_size].to(device)
-        hidden, _ = backbone_targets(backbone, ids, layer)
+        hidden, _ = teacher(ids, layer) if teacher is not None else backbone_targets(backbone, ids, layer)
         flat = hidden.reshape(-1, hidden.shape[-1]).double().cpu()
         total = flat.sum(0) if total is None else total + flat.sum(0)
         second = flat.pow(2).sum(0) if second is None else second + flat.pow(2).sum(0)

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from dihal_fast.common.metrics import PROTOCOL, perplexity, pooled_nll, token_kl, token_nll
 from dihal_fast.hybrid import HybridLM, backbone_targets
+from dihal_fast.replace.statistics import Teacher
 
 BRIDGE_LOSS_PROTOCOL = (
     "mean over held-out tokens and dimensions of ((h_hat - h) / std)^2, h_hat sampled by the bridge "
@@ -25,8 +26,10 @@ def validation_bridge_loss(
     nfe: int | None = None,
     sampler: str | None = None,
     seed: int = 0,
+    teacher: Teacher | None = None,
 ) -> dict:
-    """Bridge loss, hybrid and backbone NLL/PPL and KL(backbone || hybrid) on ``blocks`` ``(N, T)``.
+    """Bridge loss, hybrid and backbone NLL/PPL and KL(backbone || hybrid) on ``blocks`` ``(N, T)`` (``teacher``:
+    where the backbone's targets come from, default ``backbone_targets`` of ``backbone``).
 
     Runs on the device of ``hybrid``'s input embedding (where its bridge is); ``backbone`` must be the checkpoint
     the hybrid was cut from.
@@ -40,7 +43,7 @@ def validation_bridge_loss(
     sums = {"hybrid": [], "backbone": [], "kl": []}
     for start in range(0, blocks.shape[0], batch_size):
         ids = blocks[start : start + batch_size].to(device)
-        hidden, teacher_logits = backbone_targets(backbone, ids, layer)
+        hidden, teacher_logits = teacher(ids, layer) if teacher is not None else backbone_targets(backbone, ids, layer)
         out = hybrid(ids, nfe=nfe, sampler=sampler, seed=seed + start)
         error = bridge.normalize(out.bridge_hidden_state) - bridge.normalize(hidden)
         squared += error.double().pow(2).sum().cpu()

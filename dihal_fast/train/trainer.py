@@ -15,7 +15,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,6 +91,7 @@ class TrainingRun:
     run_dir: Path
     step: int = 0
     elapsed_s: float = 0.0
+    resumed_s: float = 0.0  # elapsed_s of the checkpoint the run resumed from
     values: dict[str, float] = field(default_factory=dict)
     log: RunLog | None = None
 
@@ -210,7 +211,52 @@ def fit(
 ) -> TrainingRun:
     """Train ``job`` in ``run_dir`` from ``checkpoint`` (see :func:`resume_point`) up to its ``steps``,
     its time budget, or ``stop_at`` optimizer steps (as if interrupted, with a checkpoint)."""
-    settings, run_dir = job.settings, Path(run_dir)
+    run = _start(job, Path(run_dir), ds_config, checkpoint)
+    end = job.settings.steps if stop_at is None else min(job.settings.steps, stop_at)
+    with _sigterm_as_interrupt():
+        try:
+            for _ in _steps(job, run, end, progress):
+                pass
+        except KeyboardInterrupt:
+            logger.warning(
+                "interrupted at step %d; the last checkpoint in %s is kept (rerun to resume)", run.step, run.run_dir
+            )
+            raise
+    return run
+
+
+def fit_lockstep(
+    jobs: Sequence[tuple[TrainingJob, str | os.PathLike, Path | None]], desc: str = "train (lockstep)"
+) -> list[TrainingRun]:
+    """Train several plain-torch jobs ``(job, run_dir, checkpoint)`` in turn, one optimizer step at a time (step
+    ``s`` of every job before step ``s + 1`` of any; a job resumed further waits for the others): jobs whose batches
+    share work, as the bridges of one sweep share the teacher's forward pass of each batch, do it once per step.
+
+    Each job's run is exactly what :func:`fit` gives it alone (same checkpoints, log and numbers): its time budget
+    and ``elapsed_s`` count only its own steps."""
+    runs = [_start(job, Path(run_dir), None, checkpoint) for job, run_dir, checkpoint in jobs]
+    pending = [(run, _steps(job, run, job.settings.steps, progress=False)) for (job, _, _), run in zip(jobs, runs)]
+    total = sum(job.settings.steps for job, _, _ in jobs)
+    bar = progress_bar(total=total, initial=sum(run.step for run in runs), desc=desc, unit="step", dynamic_ncols=True)
+    with _sigterm_as_interrupt():
+        try:
+            while pending:
+                lowest = min(run.step for run, _ in pending)
+                for item in [item for item in pending if item[0].step == lowest]:
+                    if next(item[1], None) is None:
+                        pending.remove(item)
+                    else:
+                        bar.update(1)
+        except KeyboardInterrupt:
+            logger.warning("interrupted; the last checkpoint of each run is kept (rerun to resume)")
+            raise
+    bar.close()
+    return runs
+
+
+def _start(job: TrainingJob, run_dir: Path, ds_config: dict | None, checkpoint: Path | None) -> TrainingRun:
+    """The engine, the EMA and the log of ``job``'s run in ``run_dir``, restored from ``checkpoint`` if given."""
+    settings = job.settings
     engine = make_engine(job.objective.train(), settings, ds_config)
     ema = None
     if settings.ema_decay > 0:
@@ -219,26 +265,19 @@ def fit(
     run = TrainingRun(engine, ema, run_dir)
     if checkpoint is not None:
         run.step, state, stream = load_checkpoint(checkpoint, engine, ema)
-        run.elapsed_s = float(state.get("elapsed_s", 0.0))
+        run.elapsed_s = run.resumed_s = float(state.get("elapsed_s", 0.0))
         job.load_stream_state(*stream)
         logger.info("resumed %s from step %d", run_dir, run.step)
     if engine.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         run.log = RunLog(run_dir / LOG_NAME)
         run.log.truncate_after(run.step)  # rows a killed run wrote past its last checkpoint are written again
-    end = settings.steps if stop_at is None else min(settings.steps, stop_at)
-    with _sigterm_as_interrupt():
-        try:
-            _loop(job, run, end, progress)
-        except KeyboardInterrupt:
-            logger.warning(
-                "interrupted at step %d; the last checkpoint in %s is kept (rerun to resume)", run.step, run_dir
-            )
-            raise
     return run
 
 
-def _loop(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> None:
+def _steps(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> Iterator[int]:
+    """The training loop, yielding the step count after each optimizer step; time spent by the caller between
+    steps (other jobs' steps in :func:`fit_lockstep`) is not counted in ``run.elapsed_s`` or the time budget."""
     settings, engine = job.settings, run.engine
     clock: Callable[[], float] = time.process_time if settings.budget_clock == "cpu" else time.perf_counter
     budget_s = settings.max_minutes * 60
@@ -282,6 +321,9 @@ def _loop(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> None:
             _save(job, run)
             saved_at = run.step
         job.step_done(run.step, run)
+        paused = clock()
+        yield run.step
+        started += clock() - paused
     bar.close()
     if saved_at != run.step:  # stopped by the time budget between checkpoints
         _save(job, run)
