@@ -186,4 +186,6 @@ def test_bad_compare_runs_and_levels_are_one_line_errors(trained, tmp_path, caps
         main([*args, "--noise-levels", "0.5,x"])
     assert parse_error.value.code == 2 and "comma-separated numbers" in capsys.readouterr().err
     assert main([*args, "--noise-levels", "1.5"]) == 2
-    assert "(0, 1]" in capsys.readouterr().err
+    assert "--noise-levels must be <= 1.0, got 1.5" in capsys.readouterr().err
+    assert main([*args, "--noise-levels", "0"]) == 2
+    assert "--noise-levels must be > 0.0, got 0.0" in capsys.readouterr().err

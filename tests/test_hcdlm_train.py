@@ -584,20 +584,49 @@ def test_deepspeed_zero2_step_equals_a_plain_torch_step(tmp_path):
 
 
 def test_eval_and_solve_are_python_functions(tmp_path):
-    """What `dihal hcdlm eval` / `solve` print comes from library functions other programs can call."""
-    from dihal_fast.hcdlm import SampleConfig, evaluate_run, solve_puzzle
+    """What `dihal hcdlm eval` / `solve` print comes from library functions over configs other programs can call."""
+    from dihal_fast.hcdlm import HCDLMEvalConfig, HCDLMSolveConfig, SampleConfig, evaluate_run, solve_puzzle
 
-    run = _tiny_sudoku_run(tmp_path)
-    solution = solve_puzzle(run, "1.3..2.1..2.....", SampleConfig(steps=2))
+    run = str(_tiny_sudoku_run(tmp_path))
+    fast = SampleConfig(steps=2)
+    solution = solve_puzzle(HCDLMSolveConfig(run_dir=run, puzzle="1.3..2.1..2.....", sample=fast))
     assert len(solution.text.splitlines()) == 5 and set(solution.checks) >= {"correct", "valid"}
-    assert solve_puzzle(run, "11..............") is None  # two 1s in a row: no solution exists
+    assert solve_puzzle(HCDLMSolveConfig(run_dir=run, puzzle="11..............")) is None  # two 1s in a row
     with pytest.raises(ValueError):
-        solve_puzzle(run, "1.3..2.1..2....")  # 15 cells
+        solve_puzzle(HCDLMSolveConfig(run_dir=run, puzzle="1.3..2.1..2...."))  # 15 cells
     from dihal_fast.tasks.sudoku import geometry, parse_grid, solve_all
 
     puzzle = parse_grid("1.3..2.1..2.....", geometry(2, 2))
     (grid,) = solve_all(puzzle, geometry(2, 2), limit=1)
     csv = tmp_path / "one.csv"
     csv.write_text(f"puzzle,solution\n{''.join(map(str, puzzle))},{''.join(map(str, grid))}\n")
-    report = evaluate_run(run, csv, tmp_path / "eval.json", SampleConfig(steps=2), steps_sweep=(), diagnostics=False)
+    config = HCDLMEvalConfig(run_dir=run, data=str(csv), sample=fast, steps_sweep=[], diagnostics=False)
+    report = evaluate_run(config, tmp_path / "eval.json")
     assert report["n"] == 1 and json.loads((tmp_path / "eval.json").read_text())["accuracy"] == report["accuracy"]
+
+    # the 0.3.0 call forms: the same answers, with a DeprecationWarning
+    with pytest.warns(DeprecationWarning, match="evaluate_run.run_dir, data, out, sample"):
+        old = evaluate_run(run, csv, tmp_path / "old.json", fast, steps_sweep=(), diagnostics=False)
+    timing = {"seconds_per_batch"}  # wall time, the one field that differs between two identical evaluations
+    assert {k: v for k, v in old.items() if k not in timing} == {k: v for k, v in report.items() if k not in timing}
+    with pytest.warns(DeprecationWarning, match="solve_puzzle.run_dir, puzzle, sample"):
+        assert solve_puzzle(run, "1.3..2.1..2.....", fast) == solution
+    with pytest.raises(TypeError, match="no further arguments"):
+        evaluate_run(config, tmp_path / "x.json", limit=3)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"limit": 0}, "--limit must be >= 1"),
+        ({"steps_sweep": [5, 0]}, "--steps-sweep"),
+        ({"noise_levels": [0.0]}, "--noise-levels"),
+        ({"samples": 0}, "--samples must be >= 1"),
+        ({"device": "tpu"}, "not a torch device"),
+    ],
+)
+def test_eval_config_refuses_bad_values_in_one_line(fields, message):
+    from dihal_fast.hcdlm import HCDLMEvalConfig
+
+    with pytest.raises((ValueError, TypeError), match=message):
+        HCDLMEvalConfig(run_dir="run", data="data.csv", **fields)

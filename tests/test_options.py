@@ -86,9 +86,10 @@ def test_flag_type_alias_cli_default_and_required():
 HCDLM_TRAIN = ["hcdlm", "train", "--out", "run", "--task", "countdown"]
 
 
-def test_hcdlm_train_flags_keep_their_spellings():
-    from dihal_fast.cli.hcdlm import _sample_config
+def test_hcdlm_train_flags_keep_their_spellings(tmp_path):
+    from dihal_fast.cli.hcdlm import _readout_config
     from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig
+    from dihal_fast.hcdlm.eval_config import HCDLMSolveConfig
     from dihal_fast.tasks.registry import TaskConfig
 
     parser = build_parser()
@@ -131,9 +132,15 @@ def test_hcdlm_train_flags_keep_their_spellings():
     assert dataclass_from_options(RunConfig, args) == RunConfig(task=TaskConfig("countdown"))
     assert isinstance(RunConfig().model, HCDLMModelConfig) and isinstance(RunConfig().train, HCDLMTrainConfig)
     assert ObjectiveConfig() == RunConfig().objective
-    args = parser.parse_args(["hcdlm", "solve", "run", "1,2,3", "--clamp", "--steps", "4"])
-    assert _sample_config(args, text=True) == SampleConfig(steps=4, clamp=True, temperature=1.0)
-    assert _sample_config(args, text=False).temperature == 0.0
+    (tmp_path / "config.json").write_text('{"task": {"name": "text"}}')  # a text run: temperature 1 by default
+    args = parser.parse_args(["hcdlm", "solve", str(tmp_path), "1,2,3", "--clamp", "--steps", "4"])
+    expected = SampleConfig(steps=4, clamp=True, temperature=1.0)
+    assert _readout_config(HCDLMSolveConfig, args) == HCDLMSolveConfig(
+        run_dir=str(tmp_path), puzzle="1,2,3", sample=expected
+    )
+    args = parser.parse_args(["hcdlm", "solve", str(tmp_path / "puzzle_run"), "1,2,3", "--raw-weights"])
+    config = _readout_config(HCDLMSolveConfig, args)
+    assert (config.sample.temperature, config.raw_weights) == (0.0, True)
 
 
 def test_saved_configs_with_the_old_names_load():

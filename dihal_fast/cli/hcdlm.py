@@ -6,18 +6,9 @@ import argparse
 import logging
 from pathlib import Path
 
-from dihal_fast.common.devices import DEVICE_HELP
-from dihal_fast.common.options import HelpFormatter, add_dataclass_options, comma_integers, dataclass_from_options
+from dihal_fast.common.options import HelpFormatter, add_dataclass_options, dataclass_from_options
 
 logger = logging.getLogger(__name__)
-
-
-def comma_floats(text: str) -> list[float]:
-    """``"0.05,0.5"`` -> ``[0.05, 0.5]`` (``""`` -> ``[]``)."""
-    try:
-        return [float(value) for value in text.split(",") if value.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -38,16 +29,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_train)
 
 
-def _add_sampling(p: argparse.ArgumentParser) -> None:
-    from dihal_fast.hcdlm.config import SampleConfig
-
-    add_dataclass_options(p, SampleConfig)
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--raw-weights", action="store_true", help="use the raw weights instead of the EMA")
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
-
-
 def _add_eval(sub: argparse._SubParsersAction) -> None:
+    from dihal_fast.hcdlm.eval_config import HCDLMEvalConfig
+
     p = sub.add_parser(
         "eval",
         formatter_class=HelpFormatter,
@@ -55,47 +39,14 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
         description="Accuracy on a Sudoku CSV (puzzle,solution) or Countdown JSONL (nums,target), detected "
         "from the file, with an accuracy-vs-steps plot; Gen PPL and entropy for text runs.",
     )
-    p.add_argument("run_dir", type=Path, help="run directory written by 'dihal hcdlm train'")
-    p.add_argument(
-        "--data", type=Path, required=True, help="evaluation file (Sudoku CSV, Countdown JSONL or a .txt file for text)"
-    )
     p.add_argument("--out", type=Path, required=True, help="JSON report to write")
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N records")
-    p.add_argument(
-        "--steps-sweep",
-        type=comma_integers,
-        default=[5, 10, 25, 50],
-        help="step counts for the accuracy-vs-steps plot (empty = none)",
-    )
-    p.add_argument("--samples", type=int, default=64, help="text: number of samples to score")
-    p.add_argument(
-        "--evaluator", type=Path, default=None, help="text: evaluator LM for Gen PPL; the shipped backbone when omitted"
-    )
-    p.add_argument(
-        "--no-diagnostics",
-        action="store_true",
-        help="skip the raw-vs-EMA comparison, the read-out after every sampling step and the input ablations",
-    )
-    p.add_argument(
-        "--compare",
-        type=Path,
-        default=None,
-        metavar="RUN",
-        help="another run on the same task (e.g. MDM): its "
-        "accuracy against steps and its decoded answer per normalised step beside this run's, same puzzles",
-    )
-    p.add_argument(
-        "--noise-levels",
-        type=comma_floats,
-        default=[0.05, 0.25, 0.5, 0.75, 0.95],
-        help="Sudoku, latent models: noise levels of the ablations (x_t -> noise, scaffold -> true / random tokens; "
-        "empty = none)",
-    )
-    _add_sampling(p)
+    add_dataclass_options(p, HCDLMEvalConfig)
     p.set_defaults(func=run_eval)
 
 
 def _add_solve(sub: argparse._SubParsersAction) -> None:
+    from dihal_fast.hcdlm.eval_config import HCDLMSolveConfig
+
     p = sub.add_parser(
         "solve",
         formatter_class=HelpFormatter,
@@ -103,9 +54,7 @@ def _add_solve(sub: argparse._SubParsersAction) -> None:
         description="Print the model's solution of one puzzle (Sudoku grid, '.' or 0 for blanks; or "
         "Countdown 'n1,n2,...,target'), checked exactly; 'no solution' when none exists.",
     )
-    p.add_argument("run_dir", type=Path, help="run directory written by 'dihal hcdlm train'")
-    p.add_argument("puzzle", help="the puzzle text")
-    _add_sampling(p)
+    add_dataclass_options(p, HCDLMSolveConfig)
     p.set_defaults(func=run_solve)
 
 
@@ -150,42 +99,29 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sample_config(args: argparse.Namespace, text: bool):
-    from dihal_fast.hcdlm.config import SampleConfig
+def _readout_config(cls: type, args: argparse.Namespace):
+    """The eval / solve config of the flags; an unset --temperature is the run's task default (1 for text)."""
+    from dihal_fast.common import read_json
 
-    temperature = args.temperature if args.temperature is not None else (1.0 if text else 0.0)
-    return dataclass_from_options(SampleConfig, args, temperature=temperature)
+    if args.temperature is None:
+        saved = Path(args.run_dir) / "config.json"
+        text = saved.is_file() and read_json(saved, "run config").get("task", {}).get("name") == "text"
+        args.temperature = 1.0 if text else 0.0
+    return dataclass_from_options(cls, args)
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from dihal_fast.common import read_json
     from dihal_fast.hcdlm.api import evaluate_run
+    from dihal_fast.hcdlm.eval_config import HCDLMEvalConfig
 
-    saved = args.run_dir / "config.json"  # the default temperature depends on the run's task
-    text = saved.is_file() and read_json(saved, "run config").get("task", {}).get("name") == "text"
-    report = evaluate_run(
-        args.run_dir,
-        args.data,
-        args.out,
-        _sample_config(args, text),
-        limit=args.limit,
-        steps_sweep=tuple(args.steps_sweep),
-        samples=args.samples,
-        evaluator=args.evaluator,
-        diagnostics=not args.no_diagnostics,
-        seed=args.seed,
-        raw_weights=args.raw_weights,
-        device=args.device,
-        compare=args.compare,
-        noise_levels=tuple(args.noise_levels),
-    )
+    report = evaluate_run(_readout_config(HCDLMEvalConfig, args), args.out)
     if "gen_ppl" in report:
         print(
             f"{report['model']} text: gen_ppl {report['gen_ppl']:.2f}, entropy {report['entropy']:.3f} "
             f"(data: {report['data_reference']['gen_ppl']:.2f}, {report['data_reference']['entropy']:.3f})"
         )
     else:
-        print(f"{report['model']} on {args.data.name}: accuracy {report['accuracy']:.4f} (n={report['n']})")
+        print(f"{report['model']} on {Path(args.data).name}: accuracy {report['accuracy']:.4f} (n={report['n']})")
         if "compare" in report:
             print(f"{report['compare']['model']} (--compare) on the same: accuracy {report['compare']['accuracy']:.4f}")
         if "ablation_effects" in report:
@@ -196,15 +132,9 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def run_solve(args: argparse.Namespace) -> int:
     from dihal_fast.hcdlm.api import solve_puzzle
+    from dihal_fast.hcdlm.eval_config import HCDLMSolveConfig
 
-    solution = solve_puzzle(
-        args.run_dir,
-        args.puzzle,
-        _sample_config(args, False),
-        seed=args.seed,
-        raw_weights=args.raw_weights,
-        device=args.device,
-    )
+    solution = solve_puzzle(_readout_config(HCDLMSolveConfig, args))
     if solution is None:
         print("no solution")
         return 0

@@ -23,7 +23,8 @@ cannot drift apart. A field becomes:
   type (for a list field: one argument instead of ``nargs="+"``);
 - ``cli_default``: the flag's default when it is not the field's, typically ``None`` for "the command
   decides" (the help text says what, and the command resolves it before building the config);
-- ``required``: whether the flag must be given, when that is not what the field's default says.
+- ``required``: whether the flag must be given, when that is not what the field's default says;
+- ``positional``: a positional argument (named by the field) instead of a flag.
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def comma_integers(text: str) -> list[int]:
         return [int(value) for value in text.split(",") if value.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def comma_floats(text: str) -> list[float]:
+    """``"0.05,0.5"`` -> ``[0.05, 0.5]`` (as :func:`comma_integers`, for real numbers)."""
+    try:
+        return [float(value) for value in text.split(",") if value.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -98,6 +107,9 @@ def add_dataclass_options(
             continue
         if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             add_dataclass_options(parser, kind, defaults=default)
+            continue
+        if spec.metadata.get("positional"):
+            parser.add_argument(spec.name, type=spec.metadata.get("type", kind), help=spec.metadata["help"])
             continue
         flags = spec.metadata.get("flag", "--" + spec.name.replace("_", "-"))
         flags = (flags,) if isinstance(flags, str) else tuple(flags)

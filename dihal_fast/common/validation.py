@@ -73,6 +73,8 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _flag(name: str, metadata: typing.Mapping[str, Any]) -> str:
+    if metadata.get("positional"):
+        return name
     flag = metadata.get("flag", "--" + name.replace("_", "-"))
     return flag if isinstance(flag, str) else flag[0]
 

@@ -2,19 +2,24 @@
 scaffold read out of it at every step), with MDM, Latent DM, CCDD and AR baselines in the same harness.
 
 Entry points: :func:`train` (a run directory from a :class:`RunConfig`), :func:`evaluate_run` and
-:func:`solve_puzzle` (what ``dihal hcdlm eval`` / ``solve`` do), :func:`load_run` +
+:func:`solve_puzzle` (what ``dihal hcdlm eval`` / ``solve`` do, over an :class:`HCDLMEvalConfig` /
+:class:`HCDLMSolveConfig`), :func:`load_run` +
 :func:`evaluate_examples` / :func:`evaluate_text` / :func:`readout_by_step`, and the ``dihal hcdlm`` command.
 """
 
 from dihal_fast.hcdlm.api import Solution, evaluate_run, solve_puzzle
 from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig
+from dihal_fast.hcdlm.eval_config import HCDLMEvalConfig, HCDLMSolveConfig, ReadoutConfig
 from dihal_fast.hcdlm.scoring import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run, readout_by_step
 from dihal_fast.hcdlm.trainer import train
 
 __all__ = [
+    "HCDLMEvalConfig",
     "HCDLMModelConfig",
+    "HCDLMSolveConfig",
     "HCDLMTrainConfig",
     "ObjectiveConfig",
+    "ReadoutConfig",
     "RunConfig",
     "SampleConfig",
     "Solution",

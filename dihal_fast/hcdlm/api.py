@@ -4,22 +4,24 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+import os
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from dihal_fast.common import atomic_write_json
 from dihal_fast.common.assets import default_model_dir, model_location
 from dihal_fast.common.rundir import check_output_file
-from dihal_fast.common.validation import check_value
+from dihal_fast.common.validation import check_fields
 from dihal_fast.hcdlm.config import SampleConfig
+from dihal_fast.hcdlm.eval_config import HCDLMEvalConfig, HCDLMSolveConfig
 from dihal_fast.hcdlm.eval_data import examples_from_file, text_windows
 from dihal_fast.hcdlm.mechanism import (
-    ABLATION_LEVELS,
     ablation_effects,
     ablation_readout,
-    check_levels,
     readout_trajectory,
 )
 from dihal_fast.hcdlm.plots import plot_ablations, plot_accuracy_vs_steps, plot_readout_by_step, plot_trajectories
@@ -36,29 +38,48 @@ from dihal_fast.hcdlm.scoring import (
 logger = logging.getLogger(__name__)
 
 
-def _with_temperature(sample: SampleConfig | None, text: bool) -> SampleConfig:
-    """``sample``, or the defaults with temperature 1 for text and 0 (argmax) for puzzles."""
-    return sample if sample is not None else replace(SampleConfig(), temperature=1.0 if text else 0.0)
+def _legacy_fields(sample: SampleConfig | None, options: dict[str, Any]) -> dict[str, Any]:
+    """The config fields of a 0.3.0-style call's keyword options (paths as str, tuples as lists)."""
+    fields = {key: list(value) if isinstance(value, tuple) else value for key, value in options.items()}
+    paths = {key: str(value) for key, value in fields.items() if isinstance(value, os.PathLike)}
+    return {**fields, **paths, "sample": sample}
 
 
-def evaluate_run(
-    run_dir: str | Path,
-    data: str | Path,
-    out: str | Path,
+def _legacy_evaluate_call(
+    run_dir: str | os.PathLike,
+    data: str | os.PathLike,
+    out: str | os.PathLike,
     sample: SampleConfig | None = None,
-    *,
-    limit: int | None = None,
-    steps_sweep: tuple[int, ...] = (5, 10, 25, 50),
-    samples: int = 64,
-    evaluator: str | Path | None = None,
-    diagnostics: bool = True,
-    seed: int = 0,
-    raw_weights: bool = False,
-    device: str = "auto",
-    compare: str | Path | None = None,
-    noise_levels: tuple[float, ...] = ABLATION_LEVELS,
-) -> dict:
-    """Score the newest checkpoint of ``run_dir`` on ``data`` and write the report to ``out`` (JSON).
+    **options: Any,
+) -> tuple[HCDLMEvalConfig, str | os.PathLike]:
+    """``evaluate_run(run_dir, data, out, sample, **options)`` (0.3.0) as ``(HCDLMEvalConfig, out)``."""
+    warnings.warn(
+        "evaluate_run(run_dir, data, out, sample, ...) is deprecated and will be removed in 0.4; "
+        "call evaluate_run(HCDLMEvalConfig(run_dir=..., data=..., ...), out)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return HCDLMEvalConfig(run_dir=str(run_dir), data=str(data), **_legacy_fields(sample, options)), out
+
+
+def _legacy_solve_call(
+    run_dir: str | os.PathLike, puzzle: str, sample: SampleConfig | None = None, **options: Any
+) -> HCDLMSolveConfig:
+    """``solve_puzzle(run_dir, puzzle, sample, **options)`` (0.3.0) as an :class:`HCDLMSolveConfig`."""
+    warnings.warn(
+        "solve_puzzle(run_dir, puzzle, sample, ...) is deprecated and will be removed in 0.4; "
+        "call solve_puzzle(HCDLMSolveConfig(run_dir=..., puzzle=..., ...))",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return HCDLMSolveConfig(run_dir=str(run_dir), puzzle=puzzle, **_legacy_fields(sample, options))
+
+
+def evaluate_run(config: HCDLMEvalConfig, out: str | Path, *legacy: Any, **legacy_options: Any) -> dict:
+    """Score the newest checkpoint of ``config.run_dir`` on ``config.data`` and write the report to ``out`` (JSON).
+
+    ``(config, out)`` like every entry point; the 0.3.0 form ``evaluate_run(run_dir, data, out, sample, **options)``
+    still works, with a DeprecationWarning, until 0.4.
 
     Puzzles (a Sudoku CSV or Countdown JSONL): accuracy overall and per group, accuracy against sampling
     steps (``out`` with ``.steps.png``; with ``compare``, another run (e.g. MDM) on the same puzzles in the
@@ -69,14 +90,21 @@ def evaluate_run(
     :mod:`dihal_fast.hcdlm.mechanism`). Text: Gen PPL and entropy of ``samples`` samples under
     ``evaluator`` (the shipped backbone when None), beside the data's own.
     """
-    check_value("limit", limit, int | None, {"min": 1})
-    check_value("steps_sweep", list(steps_sweep), list[int], {"min": 1})
-    check_value("samples", samples, int, {"min": 1})
-    check_value("seed", seed, int)
-    evaluator = None if evaluator is None else model_location(evaluator)  # a missing one is refused before any work
+    if not isinstance(config, HCDLMEvalConfig):
+        config, out = _legacy_evaluate_call(config, out, *legacy, **legacy_options)
+    elif legacy or legacy_options:
+        raise TypeError("evaluate_run(config, out) takes no further arguments: they are fields of HCDLMEvalConfig")
+    check_fields(config)  # again: a config may have been changed since it was built
+    run_dir, compare, seed, raw_weights, device = (
+        config.run_dir,
+        config.compare,
+        config.seed,
+        config.raw_weights,
+        config.device,
+    )
+    evaluator = None if config.evaluator is None else model_location(config.evaluator)  # refused before any work
     out = check_output_file(out)
-    data = Path(data)
-    check_levels(noise_levels)
+    data = Path(config.data)
     run = load_run(run_dir, use_ema=not raw_weights, device=device)
     other = load_run(compare, use_ema=not raw_weights, device=device) if compare is not None else None
     if other is not None and (other.config.task.name, other.task.spec) != (run.config.task.name, run.task.spec):
@@ -84,12 +112,13 @@ def evaluate_run(
             f"--compare {compare} was trained on another task ({other.config.task.name}) than {run_dir} "
             f"({run.config.task.name})"
         )
-    sample = _with_temperature(sample, run.config.task.name == "text")
+    sample = config.sampling(run.config.task.name == "text")
+    steps_sweep, noise_levels = tuple(config.steps_sweep), tuple(config.noise_levels)
     if run.config.task.name == "text":
-        reference = text_windows(run.task, data, samples)
-        report = evaluate_text(run, samples, sample, str(evaluator or default_model_dir()), reference, seed)
+        reference = text_windows(run.task, data, config.samples)
+        report = evaluate_text(run, config.samples, sample, str(evaluator or default_model_dir()), reference, seed)
     else:
-        examples = examples_from_file(run.task, data, limit)
+        examples = examples_from_file(run.task, data, config.limit)
         logger.info(
             "evaluating %s (step %d) on %d examples from %s", run.config.model.kind, run.step, len(examples), data
         )
@@ -112,7 +141,7 @@ def evaluate_run(
             plot = out.with_suffix(".steps.png")
             plot_accuracy_vs_steps(curves, plot, f"{run.config.task.name}: {data.name}")
             report["plot"] = str(plot)
-        if diagnostics:
+        if config.diagnostics:
             report.update(_diagnostics(run_dir, run, examples, sample, report, out, seed, raw_weights, device))
             report.update(
                 _mechanism(run, other, examples, sample, out, seed, noise_levels, report.get("readout_by_step"))
@@ -230,23 +259,21 @@ class Solution:
     checks: dict
 
 
-def solve_puzzle(
-    run_dir: str | Path,
-    puzzle: str,
-    sample: SampleConfig | None = None,
-    *,
-    seed: int = 0,
-    raw_weights: bool = False,
-    device: str = "auto",
-) -> Solution | None:
+def solve_puzzle(config: HCDLMSolveConfig, *legacy: Any, **legacy_options: Any) -> Solution | None:
     """The run's answer to one Sudoku grid ('.' or 0 for blanks) or Countdown problem ('n1,n2,...,target'),
-    checked exactly; None when the puzzle has no solution at all. Bad puzzle text is a ValueError."""
+    checked exactly; None when the puzzle has no solution at all. Bad puzzle text is a ValueError. The 0.3.0 form
+    ``solve_puzzle(run_dir, puzzle, sample, **options)`` still works, with a DeprecationWarning, until 0.4."""
     from dihal_fast.tasks.countdown import parse_problem
     from dihal_fast.tasks.countdown import solve as solve_countdown
     from dihal_fast.tasks.sudoku import format_grid, parse_grid, solve_all
 
-    check_value("seed", seed, int)
-    run = load_run(run_dir, use_ema=not raw_weights, device=device)
+    if not isinstance(config, HCDLMSolveConfig):
+        config = _legacy_solve_call(config, *legacy, **legacy_options)
+    elif legacy or legacy_options:
+        raise TypeError("solve_puzzle(config) takes no further arguments: they are fields of HCDLMSolveConfig")
+    check_fields(config)
+    puzzle = config.puzzle
+    run = load_run(config.run_dir, use_ema=not config.raw_weights, device=config.device)
     name = run.config.task.name
     if name == "text":
         raise ValueError("'solve' is for Sudoku and Countdown runs; this run was trained on text")
@@ -261,7 +288,7 @@ def solve_puzzle(
         example = run.task.example(problem, "input")  # refuses a problem longer than the model's context first
         if solve_countdown(problem) is None:
             return None
-    target, _ = sample_targets(run, torch.tensor([example.context]), _with_temperature(sample, False), seed)
+    target, _ = sample_targets(run, torch.tensor([example.context]), config.sampling(False), config.seed)
     text = (
         run.task.render(target[0])
         if name == "countdown"
