@@ -73,12 +73,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64, help="width of every network (baselines get matched depth)")
     p.add_argument("--batch-size", type=int, default=64, help="training batch")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (the paper: 1e-4 at batch 256)")
+    p.add_argument("--latent-dim", type=int, default=None, help="HC-DLM latent width d (default: the model config's)")
     p.add_argument(
         "--blocks", default="1,6,1", help="HC-DLM encoder,denoiser,predictor blocks (the solving is the denoiser's)"
     )
     p.add_argument("--sudoku-box", default="2x3", help="Sudoku box shape")
     p.add_argument("--sudoku-pool", type=int, default=3000, help="generated training puzzles (singles grade)")
     p.add_argument("--eval-n", type=int, default=300, help="test problems per group (fresh puzzles / real file)")
+    p.add_argument(
+        "--eval-seed",
+        type=int,
+        default=123,
+        help="generator seed of the fresh Sudoku test puzzles (validation: always seed 7)",
+    )
     p.add_argument(
         "--val-n", type=int, default=150, help="validation problems per group, used only to pick sampler settings"
     )
@@ -104,6 +111,9 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--out", type=Path, default=Path("runs/bench_hcdlm"), help="run directories and results.json")
     p.add_argument("--no-append", action="store_true", help="print only; do not write the record under bench/results/")
+    p.add_argument(
+        "--question", default=None, help="bench/results/ record to write (default: hcdlm_<task>, by board size)"
+    )
     p.add_argument(
         "--train-only",
         action="store_true",
@@ -146,6 +156,7 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
         slot_head=kind not in ("mdm", "ar", "ccdd"),
         denoiser_blocks=denoiser,
         predictor_blocks=predictor,
+        **({} if args.latent_dim is None else {"latent_dim": args.latent_dim}),
     )
     return RunConfig(
         task=task_cfg,
@@ -170,7 +181,7 @@ def eval_examples(task: str, run, args: argparse.Namespace, split: str = "test")
     """Test or validation problems: disjoint generator seeds for fresh Sudoku, disjoint slices of the real files."""
     count = args.eval_n if split == "test" else args.val_n
     if task == "sudoku":
-        seed = 123 if split == "test" else 7
+        seed = args.eval_seed if split == "test" else 7
         examples = generated_sudoku(run.task, "easy", count, seed=seed) + generated_sudoku(
             run.task, "hard", count, seed=seed
         )
@@ -485,7 +496,7 @@ def main() -> int:
             report(
                 title,
                 body,
-                question=question_key(task, args),
+                question=args.question or question_key(task, args),
                 figures={"tables": markdown_tables(body), "minutes": args.minutes, "models": models},
             )
     return 0

@@ -1,4 +1,5 @@
-"""One HC-DLM training variant on 6x6 Sudoku: train for a CPU budget, score it on the validation split.
+"""One HC-DLM training variant on Sudoku (6x6; ``--bench-args`` for 9x9): train for a CPU budget, score it on the
+validation split.
 
 Question: which objective / architecture choice makes HC-DLM learn at CPU scale? Each call trains the
 benchmark's configuration (``bench_hcdlm.run_config``) with ``--set section.field=value`` overrides and
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -50,7 +52,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=5.0, help="training budget (process CPU minutes, 1 thread)")
     p.add_argument("--val-n", type=int, default=150, help="validation puzzles per group (easy, hard)")
     p.add_argument("--out", type=Path, default=Path("runs/hcdlm_variants"), help="run directories and variants.jsonl")
+    p.add_argument("--run-dir", type=Path, default=None, help="the variant's run directory (default: --out/NAME)")
     p.add_argument("--quick", action="store_true", help="score the EMA weights only (skip the raw and clamp rows)")
+    p.add_argument(
+        "--bench-args",
+        default="",
+        help="bench_hcdlm arguments that set the benchmark's configuration, e.g. '--sudoku-box 3x3 --lr 0.003 "
+        "--eval-n 150' for 9x9 (default: its 6x6 one)",
+    )
     p.add_argument(
         "--question",
         default="hcdlm_variants",
@@ -63,13 +72,15 @@ def main() -> int:
     args = parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
-    defaults = argparse.Namespace(**{**vars(bench_defaults()), "minutes": args.minutes, "val_n": args.val_n})
+    defaults = argparse.Namespace(
+        **{**vars(bench_defaults(shlex.split(args.bench_args))), "minutes": args.minutes, "val_n": args.val_n}
+    )
     config = bench_hcdlm.run_config("sudoku", args.model, defaults)
     for item in args.set:
         key, value = item.split("=", 1)
         section, field = key.split(".")
         setattr(config, section, replace(getattr(config, section), **{field: json.loads(value)}))
-    run_dir = args.out / args.name
+    run_dir = args.run_dir or args.out / args.name
     summary = train(config, run_dir)
     result = {"name": args.name, "model": args.model, "set": args.set, "minutes": args.minutes, "step": summary["step"]}
     run = load_run(run_dir, device="cpu")
@@ -105,9 +116,10 @@ def main() -> int:
             k: round(100 * v, 1) for k, v in ablation_effects(ablations, "blank_cells").items()
         }
     print(json.dumps(result))
+    args.out.mkdir(parents=True, exist_ok=True)  # absent when --run-dir puts the run elsewhere
     with (args.out / "variants.jsonl").open("a") as handle:
         handle.write(json.dumps(result) + "\n")
-    report_variants(args.out / "variants.jsonl", args.question)
+    report_variants(args.out / "variants.jsonl", args.question, board=f"{run.task.geo.n}x{run.task.geo.n}")
     return 0
 
 
@@ -120,7 +132,7 @@ def settled_sigma(run, examples: list) -> dict[str, float]:
     return {q: round(float(sigma.quantile(v)), 4) for q, v in (("p05", 0.05), ("median", 0.5), ("p95", 0.95))}
 
 
-def report_variants(path: Path, question: str = "hcdlm_variants") -> None:
+def report_variants(path: Path, question: str = "hcdlm_variants", board: str = "6x6") -> None:
     """Write the record of every variant in ``path`` (the latest line per name): boards and blank cells %."""
     latest = {r["name"]: r for r in map(json.loads, path.read_text().splitlines())}
 
@@ -163,16 +175,16 @@ def report_variants(path: Path, question: str = "hcdlm_variants") -> None:
         f"argmax; variants of `{path}`."
     )
     report(
-        "HC-DLM objective variants on 6x6 Sudoku (validation puzzles only)",
+        f"HC-DLM objective variants on {board} Sudoku (validation puzzles only)",
         body,
         question=question,
         figures={"variants": rows_figure(header, rows), "results": list(latest.values())},
     )
 
 
-def bench_defaults() -> argparse.Namespace:
-    """bench_hcdlm's default arguments (its configuration of the 6x6 benchmark)."""
-    saved, sys.argv = sys.argv, [sys.argv[0]]
+def bench_defaults(extra: list[str] | None = None) -> argparse.Namespace:
+    """bench_hcdlm's arguments: its defaults (the 6x6 benchmark), with ``extra`` given on its command line."""
+    saved, sys.argv = sys.argv, [sys.argv[0], *(extra or [])]
     try:
         return bench_hcdlm.parse_args()
     finally:

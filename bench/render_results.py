@@ -246,6 +246,34 @@ QUESTIONS: dict[str, Question] = {
         "bench_hcdlm_variants.py --quick at equal process-CPU budget and seed 0, one thread, scored on the validation "
         "split only (150 easy + 150 hard, seed 7), 50 steps, argmax, EMA weights; ablations at s = 0.05 / 0.5 / 0.95.",
     ),
+    "hcdlm_defaults9": Question(
+        "HC-DLM latent width on 9x9 Sudoku, chosen on validation (issue 23)",
+        HCDLM,
+        "With the current defaults (exposure share 0.5, soft variance bound), which latent width d lets the 9x9 "
+        "HC-DLM learn within 30 CPU-minutes, and does it use its latent and its scaffold?",
+        "bench_hcdlm_variants.py --quick on the 9x9 benchmark configuration (lr 3e-3, width 64, blocks 1/6/1, 3,000 "
+        "generated singles puzzles), 30 process-CPU-minutes on one thread, seed 0; scored on the validation split "
+        "only (50 boards per group: generated easy and hard, seed 7, and Kaggle levels 150-199), 50 steps, argmax, "
+        "EMA.",
+    ),
+    "hcdlm_mechanism9": Question(
+        "HC-DLM mechanism on 9x9 Sudoku: ablations, trajectory and steps against MDM (issue 23)",
+        HCDLM,
+        "Does the 9x9 HC-DLM's hierarchy carry the solution: does its read-out change when x_t is noise or the "
+        "scaffold is random, does its decoded answer improve over the sampling trajectory (against MDM's, paper "
+        "Fig. 3a), and how does accuracy change with the number of steps (Fig. 3b)?",
+        "`dihal hcdlm eval --compare` (through `evaluate_run`) on the 150 easy + 150 hard generated 9x9 test puzzles "
+        "of `hcdlm_sudoku9` (seed 123), the runs of that record.",
+    ),
+    "hcdlm_sudoku_fresh": Question(
+        "HC-DLM vs MDM: 6x6 Sudoku on fresh puzzles at 10 CPU-minutes, with test-time scaling (issue 23)",
+        HCDLM,
+        "With the CLI defaults of `dihal hcdlm train`, does HC-DLM match MDM on the hard split of puzzles from a "
+        "generator seed the project never used, and how does accuracy grow with the sampling steps (50-400) for "
+        "what extra sampling compute?",
+        "Fresh generated 6x6 puzzles: 300 easy + 300 hard test boards (generator seed 20261201, never used before), "
+        "150 + 150 validation boards (seed 7) for the sampler; 10 process-CPU-minutes per model on one thread.",
+    ),
     "wheels": Question(
         "Wheels: CPU and CUDA builds, repaired and checked",
         PACKAGING,
