@@ -237,6 +237,16 @@ QUESTIONS: dict[str, Question] = {
         "The shipped backbone's layer-1 hybrid (`replace --layer 1 --steps 300`), the 32 x 128 held-out blocks of "
         "the shipped corpus that `dihal evaluate` scores; noise seeds 0-3 twice each, 8 stochastic calls.",
     ),
+    "generate_speed": Question(
+        "Generation speed: the hybrid through generate() against its backbone and a bare loop",
+        PIPELINE,
+        "How fast does the hybrid sample through transformers' `generate()` (float64 draws, what `dihal generate` "
+        "and `dihal evaluate` run) against its backbone, and what does `generate()` cost against a bare loop (one "
+        "prefill, then one cached forward pass and one float64 draw per token), for both models?",
+        "The shipped backbone and its layer-1 hybrid (`replace --layer 1 --steps 300`, default bridge); 16 "
+        "unconditional samples x 64 tokens per call, temperature 1, no EOS stop, generator seed 0; fastest of 10 "
+        "interleaved rounds, wall and process CPU time, one torch thread.",
+    ),
     "hcdlm_defaults": Question(
         "HC-DLM defaults chosen on the 6x6 validation split (issue 23)",
         HCDLM,

@@ -97,16 +97,19 @@ def test_the_spread_path_through_accelerates_hooks_trains_the_same_bridge(
     dispatched: list = []
 
     def dispatch_with_hooks(model, device_map, main_device=None):
-        dispatched.append((model, dict(device_map)))
-        return dispatch_model(model, device_map, main_device=main_device, force_hooks=True)
+        before = {p.data_ptr() for p in model.parameters()}
+        placed = dispatch_model(model, device_map, main_device=main_device, force_hooks=True)
+        dispatched.append((model, dict(device_map), before == {p.data_ptr() for p in model.parameters()}))
+        return placed
 
     teacher_map = json.loads(FINE_MAP)
     monkeypatch.setattr(slicing, "spread_map", lambda model: teacher_map)
     monkeypatch.setattr("accelerate.dispatch_model", dispatch_with_hooks)
     _same(_run(tiny_checkpoints["llama"], corpus, tmp_path / "run"), plain)
     assert dispatched, "the retained part was never dispatched"
-    upper, upper_map = dispatched[0]
+    upper, upper_map, same_storage = dispatched[0]
     assert upper_map == slicing.upper_device_map(teacher_map, LAYER)
+    assert same_storage  # dispatching copied no tensor: the retained part still shares the teacher's
     assert all(hasattr(module, "_hf_hook") for module in upper.model.layers)
 
 
@@ -139,6 +142,16 @@ def test_retained_layers_follow_their_teacher_layers_devices(tiny_checkpoints):
         for name, _ in upper.named_parameters():
             teacher_name = re.sub(r"layers\.(\d+)", lambda m, cut=layer: f"layers.{int(m.group(1)) + cut}", name)
             assert device_of(name, upper_map) == device_of(teacher_name, teacher_map), (layer, name)
+
+
+def test_a_json_map_loads_a_checkpoint_as_the_plain_load(tiny_checkpoints):
+    """The JSON form of ``--device-map`` (also for ``dihal evaluate`` / ``generate``) goes through the one loader."""
+    ids = torch.tensor([[3, 5, 7, 9, 11, 13]])
+    plain, _ = load_causal_lm(tiny_checkpoints["llama"], "auto", "cpu")
+    for text in ('{"": "cpu"}', FINE_MAP):
+        mapped, _ = load_causal_lm(tiny_checkpoints["llama"], "auto", "cpu", text)
+        with torch.no_grad():
+            assert torch.equal(mapped(ids).logits, plain(ids).logits), text
 
 
 def test_json_maps_parse_or_are_refused_in_one_line():
