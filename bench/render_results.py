@@ -129,6 +129,15 @@ QUESTIONS: dict[str, Question] = {
         "shallow at twice the depth?",
         "As for tiny-llama-8l: the shipped corpus, the sweep's protocol, 1 thread on a shared 2-core CPU.",
     ),
+    "sweep_speed": Question(
+        "Layer sweep: bridge training per layer-step, one run per layer against the layers trained together",
+        PIPELINE,
+        "What does a layer-step of `dihal sweep` cost (one bridge step of one candidate layer, with its share of the "
+        "per-layer setup and validation), how much of it is the teacher's forward pass, and what does training the "
+        "layers' bridges together, one teacher pass per batch for all of them, save, with the same bridge losses?",
+        "A shipped backbone, the shipped corpus, the sweep's defaults except the budget (batch 8 x 128 tokens, 16 "
+        "validation blocks, 64 statistics blocks); process CPU and wall time, one torch thread.",
+    ),
     "demo": Question(
         "dihal demo on the shipped backbone",
         PIPELINE,

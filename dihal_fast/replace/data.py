@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ class Blocks:
 
 def load_blocks(
     tokenizer,
-    corpus: str | os.PathLike,
+    corpus: str | os.PathLike | Sequence[str | os.PathLike],
     seq_len: int,
     val_blocks: int,
     max_train_tokens: int = 0,

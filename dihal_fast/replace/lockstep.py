@@ -70,7 +70,7 @@ class SharedTeacher:
 def train_bridges(
     model_dir: str | os.PathLike | None,
     layers: Sequence[int],
-    corpus: str | os.PathLike | list,
+    corpus: str | os.PathLike | Sequence[str | os.PathLike],
     out_dirs: Mapping[int, str | os.PathLike],
     config: BridgeTrainConfig | None = None,
 ) -> dict[int, dict]:
