@@ -7,13 +7,17 @@ and which chain carries the solution? The probe samples the validation boards th
 with the embedding input replaced by pure noise at level 1 every step (the token chain alone, as an MDM); with
 the embedding input at every step the true code noised to the step's level (an oracle embedding chain).
 
-Takes bench_hcdlm's flags (``--tasks sudoku --models ccdd`` unless given); writes bench/results/hcdlm_ccdd.json.
+Takes bench_hcdlm's flags (``--tasks sudoku --models ccdd`` unless given) and two of its own: ``--probe-n N``
+(validation boards per group for the probe; default all of ``--val-n``) and ``--from-results`` (reuse the
+``sudoku_results.json`` an earlier run of this script wrote to ``--out`` instead of evaluating again, e.g. to rerun
+the probe alone); writes bench/results/hcdlm_ccdd.json.
 
     python bench/bench_hcdlm_ccdd.py --minutes 10 --out runs/ccdd
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from pathlib import Path
@@ -24,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_hcdlm  # noqa: E402
 from _common import markdown_tables, report, table  # noqa: E402
 
+from dihal_fast.common import read_json  # noqa: E402
 from dihal_fast.hcdlm.config import SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.mechanism import reference_targets  # noqa: E402
 from dihal_fast.hcdlm.noise import LATENT_FLOW  # noqa: E402
@@ -61,14 +66,25 @@ def probe(run, examples: list, mode: str, steps: int = 50, seed: int = 0) -> dic
 
 
 def main() -> int:
-    sys.argv[1:1] = ["--tasks", "sudoku", "--models", "ccdd"]  # defaults; flags given later win
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--probe-n", type=int, default=None)
+    own.add_argument("--from-results", action="store_true")
+    mine, rest = own.parse_known_args()
+    sys.argv[1:] = ["--tasks", "sudoku", "--models", "ccdd", *rest]  # defaults; flags given later win
     args = bench_hcdlm.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
     models = [m for m in args.models.split(",") if m]
-    out = bench_hcdlm.bench_task("sudoku", models, args)
+    if mine.from_results:
+        saved = read_json(args.out / "sudoku_results.json", "bench_hcdlm results")
+        out = {"results": saved["models"], "plot": str(args.out / "sudoku_accuracy_vs_steps.png"), "timing": {}}
+        out["steps_list"] = [row["steps"] for row in next(iter(saved["models"].values()))["curve"]]
+    else:
+        out = bench_hcdlm.bench_task("sudoku", models, args)
     body = bench_hcdlm.render("sudoku", out, args)
     run = load_run(args.out / "sudoku" / "ccdd", device="cpu")
+    if mine.probe_n is not None:
+        args.val_n = mine.probe_n
     val = bench_hcdlm.eval_examples("sudoku", run, args, "validation")
     rows = [[mode] + [f"{100 * v:.1f}" for v in _pair(probe(run, val, mode))] for mode in PROBES]
     body += (
