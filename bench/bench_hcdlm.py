@@ -73,7 +73,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64, help="width of every network (baselines get matched depth)")
     p.add_argument("--batch-size", type=int, default=64, help="training batch")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (the paper: 1e-4 at batch 256)")
-    p.add_argument("--latent-dim", type=int, default=None, help="HC-DLM latent width d (default: the model config's)")
+    p.add_argument(
+        "--latent-dim",
+        type=int,
+        default=None,
+        help="latent width d of HC-DLM and Latent DM (default: the model config's); the baselines keep matching the "
+        "parameter count of the default-width HC-DLM",
+    )
     p.add_argument(
         "--blocks", default="1,6,1", help="HC-DLM encoder,denoiser,predictor blocks (the solving is the denoiser's)"
     )
@@ -156,7 +162,7 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
         slot_head=kind not in ("mdm", "ar", "ccdd"),
         denoiser_blocks=denoiser,
         predictor_blocks=predictor,
-        **({} if args.latent_dim is None else {"latent_dim": args.latent_dim}),
+        **({} if args.latent_dim is None or kind not in ("hcdlm", "latent") else {"latent_dim": args.latent_dim}),
     )
     return RunConfig(
         task=task_cfg,
