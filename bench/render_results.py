@@ -229,6 +229,15 @@ QUESTIONS: dict[str, Question] = {
         "The benchmark's HC-DLM (uniform kernel, width 64, blocks 1/6/1, lr 1e-3, batch 64, 1 thread) per "
         "variant, scored on the validation split only (150 easy + 150 hard, seed 7), 50 steps, argmax.",
     ),
+    "hcdlm_ccdd": Question(
+        "CCDD (joint token + embedding chains) on 6x6 Sudoku at 10 CPU-minutes",
+        HCDLM,
+        "How does CCDD, HC-DLM's strongest same-scale baseline in the paper (a masked token chain and a "
+        "token-embedding chain denoised together by one network), fare in the same harness, parameter budget and "
+        "CPU budget as HC-DLM and MDM?",
+        "The 6x6 puzzles of `hcdlm_sudoku` (300 easy + 300 hard test boards, seed 123; 150 + 150 validation boards, "
+        "seed 7, for the sampler order), 10 process-CPU-minutes on one thread, `dihal hcdlm train`'s defaults.",
+    ),
     "rank_memory": Question(
         "Memory per rank of bridge training: shared against copied retained layers",
         PIPELINE,
