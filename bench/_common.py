@@ -8,6 +8,7 @@ the current ones, the history stays in git). ``python bench/render_results.py`` 
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import math
@@ -145,6 +146,23 @@ def commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return NOT_RECORDED
     return head + ("+dirty" if dirty else "")
+
+
+def add_hybrid_options(parser: argparse.ArgumentParser, work: str) -> None:
+    """``--hybrid`` / ``--work`` / ``--steps`` of a bench that measures a layer-1 hybrid of the shipped backbone."""
+    parser.add_argument("--hybrid", help="a hybrid directory of the shipped backbone (default: train one in --work)")
+    parser.add_argument("--work", default=work, help="where the layer-1 hybrid is trained")
+    parser.add_argument("--steps", type=int, default=300, help="bridge training steps when training the hybrid")
+
+
+def hybrid_from_options(args: argparse.Namespace) -> str:
+    """``--hybrid``, or the layer-1 hybrid of the shipped backbone trained (or reused) in ``--work``."""
+    if args.hybrid is not None:
+        return args.hybrid
+    from dihal_fast.pipeline import ReplaceConfig, replace
+    from dihal_fast.replace import BridgeTrainConfig
+
+    return str(replace(ReplaceConfig(layer=1, train=BridgeTrainConfig(steps=args.steps)), args.work).hybrid_dir)
 
 
 def question_key(title: str) -> str:

@@ -24,12 +24,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, rows_figure, table  # noqa: E402
+from _common import add_hybrid_options, hybrid_from_options, report, rows_figure, table  # noqa: E402
 
 from dihal_fast.common.sampling import sample_categorical  # noqa: E402
 from dihal_fast.evaluate.loaded_lm import load_lm  # noqa: E402
-from dihal_fast.pipeline import ReplaceConfig, replace  # noqa: E402
-from dihal_fast.replace import BridgeTrainConfig  # noqa: E402
 
 
 @torch.inference_mode()
@@ -47,9 +45,7 @@ def bare_loop(model, prompt: torch.Tensor, tokens: int, generator: torch.Generat
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hybrid", help="a hybrid directory of the shipped backbone (default: train one in --work)")
-    parser.add_argument("--work", default="runs/bench_generate_speed", help="where the layer-1 hybrid is trained")
-    parser.add_argument("--steps", type=int, default=300, help="bridge training steps when training the hybrid")
+    add_hybrid_options(parser, "runs/bench_generate_speed")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds (fastest call kept)")
     parser.add_argument("--samples", type=int, default=16, help="samples per call")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per sample")
@@ -57,9 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    hybrid_dir = args.hybrid
-    if hybrid_dir is None:
-        hybrid_dir = replace(ReplaceConfig(layer=1, train=BridgeTrainConfig(steps=args.steps)), args.work).hybrid_dir
+    hybrid_dir = hybrid_from_options(args)
     models = {"backbone": load_lm(None, device="cpu"), "hybrid": load_lm(hybrid_dir, device="cpu")}
     prompt = torch.tensor([models["backbone"].prompt_ids("")]).expand(args.samples, -1)
     ways = {

@@ -16,15 +16,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, rows_figure, table  # noqa: E402
+from _common import add_hybrid_options, hybrid_from_options, report, rows_figure, table  # noqa: E402
 
 from dihal_fast.common.assets import corpus_or_default  # noqa: E402
 from dihal_fast.common.hf_loading import load_causal_lm  # noqa: E402
 from dihal_fast.common.metrics import token_nll  # noqa: E402
 from dihal_fast.evaluate.harness import EvalProtocolConfig, heldout_blocks  # noqa: E402
 from dihal_fast.hybrid import HybridLM  # noqa: E402
-from dihal_fast.pipeline import ReplaceConfig, replace  # noqa: E402
-from dihal_fast.replace import BridgeTrainConfig  # noqa: E402
 
 
 @torch.no_grad()
@@ -46,17 +44,13 @@ def pooled(per_block: torch.Tensor) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hybrid", help="a hybrid directory (default: train one into --work)")
-    parser.add_argument("--work", default="runs/bench_scoring_noise", help="where the layer-1 hybrid is trained")
-    parser.add_argument("--steps", type=int, default=300, help="bridge training steps when training the hybrid")
+    add_hybrid_options(parser, "runs/bench_scoring_noise")
     parser.add_argument("--stochastic-calls", type=int, default=8, help="stochastic scorings of the blocks")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    hybrid_dir = args.hybrid
-    if hybrid_dir is None:
-        hybrid_dir = replace(ReplaceConfig(layer=1, train=BridgeTrainConfig(steps=args.steps)), args.work).hybrid_dir
+    hybrid_dir = hybrid_from_options(args)
     model = HybridLM.from_pretrained(hybrid_dir).eval()
     backbone, tokenizer = load_causal_lm(None)
     settings = EvalProtocolConfig()
