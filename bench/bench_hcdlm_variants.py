@@ -6,7 +6,7 @@ benchmark's configuration (``bench_hcdlm.run_config``) with ``--set section.fiel
 scores EMA and raw weights, with and without clamping, on the validation puzzles of ``bench_hcdlm``
 (never the test puzzles), plus the read-out accuracy after the first and the last sampling step, the
 encoder's settled sigma on those puzzles, and the input ablations of :mod:`dihal_fast.hcdlm.mechanism`
-(x_t -> noise, scaffold -> true / random tokens) at s = 0.05, 0.5, 0.95; ``--quick`` scores the EMA
+(x_t -> noise, scaffold -> true / random tokens) at s = 0.05, 0.5, 0.95 (``--levels``); ``--quick`` scores the EMA
 weights only (no raw / clamp rows), for CPU-starved comparisons. Every variant of ``--out``'s variants.jsonl (the
 latest line per name) becomes the record
 bench/results/hcdlm_variants.json.
@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_hcdlm  # noqa: E402
 from _common import report, rows_figure, table  # noqa: E402
 
+from dihal_fast.common.options import comma_floats  # noqa: E402
 from dihal_fast.hcdlm.config import SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.mechanism import ablation_effects, ablation_readout, reference_targets  # noqa: E402
 from dihal_fast.hcdlm.scoring import evaluate_examples, load_run, readout_by_step  # noqa: E402
@@ -54,6 +55,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("runs/hcdlm_variants"), help="run directories and variants.jsonl")
     p.add_argument("--run-dir", type=Path, default=None, help="the variant's run directory (default: --out/NAME)")
     p.add_argument("--quick", action="store_true", help="score the EMA weights only (skip the raw and clamp rows)")
+    p.add_argument(
+        "--levels",
+        type=comma_floats,
+        default=[0.05, 0.5, 0.95],
+        help="noise levels s of the input ablations, comma-separated",
+    )
     p.add_argument(
         "--bench-args",
         default="",
@@ -107,7 +114,7 @@ def main() -> int:
             round(100 * rows[-1]["blank_cells"], 1),
         ]
         result["sigma"] = settled_sigma(run, val)
-        ablations = ablation_readout(run, val, (0.05, 0.5, 0.95))
+        ablations = ablation_readout(run, val, tuple(args.levels))
         result["ablation_blank_cells"] = {
             f"s={row['s']}": {k: round(100 * v["blank_cells"], 1) for k, v in row.items() if k != "s"}
             for row in ablations
@@ -143,6 +150,11 @@ def report_variants(path: Path, question: str = "hcdlm_variants", board: str = "
         e = r.get("ablation_effects")
         return "-" if e is None else f"{e['x_t_noise']} / {e['true_minus_random_scaffold']}"
 
+    def latent_drops(r: dict) -> str:
+        """The read-out's loss in blank cells when x_t becomes noise, at each ablation level."""
+        cells = r.get("ablation_blank_cells", {})
+        return " / ".join(f"{k[2:]}: {round(v['model'] - v['x_t_noise'], 1)}" for k, v in cells.items()) or "-"
+
     header = [
         "variant",
         "--set",
@@ -154,6 +166,7 @@ def report_variants(path: Path, question: str = "hcdlm_variants", board: str = "
         "clamp, boards %",
         "sigma (median)",
         "x_t->noise / true-random scaffold, cells pts",
+        "x_t->noise drop per s, cells pts",
     ]
     rows = [
         [
@@ -167,6 +180,7 @@ def report_variants(path: Path, question: str = "hcdlm_variants", board: str = "
             pair(r, "ema_clamp", "boards"),
             r.get("sigma", {}).get("median", "-"),
             effects(r),
+            latent_drops(r),
         ]
         for r in latest.values()
     ]

@@ -21,7 +21,7 @@ class HCDLMModelConfig(CheckedConfig):
     """Architecture. Baselines use ``hidden``/``heads`` and as many blocks as fit the HC-DLM budget."""
 
     # What a saved config without these (newer) fields meant, so that older runs load and resume as trained.
-    legacy = {"slot_head": False, "logvar_bound": "clamp", "logvar_min": -10.0}
+    legacy = {"slot_head": False, "logvar_bound": "clamp", "logvar_min": -10.0, "latent_schedule_power": 1.0}
 
     kind: str = option(
         "hcdlm",
@@ -48,6 +48,15 @@ class HCDLMModelConfig(CheckedConfig):
     )
     logvar_min: float = option(
         -10.0, "lower bound of the encoder's log-variance (sigma >= exp(logvar_min / 2))", min=-30.0, lt=0.0
+    )
+    # Issue 23: with one level for both, the re-noised scaffold holds what x_t holds, and the denoiser reads the
+    # tokens (x_t -> noise moved the 9x9 read-out by <= 1.6 points).
+    latent_schedule_power: float = option(
+        1.0,
+        "the latent's noise level is s ** p at the scaffold's level s: p > 1 keeps the latent less noisy than "
+        "the scaffold at every step, so x_t holds what the re-noised scaffold dropped (ours; 1 = the paper's "
+        "one level for both)",
+        gt=0.0,
     )
     dropout: float = option(0.0, "dropout rate", min=0.0, lt=1.0)
     baseline_blocks: int = option(0, "blocks of MDM/AR/CCDD (0 = match the HC-DLM parameter count)", min=0)
@@ -89,6 +98,7 @@ class ObjectiveConfig(CheckedConfig):
         "slot_aux_weight": 0.0,
         "guidance_training": True,
         "exposure_ramp_steps": 0,
+        "scaffold_blind": 0.0,
     }
 
     lambda_recon: float = option(1.0, "weight of the token reconstruction CE", min=0.0)
@@ -152,6 +162,14 @@ class ObjectiveConfig(CheckedConfig):
     latent_drop: float = option(
         0.0,
         "share of examples whose x_t carries no signal (pure noise, level s kept; not in the paper; 0 = off)",
+        min=0.0,
+        max=1.0,
+    )
+    # The mirror of latent_drop: these rows can only be solved from x_t, so the latent must carry the answer.
+    scaffold_blind: float = option(
+        0.0,
+        "share of examples whose scaffold is all [MASK] (x_t kept; scored at level 1 like a dropped scaffold), so "
+        "the denoiser must decode from the latent alone (not in the paper; 0 = off)",
         min=0.0,
         max=1.0,
     )

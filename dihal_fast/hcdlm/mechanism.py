@@ -4,7 +4,8 @@
   ``step / steps`` (HC-DLM / Latent DM: ``argmax p(k0 | x_hat_0)``; MDM: the revealed tokens with every
   still-masked slot filled by its argmax), so HC-DLM and MDM share one axis (the paper's Fig. 3a).
 - :func:`ablation_readout`: the one-step read-out ``argmax p(k0 | d(x_t, k_t, s))`` at fixed noise levels
-  from correctly noised inputs (``x_0`` = the encoder mean of the true tokens), and with one input
+  from correctly noised inputs (``x_0`` = the encoder mean of the true tokens, noised to the latent's level
+  at ``s``, ``HCDLMModelConfig.latent_schedule_power``), and with one input
   replaced: ``x_t`` by pure noise, the scaffold by the true tokens, or by random tokens. A read-out that
   does not move when ``x_t`` is noise ignores the latent; one that does not move between a true and a
   random scaffold ignores the scaffold.
@@ -17,7 +18,7 @@ import torch
 from dihal_fast.hcdlm.ccdd import CCDDNet, sample_ccdd
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.networks import MDMNet
-from dihal_fast.hcdlm.noise import LATENT_FLOW
+from dihal_fast.hcdlm.noise import LATENT_FLOW, latent_level
 from dihal_fast.hcdlm.sampler import sample_mdm
 from dihal_fast.hcdlm.scoring import LoadedRun, mean_scores, readout_by_step
 from dihal_fast.tasks.base import EvalExample
@@ -111,7 +112,7 @@ def ablation_readout(
             level = torch.full((len(batch),), float(s), device=run.device)
             x_0 = model.encoder(truth, context)[0]
             eps = torch.randn(x_0.shape, generator=generator, device=run.device)
-            x_t = LATENT_FLOW.noise(x_0, level, eps)
+            x_t = LATENT_FLOW.noise(x_0, latent_level(level, model.cfg.latent_schedule_power), eps)
             scaffold = run.kernel.corrupt(truth, level, generator) if model.scaffold else None
             inputs = {"model": (x_t, scaffold), "x_t_noise": (eps, scaffold)}
             if model.scaffold:

@@ -22,6 +22,25 @@ LATENT_FLOW = FlowSchedule()
 x_hat_0, t)``."""
 
 
+def latent_level(s: torch.Tensor | float, power: float = 1.0) -> torch.Tensor | float:
+    """The latent's noise level at the scaffold's level ``s``: ``s ** power`` (``power`` 1: the same level, the
+    paper's; > 1: the latent less noisy than the scaffold at every ``0 < s < 1``, ours,
+    ``HCDLMModelConfig.latent_schedule_power``). Both are pure noise at ``s = 1`` and clean at 0."""
+    return s if power == 1.0 else s**power
+
+
+def latent_step(x_t: torch.Tensor, x_hat_0: torch.Tensor, step: int, steps: int, power: float = 1.0) -> torch.Tensor:
+    """The latent at step ``step - 1`` of ``steps`` from step ``step`` given ``x_hat_0``, on the latent's own levels
+    ``a = latent_level(step / steps)`` -> ``b = latent_level((step - 1) / steps)``: ``x_hat_0 + (b / a)(x_t - x_hat_0)``
+    (the deterministic DDIM step of the straight path; ``power`` 1: :meth:`FlowSchedule.euler_step`, bit for bit)."""
+    if power == 1.0:
+        return LATENT_FLOW.euler_step(x_t, x_hat_0, step)
+    if step < 1:
+        raise ValueError(f"latent steps run from step = N down to 1, got step={step}")
+    ratio = latent_level((step - 1) / steps, power) / latent_level(step / steps, power)
+    return x_hat_0 + ratio * (x_t - x_hat_0)
+
+
 def _uniform64(shape: tuple[int, ...], generator: torch.Generator | None, device) -> torch.Tensor:
     return torch.rand(shape, dtype=torch.float64, generator=generator, device=device)
 

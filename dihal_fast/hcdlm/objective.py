@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from dihal_fast.hcdlm.config import ObjectiveConfig
 from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
-from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel
+from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel, latent_level
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -55,6 +55,25 @@ def token_term(
     return ((ce * hit).sum(1) / s.clamp_min(1e-3) / target.shape[1]).mean()
 
 
+def _rows(share: float, scaffold: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A float64 draw per row: True for a share ``share`` of the rows of ``scaffold``."""
+    return torch.rand(scaffold.shape[0], generator=generator, dtype=torch.float64, device=scaffold.device) < share
+
+
+def replace_rows(
+    rows: torch.Tensor, tokens: torch.Tensor, scaffold: torch.Tensor, hit: torch.Tensor, level: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(scaffold, hit, level)`` with the ``rows`` replaced by ``tokens``: a scaffold at level 1 (every position
+    replaced), so its ``hit`` is all True and its token-term level 1 instead of ``s`` (with ``"schedule"``
+    weighting it then counts as a mean CE over all positions, not as ``1/s`` times the positions the kernel
+    happened to touch at ``s``)."""
+    return (
+        torch.where(rows[:, None], tokens, scaffold),
+        hit | rows[:, None],
+        torch.where(rows, torch.ones_like(level), level),
+    )
+
+
 def drop_scaffolds(
     kernel: UniformKernel | AbsorbingKernel,
     scaffold: torch.Tensor,
@@ -63,20 +82,24 @@ def drop_scaffolds(
     share: float,
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Guidance's unconditional branch: a share ``share`` of the rows get a scaffold of random tokens.
+    """Guidance's unconditional branch: a share ``share`` of the rows get a scaffold of random tokens
+    (:func:`replace_rows`)."""
+    drop = _rows(share, scaffold, generator)
+    return replace_rows(drop, kernel.random_tokens(tuple(scaffold.shape), generator, scaffold.device), scaffold, hit, s)
 
-    Returns ``(scaffold, hit, level)``: a dropped row is a scaffold at level 1 (every position replaced),
-    so its ``hit`` is all True and its token-term level is 1 instead of ``s`` (with ``"schedule"``
-    weighting it then counts as a mean CE over all positions, not as ``1/s`` times the positions the
-    kernel happened to touch at ``s``).
-    """
-    drop = torch.rand(scaffold.shape[0], generator=generator, dtype=torch.float64, device=scaffold.device) < share
-    random_tokens = kernel.random_tokens(tuple(scaffold.shape), generator, scaffold.device)
-    return (
-        torch.where(drop[:, None], random_tokens, scaffold),
-        hit | drop[:, None],
-        torch.where(drop, torch.ones_like(s), s),
-    )
+
+def blind_scaffolds(
+    scaffold: torch.Tensor,
+    hit: torch.Tensor,
+    level: torch.Tensor,
+    share: float,
+    mask_id: int,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``ObjectiveConfig.scaffold_blind`` (ours): a share ``share`` of the rows get an all-[MASK] scaffold, so
+    their answer can come from ``x_t`` only (:func:`replace_rows`)."""
+    blind = _rows(share, scaffold, generator)
+    return replace_rows(blind, torch.full_like(scaffold, mask_id), scaffold, hit, level)
 
 
 @torch.no_grad()
@@ -97,11 +120,12 @@ def own_prediction_inputs(
     """
     s_high = s + (1 - s) * torch.rand(s.shape, generator=generator, device=s.device)
     eps = torch.randn(clean.shape, generator=generator, device=clean.device)
-    x_high = LATENT_FLOW.noise(clean, s_high, eps)
+    power = model.cfg.latent_schedule_power
+    x_high = LATENT_FLOW.noise(clean, latent_level(s_high, power), eps)
     k_high = kernel.corrupt(target, s_high, generator) if model.scaffold else None
     x_hat = model.denoiser(x_high, k_high, s_high, context)
     eps = torch.randn(clean.shape, generator=generator, device=clean.device)
-    x_s = LATENT_FLOW.noise(x_hat, s, eps)
+    x_s = LATENT_FLOW.noise(x_hat, latent_level(s, power), eps)
     if not model.scaffold:
         return x_s, None
     return x_s, kernel.corrupt(model.predictor(x_hat, context).argmax(-1), s, generator)
@@ -123,9 +147,11 @@ def hcdlm_loss(
     per example, ``s = t / T``; with ``guidance_training`` the scaffold ``k_t ~ q(k_t | k0)`` is replaced by
     random tokens for a share ``scaffold_drop`` of examples (the unconditional branch of classifier-free
     guidance, :func:`drop_scaffolds`). A share ``exposure_share`` of the examples gets ``(x_t, k_t)`` from
-    :func:`own_prediction_inputs`. The
-    auxiliary term encodes ``k0`` with ``mask_aux_rate`` of its tokens set to [MASK] and scores the
-    masked positions. With ``detach_latents`` no regression gradient reaches the encoder.
+    :func:`own_prediction_inputs`. With ``latent_schedule_power`` p the latent is noised to ``s ** p``
+    (:func:`~dihal_fast.hcdlm.noise.latent_level`); ``scaffold_blind`` gives a share of the rows an all-[MASK]
+    scaffold (:func:`blind_scaffolds`). The auxiliary term encodes ``k0`` with ``mask_aux_rate`` of its tokens
+    set to [MASK] and scores the masked positions. With ``detach_latents`` no regression gradient reaches the
+    encoder.
     """
     batch, device = target.shape[0], target.device
     mean, logvar = model.encoder(target, context)
@@ -140,7 +166,8 @@ def hcdlm_loss(
     s = t.float() / cfg.timesteps
     eps = torch.randn(x_0.shape, generator=generator, device=device)
     clean = x_0.detach() if cfg.detach_latents else x_0
-    x_t = LATENT_FLOW.noise(clean, s, eps)
+    s_latent = latent_level(s, model.cfg.latent_schedule_power)  # s itself unless latent_schedule_power != 1
+    x_t = LATENT_FLOW.noise(clean, s_latent, eps)
     scaffold, hit = kernel.corrupt_with_mask(target, s, generator) if model.scaffold else (None, None)
     own = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.exposure_share
     if bool(own.any()):
@@ -155,10 +182,12 @@ def hcdlm_loss(
         blind = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.latent_drop
         x_t = torch.where(blind[:, None, None], eps, x_t)
     level = s
+    if scaffold is not None and cfg.scaffold_blind:
+        scaffold, hit, level = blind_scaffolds(scaffold, hit, level, cfg.scaffold_blind, model.mask_id, generator)
     if scaffold is not None and cfg.guidance_training:
         scaffold, hit, level = drop_scaffolds(kernel, scaffold, hit, s, cfg.scaffold_drop, generator)
     x_hat, slot_logits = model.denoiser(x_t, scaffold, s, context, slot_logits=True)
-    cont = (continuous_weight(s, cfg.cont_weighting) * (x_hat - clean).pow(2).flatten(1).sum(1)).mean() / length
+    cont = (continuous_weight(s_latent, cfg.cont_weighting) * (x_hat - clean).pow(2).flatten(1).sum(1)).mean() / length
 
     loss = cfg.lambda_recon * recon + cfg.lambda_ent * neg_entropy + cfg.lambda_cont * cont
     parts = {"recon": recon.item(), "neg_entropy": neg_entropy.item(), "cont": cont.item()}

@@ -13,7 +13,7 @@ import torch
 from dihal_fast.common.sampling import sample_categorical
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
-from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel
+from dihal_fast.hcdlm.noise import AbsorbingKernel, UniformKernel, latent_step
 
 StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], None]
 
@@ -49,6 +49,9 @@ def sample_hcdlm(
     """Algorithm 2: ``x_T ~ N(0, I)``, ``k_T ~ prior``; for ``t = N..1``: ``x_hat_0 = d(x_t, k_t, t/N)``,
     ``k_hat_0 = argmax p(k0 | x_hat_0)``, ``x_{t-1} = x_t - (x_t - x_hat_0)/t``, ``k_{t-1}`` = ``k_hat_0``
     re-noised to level ``(t-1)/N`` (absorbing: the least confident re-masked). Tokens of ``x_0`` at the end.
+    The latent is carried from step to step (never re-encoded from tokens, unless ``cfg.clamp``); with
+    ``latent_schedule_power`` p != 1 it moves on its own levels ``(t/N)^p``
+    (:func:`~dihal_fast.hcdlm.noise.latent_step`).
 
     With ``cfg.clamp`` (ours), ``x_hat_0`` is replaced by the encoder mean of ``k_hat_0`` before the
     Euler step: the latent carried on is always the code of a definite token sequence.
@@ -68,7 +71,7 @@ def sample_hcdlm(
                 x_hat = model.encoder(clean, context)[0]
             if on_step is not None:
                 on_step(t, x, x_hat, scaffold, clean)
-        x = LATENT_FLOW.euler_step(x, x_hat, t)
+        x = latent_step(x, x_hat, t, cfg.steps, model.cfg.latent_schedule_power)
         if renoise:
             scaffold = kernel.renoise(clean, (t - 1) / cfg.steps, confidence, generator, cfg.remask)
     return sample_categorical(model.predictor(x, context), cfg.temperature, generator=generator)
