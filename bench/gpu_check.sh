@@ -8,6 +8,10 @@
 #         under compute-sanitizer memcheck and racecheck (tools/gpu_first_run.py streams),
 #      c. a large-index smoke, n * D > 2^31 bfloat16 rows: kNN and covariance, time and peak memory
 #         (tools/gpu_first_run.py large),
+#      d. cuVS through torch's allocator: during a cuVS kNN its temporaries are torch-allocated
+#         (torch.cuda.memory_stats), max_memory_reserved stays within the bound and cudaMemGetInfo's free
+#         memory drops by no more than torch reserved (tests/test_cuvs_allocator.py; needs the libcuvs
+#         wheel of the build's cuVS release installed, e.g. pip install "libcuvs-cu13==26.10.*"),
 #   3. run the CUDA tests with skips turned into failures (DIHAL_REQUIRE_GPU=1),
 #   4. with --full only: time every kernel against its floor, torch and cuVS (bench/bench_gpu.py) and
 #      profile a small locate pass (bench/profile_locate.py),
@@ -83,6 +87,13 @@ for tool in memcheck racecheck; do
     "$SANITIZER" --tool "$tool" --error-exitcode 3 "$PY" tools/gpu_first_run.py streams
 done
 step 120 "large-index smoke (bfloat16, n * D > 2^31)" "$PY" tools/gpu_first_run.py large
+if "$PY" -c "import libcuvs, librmm" 2>/dev/null; then
+  step 120 "cuVS through torch's allocator" env DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -q -s -rs -p no:cacheprovider \
+    tests/test_cuvs_allocator.py
+else
+  echo "== cuVS through torch's allocator: not run (no libcuvs / librmm wheel in this Python; pip install" \
+    "\"libcuvs-cu13==26.10.*\" or libcuvs-cu12 before the build)"
+fi
 
 step 180 "CUDA tests" env DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider \
   tests/test_geometry_kernels.py tests/test_cuda_build.py tests/test_profiling.py

@@ -128,4 +128,6 @@ def build_info() -> dict:
     }
     if cuvs_compiled:  # the library opened at run time must be this release (libcuvs-cuNN==YY.MM.*)
         info["backends"]["cuvs"]["cuvs_version"] = cuda_entry["cuvs_version"]
+        # where cuVS's temporaries come from: "torch (...)" or "rmm default (...)" (csrc/cuda/rmm_route.hpp)
+        info["backends"]["cuvs"]["allocator"] = cuda_entry.get("cuvs_allocator", "")
     return info

@@ -12,10 +12,15 @@
 # libscipy_openblas.so (scipy-openblas32), libcuda.so.1 (the driver) and cuBLAS (nvidia-cublas*).
 # CUDA variants use the nvcc on PATH (cu12 needs a CUDA 12 toolkit, cu13 a CUDA 13 one; for cu12 on
 # Debian/Ubuntu see packaging/cuda12_toolkit_debian.sh) and their `cuobjdump --list-elf` / `--list-ptx`
-# architecture lists go to wheelhouse/<wheel>.arch.txt. They are built with cuVS (DIHAL_CUVS=ON): the
-# headers come from the libcuvs-cu12/-cu13 wheel of release $CUVS_RELEASE (default 26.10), downloaded
-# without its dependencies, and dlpack/dlpack.h from torch in $PY; libcuvs_c.so is opened at run time
-# and must be that release (dihal_fast._cuda checks). CUVS_RELEASE=none builds without cuVS.
+# architecture lists go to wheelhouse/<wheel>.arch.txt. They are built with cuVS (DIHAL_CUVS=ON, set by
+# wheel_variant.py, which also makes libcuvs-cuNN a build requirement for isolated builds): here the
+# libcuvs-cu12/-cu13 wheel of release $CUVS_RELEASE (default 26.10, without its dependencies) and the
+# librmm wheel of that release (with its one, rapids-logger) are downloaded and unpacked (headers,
+# librmm.so) onto PYTHONPATH, where CMake finds them as in an isolated build; dlpack/dlpack.h is
+# csrc/third_party/dlpack's. libcuvs_c.so is
+# opened at run time and must be that release (dihal_fast._cuda checks); librmm.so, which
+# libdihal_rmm_torch.so (cuVS allocating through torch) links, comes with libcuvs at run time and is
+# left out of the wheel like cuBLAS. CUVS_RELEASE=none builds without cuVS.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
@@ -65,17 +70,24 @@ for variant in "${variants[@]}"; do
   copy_tree "$tree"
   raw=$(mktemp -d)
   echo "== $variant: $(command -v nvcc >/dev/null && nvcc --version | tail -n 1 || echo 'no nvcc')"
-  (cd "$tree" && DIHAL_WHEEL_VARIANT=$variant "$PY" csrc/cuda/wheel_variant.py)
-  cuvs_env=()
+  (cd "$tree" && DIHAL_WHEEL_VARIANT=$variant CUVS_RELEASE="${CUVS_RELEASE:-26.10}" "$PY" csrc/cuda/wheel_variant.py)
+  rapids_env=()
   if [[ $variant != cpu && ${CUVS_RELEASE:-26.10} != none ]]; then
-    "$PY" -m pip download -q --no-deps -d "$raw/cuvs" "libcuvs-$variant==${CUVS_RELEASE:-26.10}.*" 2>&1 | grep -v '^WARNING: Location' || true
-    cuvs_wheel=$(ls "$raw"/cuvs/libcuvs_"$variant"-*.whl) || { echo "libcuvs-$variant ${CUVS_RELEASE:-26.10} could not be downloaded" >&2; exit 1; }
-    unzip -q "$cuvs_wheel" 'libcuvs/include/*' -d "$raw/cuvs"
-    echo "cuVS headers: $(basename "$cuvs_wheel")"
-    cuvs_env=(DIHAL_CUVS=ON "CMAKE_ARGS=${CMAKE_ARGS:-} -DDIHAL_CUVS_HEADER_DIR=$raw/cuvs/libcuvs/include")
+    release=${CUVS_RELEASE:-26.10}
+    { "$PY" -m pip download -q --no-deps -d "$raw/dl" "libcuvs-$variant==$release.*"
+      "$PY" -m pip download -q -d "$raw/dl" "librmm-$variant==$release.*"; } 2>&1 | grep -v '^WARNING: Location' || true
+    for pkg in libcuvs librmm rapids_logger; do
+      w=$(ls "$raw"/dl/"$pkg"*.whl 2>/dev/null | head -n 1) || true
+      [[ -n $w ]] || { echo "$pkg ($variant, cuVS $release) could not be downloaded" >&2; exit 1; }
+      # libcuvs: its package and headers only (its libraries are opened at run time, never linked)
+      if [[ $pkg == libcuvs ]]; then unzip -q "$w" 'libcuvs/*.py' 'libcuvs/include/*' -d "$raw/rapids"
+      else unzip -q "$w" "$pkg/*" -d "$raw/rapids"; fi
+      echo "cuVS build input: $(basename "$w")"
+    done
+    rapids_env=("PYTHONPATH=$raw/rapids${PYTHONPATH:+:$PYTHONPATH}")
   fi
   start=$(date +%s)
-  if ! (cd "$tree" && env "${cuvs_env[@]}" "$PY" -m pip wheel --no-deps --no-build-isolation -q -w "$raw" . > "$raw/build.log" 2>&1); then
+  if ! (cd "$tree" && env "${rapids_env[@]}" CUVS_RELEASE="${CUVS_RELEASE:-26.10}" "$PY" -m pip wheel --no-deps --no-build-isolation -q -w "$raw" . > "$raw/build.log" 2>&1); then
     grep -v '^WARNING: Location' "$raw/build.log" | tail -n 40 >&2
     echo "the $variant wheel did not build (the log's last lines above)" >&2
     exit 1
@@ -85,12 +97,14 @@ for variant in "${variants[@]}"; do
   auditwheel repair -w "$OUT" "$whl" \
     --exclude libgomp.so.1 --exclude libscipy_openblas.so --exclude libcuda.so.1 \
     --exclude libcublas.so.12 --exclude libcublasLt.so.12 --exclude libcublas.so.13 --exclude libcublasLt.so.13 \
+    --exclude librmm.so --exclude librapids_logger.so \
     2>&1 | grep -E 'Fixed-up wheel|Wheel is eligible|error' || true
   stem=$(basename "$whl" | cut -d- -f1-2)
   repaired=$(ls -t "$OUT"/"$stem"-*manylinux*.whl | head -n 1)
   echo "repaired: $(basename "$repaired") ($(du -h "$repaired" | cut -f1))"
   contents=$(unzip -l "$repaired")
   if grep 'libgomp' <<< "$contents" >&2; then echo "the repaired wheel bundles libgomp" >&2; exit 1; fi
+  if grep -E 'librmm|librapids_logger' <<< "$contents" >&2; then echo "the repaired wheel bundles RMM (libcuvs brings it)" >&2; exit 1; fi
   grep -q 'dist-info/licenses/LICENSE\|dist-info/LICENSE' <<< "$contents" || { echo "the wheel has no LICENSE" >&2; exit 1; }
   if [[ $variant != cpu ]]; then
     ext=$(mktemp -d)

@@ -4,7 +4,9 @@
 #
 #   bash packaging/smoke_wheel.sh WHEEL [SCRATCH_DIR]
 #
-# The venv gets torch==2.13.0 (the CPU build), the wheel with its dependencies, pytest and hypothesis.
+# The venv gets torch==2.13.0 (the CPU build), the wheel with its dependencies, pytest and hypothesis;
+# for a GPU wheel (dihal_fast_cu12/_cu13) also librmm of the cuVS release ($CUVS_RELEASE, default 26.10),
+# so that the route of cuVS's allocations through torch is checked without a GPU (test_cuvs_allocator.py).
 # The tests run from a copy of tests/ outside the source tree, with PATH = the venv's bin only (no gcc,
 # cc, c++, nvcc or cmake), so neither the source tree nor a compiler can stand in for the wheel. Every
 # step, the final import check included, runs the venv's interpreter by its absolute path.
@@ -21,7 +23,9 @@ cp -r "$ROOT/tests" "$smoke/tests"
 cd "$smoke"  # from here on the repository is not the working directory (python -c would import it from there)
 python3 -m venv venv
 py=$smoke/venv/bin/python
-"$py" -m pip install -q torch==2.13.0 "$wheel" pytest hypothesis 2>&1 | grep -v '^WARNING: Location' || true
+extra=()
+if [[ $(basename "$wheel") =~ ^dihal_fast_(cu1[0-9])- ]]; then extra=("librmm-${BASH_REMATCH[1]}==${CUVS_RELEASE:-26.10}.*"); fi
+"$py" -m pip install -q torch==2.13.0 "$wheel" "${extra[@]}" pytest hypothesis 2>&1 | grep -v '^WARNING: Location' || true
 "$py" -c "import dihal_fast" || { echo "the wheel did not install into $smoke/venv" >&2; exit 1; }
 
 # A clean environment: the venv's bin as the whole PATH, the repository not on sys.path (importlib
@@ -35,8 +39,8 @@ for tool in gcc cc c++ nvcc cmake; do
 done
 "${clean[@]}" "$py" -m pytest -q -p no:cacheprovider -c /dev/null --rootdir "$smoke/tests" \
   --import-mode=importlib -W ignore::pytest.PytestUnknownMarkWarning -m "not slow" \
-  tests/test_cuda_build.py tests/test_geometry_kernels.py \
-  -k "(unavailable or variants_refuse or adversarial or ties or old_bound or certify or knn_matches_reference)"
+  tests/test_cuda_build.py tests/test_geometry_kernels.py tests/test_cuvs_allocator.py \
+  -k "(unavailable or variants_refuse or adversarial or ties or old_bound or certify or knn_matches_reference or allocat or rmm)"
 "${clean[@]}" "$py" -c "
 import json, dihal_fast
 info = dihal_fast.build_info()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,17 @@ from dihal_fast.geometry.backends import get_backend
 torch = pytest.importorskip("torch")
 
 CUDA_INFO = df.build_info()["backends"]["cuda"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _wheel_variant():
+    """csrc/cuda/wheel_variant.py (cibuildwheel's before-build) as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wheel_variant", ROOT / "csrc" / "cuda" / "wheel_variant.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _cuda_module():
@@ -133,16 +145,10 @@ def test_library_candidates_try_sonames_first():
 
 @pytest.mark.parametrize("variant", ["cpu", "cu12", "cu13"])
 def test_wheel_variants_rewrite_pyproject(variant):
-    import importlib.util
-    from pathlib import Path
-
     import tomllib
 
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("wheel_variant", root / "csrc" / "cuda" / "wheel_variant.py")
-    wheel_variant = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wheel_variant)
-    original = (root / "pyproject.toml").read_text()
+    wheel_variant = _wheel_variant()
+    original = (ROOT / "pyproject.toml").read_text()
     text = wheel_variant.apply(original, variant)
     assert wheel_variant.apply(text, variant) == text  # idempotent: cibuildwheel runs it once per Python
     project = tomllib.loads(text)["project"]
@@ -166,18 +172,12 @@ def test_two_installed_variants_refuse_to_load(monkeypatch):
 
 
 def test_wheel_variants_pin_cuda_and_architectures():
-    import importlib.util
-    from pathlib import Path
-
     import tomllib
 
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("wheel_variant", root / "csrc" / "cuda" / "wheel_variant.py")
-    wheel_variant = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wheel_variant)
+    wheel_variant = _wheel_variant()
     assert wheel_variant.architectures({80, 90}) == "80-real;90"
     assert wheel_variant.architectures({80, 90, 100, 120}) == "80-real;90-real;100-real;120"
-    original = (root / "pyproject.toml").read_text()
+    original = (ROOT / "pyproject.toml").read_text()
     for variant, cuda, pin in (("cpu", "OFF", None), ("cu12", "ON", "<13"), ("cu13", "ON", "<14")):
         config = tomllib.loads(wheel_variant.apply(original, variant, {80, 90, 100, 120}))
         defines = config["tool"]["scikit-build"]["cmake"]["define"]
@@ -187,3 +187,31 @@ def test_wheel_variants_pin_cuda_and_architectures():
             assert any(
                 dep.startswith("nvidia-cublas") and dep.endswith(pin) for dep in config["project"]["dependencies"]
             )
+
+
+@pytest.mark.parametrize(
+    ("variant", "python", "release", "requirement"),
+    [
+        ("cu13", (3, 12), "26.10", "libcuvs-cu13==26.10.*"),
+        ("cu12", (3, 11), "26.10", "libcuvs-cu12==26.10.*"),
+        ("cu13", (3, 10), "26.10", ""),  # libcuvs needs Python >= 3.11: that wheel has no cuVS
+        ("cu12", (3, 13), "none", ""),
+        ("cpu", (3, 12), "26.10", ""),
+    ],
+)
+def test_wheel_variants_build_cuvs_from_build_requirements(variant, python, release, requirement):
+    """cibuildwheel's isolated build gets cuVS's headers and librmm from a build requirement, per Python."""
+    import tomllib
+
+    wheel_variant = _wheel_variant()
+    original = (ROOT / "pyproject.toml").read_text()
+    base = tomllib.loads(original)["build-system"]["requires"]
+    # applied for another Python first, as cibuildwheel does on one copy of the project
+    other = wheel_variant.apply(original, variant, {80, 90}, (3, 12) if python != (3, 12) else (3, 10))
+    config = tomllib.loads(wheel_variant.apply(other, variant, {80, 90}, python, release))
+    requires = config["build-system"]["requires"]
+    assert requires == base + ([requirement] if requirement else [])
+    if variant != "cpu":
+        assert config["tool"]["scikit-build"]["cmake"]["define"]["DIHAL_CUVS"] == ("ON" if requirement else "OFF")
+    with pytest.raises(ValueError, match="CUVS_RELEASE"):
+        wheel_variant.cuvs_build_requirement("cu13", (3, 12), "26.10.0")

@@ -2,8 +2,9 @@
 # Sets DIHAL_CUVS_INCLUDE_DIRS, or leaves it empty and says why in DIHAL_CUVS_REASON.
 # Searched: find_package(cuvs) (when this CMake can read its config; cuVS 26.x needs CMake >= 4.0),
 # then the prefixes of the RAPIDS wheels (libcuvs-cu12/-cu13 and its dependencies) installed in the
-# Python that builds us, then CMAKE_PREFIX_PATH. dlpack/dlpack.h: the same places, then torch's copy
-# in the building Python (build without isolation); DIHAL_DLPACK_INCLUDE_DIR may be set by hand.
+# Python that builds us (an isolated build gets them from the GPU variants' build requirements,
+# wheel_variant.py), then CMAKE_PREFIX_PATH. dlpack/dlpack.h: the same places, then the vendored copy
+# (csrc/third_party/dlpack); DIHAL_DLPACK_INCLUDE_DIR may be set by hand.
 set(DIHAL_CUVS_INCLUDE_DIRS "")
 execute_process(
   COMMAND "${Python_EXECUTABLE}" -c
@@ -29,23 +30,13 @@ endif()
 
 find_path(DIHAL_CUVS_HEADER_DIR cuvs/neighbors/brute_force.h HINTS ${_cuvs_target_dirs} PATH_SUFFIXES include)
 find_path(DIHAL_DLPACK_INCLUDE_DIR dlpack/dlpack.h HINTS ${_cuvs_target_dirs} PATH_SUFFIXES include)
-if(DIHAL_CUVS_HEADER_DIR AND NOT DIHAL_DLPACK_INCLUDE_DIR)
-  # The libcuvs wheels do not ship dlpack/dlpack.h; torch does, as ATen/dlpack.h (DLPack 1.x, whose
-  # DLManagedTensor / DLDataType / DLDevice, all that the cuVS C API uses, keep the 0.x layout).
-  execute_process(
-    COMMAND "${Python_EXECUTABLE}" -c
-            "import importlib.util as u, os\ns = u.find_spec('torch')\nif s: print(os.path.join(list(s.submodule_search_locations)[0], 'include', 'ATen', 'dlpack.h'))"
-    OUTPUT_VARIABLE _torch_dlpack OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-  if(_torch_dlpack AND EXISTS "${_torch_dlpack}")
-    configure_file("${_torch_dlpack}" "${CMAKE_CURRENT_BINARY_DIR}/dlpack_include/dlpack/dlpack.h" COPYONLY)
-    set(DIHAL_DLPACK_INCLUDE_DIR "${CMAKE_CURRENT_BINARY_DIR}/dlpack_include" CACHE PATH "dlpack/dlpack.h prefix" FORCE)
-    message(STATUS "dihal_fast: dlpack/dlpack.h from ${_torch_dlpack}")
-  endif()
+if(NOT DIHAL_DLPACK_INCLUDE_DIR)
+  # The libcuvs wheels do not ship dlpack/dlpack.h: the vendored DLPack 1.3 header (csrc/third_party/dlpack,
+  # Apache-2.0; DLManagedTensor / DLDataType / DLDevice, all that the cuVS C API uses, keep the 0.x layout).
+  set(DIHAL_DLPACK_INCLUDE_DIR "${PROJECT_SOURCE_DIR}/csrc/third_party/dlpack/include" CACHE PATH "dlpack/dlpack.h prefix" FORCE)
 endif()
 if(NOT DIHAL_CUVS_HEADER_DIR)
   set(DIHAL_CUVS_REASON "cuvs/neighbors/brute_force.h not found; pip install libcuvs-cu12 or libcuvs-cu13")
-elseif(NOT DIHAL_DLPACK_INCLUDE_DIR)
-  set(DIHAL_CUVS_REASON "dlpack/dlpack.h not found (torch not importable at build time; set DIHAL_DLPACK_INCLUDE_DIR)")
 else()
   set(DIHAL_CUVS_INCLUDE_DIRS "${DIHAL_CUVS_HEADER_DIR}" "${DIHAL_DLPACK_INCLUDE_DIR}")
 endif()

@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -18,6 +19,9 @@
 #include "ops.hpp"
 #if DIHAL_HAVE_CUVS
 #include "cuvs_knn.hpp"
+#endif
+#if DIHAL_HAVE_RMM_ROUTE
+#include "rmm_route.hpp"
 #endif
 
 namespace py = pybind11;
@@ -61,6 +65,14 @@ py::dict build_info() {
   info["cuvs_version"] = dihal::cuda::compiled_version();  // the headers'; the library must be that release
 #else
   info["cuvs_version"] = std::string();
+#endif
+  // Where cuVS's temporaries come from (rmm_route.hpp); cuvs_allocator_routes() says per device.
+#if DIHAL_HAVE_RMM_ROUTE
+  info["cuvs_allocator"] = std::string("torch (RMM resource per device, set at its first cuVS use)");
+#elif DIHAL_HAVE_CUVS
+  info["cuvs_allocator"] = std::string("rmm default (cudaMalloc beside torch's cache)");
+#else
+  info["cuvs_allocator"] = std::string();
 #endif
   info["nvtx"] = bool(DIHAL_HAVE_NVTX3);
   info["cublas_loaded"] = dihal::cuda::cublas::loaded_path();
@@ -140,6 +152,34 @@ PYBIND11_MODULE(_cuda, m) {
       py::arg("built"), py::arg("loaded"), py::arg("cuda_major"),
       "'' when a cuVS library of version `loaded` may serve code compiled against `built`, else the reason "
       "(the rule load_cuvs applies)");
+  m.def(
+      "cuvs_allocator_routes",
+      [] {
+#if DIHAL_HAVE_RMM_ROUTE
+        return dihal::cuda::rmm_routes();
+#else
+        return std::map<int, std::string>();
+#endif
+      },
+      "{device: 'torch' or 'kept: <resource type>'} of every device cuVS has used (RMM's resource there)");
+#if DIHAL_HAVE_RMM_ROUTE
+  m.def("route_cuvs_allocator", &dihal::cuda::route_rmm_through_torch, py::arg("device"),
+        "Make RMM's resource of `device` torch's caching allocator now (cuVS does it at its first use there); "
+        "needs librmm.so loaded (libcuvs.load_library or librmm.load_library). Returns the route");
+  m.def("rmm_route_library", &dihal::cuda::rmm_route_library, "The path of libdihal_rmm_torch.so");
+  m.def(
+      "cuvs_allocator_stats",
+      [](bool reset_peak) {
+        const auto s = dihal::cuda::rmm_route_stats(reset_peak);
+        py::dict d;
+        d["allocations"] = s.allocations;
+        d["live_bytes"] = s.live_bytes;
+        d["peak_bytes"] = s.peak_bytes;
+        return d;
+      },
+      py::arg("reset_peak") = false,
+      "What cuVS (RMM) allocated through torch: allocations, bytes held now, most held at once (since a reset)");
+#endif
   m.attr("MAX_KNN_CANDIDATES") = dihal::cuda::kMaxKnnCandidates;
   m.attr("MAX_LOCAL_POINTS") = dihal::cuda::kMaxLocalPoints;
   m.def("knn_capacity", &dihal::knn_logic::capacity, py::arg("n"), py::arg("k"));

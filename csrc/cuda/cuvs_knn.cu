@@ -13,6 +13,9 @@
 #include "cuvs_knn.hpp"
 #include "dynlib.hpp"
 #include "per_stream.hpp"
+#if DIHAL_HAVE_RMM_ROUTE
+#include "rmm_route.hpp"
+#endif
 
 namespace dihal::cuda {
 namespace {
@@ -124,6 +127,11 @@ std::string compiled_version() {
 uintptr_t resources(int device, cudaStream_t stream) {
   const CuvsApi& a = api();
   return g_resources.get(device, stream, [&] {
+#if DIHAL_HAVE_RMM_ROUTE
+    // Before cuVS's first resources object on the device: RAFT takes its workspace from RMM's
+    // resource of the device, which from here on is torch's allocator (rmm_route.hpp).
+    route_rmm_through_torch(device);
+#endif
     cuvsResources_t res = 0;
     check(a.resources_create(&res), "cuvsResourcesCreate");
     if (a.stream_set(res, stream) != CUVS_SUCCESS) {
