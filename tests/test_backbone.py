@@ -183,6 +183,8 @@ def test_tiny_training_lowers_the_loss(tiny_texts, tmp_path):
     assert row["ppl"] < row["unigram_ppl"]
     assert (tmp_path / "run" / "training_curve.png").stat().st_size > 1000
     assert report["data"]["files"][0]["sha256"] and report["steps_completed"] == 30
+    assert report.out == tmp_path / "run"  # a StageReport of what training_report.json holds
+    assert report.to_dict() == json.loads((tmp_path / "run" / "training_report.json").read_text())
 
 
 def test_resume_equals_uninterrupted(tiny_texts, tmp_path):

@@ -32,6 +32,7 @@ from dihal_fast.backbone.model import autocast_context, build_model, resolve_pre
 from dihal_fast.backbone.perplexity import stream_nll
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json, seed_everything
 from dihal_fast.common.io import append_line, write_into
+from dihal_fast.common.reports import StageReport
 from dihal_fast.train.checkpoint import latest_checkpoint
 from dihal_fast.train.trainer import TrainingJob, TrainingRun, fit, prepare_deepspeed, resume_point, training_session
 
@@ -231,8 +232,9 @@ def train_backbone(
     command: str = "",
     progress: bool = True,
     deepspeed_config: str | os.PathLike | None = None,
-) -> dict:
-    """Train (or continue) a backbone run in ``out``; returns the training report of the finished segment.
+) -> StageReport:
+    """Train (or continue) a backbone run in ``out``; returns the training report of the finished segment
+    (``out/training_report.json``).
 
     ``stop_at`` ends this invocation after that many optimizer steps (as if interrupted, with a
     checkpoint); the LR schedule always follows ``cfg.steps``. With ``deepspeed_config`` the DeepSpeed
@@ -301,9 +303,10 @@ def train_backbone(
             )
             atomic_write_json(out / CONFIG_NAME, cfg.to_dict())
         run = fit(job, out, ds_config, checkpoint, stop_at=stop_at, progress=progress)
-        return write_training_report(
+        report = write_training_report(
             out, model, tokenizer, cfg, corpus, train_ids, valid_ids, run.step, run.elapsed_s, precision, command
         )
+        return StageReport(out, report)
 
 
 def _mean_nll(model, ids: np.ndarray, cfg: BackboneTrainConfig, precision: str) -> float:

@@ -23,7 +23,7 @@ import logging
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -151,9 +151,16 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
+def _json_default(obj: Any) -> Any:
+    """Other mappings (a :class:`~dihal_fast.common.reports.StageReport`) as the dicts they read like."""
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON, atomically."""
-    return atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+    """Write ``obj`` as indented JSON, atomically; any ``Mapping`` in it is written as a JSON object."""
+    return atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n").encode())
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from dihal_fast.common import resolve_device, seed_everything
+from dihal_fast.common.reports import StageReport
 from dihal_fast.common.rundir import run_directory
 from dihal_fast.hcdlm.ccdd import CCDDNet, ccdd_loss
 from dihal_fast.hcdlm.config import HCDLMTrainConfig, ObjectiveConfig, RunConfig
@@ -126,8 +127,11 @@ class RunJob(TrainingJob):
             ) from None
 
 
-def train(config: RunConfig, run_dir: str | os.PathLike, deepspeed_config: str | os.PathLike | None = None) -> dict:
-    """Train (or resume) the run in ``run_dir``, holding its lock; returns a summary with the final step and loss.
+def train(
+    config: RunConfig, run_dir: str | os.PathLike, deepspeed_config: str | os.PathLike | None = None
+) -> StageReport:
+    """Train (or resume) the run in ``run_dir``, holding its lock; returns its summary (the final step, the
+    elapsed budget, the parameter count and the last logged losses) as a report on ``run_dir``.
 
     ``(config, out)`` like every stage's entry point; the 0.1 order ``train(run_dir, config)`` still works, with a
     DeprecationWarning, until 0.4. With ``deepspeed_config`` the DeepSpeed ZeRO engine is used (launch several
@@ -174,4 +178,5 @@ def train(config: RunConfig, run_dir: str | os.PathLike, deepspeed_config: str |
                 tc.budget_clock,
                 run.values.get("loss"),
             )
-            return {"step": run.step, "elapsed_s": run.elapsed_s, "parameters": job.parameters, **run.values}
+            summary = {"step": run.step, "elapsed_s": run.elapsed_s, "parameters": job.parameters, **run.values}
+            return StageReport(folder, summary)

@@ -1,32 +1,22 @@
-"""What every stage function returns: its output location and the report it wrote there.
-
-A report reads like the JSON it wrote (``report["selected_layer"]``, ``report.get(...)``, ``dict(report)``);
-the properties name the fields other stages and users reach for most.
-"""
+"""What each DiHAL stage function returns: :class:`~dihal_fast.common.reports.StageReport` with the properties
+that name the fields other stages and users reach for most."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from dihal_fast.common.reports import StageReport
 
-@dataclass(frozen=True, eq=False)
-class StageReport(Mapping):
-    """``out``: the run directory (or output file) of the stage; ``data``: the report written there."""
-
-    out: Path | None
-    data: Mapping[str, Any] = field(default_factory=dict)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.data)
-
-    def __len__(self) -> int:
-        return len(self.data)
+__all__ = [
+    "DemoReport",
+    "EvaluateReport",
+    "GenerateReport",
+    "LocateReport",
+    "ReplaceReport",
+    "StageReport",
+    "SweepReport",
+]
 
 
 @dataclass(frozen=True, eq=False)
