@@ -12,6 +12,7 @@ command is a thin shell over these functions: its flags are generated from the s
 """
 
 from dihal_fast.common.deprecation import renamed_attributes
+from dihal_fast.pipeline import demo_stage, sweep_stage
 from dihal_fast.pipeline.demo_stage import DemoBudgetConfig, DemoConfig, demo
 from dihal_fast.pipeline.evaluate_stage import EvaluateConfig, evaluate
 from dihal_fast.pipeline.generate_stage import GenerateConfig, generate
@@ -52,6 +53,4 @@ __all__ = [
     "sweep",
 ]
 
-__getattr__ = renamed_attributes(
-    __name__, globals(), {"DemoSettings": "DemoBudgetConfig", "SweepSettings": "SweepBudgetConfig"}
-)  # until 0.4
+__getattr__ = renamed_attributes(__name__, globals(), {**demo_stage.RENAMED, **sweep_stage.RENAMED})  # until 0.4

@@ -268,4 +268,5 @@ def write_markdown(out: Path, summary: dict, evaluation: dict, samples: dict) ->
     return md.write_report(out / "report.md", "DiHAL demo: locate, replace, evaluate, generate", sections)
 
 
-__getattr__ = renamed_attributes(__name__, globals(), {"DemoSettings": "DemoBudgetConfig"})  # until 0.4
+RENAMED = {"DemoSettings": "DemoBudgetConfig"}  # old public name -> new, until 0.4
+__getattr__ = renamed_attributes(__name__, globals(), RENAMED)

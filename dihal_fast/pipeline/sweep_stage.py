@@ -190,4 +190,5 @@ def sweep_controls(sweep_dir: str | Path) -> dict[str, str]:
     }
 
 
-__getattr__ = renamed_attributes(__name__, globals(), {"SweepSettings": "SweepBudgetConfig"})  # until 0.4
+RENAMED = {"SweepSettings": "SweepBudgetConfig"}  # old public name -> new, until 0.4
+__getattr__ = renamed_attributes(__name__, globals(), RENAMED)
