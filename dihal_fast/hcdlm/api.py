@@ -14,6 +14,7 @@ import torch
 
 from dihal_fast.common import atomic_write_json
 from dihal_fast.common.assets import default_model_dir, model_location
+from dihal_fast.common.reports import StageReport
 from dihal_fast.common.rundir import check_output_file
 from dihal_fast.common.validation import check_fields
 from dihal_fast.hcdlm.config import SampleConfig
@@ -75,8 +76,9 @@ def _legacy_solve_call(
     return HCDLMSolveConfig(run_dir=str(run_dir), puzzle=puzzle, **_legacy_fields(sample, options))
 
 
-def evaluate_run(config: HCDLMEvalConfig, out: str | Path, *legacy: Any, **legacy_options: Any) -> dict:
-    """Score the newest checkpoint of ``config.run_dir`` on ``config.data`` and write the report to ``out`` (JSON).
+def evaluate_run(config: HCDLMEvalConfig, out: str | Path, *legacy: Any, **legacy_options: Any) -> StageReport:
+    """Score the newest checkpoint of ``config.run_dir`` on ``config.data``; writes the report to ``out`` (JSON) and
+    returns it (a StageReport on ``out``).
 
     ``(config, out)`` like every entry point; the 0.3.0 form ``evaluate_run(run_dir, data, out, sample, **options)``
     still works, with a DeprecationWarning, until 0.4.
@@ -148,7 +150,7 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path, *legacy: Any, **legac
             )
     report.update({"run": str(run_dir), "step": run.step, "data": str(data), "model": run.config.model.kind})
     atomic_write_json(out, report)
-    return report
+    return StageReport(out, report)
 
 
 def _label(run: LoadedRun) -> str:
