@@ -17,6 +17,7 @@ Rerunning the same command resumes finished/unfinished runs instead of retrainin
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -83,6 +84,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--blocks", default="1,6,1", help="HC-DLM encoder,denoiser,predictor blocks (the solving is the denoiser's)"
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override of the HC-DLM / Latent DM run configs (not the baselines'), e.g. "
+        "model.latent_schedule_power=2.0 (JSON values)",
+    )
     p.add_argument("--sudoku-box", default="2x3", help="Sudoku box shape")
     p.add_argument("--sudoku-pool", type=int, default=3000, help="generated training puzzles (singles grade)")
     p.add_argument("--eval-n", type=int, default=300, help="test problems per group (fresh puzzles / real file)")
@@ -131,6 +140,15 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
+def override(config: RunConfig, items: list[str]) -> RunConfig:
+    """``config`` with each ``SECTION.FIELD=VALUE`` of ``items`` set (VALUE read as JSON)."""
+    for item in items:
+        key, value = item.split("=", 1)
+        section, name = key.split(".")
+        setattr(config, section, replace(getattr(config, section), **{name: json.loads(value)}))
+    return config
+
+
 def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -> RunConfig:
     latents = 1
     if task == "sudoku":
@@ -164,7 +182,7 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
         predictor_blocks=predictor,
         **({} if args.latent_dim is None or kind not in ("hcdlm", "latent") else {"latent_dim": args.latent_dim}),
     )
-    return RunConfig(
+    config = RunConfig(
         task=task_cfg,
         model=model_cfg,
         objective=ObjectiveConfig(**objective),
@@ -181,6 +199,7 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
             device=args.device,
         ),
     )
+    return override(config, getattr(args, "set", [])) if kind in ("hcdlm", "latent") else config
 
 
 def eval_examples(task: str, run, args: argparse.Namespace, split: str = "test") -> list:

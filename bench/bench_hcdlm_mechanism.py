@@ -25,6 +25,7 @@ from _common import report, rows_figure, table, target  # noqa: E402
 
 from dihal_fast.hcdlm import evaluate_run  # noqa: E402
 from dihal_fast.hcdlm.config import SampleConfig  # noqa: E402
+from dihal_fast.hcdlm.eval_config import HCDLMEvalConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import generated_sudoku  # noqa: E402
 from dihal_fast.hcdlm.scoring import load_run  # noqa: E402
 from dihal_fast.tasks.sudoku import format_grid  # noqa: E402
@@ -74,16 +75,16 @@ def main() -> int:
     torch.set_num_threads(1)
     data = write_puzzles(args.run, args.n, args.eval_seed, args.out / f"puzzles_seed{args.eval_seed}.csv")
     sample = SampleConfig(steps=args.steps, clamp=args.clamp, temperature=0.0, batch_size=150)
-    result = evaluate_run(
-        args.run,
-        data,
-        args.out / "mechanism.json",
-        sample,
-        steps_sweep=tuple(int(s) for s in args.steps_sweep.split(",") if s),
-        compare=args.compare,
-        noise_levels=LEVELS,
+    config = HCDLMEvalConfig(
+        run_dir=str(args.run),
+        data=str(data),
+        sample=sample,
+        steps_sweep=[int(s) for s in args.steps_sweep.split(",") if s],
+        compare=str(args.compare),
+        noise_levels=list(LEVELS),
         device="cpu",
     )
+    result = evaluate_run(config, args.out / "mechanism.json")
     key = "blank_cells"
     ablations = result["ablations"]
     ablation_rows = [
@@ -119,7 +120,8 @@ def main() -> int:
         f"HC-DLM `{args.run}` (step {result['step']}) against `{args.compare}` (step {result['compare']['step']}) on "
         f"{args.n} easy + {args.n} hard generated test puzzles (seed {args.eval_seed}), EMA weights, argmax, "
         f"{args.steps} steps, clamp {'on' if args.clamp else 'off'}; report `{args.out / 'mechanism.json'}`, plots "
-        "beside it.\n\nOne-step read-out, blank cells % (x_0 = the encoder mean of the true tokens, noised to s):\n\n"
+        "beside it.\n\nOne-step read-out, blank cells % (x_0 = the encoder mean of the true tokens, noised to the "
+        f"latent's level s ** {load_run(args.run, device='cpu').config.model.latent_schedule_power:g}):\n\n"
         + table(ablation_header, ablation_rows)
         + "\n\nDecoded answer per normalised sampling step, boards / blank cells % (easy + hard):\n\n"
         + table(trajectory_header, trajectory_rows)

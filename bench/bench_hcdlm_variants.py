@@ -82,11 +82,7 @@ def main() -> int:
     defaults = argparse.Namespace(
         **{**vars(bench_defaults(shlex.split(args.bench_args))), "minutes": args.minutes, "val_n": args.val_n}
     )
-    config = bench_hcdlm.run_config("sudoku", args.model, defaults)
-    for item in args.set:
-        key, value = item.split("=", 1)
-        section, field = key.split(".")
-        setattr(config, section, replace(getattr(config, section), **{field: json.loads(value)}))
+    config = bench_hcdlm.override(bench_hcdlm.run_config("sudoku", args.model, defaults), args.set)
     run_dir = args.run_dir or args.out / args.name
     summary = train(config, run_dir)
     result = {"name": args.name, "model": args.model, "set": args.set, "minutes": args.minutes, "step": summary["step"]}

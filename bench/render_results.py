@@ -302,6 +302,35 @@ QUESTIONS: dict[str, Question] = {
         "Fresh generated 6x6 puzzles: 300 easy + 300 hard test boards (generator seed 20261201, never used before), "
         "150 + 150 validation boards (seed 7) for the sampler; 10 process-CPU-minutes per model on one thread.",
     ),
+    "hcdlm_latent6": Question(
+        "HC-DLM: training changes that make the latent carry information, 6x6 validation (issue 23)",
+        HCDLM,
+        "Which training change makes x_t carry what the scaffold does not (the one-step read-out falls by >= 10 "
+        "points of blank cells when x_t becomes noise at s <= 0.5), and what does it do to the boards solved: the "
+        "latent less noisy than the scaffold (`--latent-schedule-power`), all-[MASK] scaffolds in training "
+        "(`--scaffold-blind`), a stronger entropy term with a variance floor?",
+        "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5 at 4 process-CPU-minutes on one thread, 6x6 benchmark "
+        "configuration (lr 1e-3), seed 0 unless the name says otherwise; validation split only (150 easy + 150 hard, "
+        "seed 7), 50 steps, argmax, EMA weights.",
+    ),
+    "hcdlm_latent9": Question(
+        "HC-DLM on 9x9 Sudoku with the latent-use change, validation split (issue 23)",
+        HCDLM,
+        "Does the 6x6 winner of `hcdlm_latent6` make the 9x9 HC-DLM read its latent (x_t -> noise drop at s = 0.1 / "
+        "0.3 / 0.5) and solve more validation boards than the run without it?",
+        "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5 on the 9x9 benchmark configuration of `hcdlm_sudoku9` "
+        "(lr 3e-3, width 64, latent 256, blocks 1/6/1), 30 process-CPU-minutes on one thread, seed 0; validation "
+        "split only (50 boards per group), 50 steps, argmax, EMA.",
+    ),
+    "hcdlm_sudoku9_latent": Question(
+        "HC-DLM on 9x9 Sudoku with the latent-use change, 30 CPU-minutes (issue 23)",
+        HCDLM,
+        "With the 6x6 winner of `hcdlm_latent6`, does the 9x9 HC-DLM use its latent and solve >= 20 % of easy boards "
+        "within 30 CPU-minutes?",
+        "bench_hcdlm.py's 9x9 configuration of `hcdlm_sudoku9` (lr 3e-3, width 64, latent 256, blocks 1/6/1), 30 "
+        "process-CPU-minutes on one thread, seed 0; sampler settings on 50 validation boards per group; test 150 "
+        "boards per group (generated easy / hard, seed 123, and the Kaggle levels). MDM: the `hcdlm_sudoku9` run.",
+    ),
     "wheels": Question(
         "Wheels: CPU and CUDA builds, repaired and checked",
         PACKAGING,
