@@ -146,7 +146,8 @@ def test_cuvs_knn_temporaries_are_torch_allocated():
     reserved0, allocated0 = torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     module.cuvs_allocator_stats(reset_peak=True)
-    calls0 = module.cuvs_allocator_stats()["allocations"]
+    start = module.cuvs_allocator_stats()  # what cuVS still holds from the first call counts in both peaks' bases
+    calls0, live0 = start["allocations"], start["live_bytes"]
 
     idx, d2 = backend.knn_device(X, k)
     torch.cuda.synchronize(device)
@@ -157,16 +158,17 @@ def test_cuvs_knn_temporaries_are_torch_allocated():
     workspace = module.knn_workspace(n, D, k, backend._codes[X.dtype], True)
     outputs = idx.numel() * (idx.element_size() + d2.element_size()) + 4 * n
     outside = (free0 - free1) - (torch.cuda.memory_reserved(device) - reserved0)
-    route_calls, route_peak = route["allocations"] - calls0, route["peak_bytes"] / MIB
+    route_calls, route_peak = route["allocations"] - calls0, (route["peak_bytes"] - live0) / MIB
     print(
         f"cuVS kNN n={n} D={D} k={k}: route {route_calls} allocations, peak {route_peak:.1f} MiB; torch peak"
         f" allocated +{peak / MIB:.1f} MiB, reserved +{grown / MIB:.1f} MiB (workspace {workspace / MIB:.1f} MiB,"
         f" outputs {outputs / MIB:.1f} MiB); device memory outside torch {outside / MIB:+.1f} MiB"
     )
     # cuVS's index and search temporaries went through torch and are inside what torch counts as allocated
-    assert route["allocations"] > calls0 and route["peak_bytes"] > 4 * n
-    assert route["peak_bytes"] <= peak
-    # the expected bound: our workspace, the outputs and cuVS's temporaries, plus torch's block rounding
-    assert grown <= workspace + outputs + route["peak_bytes"] + 64 * MIB
+    assert route["allocations"] > calls0 and route["peak_bytes"] - live0 > 4 * n
+    assert route["peak_bytes"] - live0 <= peak
+    # the expected bound: torch reserves what it hands out (our workspace, the outputs, the fallback's tiles and
+    # cuVS's temporaries, all in `peak`) plus its block rounding (2 MiB blocks, 20 MiB segments), no second pool
+    assert grown <= peak + 128 * MIB
     # nothing cudaMalloc'ed beside torch's cache during the call (2 MiB driver granularity, a little slack)
     assert outside <= 16 * MIB
