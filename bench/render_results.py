@@ -129,6 +129,16 @@ QUESTIONS: dict[str, Question] = {
         "shallow at twice the depth?",
         "As for tiny-llama-8l: the shipped corpus, the sweep's protocol, 1 thread on a shared 2-core CPU.",
     ),
+    "allocator": Question(
+        "CPU training: glibc's allocator defaults against the dihal command's setting",
+        PIPELINE,
+        "How much of a CPU training run's time goes to the kernel faulting freed activations back in with glibc's "
+        "default mmap/trim thresholds, what the `dihal` command's setting (`dihal_fast.cpu_malloc`) saves in CPU "
+        "time and costs in peak memory, and does the default layer sweep of the 16-layer backbone run in minutes?",
+        "`dihal sweep` on tiny-qwen3-16l, the shipped corpus, three layers at a short budget, run alternately with "
+        "`DIHAL_MALLOC=glibc` and `tuned` (process user/system CPU, minor faults, peak RSS from wait4); then the "
+        "default sweep once.",
+    ),
     "sweep_speed": Question(
         "Layer sweep: bridge training per layer-step, one run per layer against the layers trained together",
         PIPELINE,

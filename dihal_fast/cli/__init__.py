@@ -16,6 +16,7 @@ import sys
 
 from dihal_fast._native import BackendUnavailable
 from dihal_fast._version import __version__
+from dihal_fast.cpu_malloc import configure_malloc
 from dihal_fast.cpu_threads import configure_openmp, govern_threads
 
 configure_openmp()  # the command's own process, before torch or the compiled core loads libgomp
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "dihal"
     try:
         quiet_library_bars()
+        configure_malloc()  # before the first large tensor
         threads = govern_threads()  # measures the other processes' load while the command loads
         parser = build_parser()
         args = parser.parse_args(argv)
