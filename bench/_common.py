@@ -16,10 +16,12 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,38 @@ def sgemm_rate(size: int = 3072) -> float:
     tA, tB = torch.from_numpy(A), torch.from_numpy(B)
     flops = 2.0 * size**3
     return max(flops / best_time(lambda: A @ B) / 1e9, flops / best_time(lambda: tA @ tB) / 1e9)
+
+
+@dataclass
+class SweepRun:
+    """What one ``dihal sweep`` cost (its own and its worker processes' resources, from ``wait4``) and its
+    layers' validation bridge losses."""
+
+    wall_s: float
+    user_s: float
+    sys_s: float
+    minor_faults: int
+    max_rss_mb: float
+    losses: dict[str, float]
+
+
+def run_sweep(args: Sequence[str], out: Path, **env: str) -> SweepRun:
+    """``dihal sweep ARGS --out OUT`` with the environment variables ``env`` (glibc ``MALLOC_*`` and the
+    ``DIHAL_MALLOC`` / ``DIHAL_NUM_THREADS`` / ``OMP_NUM_THREADS`` of this process removed first)."""
+    dihal = shutil.which("dihal") or str(Path(sys.executable).with_name("dihal"))
+    drop = ("MALLOC_", "DIHAL_MALLOC", "DIHAL_NUM_THREADS", "OMP_NUM_THREADS")
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(drop)} | env
+    start = time.perf_counter()
+    child = subprocess.Popen(
+        [dihal, "sweep", *args, "--out", str(out)], env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"dihal sweep failed: {child.stderr.read().decode()[-2000:]}")
+    sweep = json.loads((out / "sweep.json").read_text())
+    losses = {str(row["layer"]): row["bridge_loss"] for row in sweep["layers"]}
+    return SweepRun(wall, usage.ru_utime, usage.ru_stime, usage.ru_minflt, usage.ru_maxrss / 1024, losses)
 
 
 def machine() -> str:

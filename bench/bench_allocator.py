@@ -11,48 +11,15 @@ resident memory of the command (``wait4``), and the layers' bridge losses, which
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, table, target  # noqa: E402
+from _common import SweepRun, report, run_sweep, table, target  # noqa: E402
 
 MODES = ("glibc", "tuned")
-
-
-@dataclass
-class Run:
-    wall_s: float
-    user_s: float
-    sys_s: float
-    minor_faults: int
-    max_rss_mb: float
-    losses: dict[str, float]
-
-
-def run_sweep(args: list[str], out: Path, mode: str, threads: str) -> Run:
-    """``dihal sweep ARGS --out OUT`` with ``DIHAL_MALLOC=mode``; its own resource use and bridge losses."""
-    dihal = shutil.which("dihal") or str(Path(sys.executable).with_name("dihal"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "DIHAL_MALLOC"))}
-    env.update(DIHAL_MALLOC=mode, DIHAL_NUM_THREADS=threads)
-    start = time.perf_counter()
-    child = subprocess.Popen(
-        [dihal, "sweep", *args, "--out", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"dihal sweep failed: {child.stderr.read().decode()[-2000:]}")
-    sweep = json.loads((out / "sweep.json").read_text())
-    losses = {str(row["layer"]): row["bridge_loss"] for row in sweep["layers"]}
-    return Run(wall, usage.ru_utime, usage.ru_stime, usage.ru_minflt, usage.ru_maxrss / 1024, losses)
 
 
 def main() -> None:
@@ -69,15 +36,19 @@ def main() -> None:
 
     sweep_args = ["--model", args.model, "--layers", *args.layers.split(), "--budget-steps", str(args.budget_steps)]
     sweep_args += ["--score-repeats", "3"]
-    runs: dict[str, list[Run]] = {mode: [] for mode in MODES}
+    runs: dict[str, list[SweepRun]] = {mode: [] for mode in MODES}
     order = [MODES[(i + i // 2) % 2] for i in range(2 * args.rounds)]  # glibc tuned tuned glibc ...
     with tempfile.TemporaryDirectory() as tmp:
         for i, mode in enumerate(order):
-            runs[mode].append(run_sweep(sweep_args, Path(tmp) / f"{i}_{mode}", mode, args.threads))
+            runs[mode].append(
+                run_sweep(sweep_args, Path(tmp) / f"{i}_{mode}", DIHAL_MALLOC=mode, DIHAL_NUM_THREADS=args.threads)
+            )
             print(mode, runs[mode][-1], flush=True)
         full = None
         if args.full:
-            full = run_sweep(["--model", args.model], Path(tmp) / "full", "tuned", "auto")
+            full = run_sweep(
+                ["--model", args.model], Path(tmp) / "full", DIHAL_MALLOC="tuned", DIHAL_NUM_THREADS="auto"
+            )
             print("full", full, flush=True)
 
     layer_steps = len(args.layers.split()) * args.budget_steps

@@ -139,6 +139,15 @@ QUESTIONS: dict[str, Question] = {
         "`DIHAL_MALLOC=glibc` and `tuned` (process user/system CPU, minor faults, peak RSS from wait4); then the "
         "default sweep once.",
     ),
+    "sweep_workers": Question(
+        "Layer sweep on CPU: worker processes against threads in one process",
+        PIPELINE,
+        "On a CPU with two cores, how much faster is a layer sweep in one-thread worker processes (`dihal sweep "
+        "--workers`) than in one process with one or two threads, what does it cost in CPU time and memory, and "
+        "are the layers' bridge losses the one-thread run's?",
+        "`dihal sweep` on tiny-qwen3-16l, every candidate layer, a short budget, the shipped corpus; wall time, CPU "
+        "time of the command and its workers, peak RSS of the largest process (wait4).",
+    ),
     "sweep_speed": Question(
         "Layer sweep: bridge training per layer-step, one run per layer against the layers trained together",
         PIPELINE,

@@ -30,6 +30,7 @@ MMAP_THRESHOLD = 32 << 20  # bytes: glibc's own largest dynamic threshold, fixed
 TRIM_THRESHOLD = 256 << 20  # bytes of free heap top kept before glibc returns it to the kernel
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+_APPLIED = False  # set by configure_malloc in this process (worker processes repeat it: see applied())
 
 
 def user_chose_malloc() -> bool:
@@ -54,6 +55,15 @@ def configure_malloc() -> bool:
     except (OSError, AttributeError):
         logger.debug("not glibc: the allocator keeps its settings")
         return False
+    global _APPLIED
     done = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     logger.debug("glibc malloc: mmap threshold %d, trim threshold %d (%s)", MMAP_THRESHOLD, TRIM_THRESHOLD, done)
+    _APPLIED = _APPLIED or done
     return done
+
+
+def applied() -> bool:
+    """Whether :func:`configure_malloc` set the thresholds in this process: a process that spawns workers for the
+    same job passes this on, and the workers call :func:`configure_malloc` too (a spawned process starts with
+    glibc's defaults)."""
+    return _APPLIED

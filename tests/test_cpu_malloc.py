@@ -87,3 +87,20 @@ def test_bad_setting_is_one_line_from_the_command(monkeypatch, capsys):
     assert main(["info"]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == ["dihal: error: DIHAL_MALLOC must be 'tuned' or 'glibc', got 'fast'"]
+
+
+@needs_glibc
+def test_applied_tells_worker_processes_what_the_parent_did():
+    script = (
+        "from dihal_fast import cpu_malloc; a = cpu_malloc.applied(); cpu_malloc.configure_malloc(); "
+        "print(a, cpu_malloc.applied())"
+    )
+    for mode, expected in (("tuned", "False True"), ("glibc", "False False")):
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            env=_clean_env(DIHAL_MALLOC=mode),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert done.stdout.split() == expected.split(), mode

@@ -128,3 +128,63 @@ def test_train_bridges_refuses_a_layer_without_a_directory(tiny_checkpoints, cor
     with pytest.raises(ValueError, match="layer must be an integer in 1..3"):
         train_bridges(tiny_checkpoints["llama"], [1, 9], corpus, {1: tmp_path / "a", 9: tmp_path / "b"}, _config())
     assert not (tmp_path / "a").exists()
+
+
+def test_worker_processes_give_every_layer_the_same_run(tiny_checkpoints, corpus, tmp_path):
+    """Two one-thread worker processes, each training its share of the layers: the runs of one process (one
+    thread, for bit-equal GEMMs), layer by layer; a partly trained layer resumes in its worker."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, config, layers = tiny_checkpoints["qwen3"], _config(), [1, 2, 3]
+        one = {layer: tmp_path / "one" / f"layer_{layer}" for layer in layers}
+        train_bridges(model, layers, corpus, one, config)
+        two = {layer: tmp_path / "two" / f"layer_{layer}" for layer in layers}
+
+        def crash(info):
+            if info.step == 3:
+                raise _Crash
+
+        with pytest.raises(_Crash):
+            train_bridge(model, 2, corpus, two[2], config, callback=crash)
+        results = train_bridges(model, layers, corpus, two, config, workers=2)
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(results) == layers and all(
+        results[layer]["hybrid_dir"] == str(two[layer] / "hybrid") for layer in layers
+    )
+    for layer in layers:
+        _assert_same_run(one[layer], two[layer])
+
+
+def test_split_layers_balances_the_layers_above():
+    from dihal_fast.replace.lockstep import split_layers
+
+    groups = split_layers(list(range(1, 16)), 2, 16)
+    assert sorted(layer for group in groups for layer in group) == list(range(1, 16))
+    assert all(group == sorted(group) for group in groups)
+    costs = [sum(16 - layer + 2 for layer in group) for group in groups]
+    assert max(costs) - min(costs) <= 2  # 150 in all: 74 / 76 or better
+    assert split_layers([4, 2], 8, 6) == [[4], [2]] or split_layers([4, 2], 8, 6) == [[2], [4]]
+    assert len(split_layers([1, 2, 3], 1, 4)) == 1
+
+
+@pytest.mark.parametrize("workers", [0, -1, 1.5, True])
+def test_train_bridges_refuses_a_bad_worker_count(tiny_checkpoints, corpus, tmp_path, workers):
+    with pytest.raises(ValueError, match="workers must be a positive integer"):
+        train_bridges(
+            tiny_checkpoints["llama"], [1, 2], corpus, {1: tmp_path / "a", 2: tmp_path / "b"}, _config(), workers
+        )
+    assert not (tmp_path / "a").exists()
+
+
+def test_sweep_worker_count(monkeypatch):
+    from dihal_fast.pipeline.sweep_stage import bridge_workers
+
+    monkeypatch.setenv("DIHAL_NUM_THREADS", "3")
+    assert bridge_workers(0, "cpu", 15) == 3  # the pinned threads, one per process
+    assert bridge_workers(0, "cpu", 2) == 2  # at most one per layer
+    assert bridge_workers(5, "cpu", 15) == 5 and bridge_workers(1, "cpu", 15) == 1
+    monkeypatch.setenv("DIHAL_NUM_THREADS", "auto")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert bridge_workers(0, "cpu", 15) == min(torch.get_num_threads(), 15)

@@ -4,7 +4,8 @@ geometry score predicted it.
 ``sweep(SweepConfig(...), out)`` runs locate with repeated score runs, trains a bridge per layer with one
 budget, and writes ``out/sweep.json`` and ``out/sweep.png``; reruns reuse finished layers. The layers' bridges
 train together (:func:`sweep_bridges`): one teacher forward pass per batch serves all of them, with the numbers
-each would get from ``dihal replace`` alone.
+each would get from ``dihal replace`` alone; on the CPU in as many one-thread worker processes as the threads
+this process would use (``SweepConfig.workers``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,14 @@ class SweepConfig(CheckedConfig):
     layers: list[int] | None = option(None, "candidate layers (default 1..L-1)")
     device: str = device_option(help="device of locate and of every bridge training: " + DEVICE_HELP)
     dtype: str = dtype_option()
+    workers: int = option(
+        0,
+        "processes that train the layers' bridges on the CPU, one thread each (0: as many as the threads this "
+        "process would use, e.g. the cores other processes leave free, at most one per layer; 1: one process "
+        "with this process's threads). Each layer's run is the one it gets alone with the same thread count; "
+        "one thread and two give losses that differ in the last bits (about 1e-10)",
+        min=0,
+    )
     settings: SweepBudgetConfig = field(default_factory=SweepBudgetConfig, metadata={"help": "budget and sizes"})
 
     def locate_config(self) -> LocateConfig:
@@ -110,7 +119,7 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
     candidates = list(locate["candidate_layers"])
     score_runs = np.asarray(locate["per_repeat"]["score"], dtype=np.float64)
     score_rows = {row["layer"]: row["score"] for row in locate["layers"]}
-    results = sweep_bridges(out, model, candidates, corpus, config.train_config())
+    results = sweep_bridges(out, model, candidates, corpus, config.train_config(), config.workers)
     rows = []
     for layer in candidates:
         loss, hybrid_dir = float(results[layer]["bridge_loss"]), results[layer]["hybrid_dir"]
@@ -148,12 +157,13 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
 
 
 def sweep_bridges(
-    out: Path, model: str | None, layers: list[int], corpus: list[str], train: BridgeTrainConfig
+    out: Path, model: str | None, layers: list[int], corpus: list[str], train: BridgeTrainConfig, workers: int = 1
 ) -> dict[int, dict]:
     """The bridge training summary of each of ``layers`` in ``out/layer_NN``: read back where that run finished,
     else trained (or resumed) together with the other unfinished layers, each run directory locked
     (:func:`~dihal_fast.replace.lockstep.train_bridges`; ``train`` is the
-    :class:`~dihal_fast.replace.config.BridgeTrainConfig` of every layer)."""
+    :class:`~dihal_fast.replace.config.BridgeTrainConfig` of every layer; ``workers`` as
+    :attr:`SweepConfig.workers`)."""
     from dihal_fast.common.checkpoint_config import check_checkpoint_config
     from dihal_fast.common.rundir import run_directory
     from dihal_fast.replace.lockstep import train_bridges
@@ -169,12 +179,29 @@ def sweep_bridges(
     todo = [layer for layer in layers if layer not in results]
     if todo:
         check_checkpoint_config(model, train.seq_len)  # a bad config.json, a too long --seq-len
+        workers = bridge_workers(workers, train.device, len(todo))
         logger.info("training the bridges of layers %s together (%d steps each)", todo, train.steps)
         with contextlib.ExitStack() as locks:
             for layer in todo:
                 locks.enter_context(run_directory(dirs[layer], "dihal sweep"))
-            results.update(train_bridges(model, todo, corpus, {layer: dirs[layer] for layer in todo}, train))
+            results.update(train_bridges(model, todo, corpus, {layer: dirs[layer] for layer in todo}, train, workers))
     return results
+
+
+def bridge_workers(requested: int, device: str, layers: int) -> int:
+    """The worker processes of a sweep's bridge training: 1 off the CPU, ``requested`` if set (at most one per
+    layer), else the threads this process would use (a pinned ``DIHAL_NUM_THREADS``, the ``dihal`` command's
+    count of the cores other processes leave free, or torch's threads)."""
+    from dihal_fast.common.devices import resolve_device
+    from dihal_fast.cpu_threads import pinned_threads, poll_threads
+
+    if resolve_device(device).type != "cpu":
+        return 1
+    if requested < 1:
+        import torch
+
+        requested = pinned_threads() or poll_threads() or torch.get_num_threads()
+    return max(1, min(requested, layers))
 
 
 def sweep_controls(sweep_dir: str | Path) -> dict[str, str]:

@@ -7,19 +7,30 @@ depends only on the seed and the step), the same initialisation (the seed is set
 the same diffusion noise (drawn per step) and the same teacher targets (one deterministic forward pass of the
 frozen backbone, whose ``h_l`` and logits do not depend on which layers are read). The backbone and the corpus
 blocks are loaded once; the layers step in turn (:func:`~dihal_fast.train.trainer.fit_lockstep`).
+
+On a CPU with several free cores, ``workers=N`` trains the layers in ``N`` one-thread processes instead, each its
+share of the layers together (:func:`split_layers` balances the layers above each one): at the small widths of a
+sweep one thread per process uses the cores better than threads in one process, and each layer's run is still
+the one it gets alone with one thread.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import multiprocessing
 import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import Tensor, nn
 
+from dihal_fast.common.devices import resolve_device
 from dihal_fast.common.hf_loading import load_causal_lm
 from dihal_fast.hybrid import backbone_targets
 from dihal_fast.hybrid.slicing import tap_hidden_state
@@ -67,30 +78,70 @@ class SharedTeacher:
         return {first: hidden, **{layer: taps[layer][-1].to(input_ids.device) for layer in others}}, logits
 
 
+@dataclass(frozen=True)
+class LayerRuns:
+    """The bridge runs of one :func:`train_bridges` call (what a worker process is handed): the checkpoint (as
+    given, a path once :meth:`preflight` resolved it), the layers in order, the corpus, each layer's run
+    directory and the training config."""
+
+    model_path: str | os.PathLike | None
+    layers: list[int]
+    corpus: str | os.PathLike | Sequence[str | os.PathLike]
+    out_dirs: Mapping[int, str | os.PathLike]
+    config: BridgeTrainConfig
+
+    def subset(self, layers: list[int]) -> LayerRuns:
+        return dataclasses.replace(self, layers=layers, out_dirs={layer: self.out_dirs[layer] for layer in layers})
+
+    def preflight(self) -> tuple[LayerRuns, dict[int, Path | None]]:
+        """Every check of every layer's run before any weights load: the runs with the resolved config, and
+        each layer's checkpoint to resume from."""
+        checkpoints = {}
+        for layer in self.layers:
+            model_path, config, _, checkpoints[layer] = _preflight(
+                self.model_path, layer, self.corpus, Path(self.out_dirs[layer]), self.config, None, True, "none"
+            )
+        return dataclasses.replace(self, model_path=model_path, config=config), checkpoints
+
+
 def train_bridges(
     model_dir: str | os.PathLike | None,
     layers: Sequence[int],
     corpus: str | os.PathLike | Sequence[str | os.PathLike],
     out_dirs: Mapping[int, str | os.PathLike],
     config: BridgeTrainConfig | None = None,
+    workers: int = 1,
 ) -> dict[int, dict]:
     """Train (or resume) the bridge of each of ``layers`` in ``out_dirs[layer]``, all with ``config``, sharing the
-    teacher's forward passes; ``{layer: summary}`` as :func:`~dihal_fast.replace.train_bridge` returns it. One
-    process, plain torch (the sweep's setting)."""
-    config = config or BridgeTrainConfig()
+    teacher's forward passes; ``{layer: summary}`` as :func:`~dihal_fast.replace.train_bridge` returns it. Plain
+    torch (the sweep's setting): one process, or with ``workers > 1`` (CPU only) that many processes of one
+    thread each, every one training its share of the layers (:func:`split_layers`) together. Each layer's run is
+    the same either way at the same thread count (a GEMM's sums, and so the last bits, can depend on it)."""
     layers = list(dict.fromkeys(layers))
     if not layers or set(layers) - set(out_dirs):
         raise ValueError(f"need a run directory for each of the layers {layers}, got {sorted(out_dirs)}")
-    checkpoints = {}
-    for layer in layers:  # every check before any weights load
-        model_path, resolved, _, checkpoints[layer] = _preflight(
-            model_dir, layer, corpus, Path(out_dirs[layer]), config, None, True, "none"
-        )
-    config = resolved
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+    runs, checkpoints = LayerRuns(model_dir, layers, corpus, dict(out_dirs), config or BridgeTrainConfig()).preflight()
+    if workers > 1 and len(layers) > 1:
+        if resolve_device(runs.config.device).type != "cpu":
+            raise ValueError(f"workers > 1 trains on the CPU only; this run's device is {runs.config.device!r}")
+        return _train_in_workers(runs, workers)
+    return _train_together(runs, checkpoints)
+
+
+def _train_together(
+    runs: LayerRuns, checkpoints: Mapping[int, Path | None], position: int | None = None
+) -> dict[int, dict]:
+    """One process: load the backbone and blocks once, step every layer's bridge in turn (progress bar at
+    ``position``)."""
+    config, layers, out_dirs = runs.config, runs.layers, runs.out_dirs
+    assert runs.model_path is not None, "preflight resolves the checkpoint first"
+    model_path = Path(runs.model_path)
     with training_session(None, config.loop_settings()) as (rank, _, device):
         backbone, tokenizer = load_causal_lm(model_path, config.dtype, device)
         backbone.requires_grad_(False)
-        blocks = load_blocks(tokenizer, corpus, config.seq_len, config.val_blocks, config.max_train_tokens)
+        blocks = load_blocks(tokenizer, runs.corpus, config.seq_len, config.val_blocks, config.max_train_tokens)
         batches = max(-(-min(config.stats_blocks, blocks.train.shape[0]) // config.batch_size), 1)
         teacher = SharedTeacher(backbone, layers, capacity=max(batches, -(-config.val_blocks // config.batch_size)))
         jobs = {
@@ -109,10 +160,69 @@ def train_bridges(
             )
             for layer in layers
         }
-        runs = fit_lockstep(
+        trained = fit_lockstep(
             [(jobs[layer], out_dirs[layer], checkpoints[layer]) for layer in layers],
-            desc=f"bridges of layers {layers[0]}..{layers[-1]}" if len(layers) > 1 else f"bridge layer {layers[0]}",
+            desc=f"bridges of layers {', '.join(map(str, layers))}" if len(layers) > 1 else f"bridge layer {layers[0]}",
+            position=position,
         )
-        results = {layer: jobs[layer].finish(run, run.elapsed_s - run.resumed_s) for layer, run in zip(layers, runs)}
+        results = {layer: jobs[layer].finish(run, run.elapsed_s - run.resumed_s) for layer, run in zip(layers, trained)}
     logger.info("%d teacher forward passes for %d layers", teacher.passes, len(layers))
     return results
+
+
+def split_layers(layers: Sequence[int], workers: int, backbone_layers: int) -> list[list[int]]:
+    """``layers`` in at most ``workers`` groups of about equal cost, each in increasing order: a layer-``l`` bridge
+    step runs the ``backbone_layers - l`` layers above it forward and back, plus about two layers' worth for
+    the bridge, the teacher's share and the head (the shallowest, dearest cut first, each to the group with the
+    least cost so far)."""
+    groups: list[list[int]] = [[] for _ in range(min(workers, len(layers)))]
+    cost = [0] * len(groups)
+    for layer in sorted(layers):
+        i = cost.index(min(cost))
+        groups[i].append(layer)
+        cost[i] += backbone_layers - layer + 2
+    return [sorted(group) for group in groups]
+
+
+def _train_in_workers(runs: LayerRuns, workers: int) -> dict[int, dict]:
+    """:func:`train_bridges` of each :func:`split_layers` group in its own one-thread process (spawned: no
+    OpenMP pool is forked)."""
+    from transformers import AutoConfig
+
+    from dihal_fast import cpu_malloc
+
+    groups = split_layers(runs.layers, workers, AutoConfig.from_pretrained(runs.model_path).num_hidden_layers)
+    logger.info("%d worker processes of one thread, layers %s", len(groups), groups)
+    level, tuned_malloc = logging.getLogger().getEffectiveLevel(), cpu_malloc.applied()
+    results: dict[int, dict] = {}
+    with ProcessPoolExecutor(len(groups), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_worker, i, runs.subset(group), level, tuned_malloc) for i, group in enumerate(groups)]
+        try:
+            for future in futures:
+                results.update(future.result())
+        except BrokenProcessPool:
+            raise ChildProcessError(
+                "a sweep worker process died (killed, or out of memory?); rerun to resume from the last checkpoints"
+            ) from None
+    return {layer: results[layer] for layer in runs.layers}
+
+
+def _worker(index: int, runs: LayerRuns, log_level: int, tuned_malloc: bool) -> dict[int, dict]:
+    """One worker process: one thread, the parent's log level and allocator setting, writes only below its layers'
+    run directories."""
+    import torch
+
+    from dihal_fast.common.io import run_root
+    from dihal_fast.cpu_malloc import configure_malloc
+
+    if tuned_malloc:
+        configure_malloc()
+    torch.set_num_threads(1)
+    logging.basicConfig(
+        level=log_level, format=f"%(asctime)s %(levelname)s worker {index} %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
+    runs, checkpoints = runs.preflight()
+    with contextlib.ExitStack() as roots:
+        for layer in runs.layers:
+            roots.enter_context(run_root(runs.out_dirs[layer]))
+        return _train_together(runs, checkpoints, position=index)

@@ -226,18 +226,27 @@ def fit(
 
 
 def fit_lockstep(
-    jobs: Sequence[tuple[TrainingJob, str | os.PathLike, Path | None]], desc: str = "train (lockstep)"
+    jobs: Sequence[tuple[TrainingJob, str | os.PathLike, Path | None]],
+    desc: str = "train (lockstep)",
+    position: int | None = None,
 ) -> list[TrainingRun]:
     """Train several plain-torch jobs ``(job, run_dir, checkpoint)`` in turn, one optimizer step at a time (step
     ``s`` of every job before step ``s + 1`` of any; a job resumed further waits for the others): jobs whose batches
     share work, as the bridges of one sweep share the teacher's forward pass of each batch, do it once per step.
 
     Each job's run is exactly what :func:`fit` gives it alone (same checkpoints, log and numbers): its time budget
-    and ``elapsed_s`` count only its own steps."""
+    and ``elapsed_s`` count only its own steps. ``position``: the progress bar's line (one per worker process)."""
     runs = [_start(job, Path(run_dir), None, checkpoint) for job, run_dir, checkpoint in jobs]
     pending = [(run, _steps(job, run, job.settings.steps, progress=False)) for (job, _, _), run in zip(jobs, runs)]
     total = sum(job.settings.steps for job, _, _ in jobs)
-    bar = progress_bar(total=total, initial=sum(run.step for run in runs), desc=desc, unit="step", dynamic_ncols=True)
+    bar = progress_bar(
+        total=total,
+        initial=sum(run.step for run in runs),
+        desc=desc,
+        unit="step",
+        dynamic_ncols=True,
+        position=position,
+    )
     with _sigterm_as_interrupt():
         try:
             while pending:
