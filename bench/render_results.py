@@ -310,7 +310,8 @@ QUESTIONS: dict[str, Question] = {
         "scaffold is random, does its decoded answer improve over the sampling trajectory (against MDM's, paper "
         "Fig. 3a), and how does accuracy change with the number of steps (Fig. 3b)?",
         "`dihal hcdlm eval --compare` (through `evaluate_run`) on the 150 easy + 150 hard generated 9x9 test puzzles "
-        "of `hcdlm_sudoku9` (seed 123), the runs of that record.",
+        "of `hcdlm_sudoku9` (seed 123): the HC-DLM run of `hcdlm_sudoku9_latent` (--latent-schedule-power 3) against "
+        "the MDM run of `hcdlm_sudoku9`, both 30 process-CPU-minutes.",
     ),
     "hcdlm_sudoku_fresh": Question(
         "HC-DLM vs MDM: 6x6 Sudoku on fresh puzzles at 10 CPU-minutes, with test-time scaling (issue 23)",
