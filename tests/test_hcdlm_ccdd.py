@@ -22,7 +22,7 @@ from dihal_fast.hcdlm.trainer import train
 from dihal_fast.tasks.countdown_task import CountdownTask
 from dihal_fast.tasks.registry import TaskConfig
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
-from dihal_fast.testing.tiny import HCDLM_TINY, HCDLM_TINY_ARGS
+from dihal_fast.testing.tiny import HCDLM_TINY, HCDLM_TINY_ARGS, hcdlm_text_args
 from dihal_fast.train.checkpoint import latest_checkpoint
 
 
@@ -242,18 +242,8 @@ def test_cli_countdown_train_and_eval(tmp_path, shared_data):
 def test_cli_text_with_tiny_backbone(tmp_path, tiny_checkpoints, shared_data):
     backbone, text = tiny_checkpoints["llama"], shared_data / "text" / "tinystories.valid.txt"
     run, out = tmp_path / "text", tmp_path / "text.json"
-    text_args = [
-        "--text-files",
-        str(text),
-        "--text-max-chars",
-        "20000",
-        "--text-len",
-        "16",
-        "--backbone",
-        str(backbone),
-    ]
     train_args = ["hcdlm", "train", "--task", "text", "--model", "ccdd", "--out", str(run), "--steps", "2"]
-    assert main([*train_args, *text_args, *HCDLM_TINY_ARGS]) == 0
+    assert main([*train_args, *hcdlm_text_args(text, backbone), *HCDLM_TINY_ARGS]) == 0
     eval_args = ["--samples", "4", "--steps", "2", "--evaluator", str(backbone)]
     assert main(["hcdlm", "eval", str(run), "--data", str(text), "--out", str(out), *eval_args]) == 0
     report = json.loads(out.read_text())

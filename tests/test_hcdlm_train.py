@@ -14,7 +14,7 @@ from dihal_fast.cli import main
 from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, RunConfig
 from dihal_fast.hcdlm.trainer import train
 from dihal_fast.tasks.registry import TaskConfig
-from dihal_fast.testing.tiny import HCDLM_TINY_ARGS
+from dihal_fast.testing.tiny import HCDLM_TINY_ARGS, hcdlm_text_args
 from dihal_fast.train.checkpoint import latest_checkpoint
 
 TINY = HCDLM_TINY_ARGS
@@ -272,16 +272,9 @@ def test_cli_text_with_tiny_backbone(tmp_path, model, tiny_checkpoints, shared_d
                 str(run),
                 "--steps",
                 "2",
-                "--text-files",
-                str(text),
-                "--text-max-chars",
-                "20000",
-                "--text-len",
-                "16",
                 "--latents",
                 "4",
-                "--backbone",
-                str(backbone),
+                *hcdlm_text_args(text, backbone),
                 *TINY,
             ]
         )

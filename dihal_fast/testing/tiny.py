@@ -27,6 +27,22 @@ HCDLM_TINY_ARGS = [
     *("--batch-size", "8", "--threads", "1"),
 ]
 
+
+def hcdlm_text_args(text: str | Path, backbone: str | Path, max_chars: int = 20000, text_len: int = 16) -> list[str]:
+    """The `dihal hcdlm train --task text` flags of a test: a short slice of ``text`` in windows of ``text_len``
+    tokens of ``backbone``'s tokenizer."""
+    return [
+        "--text-files",
+        str(text),
+        "--text-max-chars",
+        str(max_chars),
+        "--text-len",
+        str(text_len),
+        "--backbone",
+        str(backbone),
+    ]
+
+
 _TRAINING_TEXT = [
     "The quick brown fox jumps over the lazy dog.",
     "Once upon a time there was a little girl who loved to read books.",
