@@ -139,6 +139,15 @@ QUESTIONS: dict[str, Question] = {
         "`DIHAL_MALLOC=glibc` and `tuned` (process user/system CPU, minor faults, peak RSS from wait4); then the "
         "default sweep once.",
     ),
+    "sweep_default": Question(
+        "Layer sweep: the default protocol on tiny-qwen3-16l, as a user runs it",
+        PIPELINE,
+        "How long does `dihal sweep --model tiny-qwen3-16l` take with every default (15 layers, 200 bridge steps "
+        "each, 30 score runs, workers and threads chosen by the command) on a 2-core machine, and does it give the "
+        "layer tables' numbers?",
+        "The shipped corpus; wall and CPU time of the command and its workers, peak RSS (wait4); the bridge losses "
+        "against the layer-table record.",
+    ),
     "sweep_workers": Question(
         "Layer sweep on CPU: worker processes against threads in one process",
         PIPELINE,
