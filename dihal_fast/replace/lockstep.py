@@ -126,7 +126,7 @@ def train_bridges(
     if workers > 1 and len(layers) > 1:
         if resolve_device(runs.config.device).type != "cpu":
             raise ValueError(f"workers > 1 trains on the CPU only; this run's device is {runs.config.device!r}")
-        return _train_in_workers(runs, workers)
+        return _train_in_workers(runs, checkpoints, workers)
     return _train_together(runs, checkpoints)
 
 
@@ -184,9 +184,9 @@ def split_layers(layers: Sequence[int], workers: int, backbone_layers: int) -> l
     return [sorted(group) for group in groups]
 
 
-def _train_in_workers(runs: LayerRuns, workers: int) -> dict[int, dict]:
-    """:func:`train_bridges` of each :func:`split_layers` group in its own one-thread process (spawned: no
-    OpenMP pool is forked)."""
+def _train_in_workers(runs: LayerRuns, checkpoints: Mapping[int, Path | None], workers: int) -> dict[int, dict]:
+    """:func:`_train_together` of each :func:`split_layers` group in its own one-thread process (spawned: no
+    OpenMP pool is forked), with the runs and checkpoints this process checked (it holds their directories)."""
     from transformers import AutoConfig
 
     from dihal_fast import cpu_malloc
@@ -196,7 +196,12 @@ def _train_in_workers(runs: LayerRuns, workers: int) -> dict[int, dict]:
     level, tuned_malloc = logging.getLogger().getEffectiveLevel(), cpu_malloc.applied()
     results: dict[int, dict] = {}
     with ProcessPoolExecutor(len(groups), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_worker, i, runs.subset(group), level, tuned_malloc) for i, group in enumerate(groups)]
+        futures = [
+            pool.submit(
+                _worker, i, runs.subset(group), {layer: checkpoints[layer] for layer in group}, level, tuned_malloc
+            )
+            for i, group in enumerate(groups)
+        ]
         try:
             for future in futures:
                 results.update(future.result())
@@ -207,7 +212,9 @@ def _train_in_workers(runs: LayerRuns, workers: int) -> dict[int, dict]:
     return {layer: results[layer] for layer in runs.layers}
 
 
-def _worker(index: int, runs: LayerRuns, log_level: int, tuned_malloc: bool) -> dict[int, dict]:
+def _worker(
+    index: int, runs: LayerRuns, checkpoints: Mapping[int, Path | None], log_level: int, tuned_malloc: bool
+) -> dict[int, dict]:
     """One worker process: one thread, the parent's log level and allocator setting, writes only below its layers'
     run directories."""
     import torch
@@ -221,7 +228,6 @@ def _worker(index: int, runs: LayerRuns, log_level: int, tuned_malloc: bool) -> 
     logging.basicConfig(
         level=log_level, format=f"%(asctime)s %(levelname)s worker {index} %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
-    runs, checkpoints = runs.preflight()
     with contextlib.ExitStack() as roots:
         for layer in runs.layers:
             roots.enter_context(run_root(runs.out_dirs[layer]))
