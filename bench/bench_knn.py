@@ -21,6 +21,37 @@ from _common import best_time, report, rows_figure, sgemm_rate, table, target
 import dihal_fast as df
 from dihal_fast import _native
 
+# This script's figures at the build before the proven certificate bound, kept so that every record shows
+# before and after: main's installed build on 2026-12-01 11:43-11:49 (main's HEAD 2b3b02d; the estimate
+# (4 sqrt(D) + 8) u (|x_i|^2 + max |x_j|^2) of 591408a's csrc/knn_logic.hpp), load 11.4-12.0 on the 2 cores,
+# from bench/RESULTS.md of 0ec2f8c (deleted in 5ea7e53). Another build and another load: not re-measured.
+BEFORE_COLUMNS = ["rows", "ours s", "faiss s", "faiss / ours", "certified (CPU kernel)", "certified (CUDA emulation)"]
+BEFORE_ROWS = [
+    ["synthetic n=20000, D=256 (11:43)", 7.464, 15.34, 2.055, "-", "-"],
+    ["backbone layer 1, n=16384, D=128 (11:43)", 3.622, 7.694, 2.124, "n/a (no counter)", "1.0000 (first 3000)"],
+    ["backbone layer 4", 3.081, 6.142, 1.994, "n/a (no counter)", "1.0000 (first 3000)"],
+    ["backbone layer 8", 3.497, 6.048, 1.73, "n/a (no counter)", "1.0000 (first 3000)"],
+    [
+        "low-rank + offset, n=3000, D=1024 / 4096 / 8192 (11:49)",
+        "-",
+        "-",
+        "-",
+        "n/a (no counter)",
+        "1.0000 each (first 1000)",
+    ],
+]
+
+
+def before_section() -> str:
+    """The labelled table of the figures before the proven bound (``BEFORE_ROWS``), for every record's body."""
+    return (
+        "**Before the proven bound** (not this run: main's build of 2026-12-01 11:43-11:49, HEAD 2b3b02d, the "
+        "typical-case estimate `(4 sqrt(D) + 8) u (|x_i|^2 + max |x_j|^2)`; load 11.4-12.0 on 2 cores; from "
+        "bench/RESULTS.md of 0ec2f8c). Same script and data; that build had no recompute counter, so only the "
+        "CUDA emulation's share is known. Absolute times move with the load (faiss is the same library in both): "
+        "compare the faiss / ours ratios, not the seconds.\n\n" + table(BEFORE_COLUMNS, BEFORE_ROWS)
+    )
+
 
 def hidden_states(tokens: int, layers: list[int], seq_len: int = 128) -> dict[int, np.ndarray]:
     """``tokens`` hidden states (float32 rows) of each of ``layers`` of the shipped backbone on the shipped corpus."""
@@ -169,6 +200,7 @@ def main() -> None:
         body += "\n\n" + hidden_state_table(args)
     if args.wide_dims:
         body += "\n\n" + wide_table(args)
+    body += "\n\n" + before_section()
     report(
         "kNN: dihal_fast vs FAISS",
         body,
@@ -181,6 +213,7 @@ def main() -> None:
             "sgemm_gflops": rate,
             "gemm_floor_s": floor,
             "agreement_with_faiss": agreement,
+            "before_proven_bound": rows_figure(BEFORE_COLUMNS, BEFORE_ROWS),
         },
         targets=[target("time <= FAISS IndexFlatL2 time", f"{t_ours:.3g} s vs {t_faiss:.3g} s", t_ours <= t_faiss)],
     )
