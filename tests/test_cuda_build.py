@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -90,6 +91,72 @@ def test_unusable_gpu_setups_say_what_is_missing(monkeypatch, capability):
         with pytest.raises(df.BackendUnavailable, match="sm_75"):
             backend_cuda.require_capability(module, "cuda", torch.device("cuda", 1))
     assert seen == [torch.device("cuda", 1)]
+
+
+class _RowsOnDevice:
+    """What CudaBackend._matrix reads of a CUDA tensor (device, dtype, detach, contiguous), on a device index that
+    needs no GPU here."""
+
+    def __init__(self, index: int) -> None:
+        self.device = torch.device("cuda", index)
+        self.dtype = torch.float32
+
+    def detach(self) -> _RowsOnDevice:
+        return self
+
+    def contiguous(self) -> _RowsOnDevice:
+        return self
+
+
+def test_matrix_checks_the_capability_of_the_rows_device_not_the_current_one(monkeypatch):
+    # Two GPUs: device 0 is sm_90, device 1 sm_75. Rows on the device that is not current decide.
+    capabilities = {0: (9, 0), 1: (7, 5)}
+    current = [0]
+    asked = []
+
+    def capability(device=None):
+        # torch's rule: None, or a device without an index, means the current device
+        index = device if isinstance(device, int) else None if device is None else torch.device(device).index
+        index = current[0] if index is None else index
+        asked.append(index)
+        return capabilities[index]
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    module = SimpleNamespace(build_info=lambda: {"cuda_architectures": "80-real,90"})
+    backend = backend_cuda.CudaBackend(module, use_cuvs=False)
+    with pytest.raises(df.BackendUnavailable, match="cuda:1 is sm_75"):
+        backend._matrix(_RowsOnDevice(1))  # current device 0 is sm_90: passing would mean it was asked instead
+    with pytest.raises(df.BackendUnavailable, match="cuda:1 is sm_75"):
+        backend._matrix(_RowsOnDevice(1))  # a refused device is not remembered as checked
+    current[0] = 1
+    rows = _RowsOnDevice(0)
+    assert backend._matrix(rows) is rows  # current device 1 is sm_75; the rows' device 0 is sm_90
+    assert backend._matrix(rows) is rows
+    assert asked == [1, 1, 0]  # each device once it passed, the rows' device every time
+
+
+@pytest.mark.parametrize("dtype", [0, 1, 2, 3], ids=["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("D", [128, 8192])
+def test_knn_workspace_holds_no_centred_copy(dtype, D):
+    # Tiled centring (csrc/cuda/knn.cu): query and reference tiles are centred as they are read, so the workspace
+    # grows by a few per-row scalars (norms, row maxima), not by a centred n x D copy (64 GB at n = 2e6, D = 8192).
+    module = _cuda_module()
+    small, large = 20_000, 2_000_000
+    ws_small, ws_large = (module.knn_workspace(n, D, 16, dtype, False) for n in (small, large))
+    assert ws_large - ws_small <= 32 * (large - small)  # a centred copy would add at least 4 D bytes per row
+
+
+@pytest.mark.parametrize("dtype", [0, 2, 3], ids=["float16", "float32", "float64"])
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("D", [128, 8192])
+def test_covariance_workspace_is_one_block_of_rows(dtype, exact, D):
+    # Rows are centred one block at a time (csrc/cuda/covariance.cu, block_rows): past one block the workspace
+    # (at most 16,384 rows) does not grow with n.
+    module = _cuda_module()
+    small, large = 20_000, 10_000_000
+    ws_small, ws_large = (module.covariance_workspace(n, D, dtype, exact) for n in (small, large))
+    assert ws_large == ws_small
 
 
 def test_cuvs_backend_without_cuvs_says_what_to_install():
