@@ -16,10 +16,17 @@
 #   4. with --full only: time every kernel against its floor, torch and cuVS (bench/bench_gpu.py) and
 #      profile a small locate pass (bench/profile_locate.py),
 # writing their records (figures, command, commit, machine) to bench/results/. The log and those records
-# are also copied to $OUT when it is set (the device tool brings that folder back).
+# are also copied to $OUT when it is set (the device tool brings that folder back). The log ends with a
+# summary: one line per check (ok / FAILED) and "NOT RUN: cuvs (reason)" when cuVS cannot run after the
+# build (not compiled in, libcuvs / librmm not installed, or get_backend("cuvs") refused). A run without
+# cuVS exits non-zero unless --no-cuvs says that is intended; with cuVS usable, skips of the cuvs cases
+# become failures (DIHAL_REQUIRE_CUVS=1).
 #
-#   bash bench/gpu_check.sh                 # on the GPU machine (add --full for step 4)
+#   bash bench/gpu_check.sh                 # on the GPU machine
+#   bash bench/gpu_check.sh --full          # plus step 4
+#   bash bench/gpu_check.sh --no-cuvs       # accept a run without cuVS (exit 0 when the rest passes)
 #   bash bench/gpu_check.sh --fetch-wheels  # on a networked machine: wheels the GPU image lacks -> .whl/
+#   bash bench/gpu_check.sh --help          # this text
 #
 # A GPU machine without network gets missing Python packages from .whl/ (carried along; see
 # --fetch-wheels), installed into /tmp/site and put on PYTHONPATH. With this workplace's device
@@ -32,7 +39,19 @@ PY=${PYTHON:-python3}
 WHEEL_PY=${WHEEL_PY:-3.12}
 NEEDED="scipy-openblas32 nvtx"
 
-if [[ "${1:-}" == "--fetch-wheels" ]]; then
+usage() { sed -n '2,/^set -euo pipefail/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
+full=0 no_cuvs=0 fetch=0
+for arg in "$@"; do
+  case $arg in
+    --full) full=1 ;;
+    --no-cuvs) no_cuvs=1 ;;
+    --fetch-wheels) fetch=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "unknown option: $arg (expected --full, --no-cuvs, --fetch-wheels or --help)" >&2; exit 2 ;;
+  esac
+done
+
+if [[ $fetch == 1 ]]; then
   grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
   for pkg in $NEEDED; do
     "$PY" -m pip download --no-deps --only-binary=:all: --python-version "$WHEEL_PY" --implementation cp \
@@ -66,19 +85,47 @@ DIHAL_CUDA=ON "$PY" -m pip install --no-build-isolation --no-deps -e . \
 echo "build seconds: $(( $(date +%s) - start ))"
 "$PY" -c "import dihal_fast, json; print(json.dumps(dihal_fast.build_info()['backends'], indent=1))"
 
+# cuVS after the build: why it cannot run here (empty when it can). The cuvs checks need the backend
+# (libcuvs_c.so of the compiled release, cuBLAS, a device) and librmm (the allocator route).
+cuvs_reason=$("$PY" - <<'PYEOF'
+import importlib.util
+
+import dihal_fast
+from dihal_fast.geometry.backends import get_backend
+
+info = dihal_fast.build_info()["backends"]["cuvs"]
+missing = [m for m in ("libcuvs", "librmm") if importlib.util.find_spec(m) is None]
+if not info["compiled"]:
+    print(f"{info['reason']}; pip install \"libcuvs-cu13==26.10.*\" (or -cu12) before the build")
+elif missing:
+    print(f"no {' / '.join(missing)} wheel in this Python; pip install \"libcuvs-cu13==26.10.*\" (or -cu12)")
+else:
+    try:
+        get_backend("cuvs")
+    except dihal_fast.BackendUnavailable as exc:
+        print(str(exc).replace("\n", " "))
+PYEOF
+) || cuvs_reason="the cuVS probe failed (see above)"
+require_cuvs=(); [[ -z $cuvs_reason ]] && require_cuvs=(DIHAL_REQUIRE_CUVS=1)
+echo "== cuVS: ${cuvs_reason:-usable}"
+
 status=0
+summary=()
 step() {  # step SECONDS NAME COMMAND...: run one check under a timeout, keep going, remember failures
   local limit=$1 name=$2; shift 2
   echo "== $name"
-  local t0; t0=$(date +%s)
-  timeout "$limit" "$@" || { echo "FAILED ($?): $name"; status=1; }
-  echo "$name seconds: $(( $(date +%s) - t0 ))"
+  local t0 rc=0; t0=$(date +%s)
+  timeout "$limit" "$@" || rc=$?
+  local took=$(( $(date +%s) - t0 ))
+  echo "$name seconds: $took"
+  if [[ $rc == 0 ]]; then summary+=("ok: $name (${took} s)")
+  else echo "FAILED ($rc): $name"; summary+=("FAILED ($rc): $name (${took} s)"); status=1; fi
 }
 # TF32 not allowed: NVIDIA_TF32_OVERRIDE=0 (cuBLAS and cuVS) and torch's flags off; allowed: torch's flags on.
 for tf32 in 0 1; do
   override=(); [[ $tf32 == 0 ]] && override=(NVIDIA_TF32_OVERRIDE=0)
-  step 90 "adversarial kNN certificate, TF32 allowed=$tf32" env "${override[@]}" DIHAL_TEST_TF32=$tf32 \
-    DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider tests/test_geometry_kernels.py \
+  step 90 "adversarial kNN certificate, TF32 allowed=$tf32" env "${override[@]}" "${require_cuvs[@]}" \
+    DIHAL_TEST_TF32=$tf32 DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -rs -q -p no:cacheprovider tests/test_geometry_kernels.py \
     -k "adversarial and (cuda- or cuvs-)"
 done
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -87,22 +134,28 @@ for tool in memcheck racecheck; do
     "$SANITIZER" --tool "$tool" --error-exitcode 3 "$PY" tools/gpu_first_run.py streams
 done
 step 120 "large-index smoke (bfloat16, n * D > 2^31)" "$PY" tools/gpu_first_run.py large
-if "$PY" -c "import libcuvs, librmm" 2>/dev/null; then
+if [[ -z $cuvs_reason ]]; then
   step 120 "cuVS through torch's allocator" env DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -q -s -rs -p no:cacheprovider \
     tests/test_cuvs_allocator.py
-else
-  echo "== cuVS through torch's allocator: not run (no libcuvs / librmm wheel in this Python; pip install" \
-    "\"libcuvs-cu13==26.10.*\" or libcuvs-cu12 before the build)"
 fi
 
-step 180 "CUDA tests" env DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider \
+step 180 "CUDA tests" env "${require_cuvs[@]}" DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -q -rs -p no:cacheprovider \
   tests/test_geometry_kernels.py tests/test_cuda_build.py tests/test_profiling.py
 
-if [[ " $* " == *" --full "* ]]; then
+if [[ $full == 1 ]]; then
   step 300 "kernel timings" "$PY" bench/bench_gpu.py
   step 200 "locate profile" "$PY" bench/profile_locate.py --max-tokens 16384 --repeats 3 --sample-size 2000
 fi
 
 if [[ -n "${OUT:-}" ]]; then mkdir -p "$OUT/results" && cp bench/results/*.json "$OUT/results/"; fi
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+if [[ -n $cuvs_reason ]]; then
+  echo "NOT RUN: cuvs ($cuvs_reason): its adversarial certificate cases skipped, allocator check not run"
+  if [[ $no_cuvs == 0 ]]; then
+    echo "(a run without cuVS fails: pass --no-cuvs to accept it)"
+    status=1
+  fi
+fi
 echo "== gpu_check exit status $status"
 exit $status

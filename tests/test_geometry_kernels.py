@@ -34,13 +34,16 @@ from dihal_fast.geometry.inputs import as_matrix
 
 DTYPES = ["float16", "bfloat16", "float32", "float64"]
 REQUIRE_GPU = os.environ.get("DIHAL_REQUIRE_GPU") == "1"
+# Set by bench/gpu_check.sh when its probe found cuVS usable: a cuvs case that skips then is a failure.
+REQUIRE_CUVS = os.environ.get("DIHAL_REQUIRE_CUVS") == "1"
 GRID = ["reference", "cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # A function-scoped fixture under @given is fine here: the backend name is the same for every example.
 GIVEN_WITH_BACKEND = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 def _require(backend: str) -> None:
-    """Skip (or, for ``cuda`` under DIHAL_REQUIRE_GPU=1, fail) with the backend's own reason when it cannot run."""
+    """Skip (or, for ``cuda`` under DIHAL_REQUIRE_GPU=1 and ``cuvs`` under DIHAL_REQUIRE_CUVS=1, fail) with the
+    backend's own reason when it cannot run."""
     info = df.build_info()["backends"][backend]
     reason = None if info["available"] else f"backend {backend!r} cannot run here: {info['reason']}"
     if reason is None:
@@ -49,7 +52,7 @@ def _require(backend: str) -> None:
         except df.BackendUnavailable as exc:
             reason = str(exc)
     if reason is not None:
-        if REQUIRE_GPU and backend == "cuda":
+        if (REQUIRE_GPU and backend == "cuda") or (REQUIRE_CUVS and backend == "cuvs"):
             pytest.fail(reason)
         pytest.skip(reason)
 
@@ -215,8 +218,7 @@ def test_gpu_knn_on_a_side_stream_and_cuvs():
     with torch.cuda.stream(stream):
         idx, _ = df.knn(X, 10, backend="cuda")
     np.testing.assert_array_equal(idx, ref.knn(X, 10)[0])
-    if not df.build_info()["backends"]["cuvs"]["available"]:
-        pytest.skip("cuVS is not compiled into this build")
+    _require("cuvs")
     np.testing.assert_array_equal(df.knn(X, 10, backend="cuvs")[0], ref.knn(X, 10)[0])
 
 
