@@ -4,11 +4,15 @@
 #      is newer; in place, editable, with the machine's torch),
 #   2. the first-run checks (each under its own timeout):
 #      a. the adversarial kNN certificate families on cuda and cuvs, with TF32 allowed and not,
-#      b. multi-tile kNN and covariance on two side streams from two threads at once vs the reference,
-#         under compute-sanitizer memcheck and racecheck (tools/gpu_first_run.py streams),
+#      b. multi-tile kNN, covariance (float64 SYRK; float32 and float16 GEMM, float16 rows past 2^15 that
+#         need the block scale) and local eigenvalues (block Jacobi, 17 and 64 points) on three side
+#         streams from three threads at once vs the reference, under compute-sanitizer memcheck and
+#         racecheck (tools/gpu_first_run.py streams),
 #      c. a large-index smoke, n * D > 2^31 bfloat16 rows: kNN and covariance, time and peak memory
 #         (tools/gpu_first_run.py large),
-#      d. cuVS through torch's allocator: during a cuVS kNN its temporaries are torch-allocated
+#      d. the device guard: a kernel called from a fresh thread leaves its current context none (or device
+#         0's, with two GPUs) and creates no context on a device it does not use (tools/gpu_first_run.py guard),
+#      e. cuVS through torch's allocator: during a cuVS kNN its temporaries are torch-allocated
 #         (torch.cuda.memory_stats), max_memory_reserved stays within the bound and cudaMemGetInfo's free
 #         memory drops by no more than torch reserved (tests/test_cuvs_allocator.py; needs the libcuvs
 #         wheel of the build's cuVS release installed, e.g. pip install "libcuvs-cu13==26.10.*"),
@@ -130,10 +134,11 @@ for tf32 in 0 1; do
 done
 SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 for tool in memcheck racecheck; do
-  step 150 "two side streams under compute-sanitizer $tool" \
+  step 150 "side streams (kNN, covariance, local eigen) under compute-sanitizer $tool" \
     "$SANITIZER" --tool "$tool" --error-exitcode 3 "$PY" tools/gpu_first_run.py streams
 done
 step 120 "large-index smoke (bfloat16, n * D > 2^31)" "$PY" tools/gpu_first_run.py large
+step 60 "device guard (no context created on an unused device)" "$PY" tools/gpu_first_run.py guard
 if [[ -z $cuvs_reason ]]; then
   step 120 "cuVS through torch's allocator" env DIHAL_REQUIRE_GPU=1 "$PY" -m pytest -q -s -rs -p no:cacheprovider \
     tests/test_cuvs_allocator.py

@@ -1,20 +1,25 @@
 """The GPU-run scripts on a machine without a GPU: bench/gpu_check.sh's options, summary and exit status (its
-build and checks stubbed), so that a first GPU run cannot pass silently without cuVS."""
+build and checks stubbed), so that a first GPU run cannot pass silently without cuVS; tools/gpu_first_run.py's
+data and tolerances against a host model of the device arithmetic, so that its checks test what they claim."""
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import dihal_fast as df
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CHECK = ROOT / "bench" / "gpu_check.sh"
+FIRST_RUN = ROOT / "tools" / "gpu_first_run.py"
 
 
 def _bash(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -63,7 +68,8 @@ def test_gpu_check_without_cuvs_says_not_run_and_fails_unless_told(tmp_path):
     run = _bash("bench/gpu_check.sh", cwd=repo, env=env)
     summary = run.stdout.split("== summary", 1)[1]
     assert "ok: large-index smoke" in summary and "ok: CUDA tests" in summary
-    assert "FAILED (3): two side streams under compute-sanitizer racecheck" in summary
+    assert "FAILED (3): side streams (kNN, covariance, local eigen) under compute-sanitizer racecheck" in summary
+    assert "ok: device guard" in summary
     assert "NOT RUN: cuvs (" in summary and "pass --no-cuvs" in summary
     assert "the cuVS probe failed" not in summary  # the reason is the probe's, from build_info / get_backend
     assert run.returncode == 1
@@ -74,3 +80,94 @@ def test_gpu_check_without_cuvs_says_not_run_and_fails_unless_told(tmp_path):
     accepted = _bash("bench/gpu_check.sh", "--no-cuvs", cwd=repo, env=env)
     assert accepted.returncode == 0, accepted.stdout[-2000:]
     assert "NOT RUN: cuvs (" in accepted.stdout and "pass --no-cuvs" not in accepted.stdout
+
+
+def _first_run():
+    """tools/gpu_first_run.py as a module (it imports torch and dihal_fast, never touches a GPU at import)."""
+    spec = importlib.util.spec_from_file_location("gpu_first_run", FIRST_RUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_first_run_checks_exist_and_refuse_without_a_device():
+    first_run = _first_run()
+    assert callable(first_run.streams) and callable(first_run.large) and callable(first_run.guard)
+    assert {dtype for _, dtype in first_run.COVARIANCE_ROWS} == {"float16", "float32", "float64"}
+    assert max(first_run.LOCAL_EIGEN_K) + 1 == 64  # the block kernel's largest neighbourhood (MAX_LOCAL_POINTS)
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is usable here: bench/gpu_check.sh runs the checks")
+    run = subprocess.run([sys.executable, str(FIRST_RUN), "guard"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and '"reason": "no CUDA device"' in run.stdout, run.stderr[-2000:]
+
+
+def test_first_run_threads_raise_what_a_job_raised():
+    first_run = _first_run()
+    seen = []
+    with pytest.raises(ValueError, match="job 2"):
+        first_run.run_threads(lambda: seen.append(1), lambda: (_ for _ in ()).throw(ValueError("job 2")))
+    assert seen == [1]
+
+
+def _device_covariance(Y: np.ndarray, block: int = 1500) -> tuple[np.ndarray, np.ndarray]:
+    """Host model of csrc/cuda/covariance.cu for float16/float32 rows fed ``block`` rows per update: float64 block
+    mean, the power-of-two scale past 2^15, centred values rounded to the input type, float32 products, float64
+    merge (Chan) with the scale undone."""
+    D = Y.shape[1]
+    count, mean, M = 0, np.zeros(D), np.zeros((D, D))
+    for r0 in range(0, len(Y), block):
+        Xb = Y[r0 : r0 + block].astype(np.float64)
+        block_mean = Xb.mean(axis=0)
+        max_abs = np.abs(Xb - block_mean).max()
+        scale = 2.0 ** -(math.frexp(max_abs)[1] - 1 - 14) if max_abs >= 32768.0 else 1.0
+        with np.errstate(over="raise"):
+            centred = ((Xb - block_mean) * scale).astype(Y.dtype).astype(np.float32)
+        gram = (centred.T @ centred).astype(np.float64) / scale**2
+        delta = block_mean - mean
+        total = count + len(Xb)
+        M += gram + np.outer(delta, delta) * (count * len(Xb) / total)
+        mean += delta * (len(Xb) / total)
+        count = total
+    return mean, M / count
+
+
+@pytest.mark.parametrize("name", ["float32", "float16", "float16 wide"])
+def test_first_run_covariance_tolerances_hold_for_the_device_arithmetic(name):
+    first_run = _first_run()
+    Y = first_run.covariance_rows(name, 4396)
+    dtype = dict(first_run.COVARIANCE_ROWS)[name]
+    assert Y.dtype == np.dtype(dtype) and np.isfinite(Y).all()
+    mean, sigma = _device_covariance(Y)
+    error = first_run.covariance_error(Y, mean, sigma)
+    tolerance = first_run.COVARIANCE_TOLERANCE[dtype]
+    assert error <= tolerance / 10  # the device's arithmetic passes with a margin ...
+    assert first_run.covariance_error(Y, mean, sigma * (1 + 10 * tolerance)) > tolerance  # ... a wrong one fails
+    if name == "float16 wide":
+        # every block's centred values pass 2^15 and would overflow float16 unscaled: the check runs the scale
+        for r0 in range(0, len(Y), 1500):
+            Xb = Y[r0 : r0 + 1500].astype(np.float64)
+            centred = Xb - Xb.mean(axis=0)
+            assert np.abs(centred).max() >= 32768.0
+            with np.errstate(over="ignore"):
+                assert not np.isfinite(centred.astype(np.float16)).all()
+
+
+def test_first_run_local_eigen_tolerance_holds_for_the_jacobi_routine():
+    # The kernel's eigen step is csrc/jacobi.hpp's team routine (a serial team here) on each neighbourhood's
+    # centred float64 Gram matrix: it meets the check's 1e-9 against the reference for both neighbourhood sizes.
+    from dihal_fast import _native
+    from dihal_fast import reference as ref
+
+    first_run = _first_run()
+    Z = first_run.local_eigen_rows(512, 50)[:64]
+    for k in first_run.LOCAL_EIGEN_K:
+        idx = ref.knn(Z, k)[0]
+        lam_ref = ref.local_top_eigenvalues(Z, idx)
+        lam = []
+        for r in range(len(Z)):
+            N = Z[np.concatenate(([r], idx[r]))].astype(np.float64)
+            N -= N.mean(axis=0)
+            lam.append(_native.core().jacobi_top_eigenvalue(N @ N.T) / len(N))
+        assert np.abs(np.array(lam) - lam_ref).max() / lam_ref.max() <= 1e-9
