@@ -5,10 +5,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
 #include "blas.hpp"
+#include "covariance_scale.hpp"
 #include "cpu/knn_emulation.hpp"
 #include "jacobi.hpp"
 #include "kernels.hpp"
@@ -291,6 +293,12 @@ double jacobi_top_eigenvalue(CArray<double> A) {
   return dihal::jacobi_top_eigenvalue_team(work.data(), m, cs.data(), &stop, dihal::SerialTeam{});
 }
 
+double covariance_block_scale(double max_abs) {
+  if (!std::isfinite(max_abs) || max_abs < 0.0)
+    throw std::invalid_argument("max_abs must be a finite number >= 0, got " + std::to_string(max_abs));
+  return dihal::covariance_block_scale(max_abs);
+}
+
 py::dict build_info() {
   py::dict info;
   info["compiler"] = std::string(__VERSION__);
@@ -339,5 +347,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("knn_certify_limit", &knn_certify_limit, py::arg("path"), py::arg("D"), py::arg("kth_scaled"),
         py::arg("norm_i"), py::arg("max_norm2"));
   m.def("jacobi_top_eigenvalue", &jacobi_top_eigenvalue, py::arg("A"));
+  m.def("covariance_block_scale", &covariance_block_scale, py::arg("max_abs"),
+        "The power-of-two scale the CUDA covariance applies to a float16/bfloat16/float32 block whose largest "
+        "|x - block mean| is max_abs (csrc/covariance_scale.hpp).");
   m.def("build_info", &build_info);
 }

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import dihal_fast as df
 
@@ -111,6 +113,41 @@ def test_first_run_threads_raise_what_a_job_raised():
     assert seen == [1]
 
 
+def _model_block_scale(max_abs: float) -> float:
+    """The block-scale rule as csrc/covariance_scale.hpp states it: 2^-(ilogb(m) - 14) from m = 2^15 on, else 1."""
+    return 2.0 ** -(math.frexp(max_abs)[1] - 1 - 14) if max_abs >= 32768.0 else 1.0
+
+
+def _bound_block_scale():
+    from dihal_fast import _native
+
+    core = _native.core()
+    if not hasattr(core, "covariance_block_scale"):
+        pytest.skip("the installed _core predates covariance_block_scale (csrc/covariance_scale.hpp): rebuild it")
+    return core.covariance_block_scale
+
+
+@given(st.floats(min_value=0.0, max_value=1e300, allow_nan=False, allow_infinity=False))
+def test_covariance_block_scale_is_the_stated_rule(max_abs):
+    # The rule the CUDA covariance applies to float16/bfloat16/float32 blocks, bound from the header the device
+    # code includes: an exact power of two that brings the largest centred value into [2^14, 2^15) once it is
+    # 2^15 or more (float16 then stays finite), and leaves smaller blocks as they are.
+    scale = _bound_block_scale()(max_abs)
+    assert scale == _model_block_scale(max_abs)
+    assert math.frexp(scale)[0] == 0.5  # a power of two: scaling and the merge's 1 / scale^2 are exact
+    if max_abs >= 32768.0:
+        assert 16384.0 <= max_abs * scale < 32768.0
+        assert np.isfinite(np.float16(max_abs * scale)) and np.isfinite(np.float16(-max_abs * scale))
+    else:
+        assert scale == 1.0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_covariance_block_scale_refuses_what_no_block_has(bad):
+    with pytest.raises(ValueError, match="max_abs must be a finite number >= 0"):
+        _bound_block_scale()(bad)
+
+
 def _device_covariance(Y: np.ndarray, block: int = 1500) -> tuple[np.ndarray, np.ndarray]:
     """Host model of csrc/cuda/covariance.cu for float16/float32 rows fed ``block`` rows per update: float64 block
     mean, the power-of-two scale past 2^15, centred values rounded to the input type, float32 products, float64
@@ -121,7 +158,7 @@ def _device_covariance(Y: np.ndarray, block: int = 1500) -> tuple[np.ndarray, np
         Xb = Y[r0 : r0 + block].astype(np.float64)
         block_mean = Xb.mean(axis=0)
         max_abs = np.abs(Xb - block_mean).max()
-        scale = 2.0 ** -(math.frexp(max_abs)[1] - 1 - 14) if max_abs >= 32768.0 else 1.0
+        scale = _model_block_scale(max_abs)
         with np.errstate(over="raise"):
             centred = ((Xb - block_mean) * scale).astype(Y.dtype).astype(np.float32)
         gram = (centred.T @ centred).astype(np.float64) / scale**2

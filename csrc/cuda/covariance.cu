@@ -2,13 +2,15 @@
 // the block by cuBLAS (float32 accumulation of float16/bfloat16/float32, or a float64 SYRK), and
 // Chan's pairwise merge of (count, mean, co-moment) in float64 - the CPU algorithm of
 // csrc/cpu/covariance.cpp with the block products on the GPU. A low-precision block whose centred
-// values reach 2^15 is scaled by a power of two first (exact), so that float16 centred values never
-// overflow 65504 and the float32 sums never overflow; the merge undoes the scale in float64.
+// values reach 2^15 is scaled by a power of two first (exact; the rule is csrc/covariance_scale.hpp),
+// so that float16 centred values never overflow 65504 and the float32 sums never overflow; the merge
+// undoes the scale in float64.
 #include <algorithm>
 #include <string>
 #include <type_traits>
 
 #include "common.cuh"
+#include "covariance_scale.hpp"
 #include "cublas.hpp"
 #include "nvtx.hpp"
 #include "ops.hpp"
@@ -79,10 +81,9 @@ __global__ void delta_kernel(const double* block_mean, const double* mean, int64
   if (c < D) delta[c] = block_mean[c] - mean[c];
 }
 
-// scalars[1] = 2^-e with max |x - mean| 2^-e < 2^15 (1 when it already is), scalars[2] = 1 / scalars[1]^2.
+// scalars[1] = covariance_block_scale(max |x - mean|) (csrc/covariance_scale.hpp), scalars[2] = 1 / scalars[1]^2.
 __global__ void block_scale_kernel(double* scalars) {
-  const double max_abs = scalars[0];
-  const double scale = max_abs >= 32768.0 ? ldexp(1.0, -(ilogb(max_abs) - 14)) : 1.0;
+  const double scale = covariance_block_scale(scalars[0]);
   scalars[1] = scale;
   scalars[2] = 1.0 / (scale * scale);
 }
