@@ -360,6 +360,14 @@ QUESTIONS: dict[str, Question] = {
         "process-CPU-minutes on one thread, seed 0; sampler settings on 50 validation boards per group; test 150 "
         "boards per group (generated easy / hard, seed 123, and the Kaggle levels). MDM: the `hcdlm_sudoku9` run.",
     ),
+    "hcdlm_sudoku9_absorbing": Question(
+        "HC-DLM with the absorbing kernel on 9x9 Sudoku, 30 CPU-minutes (issue 23)",
+        HCDLM,
+        "The absorbing kernel solved more 6x6 boards than the uniform one; does it learn 9x9 within 30 CPU-minutes?",
+        "bench_hcdlm.py's 9x9 configuration of `hcdlm_sudoku9` (lr 3e-3, width 64, latent 256, blocks 1/6/1) with "
+        "`--kernel absorbing` (confidence re-masking), 30 process-CPU-minutes on one thread, seed 0; sampler on 50 "
+        "validation boards per group; test 150 boards per group.",
+    ),
     "wheels": Question(
         "Wheels: CPU and CUDA builds, repaired and checked",
         PACKAGING,
