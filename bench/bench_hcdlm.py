@@ -117,6 +117,12 @@ def parse_args() -> argparse.Namespace:
         default=2.75,
         help="guidance weight among HC-DLM's validation candidates (0 = never)",
     )
+    p.add_argument(
+        "--try-clamp",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="HC-DLM: try --clamp among the validation candidates (--no-try-clamp halves the validation sampling)",
+    )
     p.add_argument("--text-len", type=int, default=64, help="text: tokens per sample")
     p.add_argument("--text-latents", type=int, default=4, help="text: HC-DLM latent vectors M")
     p.add_argument("--text-samples", type=int, default=64, help="text: samples scored for Gen PPL")
@@ -237,7 +243,8 @@ def sampler_candidates(model: str, args: argparse.Namespace, guidance: bool = Tr
         options = [{"order": "margin"}, {"order": "prob"}]
     else:
         weights = [0.0] + ([args.cfg_weight] if args.cfg_weight and model != "latent" and guidance else [])
-        options = [{"cfg_weight": w, "clamp": c} for w in weights for c in (False, True)]
+        clamps = (False, True) if args.try_clamp else (False,)
+        options = [{"cfg_weight": w, "clamp": c} for w in weights for c in clamps]
     return [{**option, "steps": steps} for steps in int_list(args.sample_steps) for option in options]
 
 

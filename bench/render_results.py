@@ -368,6 +368,32 @@ QUESTIONS: dict[str, Question] = {
         "`--kernel absorbing` (confidence re-masking), 30 process-CPU-minutes on one thread, seed 0; sampler on 50 "
         "validation boards per group; test 150 boards per group.",
     ),
+    "hcdlm_sudoku_fresh_steps": Question(
+        "HC-DLM vs MDM on fresh 6x6 puzzles with the sampling steps chosen on validation (issue 23)",
+        HCDLM,
+        "When the number of sampling steps (50-400) is chosen on the validation split like the other sampler "
+        "settings, does HC-DLM match MDM on the hard split at 10 CPU-minutes of training with the CLI defaults, "
+        "and at what sampling cost?",
+        "The runs and puzzles of `hcdlm_sudoku_fresh` (10 process-CPU-minutes each, one thread; 300 easy + 300 hard "
+        "test boards of generator seed 20261201, 150 + 150 validation boards of seed 7); no clamp candidates.",
+    ),
+    "hcdlm_sudoku9_steps": Question(
+        "HC-DLM on 9x9 Sudoku with the sampling steps chosen on validation, 30 CPU-minutes (issue 23)",
+        HCDLM,
+        "Does test-time scaling (more sampling steps, chosen on validation) bring the 30-CPU-minute 9x9 HC-DLM to "
+        ">= 20 % of easy boards, and at what sampling cost?",
+        "The HC-DLM run of `hcdlm_sudoku9_latent` (--latent-schedule-power 3, latent 256, 30 process-CPU-minutes); "
+        "sampling steps among 50 / 400 chosen on 50 validation boards per group (no clamp candidates); test 150 "
+        "boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
+    ),
+    "hcdlm_sudoku9_budget": Question(
+        "HC-DLM vs MDM on 9x9 Sudoku against the training budget: 10, 30, 60 CPU-minutes (issue 23)",
+        HCDLM,
+        "Do HC-DLM and MDM cross as the CPU budget grows on 9x9 boards, and where?",
+        "bench_hcdlm.py's 9x9 configuration (lr 3e-3, width 64, blocks 1/6/1; HC-DLM with latent 256 and "
+        "--latent-schedule-power 3), one thread, seed 0; 60 minutes = the 30-minute runs resumed; 50 sampling steps "
+        "(the paper's), the rest of the sampler chosen on 50 validation boards per group; test 150 boards per group.",
+    ),
     "wheels": Question(
         "Wheels: CPU and CUDA builds, repaired and checked",
         PACKAGING,
