@@ -1,7 +1,7 @@
-"""Accuracy against training budget: one table from several ``bench_hcdlm`` results, as a record.
+"""Sudoku accuracy against training budget: one table from several ``bench_hcdlm`` results, as a record.
 
 Question (issue 23): do HC-DLM and MDM cross, and where, as the CPU budget grows? Each budget point is a
-``bench_hcdlm.py`` output folder (its ``<task>_results.json``; the runs are trained with ``--minutes M``, a
+``bench_hcdlm.py`` output folder (its ``sudoku_results.json``; the runs are trained with ``--minutes M``, a
 longer point by resuming a copy of the shorter run's folder with a larger ``--minutes``, which continues the
 same trajectory: the learning rate is constant after the warm-up). A point may list several folders; each
 model is taken from the first folder that has it.
@@ -46,7 +46,6 @@ def parse_args() -> argparse.Namespace:
         metavar="MINUTES=DIR[,DIR...]",
         help="a budget and the bench_hcdlm output folders trained for it",
     )
-    p.add_argument("--task", default="sudoku", help="the task whose <task>_results.json is read")
     p.add_argument("--models", default="hcdlm,mdm", help="models of the table, in this order")
     p.add_argument("--question", required=True, help="bench/results/ record to write")
     p.add_argument("--title", default="HC-DLM vs MDM against training budget", help="the record's title")
@@ -54,11 +53,11 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def load_point(folders: list[Path], task: str, models: list[str]) -> dict[str, dict]:
+def load_point(folders: list[Path], models: list[str]) -> dict[str, dict]:
     """Each model's result at one budget: from the first folder whose results hold it."""
     found: dict[str, dict] = {}
     for folder in folders:
-        path = folder / f"{task}_results.json"
+        path = folder / "sudoku_results.json"
         if not path.is_file():
             raise SystemExit(f"{path}: no bench_hcdlm results there (evaluate the runs first)")
         for model, result in json.loads(path.read_text(encoding="utf-8"))["models"].items():
@@ -73,7 +72,10 @@ def main() -> int:
     args = parse_args()
     models = [m for m in args.models.split(",") if m]
     points = sorted(args.point)
-    results = {minutes: load_point(folders, args.task, models) for minutes, folders in points}
+    budgets = [minutes for minutes, _ in points]
+    if len(set(budgets)) != len(budgets):
+        raise SystemExit(f"--point: each budget once, got {', '.join(f'{m:g}' for m in budgets)}")
+    results = {minutes: load_point(folders, models) for minutes, folders in points}
     groups = list(next(iter(results[points[0][0]].values()))["groups"])
     header = ["budget (CPU min)", "model", "train steps", "sampler (chosen on validation)"]
     header += [f"{g} acc %" for g in groups] + [f"{g} blank cells %" for g in groups[:2]]
