@@ -118,6 +118,18 @@ def parse_args() -> argparse.Namespace:
         help="guidance weight among HC-DLM's validation candidates (0 = never)",
     )
     p.add_argument(
+        "--best-of",
+        default="1",
+        help="best-of-K candidates (--best-of of 'dihal hcdlm eval'), chosen on validation with the other sampler "
+        "settings; MDM and AR try K > 1 at --best-of-temperature (at temperature 0 their K chains are one)",
+    )
+    p.add_argument(
+        "--best-of-temperature",
+        type=float,
+        default=1.0,
+        help="MDM / AR: the token temperature of their best-of-K candidates (K > 1)",
+    )
+    p.add_argument(
         "--try-clamp",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -236,15 +248,23 @@ def run_name(model: str, seed: int) -> str:
 
 def sampler_candidates(model: str, args: argparse.Namespace, guidance: bool = True) -> list[dict]:
     """Sampler settings tried on the validation split (never on the test problems); AR has no steps to choose,
-    and guidance is tried only on a run trained for it (``guidance``)."""
+    guidance is tried only on a run trained for it (``guidance``), and every setting with each ``--best-of`` K."""
     if model == "ar":
-        return [{}]
-    if model in ("mdm", "ccdd"):  # CCDD's token chain unmasks as MDM's does
+        options = [{}]
+    elif model in ("mdm", "ccdd"):  # CCDD's token chain unmasks as MDM's does
         options = [{"order": "margin"}, {"order": "prob"}]
     else:
         weights = [0.0] + ([args.cfg_weight] if args.cfg_weight and model != "latent" and guidance else [])
         clamps = (False, True) if args.try_clamp else (False,)
         options = [{"cfg_weight": w, "clamp": c} for w in weights for c in clamps]
+    sampled = model in ("mdm", "ar")  # deterministic at temperature 0: their K > 1 needs a temperature
+    options = [
+        option if k == 1 else {**option, "best_of": k, **({"temperature": args.best_of_temperature} if sampled else {})}
+        for option in options
+        for k in int_list(args.best_of)
+    ]
+    if model == "ar":
+        return options
     return [{**option, "steps": steps} for steps in int_list(args.sample_steps) for option in options]
 
 

@@ -123,13 +123,14 @@ def sample_ccdd(
     cfg: SampleConfig,
     generator: torch.Generator | None = None,
     on_step: Callable[[int, torch.Tensor], None] | None = None,
+    log_prob: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``N = cfg.steps`` joint steps from all-[MASK] and ``z ~ N(0, I)``: at step ``i`` (level ``s = (N-i+1)/N``)
     one forward pass gives the token logits and ``z_hat_0``; the most confident masked slots are revealed so
     that ``round(L (N-i)/N)`` stay masked, and ``z <- z - (z - z_hat_0) / (N-i+1)``.
 
     ``on_step(i, decoded)`` (as in :func:`~dihal_fast.hcdlm.sampler.sample_mdm`) gets the revealed tokens with
-    every still-masked slot filled by its argmax.
+    every still-masked slot filled by its argmax; ``log_prob`` gains each token's log-probability at its reveal.
     """
     check_ccdd_sampler(cfg)
     batch, length, device = context.shape[0], model.spec.target_len, context.device
@@ -141,7 +142,7 @@ def sample_ccdd(
         logits = logits.to(torch.float64)
         masked = tokens == model.mask_id
         n_new = int(masked.sum(dim=1).max()) - int(round(length * (cfg.steps - i) / cfg.steps))
-        tokens = reveal_confident(tokens, logits, masked, n_new, cfg, generator)
+        tokens = reveal_confident(tokens, logits, masked, n_new, cfg, generator, log_prob)
         z = LATENT_FLOW.euler_step(z, z_hat, t)
         if on_step is not None:
             on_step(i, torch.where(tokens == model.mask_id, logits.argmax(-1), tokens))

@@ -242,6 +242,16 @@ class SampleConfig(CheckedConfig):
     clamp: bool = option(
         False, "HC-DLM: replace x_hat_0 at every step by the encoder mean of its argmax tokens (not in the paper)"
     )
+    # Ours (test-time scaling): HC-DLM's chains differ at argmax (random scaffold re-noising, x_T), so the model's
+    # own log-probability of its answer can choose among them (6x6 validation: bench/results/hcdlm_best_of.json).
+    best_of: int = option(
+        1,
+        "chains per problem; the answer is the chain whose tokens the model itself finds most likely (the summed "
+        "log-probability of the answer's tokens: HC-DLM / Latent DM read from the final latent, MDM / CCDD at each "
+        "token's reveal, AR left to right); costs best_of times the sampling (ours; 1 = one chain, the paper's). "
+        "MDM and AR at temperature 0 are deterministic and refuse it",
+        min=1,
+    )
 
 
 @dataclass

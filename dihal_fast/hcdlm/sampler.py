@@ -1,7 +1,9 @@
 """Samplers: HC-DLM's latent-carrying loop (paper Algorithm 2), MDM unmasking, AR decoding.
 
 Each takes the model, what it needs of the noise process and a ``SampleConfig``, and returns target
-tokens ``[B, L]``. Token draws go through the float64 ``sample_categorical``.
+tokens ``[B, L]``. Token draws go through the float64 ``sample_categorical``. Given ``log_prob`` (float64 ``[B]``),
+a sampler adds to it the model's log-probability of every token it commits (:func:`answer_log_prob`), which
+:func:`generate` uses to pick the best of ``SampleConfig.best_of`` chains.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
 from dihal_fast.hcdlm.noise import AbsorbingKernel, UniformKernel, latent_step
 
 StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], None]
+
+
+def answer_log_prob(logits: torch.Tensor, tokens: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B]`` float64: the summed ``log softmax(logits)[tokens]`` over the positions (``where`` only, if given) of
+    ``logits[B, L, V]``: the model's own (untempered) log-probability of the tokens it chose."""
+    chosen = torch.log_softmax(logits.to(torch.float64), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+    return (chosen if where is None else chosen * where).sum(dim=1)
 
 
 def guided_x0(
@@ -45,6 +54,7 @@ def sample_hcdlm(
     cfg: SampleConfig,
     generator: torch.Generator | None = None,
     on_step: StepHook | None = None,
+    log_prob: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Algorithm 2: ``x_T ~ N(0, I)``, ``k_T ~ prior``; for ``t = N..1``: ``x_hat_0 = d(x_t, k_t, t/N)``,
     ``k_hat_0 = argmax p(k0 | x_hat_0)``, ``x_{t-1} = x_t - (x_t - x_hat_0)/t``, ``k_{t-1}`` = ``k_hat_0``
@@ -55,7 +65,8 @@ def sample_hcdlm(
 
     With ``cfg.clamp`` (ours), ``x_hat_0`` is replaced by the encoder mean of ``k_hat_0`` before the
     Euler step: the latent carried on is always the code of a definite token sequence.
-    ``on_step(t, x_t, x_hat_0, k_t, k_hat_0)`` is called before each update (for diagnostics and tests).
+    ``on_step(t, x_t, x_hat_0, k_t, k_hat_0)`` is called before each update (for diagnostics and tests); ``log_prob``
+    gains ``log p(k0 | x_0)`` of the answer read from the final latent.
     """
     batch, device = context.shape[0], context.device
     shape = (batch, model.cfg.latents, model.cfg.latent_dim)
@@ -74,7 +85,11 @@ def sample_hcdlm(
         x = latent_step(x, x_hat, t, cfg.steps, model.cfg.latent_schedule_power)
         if renoise:
             scaffold = kernel.renoise(clean, (t - 1) / cfg.steps, confidence, generator, cfg.remask)
-    return sample_categorical(model.predictor(x, context), cfg.temperature, generator=generator)
+    logits = model.predictor(x, context)
+    tokens = sample_categorical(logits, cfg.temperature, generator=generator)
+    if log_prob is not None:
+        log_prob += answer_log_prob(logits, tokens)
+    return tokens
 
 
 def _confidence(probs: torch.Tensor, chosen: torch.Tensor, order: str) -> torch.Tensor:
@@ -92,15 +107,19 @@ def reveal_confident(
     n_new: int,
     cfg: SampleConfig,
     generator: torch.Generator | None,
+    log_prob: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``tokens`` with the ``n_new`` most confident ``masked`` slots of each row set to a draw of ``logits``
-    (float64, ``cfg.temperature``; confidence by ``cfg.order``); revealed slots stay (MDM, CCDD's token chain)."""
+    (float64, ``cfg.temperature``; confidence by ``cfg.order``); revealed slots stay (MDM, CCDD's token chain).
+    ``log_prob`` gains the log-probability of the revealed tokens under ``logits``."""
     if n_new <= 0:
         return tokens
     chosen = sample_categorical(logits, cfg.temperature, generator=generator)
     confidence = _confidence(torch.softmax(logits, dim=-1), chosen, cfg.order).masked_fill(~masked, -1.0)
     picked = confidence.topk(n_new, dim=1).indices
     reveal = torch.zeros_like(masked).scatter(1, picked, True) & masked
+    if log_prob is not None:
+        log_prob += answer_log_prob(logits, chosen, reveal)
     return torch.where(reveal, chosen, tokens)
 
 
@@ -111,13 +130,14 @@ def sample_mdm(
     cfg: SampleConfig,
     generator: torch.Generator | None = None,
     on_step: Callable[[int, torch.Tensor], None] | None = None,
+    log_prob: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Start fully masked; each of ``steps`` steps unmasks the most confident masked slots so that
     ``round(s L)`` stay masked at level ``s = (N - i)/N`` (top-probability or top-margin order).
 
     ``on_step(i, decoded)`` is called after every step ``i = 1..N`` with the revealed tokens and every
     still-masked slot filled by its argmax (a diagnostic read-out; steps that reveal nothing then cost a
-    forward pass too).
+    forward pass too). ``log_prob`` gains each token's log-probability at its reveal.
     """
     batch, length = context.shape[0], model.spec.target_len
     tokens = torch.full((batch, length), model.mask_id, dtype=torch.long, device=context.device)
@@ -128,7 +148,7 @@ def sample_mdm(
         if n_new <= 0 and on_step is None:
             continue
         logits = model(tokens, context).to(torch.float64)
-        tokens = reveal_confident(tokens, logits, masked, n_new, cfg, generator)
+        tokens = reveal_confident(tokens, logits, masked, n_new, cfg, generator, log_prob)
         if on_step is not None:
             on_step(i, torch.where(tokens == model.mask_id, logits.argmax(-1), tokens))
     return tokens
@@ -136,28 +156,64 @@ def sample_mdm(
 
 @torch.no_grad()
 def sample_ar(
-    model: ARNet, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None
+    model: ARNet,
+    context: torch.Tensor,
+    cfg: SampleConfig,
+    generator: torch.Generator | None = None,
+    log_prob: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Left-to-right decoding (one forward pass per token; ``cfg.steps`` does not apply)."""
+    """Left-to-right decoding (one forward pass per token; ``cfg.steps`` does not apply); ``log_prob`` gains the
+    answer's log-likelihood."""
     prefix = torch.full((context.shape[0], 1), model.bos_id, dtype=torch.long, device=context.device)
     for _ in range(model.spec.target_len):
-        logits = model(context, prefix)[:, -1]
-        prefix = torch.cat([prefix, sample_categorical(logits, cfg.temperature, generator=generator)[:, None]], dim=1)
+        logits = model(context, prefix)[:, -1:]
+        token = sample_categorical(logits, cfg.temperature, generator=generator)
+        if log_prob is not None:
+            log_prob += answer_log_prob(logits, token)
+        prefix = torch.cat([prefix, token], dim=1)
     return prefix[:, 1:]
+
+
+def check_best_of(model, cfg: SampleConfig) -> None:
+    """Refuse ``best_of > 1`` where every chain would be the same: MDM and AR at temperature 0 (CCDD's chains start
+    from random embeddings, HC-DLM's from random latents and scaffolds)."""
+    if cfg.best_of > 1 and cfg.temperature == 0 and isinstance(model, (MDMNet, ARNet)):
+        raise ValueError(
+            f"--best-of {cfg.best_of} needs chains that differ, and {type(model).__name__} at temperature 0 gives "
+            "the same one every time: set --temperature > 0 or --best-of 1"
+        )
+
+
+def _sample_scored(
+    model, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None, log_prob: torch.Tensor
+) -> torch.Tensor:
+    """One chain per row of ``context`` from whichever model this is, its answer's log-probability added to
+    ``log_prob``."""
+    if isinstance(model, HCDLM):
+        return sample_hcdlm(model, kernel, context, cfg, generator, log_prob=log_prob)
+    if isinstance(model, MDMNet):
+        return sample_mdm(model, context, cfg, generator, log_prob=log_prob)
+    if isinstance(model, ARNet):
+        return sample_ar(model, context, cfg, generator, log_prob=log_prob)
+    from dihal_fast.hcdlm.ccdd import CCDDNet, sample_ccdd  # it builds on this module's reveal_confident
+
+    if isinstance(model, CCDDNet):
+        return sample_ccdd(model, context, cfg, generator, log_prob=log_prob)
+    raise TypeError(f"no sampler for {type(model).__name__}")
 
 
 def generate(
     model, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """Target tokens ``[B, L]`` from whichever model this is."""
-    if isinstance(model, HCDLM):
-        return sample_hcdlm(model, kernel, context, cfg, generator)
-    if isinstance(model, MDMNet):
-        return sample_mdm(model, context, cfg, generator)
-    if isinstance(model, ARNet):
-        return sample_ar(model, context, cfg, generator)
-    from dihal_fast.hcdlm.ccdd import CCDDNet, sample_ccdd  # it builds on this module's reveal_confident
-
-    if isinstance(model, CCDDNet):
-        return sample_ccdd(model, context, cfg, generator)
-    raise TypeError(f"no sampler for {type(model).__name__}")
+    """Target tokens ``[B, L]`` from whichever model this is; with ``cfg.best_of`` K > 1, K chains per row (run as
+    one batch of ``B * K`` rows) and, per row, the one with the highest log-probability of its answer (ties: the
+    first)."""
+    check_best_of(model, cfg)
+    k = cfg.best_of
+    rows = context.repeat_interleave(k, dim=0) if k > 1 else context
+    log_prob = torch.zeros(rows.shape[0], dtype=torch.float64, device=context.device)
+    tokens = _sample_scored(model, kernel, rows, cfg, generator, log_prob)
+    if k == 1:
+        return tokens
+    best = log_prob.view(-1, k).argmax(dim=1)
+    return tokens.view(context.shape[0], k, -1)[torch.arange(context.shape[0], device=tokens.device), best]

@@ -15,7 +15,7 @@ from dihal_fast.common.progress import progress_bar
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig
 from dihal_fast.hcdlm.networks import build_model
 from dihal_fast.hcdlm.noise import AbsorbingKernel, UniformKernel, make_kernel
-from dihal_fast.hcdlm.sampler import generate
+from dihal_fast.hcdlm.sampler import check_best_of, generate
 from dihal_fast.tasks.base import EvalExample, Task
 from dihal_fast.train.checkpoint import checkpoint_state, latest_checkpoint, load_weights
 
@@ -68,7 +68,9 @@ def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> 
 
 
 def check_sampler(run: LoadedRun, cfg: SampleConfig) -> None:
-    """Refuse guidance on an HC-DLM run whose unconditional branch was never trained (no scaffold drop)."""
+    """Refuse guidance on an HC-DLM run whose unconditional branch was never trained (no scaffold drop), and
+    best-of-K where the chains cannot differ (:func:`~dihal_fast.hcdlm.sampler.check_best_of`)."""
+    check_best_of(run.model, cfg)
     if cfg.cfg_weight and run.config.model.kind == "hcdlm" and not run.config.objective.guidance_training:
         raise ValueError(
             f"--cfg-weight {cfg.cfg_weight} needs a run trained with --guidance-training (its unconditional "

@@ -1,0 +1,177 @@
+"""Best-of-K sampling (``SampleConfig.best_of``): each sampler's answer log-probability against a float64
+reference, the chain chosen per problem, one-chain sampling unchanged, and refusals where chains cannot differ."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dihal_fast.hcdlm.ccdd import sample_ccdd
+from dihal_fast.hcdlm.config import HCDLMModelConfig, SampleConfig
+from dihal_fast.hcdlm.networks import build_model
+from dihal_fast.hcdlm.noise import make_kernel
+from dihal_fast.hcdlm.sampler import (
+    _sample_scored,
+    answer_log_prob,
+    generate,
+    sample_ar,
+    sample_hcdlm,
+    sample_mdm,
+)
+from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
+from dihal_fast.testing.tiny import HCDLM_TINY
+
+
+@pytest.fixture(scope="module")
+def sudoku4():
+    task = SudokuTask(2, 2)
+    task.pool = generate_pool(task.geo, 20, "singles", seed=0)
+    return task
+
+
+def _model(task, kind: str):
+    torch.manual_seed(0)
+    return build_model(task.spec, HCDLMModelConfig(kind=kind, latents=2, **HCDLM_TINY)).eval()
+
+
+def _context(task, n: int = 5) -> torch.Tensor:
+    return task.train_batch(random.Random(0), n)[0]
+
+
+def _reference_log_prob(logits: np.ndarray, tokens: np.ndarray, where: np.ndarray | None) -> np.ndarray:
+    """float64 NumPy: sum over positions of log softmax(logits)[token]."""
+    z = logits - logits.max(-1, keepdims=True)
+    log_softmax = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    chosen = np.take_along_axis(log_softmax, tokens[..., None], -1)[..., 0]
+    return (chosen if where is None else chosen * where).sum(1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batch=st.integers(1, 4),
+    length=st.integers(1, 9),
+    vocab=st.integers(2, 11),
+    scale=st.sampled_from([1e-3, 1.0, 50.0]),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_answer_log_prob_matches_float64_reference(batch, length, vocab, scale, masked, seed):
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((batch, length, vocab)).astype(np.float32) * scale
+    tokens = rng.integers(0, vocab, (batch, length))
+    where = rng.random((batch, length)) < 0.5 if masked else None
+    got = answer_log_prob(
+        torch.from_numpy(logits), torch.from_numpy(tokens), None if where is None else torch.from_numpy(where)
+    )
+    assert got.dtype == torch.float64 and got.shape == (batch,)
+    expected = _reference_log_prob(logits.astype(np.float64), tokens, where)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_hcdlm_log_prob_is_the_final_readout(sudoku4):
+    """HC-DLM's score is log p(k0 | x_0) of the answer read from the latent the chain ends on."""
+    model, kernel, context = _model(sudoku4, "hcdlm"), make_kernel("uniform", 4), _context(sudoku4)
+    finals: list[torch.Tensor] = []
+    log_prob = torch.zeros(context.shape[0], dtype=torch.float64)
+    tokens = sample_hcdlm(
+        model,
+        kernel,
+        context,
+        SampleConfig(steps=3),
+        torch.Generator().manual_seed(2),
+        on_step=lambda t, x, x_hat, *_: finals.append(x_hat),
+        log_prob=log_prob,
+    )
+    with torch.no_grad():  # the last step's x_hat_0 is the final latent, up to the float32 Euler step's rounding
+        logits = model.predictor(finals[-1], context).double()
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1).sum(1)
+    assert torch.allclose(log_prob, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_mdm_log_prob_sums_each_token_at_its_reveal(sudoku4, monkeypatch):
+    model, context = _model(sudoku4, "mdm"), _context(sudoku4)
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tokens in, logits out) of every forward pass
+    forward = model.forward
+    monkeypatch.setattr(
+        model, "forward", lambda tokens, ctx: calls.append((tokens, forward(tokens, ctx))) or calls[-1][1]
+    )
+    log_prob = torch.zeros(context.shape[0], dtype=torch.float64)
+    tokens = sample_mdm(
+        model, context, SampleConfig(steps=5, temperature=1.0), torch.Generator().manual_seed(4), log_prob=log_prob
+    )
+    states = [state for state, _ in calls] + [tokens]
+    expected = torch.zeros_like(log_prob)
+    for (before, logits), after in zip(calls, states[1:]):
+        revealed = (before == model.mask_id) & (after != model.mask_id)
+        chosen = torch.log_softmax(logits.double(), -1).gather(-1, tokens[..., None]).squeeze(-1)
+        expected += (chosen * revealed).sum(1)
+    assert bool((tokens != model.mask_id).all())
+    assert torch.allclose(log_prob, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_ar_log_prob_is_the_teacher_forced_likelihood(sudoku4):
+    model, context = _model(sudoku4, "ar"), _context(sudoku4)
+    log_prob = torch.zeros(context.shape[0], dtype=torch.float64)
+    tokens = sample_ar(
+        model, context, SampleConfig(temperature=1.0), torch.Generator().manual_seed(6), log_prob=log_prob
+    )
+    bos = torch.full((context.shape[0], 1), model.bos_id, dtype=torch.long)
+    logits = model(context, torch.cat([bos, tokens[:, :-1]], dim=1)).double()
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1).sum(1)
+    assert torch.allclose(log_prob, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_ccdd_log_prob_is_finite_and_at_most_zero(sudoku4):
+    model, context = _model(sudoku4, "ccdd"), _context(sudoku4)
+    log_prob = torch.zeros(context.shape[0], dtype=torch.float64)
+    sample_ccdd(model, context, SampleConfig(steps=4), torch.Generator().manual_seed(1), log_prob=log_prob)
+    assert bool(torch.isfinite(log_prob).all()) and bool((log_prob < 0).all())
+
+
+@pytest.mark.parametrize(
+    ("kind", "temperature"), [("hcdlm", 0.0), ("latent", 0.0), ("mdm", 1.0), ("ar", 1.0), ("ccdd", 0.0)]
+)
+def test_best_of_returns_the_most_likely_chain_per_problem(sudoku4, kind, temperature):
+    """The K chains are the rows of one batch of B * K (problem-major); the answer is each problem's chain with the
+    highest log-probability."""
+    model, kernel, context = _model(sudoku4, kind), make_kernel("uniform", 4), _context(sudoku4)
+    k, cfg = 3, SampleConfig(steps=3, temperature=temperature)
+    log_prob = torch.zeros(context.shape[0] * k, dtype=torch.float64)
+    chains = _sample_scored(
+        model, kernel, context.repeat_interleave(k, 0), cfg, torch.Generator().manual_seed(9), log_prob
+    ).view(context.shape[0], k, -1)
+    expected = chains[torch.arange(context.shape[0]), log_prob.view(-1, k).argmax(1)]
+    got = generate(
+        model,
+        kernel,
+        context,
+        SampleConfig(steps=3, temperature=temperature, best_of=k),
+        torch.Generator().manual_seed(9),
+    )
+    assert torch.equal(got, expected)
+    assert len({tuple(c) for c in chains.flatten(0, 1).tolist()}) > 1  # the chains do differ
+
+
+def test_best_of_one_is_the_single_chain_bit_for_bit(sudoku4):
+    model, kernel, context = _model(sudoku4, "hcdlm"), make_kernel("uniform", 4), _context(sudoku4)
+    single = sample_hcdlm(model, kernel, context, SampleConfig(steps=4), torch.Generator().manual_seed(3))
+    assert torch.equal(
+        generate(model, kernel, context, SampleConfig(steps=4), torch.Generator().manual_seed(3)), single
+    )
+
+
+@pytest.mark.parametrize("kind", ["mdm", "ar"])
+def test_deterministic_samplers_refuse_best_of(sudoku4, kind):
+    model, context = _model(sudoku4, kind), _context(sudoku4)
+    with pytest.raises(ValueError, match="--best-of 2 needs chains that differ"):
+        generate(model, None, context, SampleConfig(steps=2, best_of=2))
+
+
+def test_best_of_must_be_positive():
+    with pytest.raises(ValueError, match="best_of"):
+        SampleConfig(best_of=0)
