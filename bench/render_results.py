@@ -386,6 +386,27 @@ QUESTIONS: dict[str, Question] = {
         "sampling steps among 50 / 400 chosen on 50 validation boards per group (no clamp candidates); test 150 "
         "boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
     ),
+    "hcdlm_sudoku_best_of": Question(
+        "HC-DLM vs MDM on fresh 6x6 puzzles with best-of-K chains chosen by the model's own likelihood (issue 23)",
+        HCDLM,
+        "HC-DLM's chains differ even at argmax (random scaffold re-noising, random x_T): when K chains per puzzle are "
+        "sampled and the one whose answer the model itself finds most likely is kept (`--best-of K`, chosen on "
+        "validation with the other sampler settings), does HC-DLM reach MDM on the hard split at 10 CPU-minutes of "
+        "training with the CLI defaults, and does MDM gain the same way (its K chains drawn at temperature 1)?",
+        "New runs with the CLI defaults (10 process-CPU-minutes each, one thread, seed 0); 300 easy + 300 hard test "
+        "boards of generator seed 20261202 (never used before), 150 + 150 validation boards (seed 7) choose K among "
+        "1 / 4 / 8 and MDM's order; 50 sampling steps (the paper's).",
+    ),
+    "hcdlm_sudoku9_best_of": Question(
+        "HC-DLM on 9x9 Sudoku with best-of-K chains, 30 CPU-minutes (issue 23)",
+        HCDLM,
+        "Does best-of-K sampling (the chain whose answer the model finds most likely) bring the 30-CPU-minute 9x9 "
+        "HC-DLM to >= 20 % of easy boards, and at what sampling cost?",
+        "bench_hcdlm.py's 9x9 configuration of `hcdlm_sudoku9_latent` (--latent-schedule-power 3, latent 256, lr "
+        "3e-3), a new run with training seed 1, 30 process-CPU-minutes on one thread; K among 1 / 4 / 8 at 50 steps "
+        "chosen on 50 validation boards per group; test 150 boards per group (generated easy / hard, seed 123, and "
+        "the Kaggle levels).",
+    ),
     "hcdlm_sudoku9_budget": Question(
         "HC-DLM vs MDM on 9x9 Sudoku against the training budget: 10, 30, 60 CPU-minutes (issue 23)",
         HCDLM,

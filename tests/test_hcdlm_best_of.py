@@ -175,3 +175,42 @@ def test_deterministic_samplers_refuse_best_of(sudoku4, kind):
 def test_best_of_must_be_positive():
     with pytest.raises(ValueError, match="best_of"):
         SampleConfig(best_of=0)
+
+
+def _tiny_run(tmp_path, kind: str):
+    from dihal_fast.hcdlm.config import HCDLMTrainConfig, RunConfig
+    from dihal_fast.hcdlm.trainer import train
+    from dihal_fast.tasks.registry import TaskConfig
+
+    config = RunConfig(
+        task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=30),
+        model=HCDLMModelConfig(kind=kind, hidden=32, heads=2, denoiser_blocks=1, latent_dim=8, slot_head=False),
+        train=HCDLMTrainConfig(steps=2, batch_size=8, checkpoint_every=2, warmup_steps=1),
+    )
+    config.objective.slot_aux_weight = 0.0
+    train(config, tmp_path / kind)
+    return tmp_path / kind
+
+
+def test_solve_with_best_of_on_the_command_line(tmp_path, capsys):
+    from dihal_fast.cli import main
+
+    run = _tiny_run(tmp_path, "hcdlm")
+    assert main(["hcdlm", "solve", str(run), "1... .... .... ...4", "--best-of", "3", "--steps", "2"]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_best_of_on_a_deterministic_run_is_one_line_before_sampling(tmp_path, capsys, monkeypatch):
+    from dihal_fast.cli import main
+    from dihal_fast.hcdlm import scoring
+
+    run = _tiny_run(tmp_path, "mdm")
+    capsys.readouterr()
+    monkeypatch.setattr(scoring, "generate", lambda *a, **k: pytest.fail("sampled before refusing"))
+    out = tmp_path / "eval.json"
+    data = tmp_path / "p.csv"
+    data.write_text("puzzle,solution\n1...........4...,1234341221434321\n")
+    assert main(["hcdlm", "eval", str(run), "--data", str(data), "--out", str(out), "--best-of", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--best-of 2 needs chains that differ" in err and len(err.splitlines()) == 1
+    assert not out.exists()
