@@ -6,7 +6,7 @@ re-noising and x_T) and for MDM (its K > 1 chains drawn at ``--compare-temperatu
 what does it cost in sampling passes and CPU seconds? Test-time scaling along K, beside bench_hcdlm's steps.
 
     python bench/bench_hcdlm_best_of.py RUNS/sudoku/hcdlm --compare RUNS/sudoku/mdm --eval-seed 20261202 \\
-        --k 1,2,4,8 --question hcdlm_best_of_scaling --out OUT
+        --k 1,2,4,8 --question hcdlm_best_of_scaling
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ def parse_args() -> argparse.Namespace:
         "--val-n", type=int, default=150, help="bench_hcdlm's validation size (the Kaggle windows follow it)"
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
-    p.add_argument("--out", type=Path, default=Path("runs/bench_hcdlm_best_of"), help="folder of the PNG")
     p.add_argument("--question", default="hcdlm_best_of_scaling", help="bench/results/ record to write")
     return p.parse_args()
 
@@ -97,7 +96,6 @@ def main() -> int:
         for name, rows in results.items()
         for r in rows
     ]
-    args.out.mkdir(parents=True, exist_ok=True)
     series = {
         f"{LABELS.get(name, name)}, {g}": ([r["passes"] for r in rows], [r["groups"][g] for r in rows])
         for name, rows in results.items()
@@ -105,7 +103,7 @@ def main() -> int:
     }
     plot = save_lines(
         series,
-        args.out / "best_of.png",
+        Path(__file__).resolve().parent / "results" / f"{args.question}.png",
         "sampling passes per puzzle (K x steps)",
         "boards solved (%)",
         f"best-of-K at {args.steps} steps",
@@ -118,7 +116,7 @@ def main() -> int:
         f"sampling steps per chain; K chains per puzzle in one batch, the answer is the chain with the highest "
         f"log-probability of its own tokens; HC-DLM at argmax, the compared run at argmax for K = 1 and at "
         f"temperature {args.compare_temperature} for K > 1. CPU seconds: process time on {args.threads} thread(s). "
-        f"Runs: {args.run}" + (f", {args.compare}" if args.compare else "") + f". Plot: {plot}."
+        f"Runs: {args.run}" + (f", {args.compare}" if args.compare else "") + f". Plot: bench/results/{plot.name}."
     )
     figures = {
         name: rows_figure(

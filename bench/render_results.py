@@ -397,6 +397,16 @@ QUESTIONS: dict[str, Question] = {
         "boards of generator seed 20261202 (never used before), 150 + 150 validation boards (seed 7) choose K among "
         "1 / 4 / 8 and MDM's order; 50 sampling steps (the paper's).",
     ),
+    "hcdlm_best_of_scaling": Question(
+        "HC-DLM vs MDM: accuracy against best-of-K chains on the test split (issue 23)",
+        HCDLM,
+        "How does accuracy grow with K, the chains sampled per puzzle of which the model keeps the one it finds most "
+        "likely, for HC-DLM (argmax) and for MDM (temperature 1 for K > 1), and at what sampling cost? Test-time "
+        "scaling along K, beside the sampling steps.",
+        "bench_hcdlm_best_of.py on the runs and test puzzles of `hcdlm_sudoku_best_of` (300 easy + 300 hard, "
+        "generator seed 20261202), 50 steps per chain, every K scored on the test split (no choice is made here); "
+        "process CPU seconds per puzzle on one thread.",
+    ),
     "hcdlm_sudoku9_best_of": Question(
         "HC-DLM on 9x9 Sudoku with best-of-K chains, 30 CPU-minutes (issue 23)",
         HCDLM,
