@@ -500,8 +500,15 @@ def render(task: str, out: dict, args: argparse.Namespace) -> str:
     text += (
         f"\n\nTest: {args.eval_n} problems per group; sampler settings picked per run on {args.val_n} separate "
         "validation problems "
-        f"per group, sampling steps among {args.sample_steps}. Main accuracies at the chosen steps, argmax tokens, "
-        "EMA weights, HC-DLM M=1 (blocks "
+        f"per group, sampling steps among {args.sample_steps}"
+        + (f", best-of-K among {args.best_of}" if args.best_of != "1" else "")
+        + ". Main accuracies at the chosen steps, argmax tokens"
+        + (
+            f" (MDM and AR at temperature {args.best_of_temperature} where best-of-K > 1 was chosen)"
+            if args.best_of != "1"
+            else ""
+        )
+        + ", EMA weights, HC-DLM M=1 (blocks "
         f"encoder,denoiser,predictor = {args.blocks}; confidence re-masking for the absorbing kernel); plot: "
         f"`{out['plot']}`."
     )
