@@ -214,3 +214,18 @@ def test_best_of_on_a_deterministic_run_is_one_line_before_sampling(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert "--best-of 2 needs chains that differ" in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_best_of_against_a_deterministic_compare_run_is_refused_before_sampling(tmp_path, capsys, monkeypatch):
+    from dihal_fast.cli import main
+    from dihal_fast.hcdlm import scoring
+
+    run, other = _tiny_run(tmp_path, "hcdlm"), _tiny_run(tmp_path, "mdm")
+    capsys.readouterr()
+    monkeypatch.setattr(scoring, "generate", lambda *a, **k: pytest.fail("sampled before refusing"))
+    data = tmp_path / "p.csv"
+    data.write_text("puzzle,solution\n1...........4...,1234341221434321\n")
+    argv = ["hcdlm", "eval", str(run), "--data", str(data), "--out", str(tmp_path / "e.json"), "--best-of", "2"]
+    assert main([*argv, "--compare", str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "MDMNet at temperature 0" in err and len(err.splitlines()) == 1

@@ -29,6 +29,7 @@ from dihal_fast.hcdlm.plots import plot_ablations, plot_accuracy_vs_steps, plot_
 from dihal_fast.hcdlm.scoring import (
     LoadedRun,
     accuracy_vs_steps,
+    check_sampler,
     evaluate_examples,
     evaluate_text,
     load_run,
@@ -115,6 +116,9 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path, *legacy: Any, **legac
             f"({run.config.task.name})"
         )
     sample = config.sampling(run.config.task.name == "text")
+    for loaded in (run, other):  # sampler options the run (or the compared one) cannot take: refused before any work
+        if loaded is not None:
+            check_sampler(loaded, sample)
     steps_sweep, noise_levels = tuple(config.steps_sweep), tuple(config.noise_levels)
     if run.config.task.name == "text":
         reference = text_windows(run.task, data, config.samples)
