@@ -476,8 +476,8 @@ def render(task: str, out: dict, args: argparse.Namespace) -> str:
         for m, r in results.items()
     ]
     text += (
-        f"\n\nAccuracy / {partial_label} (%, all groups, seed 0, chosen sampler) vs sampling steps "
-        "(AR decodes left to right; its row repeats):\n\n"
+        f"\n\nAccuracy / {partial_label} (%, all groups, seed {int_list(args.seeds)[0]}, chosen sampler) vs "
+        "sampling steps (AR decodes left to right; its row repeats):\n\n"
     )
     text += table(["model"] + [str(s) for s in steps_list], curve_rows)
     if out["timing"]:
