@@ -185,10 +185,15 @@ def check_best_of(model, cfg: SampleConfig) -> None:
 
 
 def _sample_scored(
-    model, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None, log_prob: torch.Tensor
+    model,
+    kernel,
+    context: torch.Tensor,
+    cfg: SampleConfig,
+    generator: torch.Generator | None,
+    log_prob: torch.Tensor | None,
 ) -> torch.Tensor:
     """One chain per row of ``context`` from whichever model this is, its answer's log-probability added to
-    ``log_prob``."""
+    ``log_prob`` (None: not scored)."""
     if isinstance(model, HCDLM):
         return sample_hcdlm(model, kernel, context, cfg, generator, log_prob=log_prob)
     if isinstance(model, MDMNet):
@@ -210,10 +215,10 @@ def generate(
     first)."""
     check_best_of(model, cfg)
     k = cfg.best_of
-    rows = context.repeat_interleave(k, dim=0) if k > 1 else context
+    if k == 1:  # one chain: nothing to choose, so no scoring work in the sampling loop
+        return _sample_scored(model, kernel, context, cfg, generator, None)
+    rows = context.repeat_interleave(k, dim=0)
     log_prob = torch.zeros(rows.shape[0], dtype=torch.float64, device=context.device)
     tokens = _sample_scored(model, kernel, rows, cfg, generator, log_prob)
-    if k == 1:
-        return tokens
     best = log_prob.view(-1, k).argmax(dim=1)
     return tokens.view(context.shape[0], k, -1)[torch.arange(context.shape[0], device=tokens.device), best]
