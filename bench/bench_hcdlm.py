@@ -30,7 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_tables, report, table  # noqa: E402
 
 from dihal_fast.common import atomic_write_json  # noqa: E402
-from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig  # noqa: E402
+from dihal_fast.hcdlm.config import (  # noqa: E402
+    HCDLMModelConfig,
+    HCDLMTrainConfig,
+    ObjectiveConfig,
+    RunConfig,
+    SampleConfig,
+    task_defaults,
+)
 from dihal_fast.hcdlm.eval_data import examples_from_file, generated_sudoku, text_windows  # noqa: E402
 from dihal_fast.hcdlm.plots import plot_accuracy_vs_steps  # noqa: E402
 from dihal_fast.hcdlm.sampler import generate  # noqa: E402
@@ -73,16 +80,27 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="what --minutes measures")
     p.add_argument("--hidden", type=int, default=64, help="width of every network (baselines get matched depth)")
     p.add_argument("--batch-size", type=int, default=64, help="training batch")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (the paper: 1e-4 at batch 256)")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="AdamW learning rate (default: the task's, as in 'dihal hcdlm train'; the paper: 1e-4 at batch 256)",
+    )
     p.add_argument(
         "--latent-dim",
         type=int,
         default=None,
-        help="latent width d of HC-DLM and Latent DM (default: the model config's); the baselines keep matching the "
-        "parameter count of the default-width HC-DLM",
+        help="latent width d of HC-DLM and Latent DM (default: the task's, as in 'dihal hcdlm train'); the baselines "
+        "keep matching the parameter count of the default-width HC-DLM",
     )
     p.add_argument(
         "--blocks", default="1,6,1", help="HC-DLM encoder,denoiser,predictor blocks (the solving is the denoiser's)"
+    )
+    p.add_argument(
+        "--baseline-blocks",
+        type=int,
+        default=0,
+        help="blocks of MDM / AR / CCDD (0: as many as match the HC-DLM parameter count)",
     )
     p.add_argument(
         "--set",
@@ -184,6 +202,7 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
             tokenizer_dir=str(default_model_dir()),
         )
         latents = args.text_latents
+    defaults = task_defaults(task_cfg.name, task_cfg.sudoku_box)  # the command line's, for every model
     kind, kernel, objective = VARIANTS.get(model, (model, "uniform", {}))
     encoder, denoiser, predictor = (int(b) for b in args.blocks.split(","))
     if kind in ("mdm", "ar", "ccdd"):  # HC-DLM-only options off, so a baseline's saved config claims no slot head
@@ -198,7 +217,9 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
         slot_head=kind not in ("mdm", "ar", "ccdd"),
         denoiser_blocks=denoiser,
         predictor_blocks=predictor,
-        **({} if args.latent_dim is None or kind not in ("hcdlm", "latent") else {"latent_dim": args.latent_dim}),
+        latent_dim=args.latent_dim if args.latent_dim and kind in ("hcdlm", "latent") else int(defaults["latent_dim"]),
+        latent_schedule_power=defaults["latent_schedule_power"],
+        baseline_blocks=args.baseline_blocks,
     )
     config = RunConfig(
         task=task_cfg,
@@ -207,7 +228,7 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
         train=HCDLMTrainConfig(
             steps=10**7,
             batch_size=args.batch_size,
-            lr=args.lr,
+            lr=defaults["lr"] if args.lr is None else args.lr,
             max_minutes=args.minutes,
             seed=seed,
             budget_clock=args.clock,

@@ -417,6 +417,34 @@ QUESTIONS: dict[str, Question] = {
         "chosen on 50 validation boards per group; test 150 boards per group (generated easy / hard, seed 123, and "
         "the Kaggle levels).",
     ),
+    "hcdlm_sudoku_best_of_seed1": Question(
+        "HC-DLM vs MDM on fresh 6x6 puzzles with best-of-K chains: a second training seed (issue 23)",
+        HCDLM,
+        "Does the `hcdlm_sudoku_best_of` result (HC-DLM with best-of-K ahead of MDM on the hard split at 10 "
+        "CPU-minutes with the CLI defaults) hold for another training seed?",
+        "As `hcdlm_sudoku_best_of` (the same validation and test boards, generator seeds 7 and 20261202), with new "
+        "runs of training seed 1 (10 process-CPU-minutes each, one thread).",
+    ),
+    "hcdlm_sudoku9_defaults": Question(
+        "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults and best-of-K, 30 CPU-minutes (issue 23)",
+        HCDLM,
+        "With the defaults that `dihal hcdlm train --sudoku-box 3x3` now takes (latent 256, --latent-schedule-power "
+        "3, lr 3e-3) and no other option, does HC-DLM solve >= 20 % of easy 9x9 boards in 30 CPU-minutes (a new "
+        "training seed), with K chosen on validation?",
+        "bench_hcdlm.py with no --lr / --latent-dim / --set (the task's defaults), training seed 2, 30 "
+        "process-CPU-minutes on one thread; K among 1 / 4 / 8 at 50 steps chosen on 50 validation boards per group; "
+        "test 150 boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
+    ),
+    "hcdlm_sudoku9_mdm_matched": Question(
+        "MDM on 9x9 Sudoku with the command line's 9x9 defaults (parameters matched to the 256-wide HC-DLM), "
+        "30 CPU-minutes (issue 23)",
+        HCDLM,
+        "How does the MDM baseline that `dihal hcdlm train --model mdm --sudoku-box 3x3` now builds (39 blocks, "
+        "matched to the parameter count of the 256-wide HC-DLM) do at the same CPU budget?",
+        "bench_hcdlm.py with the task's defaults, training seed 2, 30 process-CPU-minutes on one thread; order "
+        "chosen on 50 validation boards per group, one chain at 50 steps; the test boards of "
+        "`hcdlm_sudoku9_defaults`.",
+    ),
     "hcdlm_sudoku9_budget": Question(
         "HC-DLM vs MDM on 9x9 Sudoku against the training budget: 10, 30, 60 CPU-minutes (issue 23)",
         HCDLM,

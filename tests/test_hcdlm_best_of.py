@@ -24,7 +24,7 @@ from dihal_fast.hcdlm.sampler import (
     sample_mdm,
 )
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
-from dihal_fast.testing.tiny import HCDLM_TINY
+from dihal_fast.testing.tiny import HCDLM_TINY, hcdlm_tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -178,16 +178,11 @@ def test_best_of_must_be_positive():
 
 
 def _tiny_run(tmp_path, kind: str):
-    from dihal_fast.hcdlm.config import HCDLMTrainConfig, RunConfig
     from dihal_fast.hcdlm.trainer import train
-    from dihal_fast.tasks.registry import TaskConfig
 
-    config = RunConfig(
-        task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=30),
-        model=HCDLMModelConfig(kind=kind, hidden=32, heads=2, denoiser_blocks=1, latent_dim=8, slot_head=False),
-        train=HCDLMTrainConfig(steps=2, batch_size=8, checkpoint_every=2, warmup_steps=1),
+    config = hcdlm_tiny_config(
+        model={"kind": kind, "slot_head": False}, objective={"slot_aux_weight": 0.0}, warmup_steps=1
     )
-    config.objective.slot_aux_weight = 0.0
     train(config, tmp_path / kind)
     return tmp_path / kind
 

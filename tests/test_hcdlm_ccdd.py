@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from dihal_fast.cli import main
 from dihal_fast.hcdlm.ccdd import CCDDNet, ccdd_loss, sample_ccdd, token_code
-from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig
+from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.layers import count_parameters
 from dihal_fast.hcdlm.networks import build_model, matched_blocks
 from dihal_fast.hcdlm.noise import make_kernel
@@ -20,9 +20,8 @@ from dihal_fast.hcdlm.sampler import generate
 from dihal_fast.hcdlm.scoring import load_run
 from dihal_fast.hcdlm.trainer import train
 from dihal_fast.tasks.countdown_task import CountdownTask
-from dihal_fast.tasks.registry import TaskConfig
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
-from dihal_fast.testing.tiny import HCDLM_TINY, HCDLM_TINY_ARGS, hcdlm_text_args
+from dihal_fast.testing.tiny import HCDLM_TINY, HCDLM_TINY_ARGS, hcdlm_text_args, hcdlm_tiny_config
 from dihal_fast.train.checkpoint import latest_checkpoint
 
 
@@ -172,11 +171,7 @@ def test_bad_model_options_are_refused_in_one_line(fields, message):
 
 
 def _config(steps: int) -> RunConfig:
-    return RunConfig(
-        task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=30),
-        model=HCDLMModelConfig(kind="ccdd", **HCDLM_TINY),
-        train=HCDLMTrainConfig(steps=steps, batch_size=8, log_every=1, checkpoint_every=3, warmup_steps=2),
-    )
+    return hcdlm_tiny_config(steps, model={"kind": "ccdd"}, log_every=1, checkpoint_every=3, warmup_steps=2)
 
 
 def test_resume_gives_the_same_weights_and_load_the_same_model(tmp_path):

@@ -11,16 +11,15 @@ import torch
 
 from dihal_fast.cli import main
 from dihal_fast.hcdlm import mechanism, objective
-from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig
+from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.networks import HCDLM
 from dihal_fast.hcdlm.noise import LATENT_FLOW, UniformKernel, latent_level, latent_step
 from dihal_fast.hcdlm.objective import hcdlm_loss
 from dihal_fast.hcdlm.sampler import sample_hcdlm
 from dihal_fast.hcdlm.scoring import load_run
 from dihal_fast.hcdlm.trainer import train
-from dihal_fast.tasks.registry import TaskConfig
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
-from dihal_fast.testing.tiny import HCDLM_TINY, HCDLM_TINY_ARGS
+from dihal_fast.testing.tiny import HCDLM_TINY, HCDLM_TINY_ARGS, hcdlm_tiny_config
 from dihal_fast.train.checkpoint import latest_checkpoint
 
 
@@ -139,11 +138,8 @@ def test_blind_rows_are_scored_at_level_one_and_change_the_loss(sudoku4):
 
 
 def _tiny_run(tmp_path, power: float):
-    config = RunConfig(
-        task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=30),
-        model=HCDLMModelConfig(hidden=32, heads=2, denoiser_blocks=1, latent_dim=8, latent_schedule_power=power),
-        objective=ObjectiveConfig(scaffold_blind=0.25),
-        train=HCDLMTrainConfig(steps=2, batch_size=8, checkpoint_every=2, warmup_steps=1),
+    config = hcdlm_tiny_config(
+        model={"latent_schedule_power": power}, objective={"scaffold_blind": 0.25}, warmup_steps=1
     )
     train(config, tmp_path)
     return tmp_path

@@ -11,23 +11,16 @@ import torch
 from safetensors.torch import load_file
 
 from dihal_fast.cli import main
-from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, RunConfig
+from dihal_fast.hcdlm.config import RunConfig
 from dihal_fast.hcdlm.trainer import train
-from dihal_fast.tasks.registry import TaskConfig
-from dihal_fast.testing.tiny import HCDLM_TINY_ARGS, hcdlm_text_args
+from dihal_fast.testing.tiny import HCDLM_TINY_ARGS, hcdlm_text_args, hcdlm_tiny_config
 from dihal_fast.train.checkpoint import latest_checkpoint
 
 TINY = HCDLM_TINY_ARGS
 
 
 def _config(steps: int, kind: str = "hcdlm") -> RunConfig:
-    return RunConfig(
-        task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=30),
-        model=HCDLMModelConfig(
-            kind=kind, hidden=32, heads=2, encoder_blocks=1, denoiser_blocks=1, predictor_blocks=1, latent_dim=8
-        ),
-        train=HCDLMTrainConfig(steps=steps, batch_size=8, log_every=1, checkpoint_every=3, warmup_steps=2),
-    )
+    return hcdlm_tiny_config(steps, model={"kind": kind}, log_every=1, checkpoint_every=3, warmup_steps=2)
 
 
 def test_the_old_argument_order_warns_and_trains_the_same_run(tmp_path):

@@ -87,7 +87,7 @@ HCDLM_TRAIN = ["hcdlm", "train", "--out", "run", "--task", "countdown"]
 
 
 def test_hcdlm_train_flags_keep_their_spellings(tmp_path):
-    from dihal_fast.cli.hcdlm import _readout_config
+    from dihal_fast.cli.hcdlm import _readout_config, resolve_train_defaults
     from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig
     from dihal_fast.hcdlm.eval_config import HCDLMSolveConfig
     from dihal_fast.tasks.registry import TaskConfig
@@ -128,7 +128,8 @@ def test_hcdlm_train_flags_keep_their_spellings(tmp_path):
     assert args.ema_decay == parser.parse_args([*HCDLM_TRAIN, "--ema-decay", "0.5"]).ema_decay
     args = parser.parse_args(HCDLM_TRAIN)
     assert (args.slot_head, args.tokenizer_dir, args.text_files, args.deepspeed) == (None, None, None, None)
-    args.slot_head, args.tokenizer_dir, args.text_files = True, "", []
+    assert (args.latent_dim, args.latent_schedule_power, args.lr) == (None, None, None)
+    resolve_train_defaults(args)
     assert dataclass_from_options(RunConfig, args) == RunConfig(task=TaskConfig("countdown"))
     assert isinstance(RunConfig().model, HCDLMModelConfig) and isinstance(RunConfig().train, HCDLMTrainConfig)
     assert ObjectiveConfig() == RunConfig().objective
@@ -141,6 +142,42 @@ def test_hcdlm_train_flags_keep_their_spellings(tmp_path):
     args = parser.parse_args(["hcdlm", "solve", str(tmp_path / "puzzle_run"), "1,2,3", "--raw-weights"])
     config = _readout_config(HCDLMSolveConfig, args)
     assert (config.sample.temperature, config.raw_weights) == (0.0, True)
+
+
+@pytest.mark.parametrize("box", ["3x3", "2x3", "2x2"])
+def test_hcdlm_train_defaults_follow_the_sudoku_size(box):
+    """9x9 Sudoku gets its own command-line defaults (wide latent, p = 3, lr 3e-3); given flags win; a baseline
+    is matched to the HC-DLM of the same command line."""
+    from dihal_fast.cli.hcdlm import resolve_train_defaults
+    from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, RunConfig
+    from dihal_fast.hcdlm.networks import HCDLM, count_parameters, matched_blocks
+    from dihal_fast.tasks.registry import TaskConfig, build_task
+
+    parser = build_parser()
+    train = ["hcdlm", "train", "--out", "run", "--task", "sudoku", "--sudoku-box", box]
+    args = parser.parse_args(train)
+    resolve_train_defaults(args)
+    config = dataclass_from_options(RunConfig, args)
+    nine = box == "3x3"
+    expected = (256, 3.0, 3e-3) if nine else (64, 1.0, 1e-3)
+    assert (config.model.latent_dim, config.model.latent_schedule_power, config.train.lr) == expected
+    assert config == RunConfig(
+        task=TaskConfig("sudoku", sudoku_box=box),
+        model=HCDLMModelConfig(latent_dim=expected[0], latent_schedule_power=expected[1]),
+        train=HCDLMTrainConfig(lr=expected[2]),
+    )
+    given = parser.parse_args([*train, "--latent-dim", "32", "--latent-schedule-power", "2", "--lr", "0.01"])
+    resolve_train_defaults(given)
+    mine = dataclass_from_options(RunConfig, given)
+    assert (mine.model.latent_dim, mine.model.latent_schedule_power, mine.train.lr) == (32, 2.0, 0.01)
+    mdm = parser.parse_args([*train, "--model", "mdm"])
+    resolve_train_defaults(mdm)
+    baseline = dataclass_from_options(RunConfig, mdm).model
+    spec = build_task(config.task, for_training=False).spec
+    wider = count_parameters(HCDLM(spec, config.model))
+    assert baseline.latent_dim == config.model.latent_dim
+    assert matched_blocks(spec, baseline, "mdm") == matched_blocks(spec, config.model, "mdm")
+    assert (wider > count_parameters(HCDLM(spec, HCDLMModelConfig()))) == nine
 
 
 def test_saved_configs_with_the_old_names_load():

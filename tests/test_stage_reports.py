@@ -6,12 +6,10 @@ import json
 
 from dihal_fast.common.io import atomic_write_json
 from dihal_fast.common.reports import StageReport
-from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, RunConfig
 from dihal_fast.hcdlm.trainer import train
 from dihal_fast.pipeline import StageReport as PipelineStageReport
 from dihal_fast.pipeline.reports import LocateReport
-from dihal_fast.tasks.registry import TaskConfig
-from dihal_fast.testing.tiny import HCDLM_TINY
+from dihal_fast.testing.tiny import hcdlm_tiny_config
 
 
 def test_the_pipeline_name_is_the_common_type():
@@ -29,12 +27,7 @@ def test_a_report_reads_and_writes_as_the_json_it_holds(tmp_path):
 
 
 def test_hcdlm_training_returns_a_report_on_its_run_directory(tmp_path):
-    config = RunConfig(
-        task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=30),
-        model=HCDLMModelConfig(**HCDLM_TINY),
-        train=HCDLMTrainConfig(steps=2, batch_size=8, log_every=1, checkpoint_every=2, threads=1),
-    )
-    report = train(config, tmp_path / "run")
+    report = train(hcdlm_tiny_config(log_every=1, threads=1), tmp_path / "run")
     assert isinstance(report, StageReport) and report.out == tmp_path / "run"
     assert report["step"] == 2 and report["parameters"] > 0 and "loss" in report
     atomic_write_json(tmp_path / "summary.json", {"train": report})

@@ -77,19 +77,29 @@ def _backbone_dir(path: Path | None) -> str:
     return str(path if path is not None else default_model_dir())
 
 
-def run_train(args: argparse.Namespace) -> int:
+def resolve_train_defaults(args: argparse.Namespace) -> None:
+    """Fill in the ``train`` flags whose default depends on other options (see the help of --text-files,
+    --backbone, --slot-head, --latent-dim, --latent-schedule-power and --lr); given flags are kept."""
     from dihal_fast.backbone import default_corpus
-    from dihal_fast.hcdlm.config import RunConfig
-    from dihal_fast.hcdlm.trainer import train
+    from dihal_fast.hcdlm.config import task_defaults
 
-    if args.steps < 1 or args.batch_size < 1:
-        raise ValueError(f"--steps and --batch-size must be >= 1, got {args.steps}, {args.batch_size}")
-    # The defaults that depend on other options (see the help of --text-files, --backbone, --slot-head).
+    for name, value in task_defaults(args.name, args.sudoku_box).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     text = args.name == "text"
     args.text_files = [str(f) for f in args.text_files or []] or ([str(default_corpus())] if text else [])
     args.tokenizer_dir = _backbone_dir(args.tokenizer_dir) if text else ""
     if args.slot_head is None:
         args.slot_head = args.slot_aux_weight > 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from dihal_fast.hcdlm.config import RunConfig
+    from dihal_fast.hcdlm.trainer import train
+
+    if args.steps < 1 or args.batch_size < 1:
+        raise ValueError(f"--steps and --batch-size must be >= 1, got {args.steps}, {args.batch_size}")
+    resolve_train_defaults(args)
     config = dataclass_from_options(RunConfig, args)
     summary = train(config, args.out, deepspeed_config=args.deepspeed)
     print(

@@ -8,6 +8,7 @@ offline, like any user checkpoint, so tests exercise the real loading path.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 FAMILIES = ("llama", "qwen3", "gpt2", "mistral")  # the session fixture's set
 MORE_FAMILIES = ("qwen2", "gemma", "gemma2", "phi3", "gpt_neox")
@@ -26,6 +27,21 @@ HCDLM_TINY_ARGS = [
     *(arg for name, value in HCDLM_TINY.items() for arg in (f"--{name.replace('_', '-')}", str(value))),
     *("--batch-size", "8", "--threads", "1"),
 ]
+
+
+def hcdlm_tiny_config(steps: int = 2, *, model: dict | None = None, objective: dict | None = None, **train: Any):
+    """The :class:`~dihal_fast.hcdlm.config.RunConfig` of the smallest HC-DLM run the tests train: 4x4 Sudoku from
+    a pool of 30 puzzles, the :data:`HCDLM_TINY` model (``model`` fields added, e.g. ``kind``), batch 8, a
+    checkpoint at the end; ``objective`` and ``train`` fields change the rest."""
+    from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig
+    from dihal_fast.tasks.registry import TaskConfig
+
+    return RunConfig(
+        task=TaskConfig("sudoku", sudoku_box="2x2", sudoku_pool=30),
+        model=HCDLMModelConfig(**{**HCDLM_TINY, **(model or {})}),
+        objective=ObjectiveConfig(**(objective or {})),
+        train=HCDLMTrainConfig(**{"steps": steps, "batch_size": 8, "checkpoint_every": steps, **train}),
+    )
 
 
 def hcdlm_text_args(text: str | Path, backbone: str | Path, max_chars: int = 20000, text_len: int = 16) -> list[str]:
