@@ -433,12 +433,14 @@ def bench_task(task: str, models: list[str], args: argparse.Namespace) -> dict:
     timing = {}
     if "hcdlm" in results and "mdm" in results:
         timing = sampling_seconds(
-            {m: load_run(args.out / task / m, device=args.device) for m in ("hcdlm", "mdm")}, examples, steps_list
+            {m: load_run(args.out / task / run_name(m, seeds[0]), device=args.device) for m in ("hcdlm", "mdm")},
+            examples,
+            steps_list,
         )
     plot = plot_accuracy_vs_steps(
         {LABELS[m]: r["curve"] for m, r in results.items()},
         args.out / f"{task}_accuracy_vs_steps.png",
-        f"{task}: accuracy vs sampling steps (seed 0)",
+        f"{task}: accuracy vs sampling steps (seed {seeds[0]})",
     )
     key = "blank_cells" if task == "sudoku" else "true_steps"
     plot_accuracy_vs_steps(
@@ -563,9 +565,14 @@ def main() -> int:
         if task == "text":
             out = bench_text(models, args)
             body = render_text(out, args)
+            extra = {}
         else:
             out = bench_task(task, models, args)
             body = render(task, out, args)
+            # Every sampler candidate's validation accuracy, per model and seed: what chose the test settings.
+            extra = {
+                "validation": {m: {r["seed"]: r["sampler"] for r in res["runs"]} for m, res in out["results"].items()}
+            }
         title = (
             f"HC-DLM vs MDM / Latent DM / AR: {task} ({args.minutes:g} {args.clock}-minutes of training per model, "
             f"hidden {args.hidden})"
@@ -577,7 +584,12 @@ def main() -> int:
                 title,
                 body,
                 question=args.question or question_key(task, args),
-                figures={"tables": markdown_tables(body), "minutes": args.minutes, "models": models},
+                figures={
+                    "tables": markdown_tables(body),
+                    "minutes": args.minutes,
+                    "models": models,
+                    **extra,
+                },
             )
     return 0
 
