@@ -149,7 +149,7 @@ def test_hcdlm_train_defaults_follow_the_sudoku_size(box):
     """9x9 Sudoku gets its own command-line defaults (wide latent, p = 3, lr 3e-3); given flags win; a baseline
     is matched to the HC-DLM of the same command line."""
     from dihal_fast.cli.hcdlm import resolve_train_defaults
-    from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, RunConfig
+    from dihal_fast.hcdlm import HCDLMModelConfig, HCDLMTrainConfig, RunConfig, task_defaults
     from dihal_fast.hcdlm.networks import HCDLM, count_parameters, matched_blocks
     from dihal_fast.tasks.registry import TaskConfig, build_task
 
@@ -161,6 +161,7 @@ def test_hcdlm_train_defaults_follow_the_sudoku_size(box):
     nine = box == "3x3"
     expected = (256, 3.0, 3e-3) if nine else (64, 1.0, 1e-3)
     assert (config.model.latent_dim, config.model.latent_schedule_power, config.train.lr) == expected
+    assert task_defaults("sudoku", box) == dict(zip(("latent_dim", "latent_schedule_power", "lr"), expected))
     assert config == RunConfig(
         task=TaskConfig("sudoku", sudoku_box=box),
         model=HCDLMModelConfig(latent_dim=expected[0], latent_schedule_power=expected[1]),
