@@ -445,14 +445,15 @@ QUESTIONS: dict[str, Question] = {
         "chosen on 50 validation boards per group, one chain at 50 steps; the test boards of "
         "`hcdlm_sudoku9_defaults`.",
     ),
-    "hcdlm_sudoku9_mdm_best_of": Question(
-        "MDM on 9x9 Sudoku with best-of-K chains, 18 blocks, 30 CPU-minutes (issue 23)",
+    "hcdlm_sudoku9_mdm18": Question(
+        "MDM on 9x9 Sudoku with 18 blocks (the size that trains at this budget), 30 CPU-minutes, a new seed (issue 23)",
         HCDLM,
-        "Does MDM gain from best-of-K on 9x9 boards (K chains drawn at temperature 1, the one the model finds most "
-        "likely kept), as HC-DLM does, in the size that trains fastest at this budget?",
-        "bench_hcdlm.py with --baseline-blocks 18 (the size of `hcdlm_sudoku9`'s MDM, matched to a 64-wide HC-DLM), "
-        "training seed 2, 30 process-CPU-minutes on one thread; K among 1 / 4 and the order chosen on 50 validation "
-        "boards per group; the test boards of `hcdlm_sudoku9_defaults`.",
+        "How does MDM in the size of `hcdlm_sudoku9` (18 blocks, matched to a 64-wide HC-DLM) do with a new training "
+        "seed on the test boards of `hcdlm_sudoku9_defaults`, where the 39-block MDM matched to the 256-wide HC-DLM "
+        "trains too few steps in 30 CPU-minutes?",
+        "bench_hcdlm.py with --baseline-blocks 18, training seed 2, 30 process-CPU-minutes on one thread (3-5 "
+        "processes on 2 cores); order chosen on 50 validation boards per group, one chain at 50 steps; test 150 "
+        "boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
     ),
     "hcdlm_sudoku9_budget": Question(
         "HC-DLM vs MDM on 9x9 Sudoku against the training budget: 10, 30, 60 CPU-minutes (issue 23)",
