@@ -217,7 +217,11 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
         slot_head=kind not in ("mdm", "ar", "ccdd"),
         denoiser_blocks=denoiser,
         predictor_blocks=predictor,
-        latent_dim=args.latent_dim if args.latent_dim and kind in ("hcdlm", "latent") else int(defaults["latent_dim"]),
+        latent_dim=(
+            args.latent_dim
+            if args.latent_dim is not None and kind in ("hcdlm", "latent")
+            else int(defaults["latent_dim"])
+        ),
         latent_schedule_power=defaults["latent_schedule_power"],
         baseline_blocks=args.baseline_blocks,
     )
