@@ -351,6 +351,21 @@ QUESTIONS: dict[str, Question] = {
         "(lr 3e-3, width 64, latent 256, blocks 1/6/1), 30 process-CPU-minutes on one thread, seed 0; validation "
         "split only (50 boards per group), 50 steps, argmax, EMA.",
     ),
+    "hcdlm_sudoku9_seeds": Question(
+        "HC-DLM on 9x9 Sudoku with the command line's defaults: three training seeds and an exposure ramp, validation "
+        "split (issue 23)",
+        HCDLM,
+        "Why does one 30-CPU-minute 9x9 run with the defaults solve boards and another none: how do the runs of "
+        "training seeds 1 / 2 / 3 differ in the input ablations, and does ramping the exposure share up over the "
+        "first 1,000 steps (`--exposure-ramp-steps 1000`) make the failing seed 2 learn?",
+        "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5,0.9 on bench_hcdlm.py's 9x9 defaults (latent 256, "
+        "--latent-schedule-power 3, lr 3e-3), 30 process-CPU-minutes on one thread; seeds 1-3 are the trained runs "
+        "of `hcdlm_sudoku9_best_of`, `hcdlm_sudoku9_defaults` and `hcdlm_sudoku9_defaults_seed3` (scored, not "
+        "retrained); seed2_1550steps the seed-2 run resumed to seed 1's 1,550 steps (32.7 CPU-minutes); "
+        "seed2_ramp1000_1600steps the ramp run's checkpoint at 1,600 steps (it ran alone on the machine and so took "
+        "more steps per CPU-minute: compare at equal steps); validation split only (50 boards per group), 50 steps, "
+        "one chain, argmax, EMA.",
+    ),
     "hcdlm_sudoku9_latent": Question(
         "HC-DLM on 9x9 Sudoku with the latent-use change, 30 CPU-minutes (issue 23)",
         HCDLM,
@@ -435,6 +450,16 @@ QUESTIONS: dict[str, Question] = {
         "process-CPU-minutes on one thread; K among 1 / 4 / 8 at 50 steps chosen on 50 validation boards per group; "
         "test 150 boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
     ),
+    "hcdlm_sudoku9_defaults_seed3": Question(
+        "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults and best-of-K: a third training seed, 30 "
+        "CPU-minutes (issue 23)",
+        HCDLM,
+        "Seed 1 of the 9x9 configuration solved >= 20 % of easy boards and seed 2 of the same defaults none: how "
+        "often does a 30-CPU-minute 9x9 run with the defaults learn to solve?",
+        "As `hcdlm_sudoku9_defaults` with training seed 3 (2-3 processes on 2 cores); K among 1 / 4 / 8 at 50 steps "
+        "chosen on 50 validation boards per group; test 150 boards per group (generated easy / hard, seed 123, and "
+        "the Kaggle levels).",
+    ),
     "hcdlm_sudoku9_mdm_matched": Question(
         "MDM on 9x9 Sudoku with the command line's 9x9 defaults (parameters matched to the 256-wide HC-DLM), "
         "30 CPU-minutes (issue 23)",
@@ -454,6 +479,15 @@ QUESTIONS: dict[str, Question] = {
         "bench_hcdlm.py with --baseline-blocks 18, training seed 2, 30 process-CPU-minutes on one thread (3-5 "
         "processes on 2 cores); order chosen on 50 validation boards per group, one chain at 50 steps; test 150 "
         "boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
+    ),
+    "hcdlm_sudoku9_mdm18_best_of": Question(
+        "MDM on 9x9 Sudoku with best-of-K chains, 18 blocks, 30 CPU-minutes (issue 23)",
+        HCDLM,
+        "Does best-of-K sampling (K chains at temperature 1, the answer MDM itself finds most likely) lift the "
+        "18-block 9x9 MDM of `hcdlm_sudoku9_mdm18` as it lifts HC-DLM, and at what sampling cost?",
+        "The trained run of `hcdlm_sudoku9_mdm18` (18 blocks, training seed 2, 30 process-CPU-minutes); order and "
+        "K among 1 / 4 chosen on 50 validation boards per group at 50 steps; test 150 boards per group (generated "
+        "easy / hard, seed 123, and the Kaggle levels).",
     ),
     "hcdlm_sudoku9_budget": Question(
         "HC-DLM vs MDM on 9x9 Sudoku against the training budget: 10, 30, 60 CPU-minutes (issue 23)",
