@@ -462,6 +462,14 @@ QUESTIONS: dict[str, Question] = {
         "chosen on 50 validation boards per group; test 150 boards per group (generated easy / hard, seed 123, and "
         "the Kaggle levels).",
     ),
+    "hcdlm_sudoku9_seed1_60min": Question(
+        "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults, seed 1 at 60 CPU-minutes, one chain (issue 23)",
+        HCDLM,
+        "The seed-1 run of `hcdlm_sudoku9_best_of` keeps improving on validation from 30 to 60 CPU-minutes: how many "
+        "test boards does it solve with one chain at 60 minutes?",
+        "The run `seed1_60min` of `hcdlm_sudoku9_seeds` (4,205 steps), one chain at 50 steps; test 150 boards per "
+        "group (generated easy / hard, seed 123, and the Kaggle levels).",
+    ),
     "hcdlm_sudoku9_mdm_matched": Question(
         "MDM on 9x9 Sudoku with the command line's 9x9 defaults (parameters matched to the 256-wide HC-DLM), "
         "30 CPU-minutes (issue 23)",
