@@ -359,17 +359,17 @@ QUESTIONS: dict[str, Question] = {
         "training seeds 1 / 2 / 3 differ in the input ablations, and does ramping the exposure share up over the "
         "first 1,000 steps (`--exposure-ramp-steps 1000`) make the failing seed 2 learn? Does seed 1 keep improving "
         "from 30 to 60 CPU-minutes? Does a deeper denoiser (12 blocks), blinding x_t for a quarter of the examples "
-        "(`--latent-drop 0.25`) or the absorbing kernel make seeds 2 and 3 learn?",
+        "(`--latent-drop 0.25`), the absorbing kernel or half the learning rate make seeds 2 and 3 learn?",
         "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5,0.9 on bench_hcdlm.py's 9x9 defaults (latent 256, "
         "--latent-schedule-power 3, lr 3e-3), 30 process-CPU-minutes on one thread; seeds 1-3 are the trained runs "
         "of `hcdlm_sudoku9_best_of`, `hcdlm_sudoku9_defaults` and `hcdlm_sudoku9_defaults_seed3` (scored, not "
         "retrained); seed2_1550steps the seed-2 run resumed to seed 1's 1,550 steps (32.7 CPU-minutes); "
         "seed2_ramp1000_1600steps the ramp run's checkpoint at 1,600 steps (it ran alone on the machine and so took "
         "more steps per CPU-minute: compare at equal steps); seed1_60min the seed-1 run resumed to 60 CPU-minutes (the "
-        "second 30 with one other process on the machine); seed2_ldrop25, seed2_den12, seed2_absorbing and "
-        "seed3_absorbing new 30-minute runs of the same defaults with one change each (two processes on the 2 "
-        "cores; the absorbing runs `--model hcdlm_absorbing`); validation split only (50 boards per group), 50 steps, "
-        "one chain, argmax, EMA.",
+        "second 30 with one other process on the machine); seed2_ldrop25, seed2_den12, seed2_absorbing, "
+        "seed3_absorbing and seed2_lr15 (lr 1.5e-3) new 30-minute runs of the same defaults with one change each "
+        "(two or three processes on the 2 cores; the absorbing runs `--model hcdlm_absorbing`); validation split "
+        "only (50 boards per group), 50 steps, one chain, argmax, EMA.",
     ),
     "hcdlm_sudoku9_latent": Question(
         "HC-DLM on 9x9 Sudoku with the latent-use change, 30 CPU-minutes (issue 23)",
