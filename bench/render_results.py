@@ -352,8 +352,8 @@ QUESTIONS: dict[str, Question] = {
         "split only (50 boards per group), 50 steps, argmax, EMA.",
     ),
     "hcdlm_sudoku9_seeds": Question(
-        "HC-DLM on 9x9 Sudoku with the command line's defaults: three training seeds, an exposure ramp and 60 "
-        "CPU-minutes, validation split (issue 23)",
+        "HC-DLM on 9x9 Sudoku with the command line's defaults: three training seeds, one-change training runs on "
+        "the weak seeds and 60 CPU-minutes, validation split (issue 23)",
         HCDLM,
         "Why does one 30-CPU-minute 9x9 run with the defaults solve boards and another none: how do the runs of "
         "training seeds 1 / 2 / 3 differ in the input ablations, and does ramping the exposure share up over the "
