@@ -352,14 +352,16 @@ QUESTIONS: dict[str, Question] = {
         "split only (50 boards per group), 50 steps, argmax, EMA.",
     ),
     "hcdlm_sudoku9_seeds": Question(
-        "HC-DLM on 9x9 Sudoku with the command line's defaults: three training seeds, one-change training runs on "
+        "HC-DLM on 9x9 Sudoku with the command line's defaults: four training seeds, one-change training runs on "
         "the weak seeds and 60 CPU-minutes, validation split (issue 23)",
         HCDLM,
         "Why does one 30-CPU-minute 9x9 run with the defaults solve boards and another none: how do the runs of "
         "training seeds 1 / 2 / 3 differ in the input ablations, and does ramping the exposure share up over the "
         "first 1,000 steps (`--exposure-ramp-steps 1000`) make the failing seed 2 learn? Does seed 1 keep improving "
         "from 30 to 60 CPU-minutes? Does a deeper denoiser (12 blocks), blinding x_t for a quarter of the examples "
-        "(`--latent-drop 0.25`), the absorbing kernel or half the learning rate make seeds 2 and 3 learn?",
+        "(`--latent-drop 0.25`), the absorbing kernel or half the learning rate make seeds 2 and 3 learn? Is seed 2 "
+        "weak because of its training pool (seed 1's pool, a 4x larger pool) or its small sigma (a stronger entropy "
+        "term), and how often does a new seed (4) learn?",
         "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5,0.9 on bench_hcdlm.py's 9x9 defaults (latent 256, "
         "--latent-schedule-power 3, lr 3e-3), 30 process-CPU-minutes on one thread; seeds 1-3 are the trained runs "
         "of `hcdlm_sudoku9_best_of`, `hcdlm_sudoku9_defaults` and `hcdlm_sudoku9_defaults_seed3` (scored, not "
@@ -368,7 +370,10 @@ QUESTIONS: dict[str, Question] = {
         "more steps per CPU-minute: compare at equal steps); seed1_60min the seed-1 run resumed to 60 CPU-minutes (the "
         "second 30 with one other process on the machine); seed2_ldrop25, seed2_den12, seed2_absorbing, "
         "seed3_absorbing and seed2_lr15 (lr 1.5e-3) new 30-minute runs of the same defaults with one change each "
-        "(two or three processes on the 2 cores; the absorbing runs `--model hcdlm_absorbing`); validation split "
+        "(two or three processes on the 2 cores; the absorbing runs `--model hcdlm_absorbing`); seed2_pool_of_seed1 "
+        "seed 2 trained on seed 1's 3,000-puzzle pool (its puzzle_pool.json copied into the new run directory before "
+        "training; the pool's generator seed is the training seed), seed2_pool12k on a 12,000-puzzle pool, "
+        "seed2_ent05 with lambda_ent 0.05, seed4 a fourth seed with the defaults; validation split "
         "only (50 boards per group), 50 steps, one chain, argmax, EMA.",
     ),
     "hcdlm_sudoku9_latent": Question(
@@ -465,6 +470,18 @@ QUESTIONS: dict[str, Question] = {
         "chosen on 50 validation boards per group; test 150 boards per group (generated easy / hard, seed 123, and "
         "the Kaggle levels).",
     ),
+    "hcdlm_sudoku9_defaults_seed4": Question(
+        "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults and best-of-K: a fourth training seed, 30 "
+        "CPU-minutes (issue 23)",
+        HCDLM,
+        "Seeds 1 / 2 / 3 of the 9x9 defaults solved 27.3 / 2.0 / 8.7 % of easy test boards: does a fourth seed, "
+        "whose validation probes look like seed 1's (x_t -> noise costs little, a 90 %-noised read-out near 60 % of "
+        "cells), also reach the >= 20 % target?",
+        "The run `seed4` of `hcdlm_sudoku9_seeds` (bench_hcdlm_variants.py with `--set train.seed=4`, 1,594 steps, "
+        "two processes on 2 cores), scored by bench_hcdlm.py with `--seeds 4` (the run linked as hcdlm-seed4 "
+        "under --out); K among 1 / 4 / 8 at 50 steps chosen on 50 validation boards per group; test 150 boards per "
+        "group (generated easy / hard, seed 123, and the Kaggle levels).",
+    ),
     "hcdlm_sudoku9_seed1_60min": Question(
         "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults, seed 1 at 60 CPU-minutes, one chain (issue 23)",
         HCDLM,
@@ -510,6 +527,16 @@ QUESTIONS: dict[str, Question] = {
         "The trained run of `hcdlm_sudoku9_mdm18` (18 blocks, training seed 2, 30 process-CPU-minutes); order and "
         "K among 1 / 4 chosen on 50 validation boards per group at 50 steps; test 150 boards per group (generated "
         "easy / hard, seed 123, and the Kaggle levels).",
+    ),
+    "hcdlm_sudoku9_mdm18_60min_best_of": Question(
+        "MDM on 9x9 Sudoku with best-of-K chains, 18 blocks, 60 CPU-minutes (issue 23)",
+        HCDLM,
+        "HC-DLM's seed 1 at 60 CPU-minutes with best-of-4 solved 49.3 / 30.0 % of easy / hard test boards: where "
+        "does the 18-block MDM stand at the same budget with the same sampling choice (K among 1 / 4 on "
+        "validation)?",
+        "The trained run of `hcdlm_sudoku9_mdm18` (18 blocks, training seed 2) copied and resumed to 60 "
+        "process-CPU-minutes on one thread; order and K among 1 / 4 chosen on 50 validation boards per group at 50 "
+        "steps; test 150 boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
     ),
     "hcdlm_sudoku9_budget": Question(
         "HC-DLM vs MDM on 9x9 Sudoku against the training budget: 10, 30, 60 CPU-minutes (issue 23)",
