@@ -273,8 +273,9 @@ class SampleConfig(CheckedConfig):
 # says). The learning rate of every 9x9 record (not searched at 9x9; 1.5e-3 did not rescue the weak seed 2:
 # hcdlm_sudoku9_seeds.json); a latent width at which sigma settles at 0.25 instead of the floor
 # (bench/results/hcdlm_defaults9.json); a latent kept less noisy than the scaffold, which makes the denoiser use x_t
-# (hcdlm_latent9.json). With them one training seed of three solved >= 20 % of easy boards in 30 CPU-minutes with
-# --best-of 8 (hcdlm_sudoku9_best_of.json; seeds 2 / 3: 2.0 / 8.7 %, hcdlm_sudoku9_defaults*.json).
+# (hcdlm_latent9.json). With them two training seeds of four solved >= 20 % of easy boards in 30 CPU-minutes with
+# --best-of 8 (seeds 1 / 4: 27.3 / 25.3 %, hcdlm_sudoku9_best_of.json, hcdlm_sudoku9_defaults_seed4.json; seeds
+# 2 / 3: 2.0 / 8.7 %, hcdlm_sudoku9_defaults.json, hcdlm_sudoku9_defaults_seed3.json).
 SUDOKU9_DEFAULTS: dict[str, float] = {"latent_dim": 256, "latent_schedule_power": 3.0, "lr": 3e-3}
 
 
