@@ -142,6 +142,12 @@ def report_variants(path: Path, question: str = "hcdlm_variants", board: str = "
     def pair(r: dict, label: str, key: str) -> str:
         return f"{r[label]['easy'][key]} / {r[label]['hard'][key]}" if label in r else "-"
 
+    def pooled(r: dict) -> str:
+        """Boards / blank cells % over every validation group (easy, hard and, on 9x9, the Kaggle levels), each of
+        --val-n puzzles: the least noisy single figure of a variant."""
+        groups = r["ema"].values()
+        return " / ".join(f"{sum(g[key] for g in groups) / len(groups):.1f}" for key in ("boards", "blank_cells"))
+
     def effects(r: dict) -> str:
         e = r.get("ablation_effects")
         return "-" if e is None else f"{e['x_t_noise']} / {e['true_minus_random_scaffold']}"
@@ -158,6 +164,7 @@ def report_variants(path: Path, question: str = "hcdlm_variants", board: str = "
         "steps",
         "easy / hard boards % (EMA)",
         "easy / hard blank cells % (EMA)",
+        "all groups, boards / blank cells % (EMA)",
         "raw weights, boards %",
         "clamp, boards %",
         "sigma (median)",
@@ -172,6 +179,7 @@ def report_variants(path: Path, question: str = "hcdlm_variants", board: str = "
             r["step"],
             pair(r, "ema", "boards"),
             pair(r, "ema", "blank_cells"),
+            pooled(r),
             pair(r, "raw", "boards"),
             pair(r, "ema_clamp", "boards"),
             r.get("sigma", {}).get("median", "-"),

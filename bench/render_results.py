@@ -482,6 +482,18 @@ QUESTIONS: dict[str, Question] = {
         "under --out); K among 1 / 4 / 8 at 50 steps chosen on 50 validation boards per group; test 150 boards per "
         "group (generated easy / hard, seed 123, and the Kaggle levels).",
     ),
+    "hcdlm_sudoku9_den12": Question(
+        "HC-DLM on 9x9 Sudoku with a 12-block denoiser and best-of-K, on the weak training seeds, 30 CPU-minutes "
+        "(issue 23)",
+        HCDLM,
+        "With the 9x9 defaults' 6-block denoiser, training seeds 2 / 3 solved 2.0 / 8.7 % of easy test boards "
+        "(seeds 1 / 4: 27.3 / 25.3 %). On the 350 validation boards a 12-block denoiser on seed 2 solved as many as "
+        "seeds 1 / 4 (6.3 % against 8.0 / 6.3 %, one chain): does it reach the >= 20 % target on the test split?",
+        "The run `seed2_den12` of `hcdlm_sudoku9_seeds` (bench_hcdlm_variants.py with `--set train.seed=2 --set "
+        "model.denoiser_blocks=12`, 1,482 steps), scored by bench_hcdlm.py with `--blocks 1,12,1 --seeds 2` (the "
+        "run linked as hcdlm-seed2 under --out); K among 1 / 4 / 8 at 50 steps chosen on 50 validation boards per "
+        "group; test 150 boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
+    ),
     "hcdlm_sudoku9_seed1_60min": Question(
         "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults, seed 1 at 60 CPU-minutes, one chain (issue 23)",
         HCDLM,
