@@ -361,7 +361,8 @@ QUESTIONS: dict[str, Question] = {
         "from 30 to 60 CPU-minutes? Does a deeper denoiser (12 blocks), blinding x_t for a quarter of the examples "
         "(`--latent-drop 0.25`), the absorbing kernel or half the learning rate make seeds 2 and 3 learn? Is seed 2 "
         "weak because of its training pool (seed 1's pool, a 4x larger pool) or its small sigma (a stronger entropy "
-        "term), and how often does a new seed (4) learn?",
+        "term), by its sigma (a floor that pins sigma in the strong seeds' range), and how often does a new seed (4) "
+        "learn? Does the 12-block denoiser also rescue seed 3, at equal steps?",
         "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5,0.9 on bench_hcdlm.py's 9x9 defaults (latent 256, "
         "--latent-schedule-power 3, lr 3e-3), 30 process-CPU-minutes on one thread; seeds 1-3 are the trained runs "
         "of `hcdlm_sudoku9_best_of`, `hcdlm_sudoku9_defaults` and `hcdlm_sudoku9_defaults_seed3` (scored, not "
@@ -373,8 +374,11 @@ QUESTIONS: dict[str, Question] = {
         "(two or three processes on the 2 cores; the absorbing runs `--model hcdlm_absorbing`); seed2_pool_of_seed1 "
         "seed 2 trained on seed 1's 3,000-puzzle pool (its puzzle_pool.json copied into the new run directory before "
         "training; the pool's generator seed is the training seed), seed2_pool12k on a 12,000-puzzle pool, "
-        "seed2_ent05 with lambda_ent 0.05, seed4 a fourth seed with the defaults; validation split "
-        "only (50 boards per group), 50 steps, one chain, argmax, EMA.",
+        "seed2_ent05 with lambda_ent 0.05, seed4 a fourth seed with the defaults; seed2_floor25 / seed3_floor25 "
+        "with `--set model.logvar_min=-2.5` (sigma >= 0.29); seed3_den12 the 12-block denoiser on seed 3 (1,074 "
+        "steps: it trained beside a best-of-8 evaluation, 1.7 CPU-seconds per step), seed3_den12_1482steps a copy "
+        "resumed to seed2_den12's 1,482 steps without a time limit (about 41 CPU-minutes); validation split only "
+        "(50 boards per group: easy, hard and the five Kaggle levels, 350 in all), 50 steps, one chain, argmax, EMA.",
     ),
     "hcdlm_sudoku9_latent": Question(
         "HC-DLM on 9x9 Sudoku with the latent-use change, 30 CPU-minutes (issue 23)",
