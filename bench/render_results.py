@@ -377,7 +377,8 @@ QUESTIONS: dict[str, Question] = {
         "seed2_ent05 with lambda_ent 0.05, seed4 a fourth seed with the defaults; seed2_floor25 / seed3_floor25 "
         "with `--set model.logvar_min=-2.5` (sigma >= 0.29); seed3_den12 the 12-block denoiser on seed 3 (1,074 "
         "steps: it trained beside a best-of-8 evaluation, 1.7 CPU-seconds per step), seed3_den12_1482steps a copy "
-        "resumed to seed2_den12's 1,482 steps without a time limit (about 41 CPU-minutes); validation split only "
+        "resumed to seed2_den12's 1,482 steps without a time limit (about 41 CPU-minutes); seed1_den12 the 12-block "
+        "denoiser on seed 1 (1,171 steps beside an evaluation); validation split only "
         "(50 boards per group: easy, hard and the five Kaggle levels, 350 in all), 50 steps, one chain, argmax, EMA.",
     ),
     "hcdlm_sudoku9_latent": Question(
