@@ -361,7 +361,7 @@ QUESTIONS: dict[str, Question] = {
         "from 30 to 60 CPU-minutes? Does a deeper denoiser (12 blocks), blinding x_t for a quarter of the examples "
         "(`--latent-drop 0.25`), the absorbing kernel or half the learning rate make seeds 2 and 3 learn? Is seed 2 "
         "weak because of its training pool (seed 1's pool, a 4x larger pool) or its small sigma (a stronger entropy "
-        "term), by its sigma (a floor that pins sigma in the strong seeds' range), and how often does a new seed (4) "
+        "term; a floor that pins sigma at 0.29, near the strong seeds' medians), and how often does a new seed (4) "
         "learn? Does the 12-block denoiser also rescue seed 3, at equal steps?",
         "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5,0.9 on bench_hcdlm.py's 9x9 defaults (latent 256, "
         "--latent-schedule-power 3, lr 3e-3), 30 process-CPU-minutes on one thread; seeds 1-3 are the trained runs "
@@ -488,12 +488,12 @@ QUESTIONS: dict[str, Question] = {
         "group (generated easy / hard, seed 123, and the Kaggle levels).",
     ),
     "hcdlm_sudoku9_den12": Question(
-        "HC-DLM on 9x9 Sudoku with a 12-block denoiser and best-of-K, on the weak training seeds, 30 CPU-minutes "
+        "HC-DLM on 9x9 Sudoku with a 12-block denoiser and best-of-K, on the weak training seed 2, 30 CPU-minutes "
         "(issue 23)",
         HCDLM,
         "With the 9x9 defaults' 6-block denoiser, training seeds 2 / 3 solved 2.0 / 8.7 % of easy test boards "
         "(seeds 1 / 4: 27.3 / 25.3 %). On the 350 validation boards a 12-block denoiser on seed 2 solved as many as "
-        "seeds 1 / 4 (6.3 % against 8.0 / 6.3 %, one chain): does it reach the >= 20 % target on the test split?",
+        "seeds 1 / 4 (3.1 % against 4.0 / 3.1 %, one chain): does it reach the >= 20 % target on the test split?",
         "The run `seed2_den12` of `hcdlm_sudoku9_seeds` (bench_hcdlm_variants.py with `--set train.seed=2 --set "
         "model.denoiser_blocks=12`, 1,482 steps), scored by bench_hcdlm.py with `--blocks 1,12,1 --seeds 2` (the "
         "run linked as hcdlm-seed2 under --out); K among 1 / 4 / 8 at 50 steps chosen on 50 validation boards per "
