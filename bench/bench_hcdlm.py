@@ -94,7 +94,10 @@ def parse_args() -> argparse.Namespace:
         "keep matching the parameter count of the default-width HC-DLM",
     )
     p.add_argument(
-        "--blocks", default="1,6,1", help="HC-DLM encoder,denoiser,predictor blocks (the solving is the denoiser's)"
+        "--blocks",
+        default=None,
+        help="HC-DLM encoder,denoiser,predictor blocks (the solving is the denoiser's; default 1,D,1 with D the "
+        "task's denoiser default, as in 'dihal hcdlm train': 12 for 9x9 Sudoku, 6 otherwise)",
     )
     p.add_argument(
         "--baseline-blocks",
@@ -204,7 +207,7 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
         latents = args.text_latents
     defaults = task_defaults(task_cfg.name, task_cfg.sudoku_box)  # the command line's, for every model
     kind, kernel, objective = VARIANTS.get(model, (model, "uniform", {}))
-    encoder, denoiser, predictor = (int(b) for b in args.blocks.split(","))
+    encoder, denoiser, predictor = hcdlm_blocks(task, args)
     if kind in ("mdm", "ar", "ccdd"):  # HC-DLM-only options off, so a baseline's saved config claims no slot head
         objective = {**objective, "slot_aux_weight": 0.0}
     model_cfg = HCDLMModelConfig(
@@ -243,6 +246,14 @@ def run_config(task: str, model: str, args: argparse.Namespace, seed: int = 0) -
         ),
     )
     return override(config, getattr(args, "set", [])) if kind in ("hcdlm", "latent") else config
+
+
+def hcdlm_blocks(task: str, args: argparse.Namespace) -> tuple[int, int, int]:
+    """HC-DLM (encoder, denoiser, predictor) blocks: --blocks, else 1, the task's denoiser default, 1."""
+    if args.blocks:
+        encoder, denoiser, predictor = (int(b) for b in args.blocks.split(","))
+        return encoder, denoiser, predictor
+    return 1, int(task_defaults(task, args.sudoku_box)["denoiser_blocks"]), 1
 
 
 def eval_examples(task: str, run, args: argparse.Namespace, split: str = "test") -> list:
@@ -536,7 +547,8 @@ def render(task: str, out: dict, args: argparse.Namespace) -> str:
             else ""
         )
         + ", EMA weights, HC-DLM M=1 (blocks "
-        f"encoder,denoiser,predictor = {args.blocks}; confidence re-masking for the absorbing kernel); plot: "
+        f"encoder,denoiser,predictor = {','.join(map(str, hcdlm_blocks(task, args)))}; confidence re-masking for "
+        "the absorbing kernel); plot: "
         f"`{out['plot']}`."
     )
     return text

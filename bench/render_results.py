@@ -499,6 +499,19 @@ QUESTIONS: dict[str, Question] = {
         "run linked as hcdlm-seed2 under --out); K among 1 / 4 / 8 at 50 steps chosen on 50 validation boards per "
         "group; test 150 boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
     ),
+    "hcdlm_sudoku9_den12_seed3": Question(
+        "HC-DLM on 9x9 Sudoku with a 12-block denoiser and best-of-K, on the weak training seed 3, 1,482 steps "
+        "(issue 23)",
+        HCDLM,
+        "With the 6-block denoiser seed 3 solved 8.7 % of easy test boards; a 12-block denoiser took seed 2 from 2.0 "
+        "to 26.0 %. On the 350 validation boards the 12-block seed-3 run solved 7.4 % with one chain, the most of any "
+        "run near 1,500 steps: does it reach the >= 20 % target on the test split?",
+        "The run `seed3_den12_1482steps` of `hcdlm_sudoku9_seeds` (bench_hcdlm_variants.py with `--set train.seed=3 "
+        "--set model.denoiser_blocks=12`: 1,074 steps in 30 CPU-minutes beside an evaluation, a copy resumed to "
+        "seed2_den12's 1,482 steps), scored by bench_hcdlm.py with `--blocks 1,12,1 --seeds 3` (the run linked as "
+        "hcdlm-seed3 under --out); K among 1 / 4 / 8 at 50 steps chosen on 50 validation boards per group; test 150 "
+        "boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
+    ),
     "hcdlm_sudoku9_seed1_60min": Question(
         "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults, seed 1 at 60 CPU-minutes, one chain (issue 23)",
         HCDLM,

@@ -146,8 +146,8 @@ def test_hcdlm_train_flags_keep_their_spellings(tmp_path):
 
 @pytest.mark.parametrize("box", ["3x3", "2x3", "2x2"])
 def test_hcdlm_train_defaults_follow_the_sudoku_size(box):
-    """9x9 Sudoku gets its own command-line defaults (wide latent, p = 3, lr 3e-3); given flags win; a baseline
-    is matched to the HC-DLM of the same command line."""
+    """9x9 Sudoku gets its own command-line defaults (wide latent, p = 3, lr 3e-3, 12 denoiser blocks); given flags
+    win; a baseline is matched to the HC-DLM of the same command line."""
     from dihal_fast.cli.hcdlm import resolve_train_defaults
     from dihal_fast.hcdlm import HCDLMModelConfig, HCDLMTrainConfig, RunConfig, task_defaults
     from dihal_fast.hcdlm.networks import HCDLM, count_parameters, matched_blocks
@@ -159,18 +159,31 @@ def test_hcdlm_train_defaults_follow_the_sudoku_size(box):
     resolve_train_defaults(args)
     config = dataclass_from_options(RunConfig, args)
     nine = box == "3x3"
-    expected = (256, 3.0, 3e-3) if nine else (64, 1.0, 1e-3)
-    assert (config.model.latent_dim, config.model.latent_schedule_power, config.train.lr) == expected
-    assert task_defaults("sudoku", box) == dict(zip(("latent_dim", "latent_schedule_power", "lr"), expected))
+    expected = (256, 3.0, 3e-3, 12) if nine else (64, 1.0, 1e-3, 6)
+    chosen = (
+        config.model.latent_dim,
+        config.model.latent_schedule_power,
+        config.train.lr,
+        config.model.denoiser_blocks,
+    )
+    assert chosen == expected
+    names = ("latent_dim", "latent_schedule_power", "lr", "denoiser_blocks")
+    assert task_defaults("sudoku", box) == dict(zip(names, expected))
     assert config == RunConfig(
         task=TaskConfig("sudoku", sudoku_box=box),
-        model=HCDLMModelConfig(latent_dim=expected[0], latent_schedule_power=expected[1]),
+        model=HCDLMModelConfig(latent_dim=expected[0], latent_schedule_power=expected[1], denoiser_blocks=expected[3]),
         train=HCDLMTrainConfig(lr=expected[2]),
     )
-    given = parser.parse_args([*train, "--latent-dim", "32", "--latent-schedule-power", "2", "--lr", "0.01"])
+    flags = ["--latent-dim", "32", "--latent-schedule-power", "2", "--lr", "0.01", "--denoiser-blocks", "3"]
+    given = parser.parse_args([*train, *flags])
     resolve_train_defaults(given)
     mine = dataclass_from_options(RunConfig, given)
-    assert (mine.model.latent_dim, mine.model.latent_schedule_power, mine.train.lr) == (32, 2.0, 0.01)
+    assert (
+        mine.model.latent_dim,
+        mine.model.latent_schedule_power,
+        mine.train.lr,
+        mine.model.denoiser_blocks,
+    ) == (32, 2.0, 0.01, 3)
     mdm = parser.parse_args([*train, "--model", "mdm"])
     resolve_train_defaults(mdm)
     baseline = dataclass_from_options(RunConfig, mdm).model

@@ -79,7 +79,8 @@ def _backbone_dir(path: Path | None) -> str:
 
 def resolve_train_defaults(args: argparse.Namespace) -> None:
     """Fill in the ``train`` flags whose default depends on other options (see the help of --text-files,
-    --backbone, --slot-head, --latent-dim, --latent-schedule-power and --lr); given flags are kept."""
+    --backbone, --slot-head, --latent-dim, --latent-schedule-power, --lr and --denoiser-blocks); given flags are
+    kept."""
     from dihal_fast.backbone import default_corpus
     from dihal_fast.hcdlm.config import task_defaults
 
