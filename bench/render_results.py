@@ -395,7 +395,9 @@ QUESTIONS: dict[str, Question] = {
         "with `--set model.logvar_min=-2.5` (sigma >= 0.29); seed3_den12 the 12-block denoiser on seed 3 (1,074 "
         "steps: it trained beside a best-of-8 evaluation, 1.7 CPU-seconds per step), seed3_den12_1482steps a copy "
         "resumed to seed2_den12's 1,482 steps without a time limit (about 41 CPU-minutes); seed1_den12 the 12-block "
-        "denoiser on seed 1 (1,171 steps beside an evaluation); validation split only "
+        "denoiser on seed 1 (1,171 steps beside an evaluation); seed5 the trained run of "
+        "`hcdlm_sudoku9_default_seed5` (the 12-block default, 30 CPU-minutes; scored, not retrained); validation "
+        "split only "
         "(50 boards per group: easy, hard and the five Kaggle levels, 350 in all), 50 steps, one chain, argmax, EMA.",
     ),
     "hcdlm_sudoku9_latent": Question(
@@ -538,6 +540,41 @@ QUESTIONS: dict[str, Question] = {
         "1,171 steps in 30 CPU-minutes beside an evaluation; a copy resumed to the 1,550 steps of the 6-block run "
         "`seed1`",
         27.3,
+    ),
+    "hcdlm_sudoku9_default_seed5": Question(
+        "HC-DLM on 9x9 Sudoku with the command line's defaults (12-block denoiser), a fresh seed at 30 CPU-minutes "
+        "(issue 23)",
+        HCDLM,
+        "The 12-block runs of seeds 1-4 were scored at the step counts of the 6-block runs, two of them resumed under "
+        "load. Does a fresh training seed (5), trained with the 9x9 defaults for exactly 30 process-CPU-minutes, "
+        "solve >= 20 % of easy test boards, and how does it compare with an 18-block MDM of the same seed, budget, "
+        "load and sampling choices (`hcdlm_sudoku9_mdm18_seed5`)?",
+        "bench_hcdlm.py with the 9x9 defaults (latent 256, --latent-schedule-power 3, lr 3e-3, blocks 1/12/1), "
+        "training seed 5, 30 process-CPU-minutes on one thread, beside the MDM run on the other core; K among 1 / 4 / "
+        "8 at 50 steps chosen on 50 validation boards per group; test 150 boards per group (generated easy / hard, "
+        "seed 123, and the Kaggle levels).",
+    ),
+    "hcdlm_sudoku9_default_seed5_60min": Question(
+        "HC-DLM on 9x9 Sudoku with the command line's defaults (12-block denoiser), seed 5 at 60 CPU-minutes, one "
+        "chain (issue 23)",
+        HCDLM,
+        "The 60-minute point of the 12-block default, for the budget curve of `hcdlm_sudoku9_budget` (one chain for "
+        "every model there): does HC-DLM keep improving from 30 to 60 CPU-minutes, and where does it stand against "
+        "the MDM of that table at 60 minutes (68.0 / 33.3 %, one chain)?",
+        "A copy of the run of `hcdlm_sudoku9_default_seed5` (training seed 5, 30 process-CPU-minutes) resumed to 60 "
+        "process-CPU-minutes with two other processes sharing the 2 cores; one chain at 50 steps (K = 1 only: the "
+        "CPU time left for this session did not allow best-of-8), scored on 50 validation boards per group; test "
+        "150 boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
+    ),
+    "hcdlm_sudoku9_mdm18_seed5": Question(
+        "MDM on 9x9 Sudoku, 18 blocks, the fresh seed 5 at 30 CPU-minutes with best-of-K up to 8 (issue 23)",
+        HCDLM,
+        "The baseline of `hcdlm_sudoku9_default_seed5`: the same training seed, budget and load, and the same K "
+        "candidates (1 / 4 / 8), so that the two differ only in the model.",
+        "bench_hcdlm.py --models mdm --baseline-blocks 18 (0.91 M parameters), training seed 5, 30 "
+        "process-CPU-minutes on one thread, beside the HC-DLM run on the other core; order and K among 1 / 4 / 8 at "
+        "temperature 1 and 50 steps chosen on 50 validation boards per group; test 150 boards per group (generated "
+        "easy / hard, seed 123, and the Kaggle levels).",
     ),
     "hcdlm_sudoku9_seed1_60min": Question(
         "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults, seed 1 at 60 CPU-minutes, one chain (issue 23)",
