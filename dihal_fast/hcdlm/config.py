@@ -281,7 +281,7 @@ class SampleConfig(CheckedConfig):
 # (hcdlm_latent9.json). With a 6-block denoiser two training seeds of four solved >= 20 % of easy boards in 30
 # CPU-minutes with --best-of 8 (seeds 1 / 4: 27.3 / 25.3 %; seeds 2 / 3: 2.0 / 8.7 %, hcdlm_sudoku9_best_of.json,
 # hcdlm_sudoku9_defaults*.json); with 12 blocks, at the same steps, all four did: 44.0 / 26.0 / 42.0 / 41.3 %
-# (hcdlm_sudoku9_den12*.json).
+# (hcdlm_sudoku9_den12*.json), and a fifth seed at 30 CPU-minutes 43.3 % (hcdlm_sudoku9_default_seed5.json).
 SUDOKU9_DEFAULTS: dict[str, float] = {
     "latent_dim": 256,
     "latent_schedule_power": 3.0,
