@@ -13,8 +13,10 @@ import importlib
 import os
 from types import ModuleType
 
+from dihal_fast.errors import DihalError
 
-class BackendUnavailable(RuntimeError):
+
+class BackendUnavailable(DihalError, RuntimeError):
     """A backend was asked for that is not compiled into this build or cannot run here."""
 
 

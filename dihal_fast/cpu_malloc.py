@@ -23,6 +23,8 @@ import ctypes.util
 import logging
 import os
 
+from dihal_fast.errors import DihalValueError
+
 logger = logging.getLogger(__name__)
 
 ENV = "DIHAL_MALLOC"  # "tuned" (default) or "glibc" (leave the allocator alone)
@@ -45,7 +47,7 @@ def configure_malloc() -> bool:
     """
     mode = os.environ.get(ENV, "tuned").strip().lower() or "tuned"
     if mode not in ("tuned", "glibc"):
-        raise ValueError(f"{ENV} must be 'tuned' or 'glibc', got {os.environ[ENV]!r}")
+        raise DihalValueError(f"{ENV} must be 'tuned' or 'glibc', got {os.environ[ENV]!r}")
     if mode == "glibc" or user_chose_malloc():
         return False
     try:

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dihal_fast.errors import DihalValueError
+
 logger = logging.getLogger(__name__)
 
 ENV = "DIHAL_NUM_THREADS"
@@ -105,7 +107,7 @@ def pinned_threads() -> int | None:
         value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
         return int(value) if value.isdigit() and int(value) > 0 else None
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{ENV} must be a positive integer or 'auto', got {os.environ[ENV]!r}")
+        raise DihalValueError(f"{ENV} must be a positive integer or 'auto', got {os.environ[ENV]!r}")
     return int(value)
 
 

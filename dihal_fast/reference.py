@@ -12,6 +12,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from dihal_fast.errors import DihalValueError
+
 
 def to_float64(X) -> np.ndarray:
     """A float64 NumPy copy of a NumPy array or torch tensor (any device, dtype or stride)."""
@@ -45,7 +47,7 @@ def draw_pairs(n: int, n_pairs: int, seed: int) -> tuple[np.ndarray, np.ndarray,
         return i, j, np.ones(n_pairs, dtype=np.int64)
     distinct = n * (n - 1) // 2
     if distinct > MAX_DISTINCT_PAIRS:
-        raise ValueError(
+        raise DihalValueError(
             f"n_pairs={n_pairs:,} is above {DIRECT_PAIRS:,} (the pairs drawn one by one) and the n = {n:,} rows "
             f"have {distinct:,} distinct pairs, more than the {MAX_DISTINCT_PAIRS:,} whose counts are kept; "
             f"use n_pairs <= {DIRECT_PAIRS:,} or fewer rows"

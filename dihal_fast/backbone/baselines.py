@@ -10,17 +10,19 @@ import math
 
 import numpy as np
 
+from dihal_fast.errors import DihalValueError
+
 BIGRAM_K_GRID = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
 
 
 def _check(train_ids: np.ndarray, eval_ids: np.ndarray, vocab_size: int, k: float) -> None:
     if len(train_ids) < 2 or len(eval_ids) < 2:
-        raise ValueError(f"need at least 2 tokens to fit and to score, got {len(train_ids)} and {len(eval_ids)}")
+        raise DihalValueError(f"need at least 2 tokens to fit and to score, got {len(train_ids)} and {len(eval_ids)}")
     if k <= 0:
-        raise ValueError(f"smoothing k must be > 0, got {k}")
+        raise DihalValueError(f"smoothing k must be > 0, got {k}")
     top = max(int(train_ids.max()), int(eval_ids.max()))
     if top >= vocab_size or min(int(train_ids.min()), int(eval_ids.min())) < 0:
-        raise ValueError(f"token ids must lie in [0, {vocab_size}), found {top}")
+        raise DihalValueError(f"token ids must lie in [0, {vocab_size}), found {top}")
 
 
 def unigram_perplexity(train_ids: np.ndarray, eval_ids: np.ndarray, vocab_size: int, k: float = 1.0) -> float:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig, check_fields
+from dihal_fast.errors import DihalValueError
 from dihal_fast.train.settings import LoopSettings, loop_option
 
 LOG_EVERY = 10  # optimizer steps between training-loss log lines
@@ -41,15 +42,15 @@ class BackboneModelConfig(CheckedConfig):
         """Every field, then the shape's consistency (run when built; again after a field was changed)."""
         check_fields(self)
         if self.num_heads % self.kv_heads:
-            raise ValueError(
+            raise DihalValueError(
                 f"{self.num_heads} query heads do not split into groups of {self.kv_heads} key/value heads"
             )
         if not self.head_dim and self.hidden_size % self.num_heads:
-            raise ValueError(
+            raise DihalValueError(
                 f"hidden size {self.hidden_size} does not split into {self.num_heads} heads; pass --head-dim"
             )
         if self.head_size % 2:
-            raise ValueError(f"head size {self.head_size} must be even (RoPE)")
+            raise DihalValueError(f"head size {self.head_size} must be even (RoPE)")
 
     @property
     def kv_heads(self) -> int:
@@ -97,7 +98,7 @@ class BackboneTrainConfig(CheckedConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.corpus:
-            raise ValueError("no corpus files given (--corpus)")
+            raise DihalValueError("no corpus files given (--corpus)")
 
     def validate(self) -> None:
         """Every field again (they may have been changed since), then the files: a reused tokenizer must exist."""

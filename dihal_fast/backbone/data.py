@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dihal_fast.errors import DihalValueError
+
 
 class WindowSampler:
     """Fixed-length windows of ``seq_len + 1`` tokens from one token stream, shuffled per epoch.
@@ -17,7 +19,7 @@ class WindowSampler:
     def __init__(self, stream: np.ndarray, seq_len: int, batch_size: int, seed: int):
         self.n_windows = (len(stream) - 1 - seq_len) // seq_len
         if self.n_windows < 1:
-            raise ValueError(
+            raise DihalValueError(
                 f"training text has {len(stream)} tokens, too few for one window of {seq_len + 1} tokens "
                 "plus an offset; give more text or a smaller --seq-len"
             )

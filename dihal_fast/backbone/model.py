@@ -7,6 +7,7 @@ import contextlib
 from pathlib import Path
 
 from dihal_fast.backbone.config import BackboneModelConfig
+from dihal_fast.errors import DihalValueError
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -16,7 +17,7 @@ def build_model(cfg: BackboneModelConfig, tokenizer):
     import transformers
 
     if len(tokenizer) > cfg.vocab_size:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than the model vocab size {cfg.vocab_size}")
+        raise DihalValueError(f"tokenizer has {len(tokenizer)} tokens, more than the model vocab size {cfg.vocab_size}")
     shape = {
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,

@@ -13,6 +13,7 @@ import torch
 
 from dihal_fast.backbone.model import autocast_context
 from dihal_fast.common.metrics import target_nll
+from dihal_fast.errors import DihalValueError
 
 
 @torch.no_grad()
@@ -26,7 +27,7 @@ def stream_nll(
     and bigram baselines score. ``max_windows`` limits the work for quick in-training estimates.
     """
     if len(ids) < 2:
-        raise ValueError(f"need at least 2 tokens to evaluate, got {len(ids)}")
+        raise DihalValueError(f"need at least 2 tokens to evaluate, got {len(ids)}")
     device = next(model.parameters()).device
     stream = torch.from_numpy(np.asarray(ids, dtype=np.int64))
     starts = list(range(0, len(ids) - 1, seq_len))[:max_windows]

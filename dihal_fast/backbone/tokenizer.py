@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dihal_fast.errors import DihalValueError
+
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 
 
@@ -19,7 +21,7 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int):
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + 3 + 1:
-        raise ValueError(
+        raise DihalValueError(
             f"vocab size must be at least {len(alphabet) + 4} (256 bytes + 3 special + 1 merge), got {vocab_size}"
         )
     tok = Tokenizer(models.BPE())

@@ -33,6 +33,7 @@ from dihal_fast.backbone.perplexity import stream_nll
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json, seed_everything
 from dihal_fast.common.io import append_line, write_into
 from dihal_fast.common.reports import StageReport
+from dihal_fast.errors import DihalValueError
 from dihal_fast.train.checkpoint import latest_checkpoint
 from dihal_fast.train.trainer import TrainingJob, TrainingRun, fit, prepare_deepspeed, resume_point, training_session
 
@@ -99,7 +100,7 @@ def check_out_dir(out: Path, cfg: BackboneTrainConfig, resume: bool) -> tuple[bo
     """
     held = [name for name in MODEL_MARKERS if (out / name).exists()]
     if held and not resume:
-        raise ValueError(
+        raise DihalValueError(
             f"output directory {out} already holds a model ({', '.join(held)}); pass --resume to continue "
             "that run, or choose an empty --out (nothing was overwritten)"
         )
@@ -108,17 +109,17 @@ def check_out_dir(out: Path, cfg: BackboneTrainConfig, resume: bool) -> tuple[bo
         saved = BackboneTrainConfig.from_dict(read_json(out / "train_config.json", "training config"))
         diffs = cfg.differences(saved.to_dict(), ignore=("steps",))
         if diffs:
-            raise ValueError(
+            raise DihalValueError(
                 f"--resume: {out} holds a different run ({'; '.join(diffs)}); "
                 "use the same options (only --steps may change) or another --out"
             )
         saved_steps = saved.steps if saved.steps != cfg.steps else None
     elif resume and held:
-        raise ValueError(
+        raise DihalValueError(
             f"--resume: {out} holds a model ({', '.join(held)}) but no train_config.json; not a backbone run"
         )
     if resume and (out / LEGACY_RESUME_DIR / "trainer_state.pt").exists():
-        raise ValueError(
+        raise DihalValueError(
             f"--resume: {out} was checkpointed by an earlier dihal_fast ({LEGACY_RESUME_DIR}/trainer_state.pt); "
             "this version cannot continue it: train again into a new --out"
         )
@@ -249,7 +250,7 @@ def train_backbone(
     resolve_valid(cfg)
     cfg.validate()
     if stop_at is not None and stop_at < 1:
-        raise ValueError(f"--stop-at must be >= 1, got {stop_at}")
+        raise DihalValueError(f"--stop-at must be >= 1, got {stop_at}")
     corpus = load_corpus(cfg)
     has_checkpoint, saved_steps = check_out_dir(out, cfg, resume)
     settings = cfg.loop_settings(device)

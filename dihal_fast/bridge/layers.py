@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dihal_fast.errors import DihalValueError
+
 KVCache = tuple[Tensor, Tensor]
 
 
@@ -47,7 +49,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, width: int, heads: int):
         super().__init__()
         if width % heads or (width // heads) % 2:
-            raise ValueError(f"width {width} must split into {heads} heads of even size")
+            raise DihalValueError(f"width {width} must split into {heads} heads of even size")
         self.heads = heads
         self.qkv = nn.Linear(width, 3 * width)
         self.out = nn.Linear(width, width)

@@ -35,6 +35,7 @@ from dihal_fast.bridge.layers import ContextBlock, FiLMBlock, KVCache, Modulatio
 from dihal_fast.bridge.samplers import make_sampler
 from dihal_fast.bridge.schedules import Prediction, make_schedule
 from dihal_fast.common.serial import SerialConfig
+from dihal_fast.errors import DihalValueError
 
 
 @dataclass
@@ -79,9 +80,9 @@ class BridgeConfig(SerialConfig):
         }
         for name, ok in checks.items():
             if not ok:
-                raise ValueError(f"invalid bridge config: {name} = {getattr(self, name)!r}")
+                raise DihalValueError(f"invalid bridge config: {name} = {getattr(self, name)!r}")
         if self.width % self.heads or (self.width // self.heads) % 2:
-            raise ValueError(f"bridge width {self.width} must split into {self.heads} heads of even size")
+            raise DihalValueError(f"bridge width {self.width} must split into {self.heads} heads of even size")
         Prediction(self.prediction).check_schedule(make_schedule(self.schedule))
         make_sampler(self.sampler)
 
@@ -166,7 +167,7 @@ class Bridge(nn.Module):
     def set_target_statistics(self, mean: Tensor, std: float) -> None:
         """Store the teacher's per-dimension mean and scalar std of ``h_l`` (in the config, saved with it)."""
         if mean.shape != (self.config.hidden_size,) or not std > 0:
-            raise ValueError(
+            raise DihalValueError(
                 f"need a mean of shape ({self.config.hidden_size},) and std > 0, got {tuple(mean.shape)} and {std}"
             )
         self.target_mean, self.target_std = mean.detach().float().cpu(), float(std)

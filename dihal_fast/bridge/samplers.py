@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from dihal_fast.bridge.schedules import NoiseSchedule, Prediction
+from dihal_fast.errors import DihalValueError
 
 Model = Callable[[Tensor, Tensor], Tensor]
 
@@ -40,7 +41,7 @@ class Sampler(ABC):
     def steps(self, nfe: int) -> int:
         """Grid steps that fit in ``nfe`` model evaluations."""
         if nfe < 1:
-            raise ValueError(f"nfe must be >= 1, got {nfe}")
+            raise DihalValueError(f"nfe must be >= 1, got {nfe}")
         return nfe
 
     def sample(
@@ -55,7 +56,7 @@ class Sampler(ABC):
         """``x0`` of the shape of ``z``; ``noise`` is ``(steps - 1, *z.shape)`` for stochastic samplers."""
         steps = self.steps(nfe)
         if self.stochastic and steps > 1 and (noise is None or noise.shape[0] < steps - 1):
-            raise ValueError(f"{self.name} with nfe={nfe} needs {steps - 1} noise draws of shape {tuple(z.shape)}")
+            raise DihalValueError(f"{self.name} with nfe={nfe} needs {steps - 1} noise draws of shape {tuple(z.shape)}")
         grid = time_grid(steps, z.dtype, z.device)
         for k in range(steps - 1):
             x0, eps = _denoise(model, schedule, prediction, z, grid[k])
@@ -87,7 +88,7 @@ class DDIM(Sampler):
 
     def __init__(self, eta: float = 0.0):
         if not 0.0 <= eta <= 1.0:
-            raise ValueError(f"eta must lie in [0, 1], got {eta}")
+            raise DihalValueError(f"eta must lie in [0, 1], got {eta}")
         self.eta = eta
         self.stochastic = eta > 0
 
@@ -144,5 +145,5 @@ SAMPLERS: dict[str, type[Sampler]] = {"ddpm": DDPM, "ddim": DDIM, "euler": Euler
 def make_sampler(name: str) -> Sampler:
     """The sampler called ``name`` (one of :data:`SAMPLERS`); DDIM is deterministic (``eta = 0``)."""
     if name not in SAMPLERS:
-        raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {name!r}")
+        raise DihalValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {name!r}")
     return SAMPLERS[name]()

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dihal_fast.errors import DihalValueError
+
 PREDICTIONS = ("eps", "x0", "velocity")
 
 
@@ -49,7 +51,7 @@ class CosineSchedule(NoiseSchedule):
 
     def __init__(self, logsnr_min: float = -10.0, logsnr_max: float = 10.0):
         if not logsnr_min < logsnr_max:
-            raise ValueError(f"need logsnr_min < logsnr_max, got {logsnr_min} and {logsnr_max}")
+            raise DihalValueError(f"need logsnr_min < logsnr_max, got {logsnr_min} and {logsnr_max}")
         self.b = math.atan(math.exp(-0.5 * logsnr_max))
         self.a = math.atan(math.exp(-0.5 * logsnr_min)) - self.b
 
@@ -82,7 +84,7 @@ class FlowSchedule(NoiseSchedule):
         ``z - (z - x0_hat) / step`` (the Euler step of the ODE with velocity ``(z - x0_hat) / t``; on this
         straight path it equals the deterministic DDIM step, and it needs no ``N``)."""
         if step < 1:
-            raise ValueError(f"Euler steps run from step = N down to 1, got step={step}")
+            raise DihalValueError(f"Euler steps run from step = N down to 1, got step={step}")
         return z - (z - x0_hat) / step
 
 
@@ -92,7 +94,7 @@ SCHEDULES = {"cosine": CosineSchedule, "flow": FlowSchedule}
 def make_schedule(name: str) -> NoiseSchedule:
     """The schedule called ``name`` (one of :data:`SCHEDULES`)."""
     if name not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {name!r}")
+        raise DihalValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {name!r}")
     return SCHEDULES[name]()
 
 
@@ -104,13 +106,13 @@ class Prediction:
 
     def __post_init__(self) -> None:
         if self.kind not in PREDICTIONS:
-            raise ValueError(f"prediction must be one of {PREDICTIONS}, got {self.kind!r}")
+            raise DihalValueError(f"prediction must be one of {PREDICTIONS}, got {self.kind!r}")
 
     def check_schedule(self, schedule: NoiseSchedule) -> None:
         """Reject pairs that cannot be inverted on all of ``[0, 1]``: eps with ``alpha(1) = 0``."""
         alpha_end, _ = schedule.alpha_sigma(torch.ones(()))
         if self.kind == "eps" and float(alpha_end) == 0.0:
-            raise ValueError(
+            raise DihalValueError(
                 f"eps-prediction cannot recover x0 where alpha(t) = 0 (t = 1 of the {schedule.name!r} "
                 "schedule); use prediction 'velocity' or 'x0' with it"
             )

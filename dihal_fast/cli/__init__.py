@@ -1,8 +1,9 @@
 """The ``dihal`` command line: one entry point, one sub-command module per stage.
 
 Each module in :data:`COMMANDS` defines ``register(subparsers)``, which adds its sub-command
-with a ``func(args) -> int`` default. User errors (bad paths, bad values) are reported as one
-clear line on stderr with exit status 2, never as a traceback.
+with a ``func(args) -> int`` default. A refusal (:class:`dihal_fast.errors.DihalError`: bad paths, bad values) is
+one clear line on stderr with exit status 2; an environment failure (``OSError``: disk full, closed pipe, no
+permission) is one line with exit status 1. Anything else is a bug and shows its traceback.
 """
 
 from __future__ import annotations
@@ -14,19 +15,15 @@ import logging
 import os
 import sys
 
-from dihal_fast._native import BackendUnavailable
 from dihal_fast._version import __version__
 from dihal_fast.cpu_malloc import configure_malloc
 from dihal_fast.cpu_threads import configure_openmp, govern_threads
+from dihal_fast.errors import DihalError
 
 configure_openmp()  # the command's own process, before torch or the compiled core loads libgomp
 
 # Sub-command modules, in the order they appear in --help.
 COMMANDS = ["info", "backbone", "generate", "locate", "replace", "hcdlm", "evaluate", "sweep", "demo"]
-
-
-class UserError(Exception):
-    """A problem with the user's input: printed as one line, exit status 2."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -88,7 +85,8 @@ def _accept_local_rank(parser: argparse.ArgumentParser, seen: set[int] | None = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one ``dihal`` command; an expected error is one line on stderr (``DIHAL_DEBUG=1``: the traceback)."""
+    """Run one ``dihal`` command; a refusal or an environment failure is one line on stderr (``DIHAL_DEBUG=1``:
+    its traceback too)."""
     from dihal_fast.common.progress import quiet_library_bars
 
     command = "dihal"
@@ -111,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
         return 130
-    except (UserError, ValueError, TypeError, OSError, BackendUnavailable) as exc:
+    except (DihalError, OSError) as exc:
         if os.environ.get("DIHAL_DEBUG", "") not in ("", "0"):
             raise
         return _report(command, exc)
@@ -123,7 +121,8 @@ def _report(command: str, exc: BaseException) -> int:
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     print(f"{command}: error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
-    return 1 if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError) else 2
+    environment = isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError)
+    return 1 if environment else 2
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import sys
 from dihal_fast.backbone.config import BackboneTrainConfig
 from dihal_fast.common.devices import DEVICE_HELP, device_argument
 from dihal_fast.common.options import HelpFormatter, add_dataclass_options, dataclass_from_options
+from dihal_fast.errors import DihalValueError
 from dihal_fast.train.settings import DEEPSPEED_HELP
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def run_train(args: argparse.Namespace) -> int:
     from dihal_fast.common.rundir import run_directory
 
     if args.threads < 0:
-        raise ValueError(f"--threads must be >= 0, got {args.threads}")
+        raise DihalValueError(f"--threads must be >= 0, got {args.threads}")
     config = dataclass_from_options(BackboneTrainConfig, args)  # refuses a bad value before the run directory
     if args.threads:
         torch.set_num_threads(args.threads)

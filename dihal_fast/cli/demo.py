@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dihal_fast.common.options import HelpFormatter, add_dataclass_options, dataclass_from_options
+from dihal_fast.errors import DihalValueError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from dihal_fast.pipeline import DemoConfig, demo
 
     if args.threads < 0:
-        raise ValueError(f"--threads must be >= 0, got {args.threads}")
+        raise DihalValueError(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
         import torch
 

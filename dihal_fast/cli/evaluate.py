@@ -28,15 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dihal_fast.cli import UserError
-    from dihal_fast.evaluate.downstream import MissingHarness
     from dihal_fast.evaluate.markdown import METRICS, downstream_table
     from dihal_fast.pipeline import EvaluateConfig, evaluate
 
-    try:
-        report = evaluate(dataclass_from_options(EvaluateConfig, args), args.out)
-    except MissingHarness as exc:  # --tasks without the lm_eval extra: one line naming it
-        raise UserError(str(exc)) from None
+    report = evaluate(dataclass_from_options(EvaluateConfig, args), args.out)
     columns = {"backbone": report["backbone"], "hybrid": report["hybrid"], **report["controls"]}
     print("metric".ljust(16) + "".join(name.rjust(14) for name in columns))
     for metric in METRICS:

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from dihal_fast.common.options import HelpFormatter, add_dataclass_options, dataclass_from_options
+from dihal_fast.errors import DihalValueError
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def run_train(args: argparse.Namespace) -> int:
     from dihal_fast.hcdlm.trainer import train
 
     if args.steps < 1 or args.batch_size < 1:
-        raise ValueError(f"--steps and --batch-size must be >= 1, got {args.steps}, {args.batch_size}")
+        raise DihalValueError(f"--steps and --batch-size must be >= 1, got {args.steps}, {args.batch_size}")
     resolve_train_defaults(args)
     config = dataclass_from_options(RunConfig, args)
     summary = train(config, args.out, deepspeed_config=args.deepspeed)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from dihal_fast.common.hf_loading import DTYPES
 from dihal_fast.common.validation import CheckedConfig, checked
+from dihal_fast.errors import DihalValueError
 
 # Fields that may change between an interrupted run and its resumption without changing the result
 # (beyond float rounding of the forward pass on another device).
@@ -37,11 +38,11 @@ class CollectConfig(CheckedConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_tokens is not None and self.max_tokens < self.seq_len:
-            raise ValueError(
+            raise DihalValueError(
                 f"max_tokens ({self.max_tokens}) must be at least one block of seq_len = {self.seq_len} tokens"
             )
         if not self.corpus:
-            raise ValueError("corpus is empty: give at least one corpus path")
+            raise DihalValueError("corpus is empty: give at least one corpus path")
 
     @property
     def total_blocks(self) -> int | None:

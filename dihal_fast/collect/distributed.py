@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from dihal_fast.collect.statistics import LayerStatistics
 from dihal_fast.common.launch import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, launcher_env
+from dihal_fast.errors import DihalValueError
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def agree_on_errors(error: BaseException | None) -> None:
     if error is not None:
         raise error
     if failed:
-        raise ValueError("collection failed on another process; see that process's error message")
+        raise DihalValueError("collection failed on another process; see that process's error message")
 
 
 def _send_state(state: dict[str, torch.Tensor], dst: int) -> None:

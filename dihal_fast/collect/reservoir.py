@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from dihal_fast.errors import DihalValueError
+
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -45,7 +47,7 @@ class TokenReservoir:
 
     def __init__(self, capacity: int, layers: Sequence[int], dim: int, dtype: torch.dtype = torch.float32) -> None:
         if capacity < 1:
-            raise ValueError(f"reservoir capacity must be >= 1, got {capacity}")
+            raise DihalValueError(f"reservoir capacity must be >= 1, got {capacity}")
         self.capacity, self.layers, self.dim, self.dtype = int(capacity), tuple(layers), int(dim), dtype
         self.size = 0
         self.keys = np.zeros(self.capacity, dtype=np.uint64)
@@ -89,7 +91,7 @@ class TokenReservoir:
     def _write(self, slots, keys, positions, token_ids, vectors: Mapping[int, torch.Tensor], rows: np.ndarray) -> None:
         missing = set(self.layers) - set(vectors)
         if missing:
-            raise ValueError(f"offered vectors lack layers {sorted(missing)}")
+            raise DihalValueError(f"offered vectors lack layers {sorted(missing)}")
         self.keys[slots], self.positions[slots], self.token_ids[slots] = keys, positions, token_ids
         slot_index = torch.from_numpy(slots)
         for layer in self.layers:
@@ -100,7 +102,7 @@ class TokenReservoir:
     def merge(self, other: TokenReservoir) -> TokenReservoir:
         """Fold another reservoir (disjoint tokens, same layers/dim) into this one; unbiased by construction."""
         if other.layers != self.layers or other.dim != self.dim:
-            raise ValueError(
+            raise DihalValueError(
                 f"cannot merge reservoirs of layers {other.layers} / dim {other.dim} into layers {self.layers} / dim "
                 f"{self.dim}"
             )
@@ -150,11 +152,11 @@ class TokenReservoir:
             positions, token_ids = state["positions"].numpy(), state["token_ids"].numpy()
             vectors = {layer: state[f"vectors.{layer}"] for layer in self.layers}
         except KeyError as exc:
-            raise ValueError(f"reservoir state is missing {exc.args[0]!r}") from None
+            raise DihalValueError(f"reservoir state is missing {exc.args[0]!r}") from None
         n = keys.size
         bad = [l for l, v in vectors.items() if tuple(v.shape) != (n, self.dim) or v.dtype != self.dtype]
         if n > self.capacity or positions.size != n or token_ids.size != n or bad:
-            raise ValueError(
+            raise DihalValueError(
                 f"reservoir state does not fit capacity {self.capacity}, dim {self.dim}, dtype {self.dtype} "
                 f"({n} keys; mismatching layers: {bad})"
             )

@@ -19,6 +19,7 @@ from dihal_fast.collect.statistics import LayerStatistics, token_mask
 from dihal_fast.common.hf_loading import DTYPES, load_causal_lm
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.corpus import iter_token_blocks, read_texts
+from dihal_fast.errors import DihalValueError
 from dihal_fast.profiling import nvtx_range
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ def _check_model(model, config: CollectConfig) -> tuple[int, int]:
     n_layers, hidden = int(model.config.num_hidden_layers), int(model.config.hidden_size)
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions is not None and config.seq_len > max_positions:
-        raise ValueError(f"seq_len {config.seq_len} exceeds the model's max_position_embeddings ({max_positions})")
+        raise DihalValueError(f"seq_len {config.seq_len} exceeds the model's max_position_embeddings ({max_positions})")
     return n_layers, hidden
 
 
@@ -69,7 +70,7 @@ def _check_reservoir_memory(config: CollectConfig, n_states: int, hidden: int) -
     needed = config.reservoir_size * per_token
     available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if needed > available:
-        raise ValueError(
+        raise DihalValueError(
             f"--reservoir-size {config.reservoir_size} needs {needed / 2**30:.1f} GiB ({n_states} hidden "
             f"states x {hidden} values of {config.dtype} per token), more than the {available / 2**30:.1f} "
             "GiB of memory of this machine; lower --reservoir-size"
@@ -132,7 +133,7 @@ def _run_batches(
             return
         input_ids = torch.stack(batch).to(device)
         if int(input_ids.max()) >= vocab:
-            raise ValueError(
+            raise DihalValueError(
                 f"the tokenizer produced id {int(input_ids.max())} but the model has only {vocab} embeddings"
             )
         local = torch.arange(state["blocks_done"], state["blocks_done"] + len(batch), device=device)
@@ -167,7 +168,7 @@ def collect(
     """
     rank, world = rank_info()
     if config.world_size != world:
-        raise ValueError(f"config.world_size is {config.world_size} but {world} process(es) are running")
+        raise DihalValueError(f"config.world_size is {config.world_size} but {world} process(es) are running")
     try:
         stats, state, n_layers, hidden, seconds = _collect_local(config, Path(run_dir), resume, max_batches, progress)
         error = None
@@ -191,10 +192,10 @@ def collect(
 
 def _check_totals(config: CollectConfig, n_blocks: int) -> None:
     if n_blocks == 0:
-        raise ValueError(f"corpus {config.corpus} yields no full block of seq_len = {config.seq_len} tokens")
+        raise DihalValueError(f"corpus {config.corpus} yields no full block of seq_len = {config.seq_len} tokens")
     wanted = config.total_blocks
     if wanted is not None and n_blocks < wanted:
-        raise ValueError(
+        raise DihalValueError(
             f"corpus {config.corpus} yields only {n_blocks * config.seq_len} tokens ({n_blocks} blocks of "
             f"{config.seq_len}) but max_tokens = {config.max_tokens} were requested; lower --max-tokens or add text"
         )

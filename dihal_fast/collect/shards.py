@@ -11,6 +11,7 @@ from safetensors.torch import save as save_safetensors
 
 from dihal_fast.collect.reservoir import TokenReservoir
 from dihal_fast.common import atomic_write_bytes, atomic_write_json
+from dihal_fast.errors import DihalValueError
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def write_shards(reservoir: TokenReservoir, out_dir: str | Path, metadata: dict)
         free / 2**20,
     )
     if needed > free:
-        raise ValueError(f"shards need {needed / 2**20:.1f} MB but {out} has only {free / 2**20:.1f} MB free")
+        raise DihalValueError(f"shards need {needed / 2**20:.1f} MB but {out} has only {free / 2**20:.1f} MB free")
     files = []
     columns = {"positions": ordered.positions[: ordered.size], "token_ids": ordered.token_ids[: ordered.size]}
     for layer in ordered.layers:

@@ -29,6 +29,7 @@ from dihal_fast.collect.reservoir import token_keys
 from dihal_fast.collect.statistics import LayerStatistics
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
 from dihal_fast.common.io import make_directories, remove_stale_temporaries
+from dihal_fast.errors import DihalValueError
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +63,14 @@ class CheckpointStore:
         if resume:
             saved = read_json(self.config_path, "collection config to resume (from an earlier run with this --out)")
             if not isinstance(saved, dict):
-                raise ValueError(f"{self.config_path} is not a collection config; it may be corrupt")
+                raise DihalValueError(f"{self.config_path} is not a collection config; it may be corrupt")
             diff = config.mismatches(saved)
             if diff:
-                raise ValueError(f"cannot resume {self.dir}: the configuration changed ({'; '.join(diff)})")
+                raise DihalValueError(f"cannot resume {self.dir}: the configuration changed ({'; '.join(diff)})")
             return
         existing = (self.config_path,) if self.rank == 0 else (self.manifest_path, self.legacy_path)
         if any(path.exists() for path in existing):
-            raise ValueError(
+            raise DihalValueError(
                 f"{self.dir} already holds a collection; pass --resume to continue it or choose a new --out"
             )
         if self.rank == 0:
@@ -108,7 +109,7 @@ class CheckpointStore:
             del state
             check_collection_state(stats, progress, config, self.rank, self.world_size, vocab)
         except Exception as exc:  # safetensors/json raise several types for a damaged file
-            raise ValueError(
+            raise DihalValueError(
                 f"checkpoint {path} is corrupt or does not match this run ({type(exc).__name__}: {exc}); "
                 "delete that file to recollect this process's share from the start with --resume, or use a new --out"
             ) from None
@@ -124,17 +125,17 @@ class CheckpointStore:
                 )
         manifest = read_json(path, "collection checkpoint manifest")
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} manifest")
+            raise DihalValueError(f"not a {FORMAT} manifest")
         folder, files = manifest.get("parts"), manifest.get("files")
         if not (isinstance(folder, str) and folder.startswith(self._parts_prefix) and Path(folder).name == folder):
-            raise ValueError(f"field 'parts' is {folder!r}, expected a {self._parts_prefix}* folder beside it")
+            raise DihalValueError(f"field 'parts' is {folder!r}, expected a {self._parts_prefix}* folder beside it")
         if not isinstance(files, dict):
-            raise ValueError(f"field 'files' is {files!r}, expected an object of file names and sizes")
+            raise DihalValueError(f"field 'files' is {files!r}, expected an object of file names and sizes")
         state: dict[str, torch.Tensor] = {}
         for name, size in files.items():
             part = self.dir / folder / str(name)
             if os.path.basename(str(name)) != name or not part.is_file() or part.stat().st_size != size:
-                raise ValueError(f"part {part} is missing or not the {size} bytes the manifest records")
+                raise DihalValueError(f"part {part} is missing or not the {size} bytes the manifest records")
             with safe_open(part, framework="pt") as handle:
                 state.update({key: handle.get_tensor(key) for key in handle.keys()})
         return state, manifest.get("progress")
@@ -178,58 +179,58 @@ def check_collection_state(
     """``ValueError`` naming the field unless ``stats`` and ``progress`` are what collecting ``progress["blocks_done"]``
     blocks of this rank gives: the token count, the reservoir's size, keys, positions and ids, finite vectors."""
     if not isinstance(progress, dict):
-        raise ValueError(f"field 'progress' is {progress!r}, expected an object")
+        raise DihalValueError(f"field 'progress' is {progress!r}, expected an object")
     for name in ("blocks_done", "batches_done"):
         value = progress.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"field 'progress.{name}' is {value!r}, expected a whole number >= 0")
+            raise DihalValueError(f"field 'progress.{name}' is {value!r}, expected a whole number >= 0")
     if not isinstance(progress.get("exhausted"), bool):
-        raise ValueError(f"field 'progress.exhausted' is {progress.get('exhausted')!r}, expected true or false")
+        raise DihalValueError(f"field 'progress.exhausted' is {progress.get('exhausted')!r}, expected true or false")
     blocks, batches = progress["blocks_done"], progress["batches_done"]
     total = config.total_blocks
     if total is not None and blocks > len(range(rank, total, world)):
-        raise ValueError(
+        raise DihalValueError(
             f"field 'progress.blocks_done' is {blocks}, more than the {len(range(rank, total, world))} "
             f"blocks of this rank (--max-tokens {config.max_tokens})"
         )
     if not (batches - 1) * config.batch_size < blocks <= batches * config.batch_size and (blocks or batches):
-        raise ValueError(
+        raise DihalValueError(
             f"field 'progress.batches_done' is {batches}, which cannot hold {blocks} blocks in batches of "
             f"{config.batch_size}"
         )
     per_block = config.seq_len - (0 if config.keep_first else 1)
     if stats.count != blocks * per_block:
-        raise ValueError(
+        raise DihalValueError(
             f"field 'cov.*.count' is {stats.count}, but {blocks} blocks (field 'progress.blocks_done') hold "
             f"{blocks * per_block} tokens"
         )
     reservoir = stats.reservoir
     n = reservoir.size
     if n != min(reservoir.capacity, stats.count):
-        raise ValueError(
+        raise DihalValueError(
             f"field 'reservoir.keys' holds {n} tokens, expected min(reservoir size "
             f"{reservoir.capacity}, {stats.count} tokens seen)"
         )
     positions, token_ids = reservoir.positions[:n], reservoir.token_ids[:n]
     if n and positions.min() < 0:
-        raise ValueError(f"field 'reservoir.positions' holds {positions.min()}, a negative token position")
+        raise DihalValueError(f"field 'reservoir.positions' holds {positions.min()}, a negative token position")
     block_index, offset = np.divmod(positions, config.seq_len)
     local = (block_index - rank) // world
     outside = ((block_index - rank) % world != 0) | (local >= blocks) | ((offset == 0) & (not config.keep_first))
     if outside.any():
-        raise ValueError("field 'reservoir.positions' holds positions outside the blocks this rank has collected")
+        raise DihalValueError("field 'reservoir.positions' holds positions outside the blocks this rank has collected")
     if np.unique(positions).size != n:
-        raise ValueError("field 'reservoir.positions' holds the same token more than once")
+        raise DihalValueError("field 'reservoir.positions' holds the same token more than once")
     if not np.array_equal(reservoir.keys[:n], token_keys(positions, stats.seed)):
-        raise ValueError(
+        raise DihalValueError(
             f"field 'reservoir.keys' does not match the positions' keys (seed {stats.seed}): duplicated or "
             "edited tokens"
         )
     if n and (token_ids.min() < 0 or token_ids.max() >= vocab):
-        raise ValueError(
+        raise DihalValueError(
             f"field 'reservoir.token_ids' holds ids from {token_ids.min()} to {token_ids.max()}, outside the "
             f"model's vocabulary 0..{vocab - 1}"
         )
     for layer in reservoir.layers:
         if not torch.isfinite(reservoir.layer_vectors(layer)).all():
-            raise ValueError(f"field 'reservoir.vectors.{layer}' holds NaN or infinite values")
+            raise DihalValueError(f"field 'reservoir.vectors.{layer}' holds NaN or infinite values")

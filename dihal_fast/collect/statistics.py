@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from dihal_fast.collect.reservoir import TokenReservoir, token_keys
+from dihal_fast.errors import DihalValueError
 from dihal_fast.geometry import StreamingCovariance
 from dihal_fast.profiling import nvtx_range
 
@@ -73,7 +74,7 @@ class LayerStatistics:
     def merge(self, other: LayerStatistics) -> LayerStatistics:
         """Count-weighted pairwise merge of every covariance; bottom-k merge of the reservoirs."""
         if other.layers != self.layers or other.seed != self.seed:
-            raise ValueError("cannot merge statistics collected with different layers or seeds")
+            raise DihalValueError("cannot merge statistics collected with different layers or seeds")
         for layer in self.layers:
             self.covariances[layer].merge(other.covariances[layer])
         self.reservoir.merge(other.reservoir)
@@ -99,5 +100,7 @@ class LayerStatistics:
         )
         counts = {cov.count for cov in self.covariances.values()}
         if len(counts) != 1:
-            raise ValueError(f"statistics state is inconsistent: layers have different token counts {sorted(counts)}")
+            raise DihalValueError(
+                f"statistics state is inconsistent: layers have different token counts {sorted(counts)}"
+            )
         return self

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dihal_fast.common.options import option
+from dihal_fast.errors import DihalValueError
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_CORPUS = ASSETS_DIR / "corpus" / "default.txt"
@@ -56,7 +57,7 @@ DEFAULT_MODEL_DIR = SHIPPED_BACKBONES[DEFAULT_BACKBONE].directory
 def shipped_model_dir(name: str) -> Path:
     """Directory of the shipped backbone ``name`` (a key of :data:`SHIPPED_BACKBONES`)."""
     if name not in SHIPPED_BACKBONES:
-        raise ValueError(f"unknown shipped backbone {name!r}; shipped: {', '.join(SHIPPED_BACKBONES)}")
+        raise DihalValueError(f"unknown shipped backbone {name!r}; shipped: {', '.join(SHIPPED_BACKBONES)}")
     directory = SHIPPED_BACKBONES[name].directory
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(

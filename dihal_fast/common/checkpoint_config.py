@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dihal_fast.errors import DihalValueError
+
 # Integer shape fields of the usual families (Llama/Qwen/Gemma/Phi names, GPT-2/NeoX names, the hybrid's own);
 # absent or null fields are left to transformers' defaults.
 SHAPE_FIELDS = (
@@ -47,13 +49,13 @@ def check_checkpoint_config(
     path = model_dir / "config.json"
     config = read_json(path, "model config")
     if not isinstance(config, dict):
-        raise ValueError(f"{path} holds {type(config).__name__}, expected a JSON object of model settings")
+        raise DihalValueError(f"{path} holds {type(config).__name__}, expected a JSON object of model settings")
     for name in SHAPE_FIELDS + CONTEXT_FIELDS:
         value, low = config.get(name), 0 if name in CONTEXT_FIELDS else 1
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-            raise ValueError(f"{path}: field {name!r} is {value!r}, expected a whole number >= {low}")
+            raise DihalValueError(f"{path}: field {name!r} is {value!r}, expected a whole number >= {low}")
     for name in CONTEXT_FIELDS:
         limit = config.get(name)
         if seq_len is not None and limit and seq_len > limit:
-            raise ValueError(f"{flag} {seq_len} exceeds the model's {name} ({limit} positions, in {path})")
+            raise DihalValueError(f"{flag} {seq_len} exceeds the model's {name} ({limit} positions, in {path})")
     return model_dir

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dihal_fast.common.options import option
+from dihal_fast.errors import DihalTypeError, DihalValueError
 
 DEVICE_HELP = "torch device: auto (cuda when torch sees one, else cpu), cpu, cuda or cuda:N"
 DTYPE_HELP = "model dtype: auto (the checkpoint's own, from its config.json), float32, bfloat16, float16 or float64"
@@ -59,18 +60,18 @@ def parse_device_map(text: str) -> str | dict[str, int | str]:
     a JSON object ``{module name: device}`` with each device a GPU index (``0``, ``"cuda:0"``) or ``"cpu"``
     (GPU indices as ints). Anything else is one ValueError naming what was expected."""
     if not isinstance(text, str):
-        raise TypeError(f"--device-map must be a string, got {type(text).__name__}")
+        raise DihalTypeError(f"--device-map must be a string, got {type(text).__name__}")
     if text in DEVICE_MAP_CHOICES:
         return text
     expected = f"one of {', '.join(DEVICE_MAP_CHOICES)} or a JSON object of module names to devices"
     if not text.lstrip().startswith("{"):
-        raise ValueError(f"--device-map must be {expected}, got {text!r}")
+        raise DihalValueError(f"--device-map must be {expected}, got {text!r}")
     try:
         spec = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"--device-map {text!r} is not valid JSON: {exc}") from None
+        raise DihalValueError(f"--device-map {text!r} is not valid JSON: {exc}") from None
     if not isinstance(spec, dict) or not spec:
-        raise ValueError(f"--device-map must be {expected}, got {text!r}")
+        raise DihalValueError(f"--device-map must be {expected}, got {text!r}")
     parsed: dict[str, int | str] = {}
     for name, value in spec.items():
         if value == "cpu":
@@ -80,7 +81,7 @@ def parse_device_map(text: str) -> str | dict[str, int | str]:
         elif isinstance(value, str) and value.startswith("cuda:") and value[5:].isdigit():
             parsed[name] = int(value[5:])
         else:
-            raise ValueError(
+            raise DihalValueError(
                 f'--device-map: module {name!r} is mapped to {value!r}; a device is a GPU index (0, "cuda:0") or '
                 '"cpu" (disk offload needs an offload folder, which no command sets)'
             )
@@ -92,10 +93,10 @@ def check_map_devices(spec: Mapping[str, int | str], gpus: list[int] | None) -> 
     (:func:`rank_gpus`; ``None``: the process runs on the CPU and may name no GPU)."""
     named = sorted({value for value in spec.values() if isinstance(value, int)})
     if named and gpus is None:
-        raise ValueError(f"--device-map names GPU(s) {named}, but this process runs on the CPU (--device cpu)")
+        raise DihalValueError(f"--device-map names GPU(s) {named}, but this process runs on the CPU (--device cpu)")
     outside = [gpu for gpu in named if gpu not in (gpus or [])]
     if outside:
-        raise ValueError(
+        raise DihalValueError(
             f"--device-map names GPU(s) {outside}, outside this rank's GPUs {gpus} (rank r of n on a node owns GPUs "
             "r, r+n, ...; torch numbers the GPUs it sees)"
         )
@@ -119,19 +120,19 @@ def resolve_device(name: str):
     import torch
 
     if not isinstance(name, str):
-        raise TypeError(f"device must be a string (auto, cpu, cuda, cuda:N), got {type(name).__name__}")
+        raise DihalTypeError(f"device must be a string (auto, cpu, cuda, cuda:N), got {type(name).__name__}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"device {name!r} is not a torch device (expected auto, cpu, cuda or cuda:N)") from None
+        raise DihalValueError(f"device {name!r} is not a torch device (expected auto, cpu, cuda or cuda:N)") from None
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {name}: only cpu and cuda are supported, got {device.type}")
+        raise DihalValueError(f"device {name}: only cpu and cuda are supported, got {device.type}")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name} asked for, but torch sees no CUDA device here; use --device cpu or auto")
+        raise DihalValueError(f"device {name} asked for, but torch sees no CUDA device here; use --device cpu or auto")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(
+        raise DihalValueError(
             f"device {name} asked for, but torch sees {torch.cuda.device_count()} CUDA device(s) "
             f"(cuda:0..cuda:{torch.cuda.device_count() - 1})"
         )
@@ -146,11 +147,11 @@ def checkpoint_dtype_name(model_dir: str | os.PathLike) -> str:
     except FileNotFoundError:
         raise FileNotFoundError(f"--dtype auto reads the checkpoint's dtype, but {path} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is corrupt: {exc}") from None
+        raise DihalValueError(f"{path} is corrupt: {exc}") from None
     declared = config.get("dtype") or config.get("torch_dtype") or _CHECKPOINT_DEFAULT
     declared = str(declared).replace("torch.", "")
     if declared not in DTYPE_NAMES:
-        raise ValueError(f"{path} declares dtype {declared!r}; pass --dtype with one of {', '.join(DTYPE_NAMES)}")
+        raise DihalValueError(f"{path} declares dtype {declared!r}; pass --dtype with one of {', '.join(DTYPE_NAMES)}")
     return declared
 
 
@@ -158,10 +159,10 @@ def dtype_name(name: str, model_dir: str | os.PathLike | None = None) -> str:
     """The concrete dtype name ``name`` stands for (``auto`` = :func:`checkpoint_dtype_name` of ``model_dir``)."""
     if name == "auto":
         if model_dir is None:
-            raise ValueError("--dtype auto needs a checkpoint directory to read the dtype from")
+            raise DihalValueError("--dtype auto needs a checkpoint directory to read the dtype from")
         return checkpoint_dtype_name(model_dir)
     if name not in DTYPE_NAMES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {name!r}")
+        raise DihalValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {name!r}")
     return name
 
 
@@ -180,12 +181,12 @@ def ranks_per_node(env: Mapping[str, str] | None = None) -> int:
         value = env.get(name, "")
         if value:
             if not value.isdigit() or int(value) < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+                raise DihalValueError(f"{name} must be an integer >= 1, got {value!r}")
             return int(value)
     world = env.get("WORLD_SIZE", "1") or "1"
     if world.isdigit() and int(world) <= 1:
         return 1
-    raise ValueError(
+    raise DihalValueError(
         f"--device-map under a launcher (WORLD_SIZE={world}) needs the number of ranks on this node "
         f"({', '.join(RANKS_PER_NODE_VARS)}); torchrun and the deepspeed launcher set it, set one by hand otherwise"
     )
@@ -196,9 +197,11 @@ def rank_gpus(n_gpus: int, local_rank: int, local_ranks: int) -> list[int]:
     ``local_rank, local_rank + local_ranks, ...`` (disjoint between ranks; the first is the rank's own
     ``cuda:LOCAL_RANK``, where DeepSpeed and torchrun put it). A rank without a GPU is a ValueError."""
     if not 0 <= local_rank < local_ranks:
-        raise ValueError(f"local rank {local_rank} must lie in 0..{local_ranks - 1} ({local_ranks} ranks per node)")
+        raise DihalValueError(
+            f"local rank {local_rank} must lie in 0..{local_ranks - 1} ({local_ranks} ranks per node)"
+        )
     if local_rank >= n_gpus:
-        raise ValueError(
+        raise DihalValueError(
             f"--device-map: local rank {local_rank} of {local_ranks} on this node has no GPU (torch sees {n_gpus}); "
             "run at most one rank per GPU"
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from dihal_fast.common.assets import model_location
+from dihal_fast.errors import DihalValueError
 
 logger = logging.getLogger(__name__)
 
@@ -22,11 +23,11 @@ def resolve_model_dir(path: str | os.PathLike | None) -> Path:
     Every command's ``--model`` goes through here."""
     path = model_location(path)
     if not path.is_dir() or not (path / "config.json").is_file():
-        raise ValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
+        raise DihalValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
     try:
         json.loads((path / "config.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}/config.json is corrupt: {exc}") from None
+        raise DihalValueError(f"{path}/config.json is corrupt: {exc}") from None
     return path
 
 
@@ -42,10 +43,10 @@ def load_tokenizer(path: str | os.PathLike | None):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as exc:
-        raise ValueError(f"could not load a tokenizer from {path}: {exc}") from None
+        raise DihalValueError(f"could not load a tokenizer from {path}: {exc}") from None
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
-            raise ValueError(f"the tokenizer in {path} has neither a pad nor an eos token; add a pad token")
+            raise DihalValueError(f"the tokenizer in {path} has neither a pad nor an eos token; add a pad token")
         logger.info("tokenizer has no pad token; using eos (%r) for padding", tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -78,9 +79,9 @@ def placement(device, device_map: str = "none") -> dict:
     if spec == "none":
         return {"device_map": {"": str(device)}} if device.type == "cuda" and is_accelerate_available() else {}
     if not is_accelerate_available():
-        raise ValueError(f"--device-map {device_map} needs accelerate: pip install 'dihal_fast[deepspeed]'")
+        raise DihalValueError(f"--device-map {device_map} needs accelerate: pip install 'dihal_fast[deepspeed]'")
     if device.index is not None:
-        raise ValueError(
+        raise DihalValueError(
             f"--device-map {device_map} spreads the model over this rank's GPUs, --device {device} pins one; pass "
             "--device cuda (or auto), or --device-map none"
         )
@@ -115,14 +116,14 @@ def load_causal_lm(
     from dihal_fast.common.devices import resolve_device, resolve_dtype
 
     if dtype != "auto" and dtype not in DTYPES:
-        raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {dtype!r}")
+        raise DihalValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {dtype!r}")
     device = resolve_device(str(device))
     where = placement(device, device_map)
     path = resolve_model_dir(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, path), **where)
     except Exception as exc:  # transformers/safetensors raise many types for a bad checkpoint
-        raise ValueError(f"could not load a causal LM from {path}: {type(exc).__name__}: {exc}") from None
+        raise DihalValueError(f"could not load a causal LM from {path}: {type(exc).__name__}: {exc}") from None
     tokenizer = load_tokenizer(path)
     if device_map == "none":
         model = model.to(device)

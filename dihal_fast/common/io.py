@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from dihal_fast.errors import DihalTypeError, DihalValueError
+
 logger = logging.getLogger(__name__)
 
 # Run directories open in this process (their lock held): below them no path component may be a link.
@@ -62,7 +64,7 @@ def _links_below_root(path: Path, itself: bool) -> Path | None:
 def _refuse_links(path: Path, itself: bool = True) -> None:
     link = _links_below_root(path, itself)
     if link is not None:
-        raise ValueError(
+        raise DihalValueError(
             f"{link} is a symbolic link (to {os.readlink(link)}); refusing to write {path} through it, "
             "outside the run directory: remove the link"
         )
@@ -73,7 +75,7 @@ def check_file_target(path: str | os.PathLike) -> Path:
     path = Path(path)
     _refuse_links(path)
     if path.is_dir():
-        raise ValueError(
+        raise DihalValueError(
             f"{path} is a directory, where this command writes a file; move it away or choose another --out"
         )
     _check_parents(path)
@@ -86,7 +88,9 @@ def check_directory_target(path: str | os.PathLike, itself: bool = True) -> Path
     path = Path(path)
     _refuse_links(path, itself)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{path} is a file, where this command writes a folder; move it away or choose another --out")
+        raise DihalValueError(
+            f"{path} is a file, where this command writes a folder; move it away or choose another --out"
+        )
     _check_parents(path)
     return path
 
@@ -95,7 +99,7 @@ def _check_parents(path: Path) -> None:
     for parent in Path(os.path.abspath(path)).parents:
         if parent.exists():
             if not parent.is_dir():
-                raise ValueError(f"cannot write {path}: {parent} is a file, not a directory")
+                raise DihalValueError(f"cannot write {path}: {parent} is a file, not a directory")
             return
 
 
@@ -155,7 +159,7 @@ def _json_default(obj: Any) -> Any:
     """Other mappings (a :class:`~dihal_fast.common.reports.StageReport`) as the dicts they read like."""
     if isinstance(obj, Mapping):
         return dict(obj)
-    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+    raise DihalTypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
@@ -259,4 +263,4 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{what} {path} is not valid JSON ({exc}); it may be corrupt or half-written") from None
+        raise DihalValueError(f"{what} {path} is not valid JSON ({exc}); it may be corrupt or half-written") from None

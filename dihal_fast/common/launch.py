@@ -18,6 +18,8 @@ import subprocess
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
+from dihal_fast.errors import DihalValueError
+
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
 TORCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -38,7 +40,7 @@ def _integer(env: Mapping[str, str], name: str, minimum: int) -> int | None:
     if value is None or value == "":
         return None
     if not value.strip().isdigit() or int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise DihalValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
@@ -50,7 +52,7 @@ def first_host(nodelist: str) -> str:
     """
     nodelist = nodelist.strip()
     if not nodelist:
-        raise ValueError("SLURM_JOB_NODELIST is empty; set MASTER_ADDR to the first node's address")
+        raise DihalValueError("SLURM_JOB_NODELIST is empty; set MASTER_ADDR to the first node's address")
     if shutil.which("scontrol"):
         try:
             out = subprocess.run(
@@ -73,7 +75,7 @@ def expand_nodelist(nodelist: str) -> list[str]:
     for item in _split_top_level(nodelist):
         match = re.fullmatch(r"([^\[\],]*)(?:\[([^\[\]]*)\])?([^\[\],]*)", item)
         if match is None or not item:
-            raise ValueError(
+            raise DihalValueError(
                 f"cannot parse SLURM node list {nodelist!r} (item {item!r}); set MASTER_ADDR, or put scontrol on PATH"
             )
         prefix, ranges, suffix = match.groups()
@@ -83,11 +85,13 @@ def expand_nodelist(nodelist: str) -> list[str]:
         for part in ranges.split(","):
             low, _, high = part.partition("-")
             if not low.isdigit() or (high and not high.isdigit()) or (high and int(high) < int(low)):
-                raise ValueError(f"cannot parse the range {part!r} of SLURM node list {nodelist!r}; set MASTER_ADDR")
+                raise DihalValueError(
+                    f"cannot parse the range {part!r} of SLURM node list {nodelist!r}; set MASTER_ADDR"
+                )
             width = len(low)
             hosts.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(int(low), int(high or low) + 1))
     if not hosts:
-        raise ValueError(f"SLURM node list {nodelist!r} names no host; set MASTER_ADDR")
+        raise DihalValueError(f"SLURM node list {nodelist!r} names no host; set MASTER_ADDR")
     return hosts
 
 
@@ -97,12 +101,12 @@ def _split_top_level(nodelist: str) -> list[str]:
     for i, char in enumerate(nodelist):
         depth += {"[": 1, "]": -1}.get(char, 0)
         if depth < 0 or depth > 1:
-            raise ValueError(f"unbalanced or nested brackets in SLURM node list {nodelist!r}; set MASTER_ADDR")
+            raise DihalValueError(f"unbalanced or nested brackets in SLURM node list {nodelist!r}; set MASTER_ADDR")
         if char == "," and depth == 0:
             items.append(nodelist[start:i])
             start = i + 1
     if depth:
-        raise ValueError(f"unbalanced brackets in SLURM node list {nodelist!r}; set MASTER_ADDR")
+        raise DihalValueError(f"unbalanced brackets in SLURM node list {nodelist!r}; set MASTER_ADDR")
     return [*items, nodelist[start:]]
 
 
@@ -135,13 +139,13 @@ def launcher_env(env: MutableMapping[str, str] | None = None) -> LaunchInfo:
     world = _integer(env, "WORLD_SIZE", 1) or 1
     rank = _integer(env, "RANK", 0)
     if world > 1 and rank is None:
-        raise ValueError(
+        raise DihalValueError(
             f"WORLD_SIZE={world} but RANK is not set; launch with torchrun --nproc_per_node {world} "
             "(or the deepspeed launcher, or srun)"
         )
     rank = rank or 0
     if rank >= world and "WORLD_SIZE" in env:
-        raise ValueError(f"RANK={rank} must be smaller than WORLD_SIZE={world}")
+        raise DihalValueError(f"RANK={rank} must be smaller than WORLD_SIZE={world}")
     local_rank = _integer(env, "LOCAL_RANK", 0)
     return LaunchInfo(rank, rank if local_rank is None else local_rank, world, launcher)
 
@@ -151,8 +155,8 @@ def set_local_rank(value: int, env: MutableMapping[str, str] | None = None) -> N
     contradicts is an error)."""
     env = os.environ if env is None else env
     if value < 0:
-        raise ValueError(f"--local_rank must be >= 0, got {value}")
+        raise DihalValueError(f"--local_rank must be >= 0, got {value}")
     given = env.get("LOCAL_RANK")
     if given is not None and given != str(value):
-        raise ValueError(f"--local_rank={value} contradicts LOCAL_RANK={given} in the environment")
+        raise DihalValueError(f"--local_rank={value} contradicts LOCAL_RANK={given} in the environment")
     env["LOCAL_RANK"] = str(value)

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from dihal_fast.errors import DihalValueError
+
 PROTOCOL = {
     "nll": "token-pooled teacher-forced NLL in nats; first token of each sequence unscored; "
     "a token is scored when it and its predecessor are unpadded",
@@ -44,7 +46,7 @@ def scored_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def _check_logits(logits: torch.Tensor, input_ids: torch.Tensor) -> None:
     if logits.dim() != 3 or input_ids.dim() != 2 or logits.shape[:2] != input_ids.shape:
-        raise ValueError(
+        raise DihalValueError(
             f"expected logits [B, T, V] and input_ids [B, T] with the same B, T; "
             f"got {tuple(logits.shape)} and {tuple(input_ids.shape)}"
         )
@@ -76,7 +78,7 @@ def pooled_nll(nll_sum: float | torch.Tensor, n_tokens: int | torch.Tensor) -> f
     total = float(torch.as_tensor(nll_sum, dtype=torch.float64).sum())
     count = int(torch.as_tensor(n_tokens).sum())
     if count <= 0:
-        raise ValueError("no tokens were scored (every sequence shorter than 2 real tokens?)")
+        raise DihalValueError("no tokens were scored (every sequence shorter than 2 real tokens?)")
     return total / count
 
 
@@ -94,7 +96,7 @@ def token_kl(
     """Per-sequence summed ``KL(reference || model)`` (float64 ``[B]``) over NLL's scored positions
     and their count (int64 ``[B]``). Both logits are ``[B, T, V]`` over the same vocabulary."""
     if reference_logits.shape != logits.shape or logits.dim() != 3:
-        raise ValueError(
+        raise DihalValueError(
             f"reference and model logits must both be [B, T, V] of one shape, got "
             f"{tuple(reference_logits.shape)} and {tuple(logits.shape)}"
         )
@@ -110,7 +112,7 @@ def token_kl(
 def unigram_entropy(tokens: Sequence[int]) -> float:
     """Entropy (nats) of the empirical unigram distribution of one sample's tokens."""
     if len(tokens) == 0:
-        raise ValueError("cannot compute the entropy of an empty sample")
+        raise DihalValueError("cannot compute the entropy of an empty sample")
     counts = torch.tensor(list(Counter(tokens).values()), dtype=torch.float64)
     probs = counts / counts.sum()
     return float(-(probs * probs.log()).sum())
@@ -119,17 +121,17 @@ def unigram_entropy(tokens: Sequence[int]) -> float:
 def mean_unigram_entropy(samples: Sequence[Sequence[int]]) -> float:
     """Per-sample unigram entropy averaged over samples (empty samples are an error)."""
     if not samples:
-        raise ValueError("no samples given")
+        raise DihalValueError("no samples given")
     return sum(unigram_entropy(sample) for sample in samples) / len(samples)
 
 
 def distinct_n(samples: Sequence[Sequence], n: int) -> float:
     """Unique / total n-grams pooled over all samples (distinct-n). Raises when there are none."""
     if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+        raise DihalValueError(f"n must be >= 1, got {n}")
     grams = [tuple(sample[i : i + n]) for sample in samples for i in range(len(sample) - n + 1)]
     if not grams:
-        raise ValueError(f"the samples contain no {n}-grams (every sample shorter than {n} tokens)")
+        raise DihalValueError(f"the samples contain no {n}-grams (every sample shorter than {n} tokens)")
     return len(set(grams)) / len(grams)
 
 
@@ -146,5 +148,5 @@ def diversity_ld4lg(samples: Sequence[Sequence]) -> float:
 def tokens_per_second(n_tokens: int, seconds: float) -> float:
     """Generation throughput; raises for a non-positive duration instead of returning inf."""
     if seconds <= 0:
-        raise ValueError(f"duration must be positive, got {seconds} s")
+        raise DihalValueError(f"duration must be positive, got {seconds} s")
     return n_tokens / seconds

@@ -35,6 +35,8 @@ import types
 import typing
 from typing import Any
 
+from dihal_fast.errors import DihalValueError
+
 MISSING = dataclasses.MISSING
 
 
@@ -42,7 +44,7 @@ def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MIS
     """A dataclass field with its command-line help (``default`` and ``default_factory`` omitted: a required
     option); ``metadata`` holds the keys listed in the module docstring."""
     if not help:
-        raise ValueError("every option needs a help text")
+        raise DihalValueError("every option needs a help text")
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"help": help, **metadata})
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from dihal_fast.common.io import check_directory_target, check_file_target, run_root
 from dihal_fast.common.launch import launcher_env
+from dihal_fast.errors import DihalValueError
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +39,8 @@ LOCK_NAME = ".dihal-run.lock"
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
 
-class RunDirectoryBusy(ValueError):
-    """Another process holds the run directory (a ``ValueError``: the CLI prints it as one line, exit 2)."""
+class RunDirectoryBusy(DihalValueError):
+    """Another process holds the run directory (the CLI prints it as one line, exit 2)."""
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -52,11 +53,11 @@ def check_run_directory(path: str | os.PathLike) -> Path:
     path = Path(path)
     existing = _nearest_existing(path)
     if existing == path and not path.is_dir():
-        raise ValueError(
+        raise DihalValueError(
             f"run directory {path} is an existing file; choose a directory (a new one or an earlier run's)"
         )
     if not existing.is_dir():
-        raise ValueError(f"run directory {path} cannot be created: {existing} is a file, not a directory")
+        raise DihalValueError(f"run directory {path} cannot be created: {existing} is a file, not a directory")
     return path
 
 
@@ -68,14 +69,14 @@ def check_output_file(path: str | os.PathLike, option: str = "--out") -> Path:
     """
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"{option} {path} is a directory; give the path of a file to write")
+        raise DihalValueError(f"{option} {path} is a directory; give the path of a file to write")
     folder = _nearest_existing(path.absolute().parent)
     if not folder.is_dir():
-        raise ValueError(f"{option} {path} cannot be written: {folder} is a file, not a directory")
+        raise DihalValueError(f"{option} {path} cannot be written: {folder} is a file, not a directory")
     try:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as exc:
-        raise ValueError(
+        raise DihalValueError(
             f"{option} {path} cannot be written: no file can be created in {folder} ({exc.strerror})"
         ) from None
     return path
@@ -99,7 +100,7 @@ def run_directory(
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ValueError(f"run directory {path} cannot be created ({exc.strerror})") from None
+        raise DihalValueError(f"run directory {path} cannot be created ({exc.strerror})") from None
     if launcher_env().rank != 0:  # RANK, or SLURM_PROCID under srun without torchrun
         with run_root(path):
             yield path
@@ -136,14 +137,14 @@ def _acquire(lock_path: Path, command: str) -> int:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP or os.path.islink(lock_path):
-                raise ValueError(
+                raise DihalValueError(
                     f"lock file {lock_path} is a symbolic link (to {os.readlink(lock_path)}); refusing to "
                     "follow it out of the run directory: remove the link"
                 ) from None
-            raise ValueError(f"run directory {run_dir} is not writable ({exc.strerror})") from None
+            raise DihalValueError(f"run directory {run_dir} is not writable ({exc.strerror})") from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            raise ValueError(f"lock file {lock_path} is not a regular file; remove it")
+            raise DihalValueError(f"lock file {lock_path} is not a regular file; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from dihal_fast.errors import DihalValueError
+
 PROTOCOL = "float64 Gumbel-max over float64 log-softmax(logits / temperature); temperature 0 = argmax"
 
 
@@ -26,11 +28,13 @@ def sample_categorical(
     ``softmax(logits / temperature)`` computed in float64.
     """
     if logits.dim() < 1 or logits.shape[-1] == 0:
-        raise ValueError(f"logits must have a non-empty last (vocabulary) dimension, got shape {tuple(logits.shape)}")
+        raise DihalValueError(
+            f"logits must have a non-empty last (vocabulary) dimension, got shape {tuple(logits.shape)}"
+        )
     if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+        raise DihalValueError(f"temperature must be >= 0, got {temperature}")
     if top_k is not None and not 1 <= top_k:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+        raise DihalValueError(f"top_k must be >= 1, got {top_k}")
     scores = logits.detach().to(torch.float64)
     if top_k is not None and top_k < scores.shape[-1]:
         kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]

@@ -21,6 +21,8 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
+from dihal_fast.errors import DihalValueError
+
 T = TypeVar("T", bound="SerialConfig")
 
 
@@ -39,19 +41,19 @@ class SerialConfig:
         """The config that ``data`` (what :meth:`to_dict` wrote, by this or an earlier version) describes;
         ``ValueError`` naming the class for anything else (not an object, unknown or missing keys)."""
         if not isinstance(data, dict):
-            raise ValueError(f"{cls.__name__} must be read from a JSON object, got {type(data).__name__}")
+            raise DihalValueError(f"{cls.__name__} must be read from a JSON object, got {type(data).__name__}")
         values = {cls.renamed.get(key, key): value for key, value in data.items()}
         specs = {spec.name: spec for spec in dataclasses.fields(cls) if spec.init}  # type: ignore[arg-type]
         unknown = sorted(set(values) - set(specs))
         if unknown:
-            raise ValueError(f"unknown {cls.__name__} keys {unknown}; expected a subset of {sorted(specs)}")
+            raise DihalValueError(f"unknown {cls.__name__} keys {unknown}; expected a subset of {sorted(specs)}")
         values = {**{k: v for k, v in cls.legacy.items() if k in specs}, **values}
         hints = typing.get_type_hints(cls)
         for name, value in values.items():
             nested = _config_type(hints[name])
             if nested is not None and not isinstance(value, nested) and value is not None:
                 if not isinstance(value, dict):
-                    raise ValueError(f"{cls.__name__} key {name!r} must be an object, got {type(value).__name__}")
+                    raise DihalValueError(f"{cls.__name__} key {name!r} must be an object, got {type(value).__name__}")
                 values[name] = nested.from_dict(value)
         required = {
             name
@@ -60,7 +62,7 @@ class SerialConfig:
         }
         missing = sorted(required - set(values))
         if missing:
-            raise ValueError(f"{cls.__name__} lacks the keys {missing}")
+            raise DihalValueError(f"{cls.__name__} lacks the keys {missing}")
         return cls(**values)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -78,7 +80,7 @@ class SerialConfig:
         try:
             return cls.from_dict(data)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: {exc}") from None
+            raise DihalValueError(f"{path}: {exc}") from None
 
     def comparable_to(self, saved: object) -> dict:
         """:meth:`to_dict`, less the fields that ``saved`` (a checkpoint's config) lacks and that hold their

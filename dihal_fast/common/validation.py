@@ -33,6 +33,7 @@ import typing
 from typing import Any, ClassVar
 
 from dihal_fast.common.serial import SerialConfig
+from dihal_fast.errors import DihalTypeError, DihalValueError
 
 INT_LIMIT = 2**63 - 1  # what torch, NumPy and the C++ kernels take as an integer
 
@@ -107,10 +108,10 @@ def _check_value(where: str, value: Any, hint: Any, metadata: typing.Mapping[str
         origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise TypeError(f"{where} must be a list, got {value!r}")
+            raise DihalTypeError(f"{where} must be a list, got {value!r}")
         elements = args[:1] * len(value) if origin is list or (len(args) == 2 and args[1] is Ellipsis) else args
         if len(elements) != len(value):
-            raise ValueError(f"{where} must have {len(elements)} values, got {value!r}")
+            raise DihalValueError(f"{where} must have {len(elements)} values, got {value!r}")
         for element, kind in zip(value, elements):
             _check_scalar(where, element, kind, metadata)
         return
@@ -120,26 +121,26 @@ def _check_value(where: str, value: Any, hint: Any, metadata: typing.Mapping[str
 def _check_scalar(where: str, value: Any, hint: Any, metadata: typing.Mapping[str, Any]) -> None:
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(value, hint):
-            raise TypeError(f"{where} must be a {hint.__name__}, got {value!r}")
+            raise DihalTypeError(f"{where} must be a {hint.__name__}, got {value!r}")
         return
     if hint is bool:
         if not isinstance(value, bool):
-            raise TypeError(f"{where} must be true or false, got {value!r}")
+            raise DihalTypeError(f"{where} must be true or false, got {value!r}")
         return
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{where} must be an integer, got {value!r}")
+            raise DihalTypeError(f"{where} must be an integer, got {value!r}")
         _check_range(where, int(value), metadata, default_min=0, default_max=INT_LIMIT)
     elif hint is float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{where} must be a number, got {value!r}")
+            raise DihalTypeError(f"{where} must be a number, got {value!r}")
         if math.isnan(value) or (metadata.get("finite", True) and math.isinf(value)):
-            raise ValueError(f"{where} must be a finite number, got {value!r}")
+            raise DihalValueError(f"{where} must be a finite number, got {value!r}")
         _check_range(where, float(value), metadata)
     elif hint is str and not isinstance(value, str):
-        raise TypeError(f"{where} must be a string, got {value!r}")
+        raise DihalTypeError(f"{where} must be a string, got {value!r}")
     if "choices" in metadata and value not in metadata["choices"]:
-        raise ValueError(f"{where} must be one of {', '.join(map(str, metadata['choices']))}; got {value!r}")
+        raise DihalValueError(f"{where} must be one of {', '.join(map(str, metadata['choices']))}; got {value!r}")
     if metadata.get("device"):
         from dihal_fast.common.devices import resolve_device
 
@@ -159,10 +160,10 @@ def _check_range(
 ) -> None:
     low, high = metadata.get("min", default_min), metadata.get("max", default_max)
     if low is not None and value < low:
-        raise ValueError(f"{where} must be >= {low}, got {value!r}")
+        raise DihalValueError(f"{where} must be >= {low}, got {value!r}")
     if high is not None and value > high:
-        raise ValueError(f"{where} must be <= {high}, got {value!r}")
+        raise DihalValueError(f"{where} must be <= {high}, got {value!r}")
     if "gt" in metadata and not value > metadata["gt"]:
-        raise ValueError(f"{where} must be > {metadata['gt']}, got {value!r}")
+        raise DihalValueError(f"{where} must be > {metadata['gt']}, got {value!r}")
     if "lt" in metadata and not value < metadata["lt"]:
-        raise ValueError(f"{where} must be < {metadata['lt']}, got {value!r}")
+        raise DihalValueError(f"{where} must be < {metadata['lt']}, got {value!r}")

@@ -29,6 +29,7 @@ from dihal_fast.bridge.schedules import CosineSchedule, Prediction
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
+from dihal_fast.errors import DihalValueError
 from dihal_fast.train.engines import Engine
 from dihal_fast.train.settings import LoopSettings, loop_option
 from dihal_fast.train.trainer import TrainingJob, fit, resume_point
@@ -61,7 +62,7 @@ class DiffusionLMConfig(CheckedConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.width % 2 or self.width % self.heads:
-            raise ValueError(f"--width must be even and a multiple of --heads, got {self.width} and {self.heads}")
+            raise DihalValueError(f"--width must be even and a multiple of --heads, got {self.width} and {self.heads}")
 
     def loop_settings(self, device: str = "cpu") -> LoopSettings:
         """The shared loop's view of the control's training."""
@@ -124,7 +125,7 @@ class DiffusionLM(nn.Module):
     def sample(self, n_samples: int, length: int, nfe: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """``tokens[n_samples, length]``: unconditional DDIM (eta = 0) with clamping, then rounding."""
         if not 1 <= length <= self.config.seq_len:
-            raise ValueError(
+            raise DihalValueError(
                 f"length must lie in 1..{self.config.seq_len} (the control's sequence length), got {length}"
             )
         z = torch.randn((n_samples, length, self.table.shape[1]), generator=generator).to(self.table.device)
@@ -179,7 +180,7 @@ def train_diffusion_lm(
 
     out_dir = Path(out_dir)
     if blocks.dim() != 2 or blocks.shape[1] != config.seq_len:
-        raise ValueError(f"blocks must be [N, {config.seq_len}], got {tuple(blocks.shape)}")
+        raise DihalValueError(f"blocks must be [N, {config.seq_len}], got {tuple(blocks.shape)}")
     torch.manual_seed(config.seed)
     model = DiffusionLM(embedding, config)
     finished = (out_dir / "model.safetensors").is_file() and (out_dir / "config.json").is_file()

@@ -6,6 +6,8 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from dihal_fast.errors import DihalValueError
+
 # Documents longer than this many characters are tokenized piece by piece, so memory follows the piece and
 # not the document (a 25 MB one-line corpus took 5.6 GB whole). Pieces end before a space that starts a word,
 # a pre-tokenizer boundary of byte-level BPE: the tokens are the whole document's.
@@ -43,9 +45,9 @@ def iter_token_blocks(
     :data:`PIECE_CHARS` and the blocks, whatever the length of a line.
     """
     if seq_len < 2:
-        raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+        raise DihalValueError(f"seq_len must be >= 2, got {seq_len}")
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank must satisfy 0 <= rank < world_size ({world_size}), got {rank}")
+        raise DihalValueError(f"rank must satisfy 0 <= rank < world_size ({world_size}), got {rank}")
     eos = tokenizer.eos_token_id
     buffer: list[int] = []
     block_index, yielded = 0, 0
@@ -78,5 +80,5 @@ def token_blocks(tokenizer, texts: Iterable[str], seq_len: int, max_tokens: int 
     """All blocks as one ``LongTensor[n_blocks, seq_len]``; raises when the corpus fills no block."""
     blocks = list(iter_token_blocks(tokenizer, texts, seq_len, max_tokens))
     if not blocks:
-        raise ValueError(f"the corpus is shorter than one block of {seq_len} tokens")
+        raise DihalValueError(f"the corpus is shorter than one block of {seq_len} tokens")
     return torch.stack(blocks)

@@ -8,6 +8,8 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from dihal_fast.errors import DihalValueError
+
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 JSONL_SUFFIXES = (".jsonl", ".json")
 
@@ -30,10 +32,10 @@ def corpus_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list
             continue
         found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES + JSONL_SUFFIXES)
         if not found:
-            raise ValueError(f"corpus directory {path} holds no .txt or .jsonl files and is not a saved dataset")
+            raise DihalValueError(f"corpus directory {path} holds no .txt or .jsonl files and is not a saved dataset")
         out.extend(found)
     if not out:
-        raise ValueError("no corpus paths given")
+        raise DihalValueError("no corpus paths given")
     return out
 
 
@@ -42,7 +44,9 @@ def _decode(path: Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path} is not UTF-8: invalid byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
+        raise DihalValueError(
+            f"{path} is not UTF-8: invalid byte 0x{data[exc.start]:02x} at offset {exc.start}"
+        ) from None
 
 
 def _paragraphs(text: str) -> Iterator[str]:
@@ -64,9 +68,9 @@ def _jsonl_texts(path: Path) -> Iterator[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            raise DihalValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ValueError(f"{path}:{number}: expected an object with a string 'text' field")
+            raise DihalValueError(f"{path}:{number}: expected an object with a string 'text' field")
         if record["text"].strip():
             yield record["text"]
 
@@ -75,14 +79,14 @@ def _dataset_texts(path: Path) -> Iterator[str]:
     try:
         import datasets
     except ImportError:
-        raise ValueError(
+        raise DihalValueError(
             f"{path} is a saved Hugging Face dataset; install the optional dependency: pip install datasets"
         ) from None
     loaded = datasets.load_from_disk(str(path))
     splits = list(loaded.values()) if isinstance(loaded, datasets.DatasetDict) else [loaded]
     for split in splits:
         if "text" not in split.column_names:
-            raise ValueError(f"dataset {path} has no 'text' column (columns: {split.column_names})")
+            raise DihalValueError(f"dataset {path} has no 'text' column (columns: {split.column_names})")
         for text in split["text"]:
             if isinstance(text, str) and text.strip():
                 yield text
@@ -102,4 +106,4 @@ def read_texts(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> Iterat
             empty = False
             yield text
     if empty:
-        raise ValueError(f"corpus {[str(p) for p in corpus_files(paths)]} contains no text")
+        raise DihalValueError(f"corpus {[str(p) for p in corpus_files(paths)]} contains no text")

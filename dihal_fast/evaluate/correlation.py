@@ -10,6 +10,7 @@ import numpy as np
 from scipy import stats
 
 from dihal_fast.common import atomic_write_bytes
+from dihal_fast.errors import DihalValueError
 
 PROTOCOL = (
     "for each repeated score run r, Spearman/Kendall(tau-b)/Pearson between score_r(layer) and "
@@ -37,12 +38,12 @@ def score_loss_correlations(layers: Sequence[int], score_runs: np.ndarray, bridg
     score_runs = np.atleast_2d(np.asarray(score_runs, dtype=np.float64))
     loss = np.asarray(bridge_loss, dtype=np.float64)
     if len(layers) < 3 or score_runs.shape[1] != len(layers) or loss.shape != (len(layers),):
-        raise ValueError(
+        raise DihalValueError(
             f"need >= 3 layers with one score per layer per run and one loss per layer; got {len(layers)} layers, "
             f"scores {score_runs.shape}, losses {loss.shape}"
         )
     if not np.isfinite(loss).all() or not np.isfinite(score_runs).all():
-        raise ValueError("scores and bridge losses must be finite")
+        raise DihalValueError("scores and bridge losses must be finite")
     out: dict = {}
     for name, fn in (("spearman", stats.spearmanr), ("kendall", stats.kendalltau), ("pearson", stats.pearsonr)):
         values = []

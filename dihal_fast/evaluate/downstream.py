@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dihal_fast.common.assets import ASSETS_DIR
+from dihal_fast.errors import DihalError, DihalValueError
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ PROTOCOL = (
 )
 
 
-class MissingHarness(ImportError):
+class MissingHarness(DihalError, ImportError):
     """lm-evaluation-harness (or the accelerate its HF backend imports) is not installed."""
 
 
@@ -74,11 +75,11 @@ def check_tasks(tasks: str | Sequence[str] | None):
     """The parsed task names and a ``TaskManager`` holding them; a ValueError naming the unknown ones."""
     names = parse_tasks(tasks)
     if not names:
-        raise ValueError(f"--tasks names no task (got {tasks!r}); the shipped ones are {','.join(LOCAL_TASKS)}")
+        raise DihalValueError(f"--tasks names no task (got {tasks!r}); the shipped ones are {','.join(LOCAL_TASKS)}")
     manager = task_manager(names)
     unknown = [name for name in names if name not in manager.all_tasks]
     if unknown:
-        raise ValueError(
+        raise DihalValueError(
             f"unknown lm-eval task(s) {', '.join(unknown)}; the shipped offline tasks are "
             f"{', '.join(LOCAL_TASKS)}, and `lm_eval ls tasks` lists the harness's own"
         )
@@ -123,7 +124,7 @@ def run_tasks(
     lm_eval = require_lm_eval()
     names, manager = check_tasks(tasks) if manager is None else (parse_tasks(tasks), manager)
     if limit is not None and limit < 1:
-        raise ValueError(f"limit must be >= 1 example per task, got {limit}")
+        raise DihalValueError(f"limit must be >= 1 example per task, got {limit}")
     lm = harness_lm(model, tokenizer, batch_size) if lm is None else lm
     results = lm_eval.simple_evaluate(
         model=lm,

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from dihal_fast.common.hf_loading import input_device, load_causal_lm, resolve_model_dir
+from dihal_fast.errors import DihalValueError
 from dihal_fast.evaluate.generation import Generation, check_generation_request
 from dihal_fast.evaluate.scoring import evaluator_context
 
@@ -109,9 +110,9 @@ def set_denoising_steps(model: torch.nn.Module, nfe: int | None) -> None:
         return
     bridge = getattr(model, "bridge", None)
     if bridge is None:
-        raise ValueError("--nfe (denoising steps) applies to hybrid models only; this is a plain causal LM")
+        raise DihalValueError("--nfe (denoising steps) applies to hybrid models only; this is a plain causal LM")
     if nfe < 1:
-        raise ValueError(f"--nfe must be >= 1, got {nfe}")
+        raise DihalValueError(f"--nfe must be >= 1, got {nfe}")
     bridge.config.nfe = int(nfe)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.errors import DihalValueError
 from dihal_fast.evaluate.harness import (
     EvalProtocolConfig,
     evaluate_lm,
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 def check_compatible(lm: LoadedLM, evaluator: LoadedLM, retokenise: bool) -> None:
     """A model scored by an evaluator with another tokenizer is an error unless retokenisation is asked for."""
     if not retokenise and not same_tokenizer(lm.tokenizer, evaluator.tokenizer):
-        raise ValueError(
+        raise DihalValueError(
             f"the {lm.kind} at {lm.path} comes from the backbone {lm.backbone_dir}, whose tokenizer differs from the "
             f"evaluator's ({evaluator.path}); pass --evaluator {lm.backbone_dir} (or another model with the same "
             "tokenizer), or --retokenise to score decoded text under a different tokenizer on purpose"
@@ -105,14 +106,16 @@ def evaluate_hybrid(
     place = {"device": device, "device_map": device_map}
     hybrid = load_lm(hybrid_path, dtype, **place)
     if hybrid.kind != "hybrid":
-        raise ValueError(f"--hybrid {hybrid_path} is not a hybrid directory (it is a plain {hybrid.kind} checkpoint)")
+        raise DihalValueError(
+            f"--hybrid {hybrid_path} is not a hybrid directory (it is a plain {hybrid.kind} checkpoint)"
+        )
     set_denoising_steps(hybrid.model, settings.nfe)
     backbone = load_lm(find_backbone(hybrid, backbone_path), dtype, **place)
     hybrid.model.check_backbone(backbone.model)
     evaluator = load_lm(evaluator_path, evaluator_dtype, **place)
     check_compatible(hybrid, evaluator, retokenise)
     if not same_tokenizer(hybrid.tokenizer, backbone.tokenizer):
-        raise ValueError(f"the hybrid at {hybrid.path} does not share its backbone's ({backbone.path}) tokenizer")
+        raise DihalValueError(f"the hybrid at {hybrid.path} does not share its backbone's ({backbone.path}) tokenizer")
     blocks = heldout_blocks(backbone.tokenizer, corpus, settings)
     store = SectionStore(out_dir, settings)
     report = report_header(settings, corpus, evaluator)
@@ -172,7 +175,7 @@ def _diffusion_lm_section(
     blocks = token_blocks(backbone.tokenizer, read_texts(corpus), config.seq_len)
     n_train = blocks.shape[0] - max(1, (settings.eval_blocks * settings.seq_len) // config.seq_len)
     if n_train < 1:
-        raise ValueError("the corpus is too small to train the Diffusion-LM control outside the held-out blocks")
+        raise DihalValueError("the corpus is too small to train the Diffusion-LM control outside the held-out blocks")
     embedding = backbone.model.get_input_embeddings().weight.detach().cpu()  # the control trains on the CPU
     control = train_diffusion_lm(embedding, blocks[:n_train], config, out_dir / "diffusion_lm")
     start = time.perf_counter()

@@ -11,6 +11,7 @@ import torch
 from dihal_fast.common.hf_loading import input_device
 from dihal_fast.common.metrics import perplexity, pooled_nll, token_kl, token_nll
 from dihal_fast.common.progress import progress_bar
+from dihal_fast.errors import DihalValueError
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +51,9 @@ def teacher_forced(
     logits are.
     """
     if blocks.dim() != 2 or blocks.shape[0] == 0 or blocks.shape[1] < 2:
-        raise ValueError(f"expected a non-empty LongTensor[N, T] of blocks with T >= 2, got {tuple(blocks.shape)}")
+        raise DihalValueError(f"expected a non-empty LongTensor[N, T] of blocks with T >= 2, got {tuple(blocks.shape)}")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise DihalValueError(f"batch_size must be >= 1, got {batch_size}")
     nll_sum, n_tokens, kl_sum = 0.0, 0, 0.0
     for start in progress_bar(range(0, blocks.shape[0], batch_size), desc=desc, leave=False):
         ids = blocks[start : start + batch_size]
@@ -80,7 +81,7 @@ def evaluator_context(model, tokenizer) -> int:
     limit = getattr(tokenizer, "model_max_length", None)
     if isinstance(limit, int) and 0 < limit < 10**7:
         return limit
-    raise ValueError("cannot tell the evaluator's context length from its config or tokenizer")
+    raise DihalValueError("cannot tell the evaluator's context length from its config or tokenizer")
 
 
 @torch.no_grad()
@@ -95,7 +96,7 @@ def generative_perplexity(
     entropy and diversity so that all three share one tokenisation).
     """
     if not texts:
-        raise ValueError("no samples to score")
+        raise DihalValueError("no samples to score")
     context = evaluator_context(model, tokenizer)
     bos = tokenizer.bos_token_id
     prefix = [bos] if bos is not None else []
@@ -108,7 +109,9 @@ def generative_perplexity(
     logger.info("scoring %d samples under the evaluator (context %d, %d truncated)", len(texts), context, n_truncated)
     scored = [(i, prefix + ids) for i, ids in enumerate(token_ids) if len(prefix + ids) >= 2]
     if not scored:
-        raise ValueError("every sample is empty (or one token without a BOS) after retokenisation; nothing to score")
+        raise DihalValueError(
+            "every sample is empty (or one token without a BOS) after retokenisation; nothing to score"
+        )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = input_device(model) if device is None else device
     per_sample_nll: list[float] = []

@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dihal_fast.errors import DihalValueError
+
 DEFAULT_SOURCES = {  # file name in the shared data's text/ -> sha256
     "tinystories.valid.txt": "4195e5cef1da56b098d81d025efe2eaffd0ce6ca80bed7b76b10f27663bec936",
     "tinyshakespeare.valid.txt": "c54f3753a4e6e3c3d1759212815a7caf826e68a33021b25312984400bed40a1f",
@@ -72,9 +74,9 @@ class TaskDataConfig:
 
     def __post_init__(self) -> None:
         if self.n_per_source < 1 or self.n_choices < 2 or self.min_context_words < 1:
-            raise ValueError(f"need n_per_source >= 1, n_choices >= 2, min_context_words >= 1; got {self}")
+            raise DihalValueError(f"need n_per_source >= 1, n_choices >= 2, min_context_words >= 1; got {self}")
         if self.max_context_words < self.min_context_words or self.max_sentence_words < self.min_sentence_words:
-            raise ValueError(f"a maximum is below its minimum in {self}")
+            raise DihalValueError(f"a maximum is below its minimum in {self}")
 
 
 @dataclass(frozen=True)
@@ -220,7 +222,7 @@ def cloze_examples(text: str, settings: TaskDataConfig, seed: int) -> list[dict]
 def _sample(examples: list[dict], n: int, rng: random.Random, what: str) -> list[dict]:
     """``n`` of ``examples`` drawn with ``rng``, in source order; an error when fewer exist."""
     if len(examples) < n:
-        raise ValueError(
+        raise DihalValueError(
             f"the source text gives only {len(examples)} {what} examples, {n} were asked for; "
             "pass a longer text or a smaller --n-per-source"
         )
@@ -248,7 +250,7 @@ def build_tasks(
 
     paths = [Path(source) for source in sources]
     if not paths:
-        raise ValueError("build_tasks needs at least one source text")
+        raise DihalValueError("build_tasks needs at least one source text")
     for path in paths:
         if not path.is_file():
             raise FileNotFoundError(

@@ -20,6 +20,7 @@ import numpy as np
 
 from dihal_fast import _native
 from dihal_fast._native import BackendUnavailable
+from dihal_fast.errors import DihalTypeError, DihalValueError
 
 _CHUNK_BYTES = 256 << 20  # float64 scratch per chunk of exact distance rows / neighbourhoods
 _DENSE_EIGEN_MAX = 256  # covariances up to this size use a dense eigensolver
@@ -174,7 +175,7 @@ class CudaBackend:
         if X.device.type != "cuda":
             X = X.to(torch.device("cuda", torch.cuda.current_device()))
         if X.dtype not in self._codes:
-            raise TypeError(f"X must be float16, bfloat16, float32 or float64, got {X.dtype}")
+            raise DihalTypeError(f"X must be float16, bfloat16, float32 or float64, got {X.dtype}")
         if X.device.index not in self._checked_devices:
             require_capability(self._m, self.name, X.device)
             self._checked_devices.add(X.device.index)
@@ -201,7 +202,7 @@ class CudaBackend:
             else self._on(X, indices, torch.int64)
         )
         if t.numel() and (int(t.min()) < 0 or int(t.max()) >= n):
-            raise ValueError(f"{what} must lie in [0, {n}), got values in [{int(t.min())}, {int(t.max())}]")
+            raise DihalValueError(f"{what} must lie in [0, {n}), got values in [{int(t.min())}, {int(t.max())}]")
         return t.contiguous()
 
     # ------------------------------------------------------------------ covariance
@@ -247,7 +248,7 @@ class CudaBackend:
         if isinstance(comoment, torch.Tensor) and comoment.is_cuda:
             for name, t, shape in (("mean", mean, (D,)), ("comoment", comoment, (D, D))):
                 if t.dtype != torch.float64 or tuple(t.shape) != shape or not t.is_contiguous() or t.device != X.device:
-                    raise ValueError(f"{name} must be a contiguous float64 tensor of shape {shape} on {X.device}")
+                    raise DihalValueError(f"{name} must be a contiguous float64 tensor of shape {shape} on {X.device}")
             return self._covariance_update(X, count, mean, comoment, exact=False)
         mean_d, comoment_d = self._on(X, mean, torch.float64), self._on(X, comoment, torch.float64)
         count = self._covariance_update(X, count, mean_d, comoment_d, exact=False)
@@ -357,7 +358,7 @@ class CudaBackend:
         n, D = X.shape
         idx_d = self._indices(X, idx, "neighbour indices")
         if idx_d.ndim != 2 or idx_d.shape[0] != n:
-            raise ValueError(f"indices must have shape (n, k) with n = {n}, got {tuple(idx_d.shape)}")
+            raise DihalValueError(f"indices must have shape (n, k) with n = {n}, got {tuple(idx_d.shape)}")
         k = idx_d.shape[1]
         out = torch.empty(n, dtype=torch.float64, device=X.device)
         if k + 1 <= self._m.MAX_LOCAL_POINTS:
@@ -383,11 +384,11 @@ class CudaBackend:
         n, D = X.shape
         a, b = self._indices(X, pi, "pair indices"), self._indices(X, pj, "pair indices")
         if a.ndim != 1 or a.shape != b.shape or a.numel() == 0:
-            raise ValueError("pair index arrays must be non-empty, 1-D and of equal length")
+            raise DihalValueError("pair index arrays must be non-empty, 1-D and of equal length")
         cov_d = self._on(X, cov, torch.float64)
         L, info = torch.linalg.cholesky_ex(cov_d + lam * torch.eye(D, dtype=torch.float64, device=X.device))
         if int(info) != 0:
-            raise ValueError(f"regularised covariance is not positive definite (cuSOLVER potrf info={int(info)})")
+            raise DihalValueError(f"regularised covariance is not positive definite (cuSOLVER potrf info={int(info)})")
         L = L.contiguous()  # row-major lower factor, held until the kernels are queued
         P = a.numel()
         out = torch.empty(P, dtype=torch.float64, device=X.device)

@@ -30,6 +30,7 @@ import numpy as np
 
 from dihal_fast import _native, reference
 from dihal_fast._native import BackendUnavailable
+from dihal_fast.errors import DihalValueError
 
 BACKENDS = ("auto", "cpu", "cuda", "cuvs", "reference")
 PRECISIONS = ("float64", "float32")
@@ -163,11 +164,11 @@ _INSTANCES: dict[str, GeometryOps] = {}
 def get_backend(backend: str, device: str = "cpu") -> GeometryOps:
     """The backend object for ``backend`` given where the data lives (``cpu`` or ``cuda``)."""
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        raise DihalValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
         backend = "cuda" if device == "cuda" else "cpu"
     if device == "cuda" and backend in ("cpu", "reference"):
-        raise ValueError(f"backend={backend!r} runs on the host; move the CUDA tensor with .cpu() first")
+        raise DihalValueError(f"backend={backend!r} runs on the host; move the CUDA tensor with .cpu() first")
     if backend not in _INSTANCES:
         _INSTANCES[backend] = _create(backend)
     return _INSTANCES[backend]

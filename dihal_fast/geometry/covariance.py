@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from dihal_fast.errors import DihalTypeError, DihalValueError
 from dihal_fast.geometry.backends import get_backend, symmetrize_upper
 from dihal_fast.geometry.inputs import as_matrix
 from dihal_fast.profiling import nvtx_range
@@ -30,9 +31,9 @@ class StreamingCovariance:
 
     def __init__(self, dim: int, backend: str = "auto", precision: str = "input") -> None:
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
-            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+            raise DihalValueError(f"dim must be a positive integer, got {dim!r}")
         if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+            raise DihalValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.dim = int(dim)
         self.backend = backend
         self.precision = precision
@@ -78,11 +79,11 @@ class StreamingCovariance:
         """Add the rows of ``X`` (``batch x dim``; a batch of zero rows is a no-op)."""
         if getattr(X, "ndim", None) == 2 and X.shape[0] == 0:
             if X.shape[1] != self.dim:
-                raise ValueError(f"X has {X.shape[1]} columns, this accumulator has dim {self.dim}")
+                raise DihalValueError(f"X has {X.shape[1]} columns, this accumulator has dim {self.dim}")
             return self
         matrix = as_matrix(X, "X", min_rows=1, allow_cuda=self.backend in ("auto", "cuda", "cuvs"))
         if matrix.shape[1] != self.dim:
-            raise ValueError(f"X has {matrix.shape[1]} columns, this accumulator has dim {self.dim}")
+            raise DihalValueError(f"X has {matrix.shape[1]} columns, this accumulator has dim {self.dim}")
         ops = get_backend(self.backend, matrix.device)
         data = matrix.data
         if self.precision == "float64" and data.dtype != np.float64 and str(data.dtype) != "torch.float64":
@@ -95,9 +96,9 @@ class StreamingCovariance:
     def merge(self, other: StreamingCovariance) -> StreamingCovariance:
         """Fold another accumulator into this one (count-weighted pairwise update)."""
         if not isinstance(other, StreamingCovariance):
-            raise TypeError(f"can only merge a StreamingCovariance, got {type(other).__name__}")
+            raise DihalTypeError(f"can only merge a StreamingCovariance, got {type(other).__name__}")
         if other.dim != self.dim:
-            raise ValueError(f"cannot merge accumulators of different dimensions ({self.dim} and {other.dim})")
+            raise DihalValueError(f"cannot merge accumulators of different dimensions ({self.dim} and {other.dim})")
         if other._count == 0:
             return self
         na, nb = self._count, other._count
@@ -130,7 +131,7 @@ class StreamingCovariance:
 
     def _require_rows(self) -> None:
         if self._count == 0:
-            raise ValueError("no rows have been added to this StreamingCovariance yet")
+            raise DihalValueError("no rows have been added to this StreamingCovariance yet")
 
     def __repr__(self) -> str:
         return (
@@ -143,13 +144,15 @@ def _state_field(state: dict[str, Any], name: str, shape: tuple[int, ...], dim: 
     """Field ``name`` as a finite real array of ``shape`` (its own dtype), or a ``ValueError`` naming it."""
     value = np.asarray(state[name])
     if value.dtype.kind not in "iuf":
-        raise ValueError(f"covariance state is corrupt: field {name!r} has dtype {value.dtype}, expected real numbers")
+        raise DihalValueError(
+            f"covariance state is corrupt: field {name!r} has dtype {value.dtype}, expected real numbers"
+        )
     if value.shape != shape:
-        raise ValueError(
+        raise DihalValueError(
             f"covariance state field {name!r} has shape {value.shape}, expected {shape} (expected dim {dim})"
         )
     if not np.isfinite(value).all():
-        raise ValueError(f"covariance state is corrupt: field {name!r} has non-finite values")
+        raise DihalValueError(f"covariance state is corrupt: field {name!r} has non-finite values")
     return value
 
 
@@ -157,29 +160,31 @@ def _checked_state(state: dict[str, Any], dim: int) -> tuple[int, np.ndarray, np
     """``(count, mean, comoment)`` of a saved state after every consistency check a real state passes."""
     missing = {"count", "mean", "comoment"} - set(state)
     if missing:
-        raise ValueError(f"covariance state is missing {sorted(missing)}")
+        raise DihalValueError(f"covariance state is missing {sorted(missing)}")
     if "dim" in state:
         saved_dim = _state_field(state, "dim", (), dim)
         if saved_dim != dim:
-            raise ValueError(f"covariance state field 'dim' is {saved_dim}, expected dim {dim}")
+            raise DihalValueError(f"covariance state field 'dim' is {saved_dim}, expected dim {dim}")
     saved_count = _state_field(state, "count", (), dim)
     if saved_count < 0 or saved_count != np.floor(saved_count) or saved_count >= 2**63:
-        raise ValueError(f"covariance state is corrupt: field 'count' is {saved_count}, expected a whole number >= 0")
+        raise DihalValueError(
+            f"covariance state is corrupt: field 'count' is {saved_count}, expected a whole number >= 0"
+        )
     count = int(saved_count)
     # Own, C-ordered float64 copies whatever the saved layout (the kernels update the state in place).
     mean = np.array(_state_field(state, "mean", (dim,), dim), dtype=np.float64, order="C", copy=True)
     comoment = np.array(_state_field(state, "comoment", (dim, dim), dim), dtype=np.float64, order="C", copy=True)
     if count == 0 and (mean.any() or comoment.any()):
-        raise ValueError("covariance state is corrupt: field 'count' is 0 but 'mean' or 'comoment' is non-zero")
+        raise DihalValueError("covariance state is corrupt: field 'count' is 0 but 'mean' or 'comoment' is non-zero")
     if count == 1 and comoment.any():
-        raise ValueError(
+        raise DihalValueError(
             "covariance state is corrupt: field 'count' is 1 but 'comoment' is non-zero (one row has no spread)"
         )
     scale = np.abs(comoment).max(initial=0.0)
     if np.abs(comoment - comoment.T).max(initial=0.0) > 1e-9 * scale:
-        raise ValueError("covariance state is corrupt: field 'comoment' is not symmetric")
+        raise DihalValueError("covariance state is corrupt: field 'comoment' is not symmetric")
     if (np.diag(comoment) < 0).any():
-        raise ValueError("covariance state is corrupt: field 'comoment' has a negative diagonal (sums of squares)")
+        raise DihalValueError("covariance state is corrupt: field 'comoment' has a negative diagonal (sums of squares)")
     _check_positive_semidefinite(comoment)
     return count, mean, comoment
 
@@ -194,7 +199,7 @@ def _check_positive_semidefinite(comoment: np.ndarray) -> None:
         return
     lowest = float(np.linalg.eigvalsh(comoment / scale)[0])  # scaled: no overflow near the float64 limit
     if lowest < -1e-8 * comoment.shape[0]:
-        raise ValueError(
+        raise DihalValueError(
             f"covariance state is corrupt: field 'comoment' is not positive semi-definite (an eigenvalue "
             f"of {lowest * scale:.3g}, entries up to {scale:.3g})"
         )

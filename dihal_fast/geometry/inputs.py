@@ -7,6 +7,8 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
+from dihal_fast.errors import DihalTypeError, DihalValueError
+
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 
@@ -46,15 +48,17 @@ def as_matrix(
     if _is_torch(X):
         dtype = _dtype_name(X)
         if dtype not in _FLOAT_NAMES:
-            raise TypeError(f"{name} must have a floating dtype ({', '.join(_FLOAT_NAMES)}), got torch.{dtype}")
+            raise DihalTypeError(f"{name} must have a floating dtype ({', '.join(_FLOAT_NAMES)}), got torch.{dtype}")
         _check_shape(tuple(X.shape), name, min_rows)
         if X.device.type == "cuda":
             largest = float(X.detach().abs().max())
             if largest != largest or largest == float("inf"):
-                raise ValueError(f"{name} contains NaN or Inf value(s); clean or mask them before computing geometry")
+                raise DihalValueError(
+                    f"{name} contains NaN or Inf value(s); clean or mask them before computing geometry"
+                )
             _check_magnitude(largest, name, max_abs)
             if not allow_cuda:
-                raise ValueError(
+                raise DihalValueError(
                     f"{name} is a CUDA tensor; this backend runs on the CPU. Pass backend='cuda' "
                     "(or 'auto'), or move the tensor with .cpu() yourself"
                 )
@@ -69,10 +73,12 @@ def as_matrix(
         try:
             X = np.asarray(X)
         except (ValueError, TypeError) as exc:
-            raise TypeError(f"{name} must be a 2-D float array; could not convert {type(X).__name__}: {exc}") from None
+            raise DihalTypeError(
+                f"{name} must be a 2-D float array; could not convert {type(X).__name__}: {exc}"
+            ) from None
     dtype = X.dtype.name
     if X.dtype.kind != "f" or dtype not in _FLOAT_NAMES:
-        raise TypeError(f"{name} must have a floating dtype ({', '.join(_FLOAT_NAMES)}), got {X.dtype}")
+        raise DihalTypeError(f"{name} must have a floating dtype ({', '.join(_FLOAT_NAMES)}), got {X.dtype}")
     _check_shape(X.shape, name, min_rows)
     work = np.ascontiguousarray(X.astype(np.float32) if dtype == "float16" else X)
     return Matrix(work, "cpu", dtype, _check_values(work, name, max_abs))
@@ -93,7 +99,9 @@ def _check_values(X: np.ndarray, name: str, max_abs: float | None) -> float:
     largest = _max_abs(X)
     if not np.isfinite(largest):
         bad = int((~np.isfinite(X)).sum())
-        raise ValueError(f"{name} contains {bad} NaN or Inf value(s); clean or mask them before computing geometry")
+        raise DihalValueError(
+            f"{name} contains {bad} NaN or Inf value(s); clean or mask them before computing geometry"
+        )
     _check_magnitude(largest, name, max_abs)
     return largest
 
@@ -105,7 +113,7 @@ MAX_ABS_VALUE = 1e100
 def _check_magnitude(largest: float, name: str, max_abs: float | None) -> None:
     limit = MAX_ABS_VALUE if max_abs is None else max_abs
     if largest > limit:
-        raise ValueError(
+        raise DihalValueError(
             f"{name} has values up to {largest:.3g} in magnitude; above {limit:g} squared distances "
             "overflow float64. Rescale X (k_eff is scale-free; m_mono and m_curv scale as 1/s^2)"
         )
@@ -113,20 +121,20 @@ def _check_magnitude(largest: float, name: str, max_abs: float | None) -> None:
 
 def _check_shape(shape: tuple, name: str, min_rows: int) -> None:
     if len(shape) != 2:
-        raise ValueError(f"{name} must be 2-D (n tokens x D features), got shape {tuple(shape)}")
+        raise DihalValueError(f"{name} must be 2-D (n tokens x D features), got shape {tuple(shape)}")
     n, D = shape
     if D < 1:
-        raise ValueError(f"{name} must have at least one feature column, got shape {tuple(shape)}")
+        raise DihalValueError(f"{name} must have at least one feature column, got shape {tuple(shape)}")
     if n < min_rows:
-        raise ValueError(f"{name} needs at least {min_rows} rows, got {n} (shape {tuple(shape)})")
+        raise DihalValueError(f"{name} needs at least {min_rows} rows, got {n} (shape {tuple(shape)})")
 
 
 def check_k(k: Any, n: int) -> int:
     """``k`` must be an integer with ``1 <= k < n``."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"k must be an integer, got {k!r}")
+        raise DihalTypeError(f"k must be an integer, got {k!r}")
     if not 1 <= int(k) < n:
-        raise ValueError(f"k must satisfy 1 <= k < n (n = {n} rows), got k = {k}")
+        raise DihalValueError(f"k must satisfy 1 <= k < n (n = {n} rows), got k = {k}")
     return int(k)
 
 
@@ -137,9 +145,9 @@ def check_positive(value: Any, name: str, integer: Literal[True]) -> int: ...
 def check_positive(value: Any, name: str, integer: bool = False) -> float:
     """A finite positive number (an integer when ``integer``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
+        raise DihalTypeError(f"{name} must be a number, got {value!r}")
     if integer and not float(value).is_integer():
-        raise TypeError(f"{name} must be an integer, got {value!r}")
+        raise DihalTypeError(f"{name} must be an integer, got {value!r}")
     if not np.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+        raise DihalValueError(f"{name} must be finite and > 0, got {value!r}")
     return int(value) if integer else float(value)

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.geometry.backends import PRECISIONS, GeometryOps, GramOps, get_backend
 from dihal_fast.geometry.inputs import Matrix, as_matrix, check_k, check_positive
 from dihal_fast.profiling import nvtx_range
@@ -33,7 +34,7 @@ def _prepare(
 ) -> tuple[Matrix, GeometryOps, int]:
     """The checked matrix (rescaled by ``2^shift`` when its magnitude is extreme), its backend, and ``shift``."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise DihalValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     allow_cuda = backend in ("auto", "cuda", "cuvs")
     matrix = as_matrix(X, "X", min_rows=min_rows, allow_cuda=allow_cuda, max_abs=np.inf)
     if precision == "float32" and matrix.device == "cpu" and matrix.data.dtype == np.float64:
@@ -68,7 +69,7 @@ def _unscaled(name: str, value: float, shift: int) -> float:
         result = math.inf
     if not sys.float_info.min <= result < math.inf:
         magnitude = math.log10(value) + 2 * shift * math.log10(2)
-        raise ValueError(
+        raise DihalValueError(
             f"{name} of these rows is about 1e{magnitude:.0f}, outside the range of normal float64 numbers; rescale X "
             "(m_mono and m_curv scale as 1 / scale^2, k_eff not at all)"
         )
@@ -87,7 +88,7 @@ def knn(X: Any, k: int = DEFAULT_K, backend: str = "auto") -> tuple[np.ndarray, 
         idx, d2 = ops.knn(matrix.data, k)
     idx, d2 = np.asarray(idx), np.ldexp(np.asarray(d2, dtype=np.float64), -2 * shift)  # distances scale as s^2
     if not np.isfinite(d2).all():
-        raise ValueError("squared distances between these rows overflow float64; rescale X")
+        raise DihalValueError("squared distances between these rows overflow float64; rescale X")
     return idx, d2 if matrix.source_dtype == "float64" else d2.astype(np.float32)
 
 
@@ -117,7 +118,7 @@ def _moments(matrix: Matrix, ops: GeometryOps, precision: str) -> _Moments:
             mean, cov = ops.covariance(matrix.data, precision)
             moments = _Moments(mean, cov, 1, ops.trace(cov))
     if not moments.trace > 0:
-        raise ValueError(f"X has zero variance (all {n} rows are identical); the proxies are undefined")
+        raise DihalValueError(f"X has zero variance (all {n} rows are identical); the proxies are undefined")
     return moments
 
 
@@ -140,7 +141,7 @@ def _m_mono(
     q = np.asarray(q)
     keep = ~np.isnan(q)
     if not keep.any():
-        raise ValueError(f"all {n_pairs} sampled pairs are identical rows; m_mono is undefined")
+        raise DihalValueError(f"all {n_pairs} sampled pairs are identical rows; m_mono is undefined")
     return _representable("m_mono", weighted_median(q[keep], counts[keep]), moments.trace / D)
 
 
@@ -160,7 +161,7 @@ def _representable(name: str, value: float, variance: float) -> float:
     """``value``, or a ValueError when it overflows float64: m_mono and m_curv scale as 1 / variance, so rows
     whose per-dimension variance is near the smallest float64 (e.g. values ~1e-154) have no finite proxy."""
     if not np.isfinite(value):
-        raise ValueError(
+        raise DihalValueError(
             f"{name} overflows float64 for these rows (mean per-dimension variance {variance:.3g}); "
             "rescale X (the proxies scale as 1 / scale^2)"
         )

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from dihal_fast.errors import DihalTypeError, DihalValueError
+
 PROXY_NAMES = ("m_curv", "m_mono", "k_eff")
 
 
@@ -25,12 +27,14 @@ def selection_scores(proxies_by_layer: Mapping[int, Mapping[str, float]]) -> tup
     be finite and > 0.
     """
     if not isinstance(proxies_by_layer, Mapping):
-        raise TypeError(f"proxies_by_layer must map layer numbers to proxies, got {type(proxies_by_layer).__name__}")
+        raise DihalTypeError(
+            f"proxies_by_layer must map layer numbers to proxies, got {type(proxies_by_layer).__name__}"
+        )
     bad_keys = [key for key in proxies_by_layer if isinstance(key, bool) or not isinstance(key, (int, np.integer))]
     if bad_keys:
-        raise TypeError(f"layer keys must be integers (hidden-state indices), got {bad_keys[:3]!r}")
+        raise DihalTypeError(f"layer keys must be integers (hidden-state indices), got {bad_keys[:3]!r}")
     if not proxies_by_layer:
-        raise ValueError("proxies_by_layer is empty: give the proxies of at least two candidate layers")
+        raise DihalValueError("proxies_by_layer is empty: give the proxies of at least two candidate layers")
     layers = sorted(proxies_by_layer)
     logs = {}
     for name in PROXY_NAMES:
@@ -38,14 +42,14 @@ def selection_scores(proxies_by_layer: Mapping[int, Mapping[str, float]]) -> tup
         for layer in layers:
             entry = proxies_by_layer[layer]
             if name not in entry:
-                raise ValueError(f"layer {layer} has no {name!r} (expected keys {PROXY_NAMES})")
+                raise DihalValueError(f"layer {layer} has no {name!r} (expected keys {PROXY_NAMES})")
             value = float(entry[name])
             if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"layer {layer}: {name} must be finite and > 0, got {value!r}")
+                raise DihalValueError(f"layer {layer}: {name} must be finite and > 0, got {value!r}")
             column.append(math.log(value))
         logs[name] = np.array(column)
     if len(layers) < 2:
-        raise ValueError(
+        raise DihalValueError(
             f"selection compares layers: give the proxies of at least 2 candidate layers, got {layers} "
             "(a z-score across one layer is 0 whatever its geometry)"
         )

@@ -17,6 +17,7 @@ from dihal_fast.common.assets import default_model_dir, model_location
 from dihal_fast.common.reports import StageReport
 from dihal_fast.common.rundir import check_output_file
 from dihal_fast.common.validation import check_fields
+from dihal_fast.errors import DihalTypeError, DihalValueError
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.eval_config import HCDLMEvalConfig, HCDLMSolveConfig
 from dihal_fast.hcdlm.eval_data import examples_from_file, text_windows
@@ -96,7 +97,7 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path, *legacy: Any, **legac
     if not isinstance(config, HCDLMEvalConfig):
         config, out = _legacy_evaluate_call(config, out, *legacy, **legacy_options)
     elif legacy or legacy_options:
-        raise TypeError("evaluate_run(config, out) takes no further arguments: they are fields of HCDLMEvalConfig")
+        raise DihalTypeError("evaluate_run(config, out) takes no further arguments: they are fields of HCDLMEvalConfig")
     check_fields(config)  # again: a config may have been changed since it was built
     run_dir, compare, seed, raw_weights, device = (
         config.run_dir,
@@ -111,7 +112,7 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path, *legacy: Any, **legac
     run = load_run(run_dir, use_ema=not raw_weights, device=device)
     other = load_run(compare, use_ema=not raw_weights, device=device) if compare is not None else None
     if other is not None and (other.config.task.name, other.task.spec) != (run.config.task.name, run.task.spec):
-        raise ValueError(
+        raise DihalValueError(
             f"--compare {compare} was trained on another task ({other.config.task.name}) than {run_dir} "
             f"({run.config.task.name})"
         )
@@ -276,13 +277,13 @@ def solve_puzzle(config: HCDLMSolveConfig, *legacy: Any, **legacy_options: Any) 
     if not isinstance(config, HCDLMSolveConfig):
         config = _legacy_solve_call(config, *legacy, **legacy_options)
     elif legacy or legacy_options:
-        raise TypeError("solve_puzzle(config) takes no further arguments: they are fields of HCDLMSolveConfig")
+        raise DihalTypeError("solve_puzzle(config) takes no further arguments: they are fields of HCDLMSolveConfig")
     check_fields(config)
     puzzle = config.puzzle
     run = load_run(config.run_dir, use_ema=not config.raw_weights, device=config.device)
     name = run.config.task.name
     if name == "text":
-        raise ValueError("'solve' is for Sudoku and Countdown runs; this run was trained on text")
+        raise DihalValueError("'solve' is for Sudoku and Countdown runs; this run was trained on text")
     if name == "sudoku":
         grid = parse_grid(puzzle, run.task.geo)
         exact = solve_all(grid, run.task.geo, limit=1)

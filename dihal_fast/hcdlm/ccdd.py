@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, SampleConfig
 from dihal_fast.hcdlm.layers import Block, TimeEmbedding, run_blocks
 from dihal_fast.hcdlm.networks import TokenSlots
@@ -110,7 +111,7 @@ def ccdd_loss(
 def check_ccdd_sampler(cfg: SampleConfig) -> None:
     """Refuse HC-DLM-only sampler options, which CCDD has no branch for."""
     if cfg.cfg_weight or cfg.clamp:
-        raise ValueError(
+        raise DihalValueError(
             f"--cfg-weight ({cfg.cfg_weight}) and --clamp ({cfg.clamp}) are HC-DLM sampler options; "
             "sample a CCDD run without them"
         )

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from dihal_fast.common.devices import DEVICE_HELP, device_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
+from dihal_fast.errors import DihalValueError
 from dihal_fast.tasks.registry import TaskConfig
 from dihal_fast.tasks.sudoku_task import parse_box
 from dihal_fast.train.settings import loop_option
@@ -83,7 +84,7 @@ class HCDLMModelConfig(CheckedConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+            raise DihalValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
 
 
 TOKEN_WEIGHTINGS = ("auto", "all", "schedule")

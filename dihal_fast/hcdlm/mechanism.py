@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.ccdd import CCDDNet, sample_ccdd
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.networks import MDMNet
@@ -35,7 +36,7 @@ def _contexts(batch: list[EvalExample], device: torch.device) -> torch.Tensor:
 def reference_targets(run: LoadedRun, batch: list[EvalExample]) -> torch.Tensor:
     """The true target tokens of Sudoku examples ``[B, L]`` (Countdown and text have no single reference)."""
     if run.config.task.name != "sudoku":
-        raise ValueError(
+        raise DihalValueError(
             f"the scaffold ablations need a reference answer per example: Sudoku runs only, not {run.config.task.name}"
         )
     return torch.tensor([run.task.encode(*ex.payload)[1] for ex in batch], dtype=torch.long, device=run.device)
@@ -74,7 +75,7 @@ def readout_trajectory(
     elif hasattr(run.model, "denoiser"):
         rows = readout_by_step(run, examples, cfg, seed)
     else:
-        raise ValueError(
+        raise DihalValueError(
             f"a per-step read-out needs a diffusion run (HC-DLM, Latent DM, MDM, CCDD), not {run.config.model.kind}"
         )
     return [{**row, "fraction": row["step"] / cfg.steps} for row in rows]
@@ -84,7 +85,7 @@ def check_levels(levels: tuple[float, ...]) -> None:
     """Ablation noise levels must lie in (0, 1]."""
     for s in levels:
         if not 0.0 < s <= 1.0:
-            raise ValueError(f"ablation noise levels must be in (0, 1], got {s}")
+            raise DihalValueError(f"ablation noise levels must be in (0, 1], got {s}")
 
 
 @torch.no_grad()
@@ -99,7 +100,7 @@ def ablation_readout(
     (Latent DM: the first two only). Scores are the task's means (Sudoku: accuracy, valid, blank_cells)."""
     model = run.model
     if not hasattr(model, "denoiser"):
-        raise ValueError(f"the ablations probe a latent model (HC-DLM, Latent DM), not {run.config.model.kind}")
+        raise DihalValueError(f"the ablations probe a latent model (HC-DLM, Latent DM), not {run.config.model.kind}")
     check_levels(levels)
     variants = ABLATIONS if model.scaffold else ABLATIONS[:2]
     generator = torch.Generator(run.device).manual_seed(seed)

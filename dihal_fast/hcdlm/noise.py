@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from dihal_fast.bridge.schedules import FlowSchedule
+from dihal_fast.errors import DihalValueError
 
 LATENT_FLOW = FlowSchedule()
 """The path of HC-DLM's continuous latents: ``LATENT_FLOW.noise(x_0, s, eps)``, ``LATENT_FLOW.euler_step(x_t,
@@ -36,7 +37,7 @@ def latent_step(x_t: torch.Tensor, x_hat_0: torch.Tensor, step: int, steps: int,
     if power == 1.0:
         return LATENT_FLOW.euler_step(x_t, x_hat_0, step)
     if step < 1:
-        raise ValueError(f"latent steps run from step = N down to 1, got step={step}")
+        raise DihalValueError(f"latent steps run from step = N down to 1, got step={step}")
     ratio = latent_level((step - 1) / steps, power) / latent_level(step / steps, power)
     return x_hat_0 + ratio * (x_t - x_hat_0)
 
@@ -57,7 +58,7 @@ class _TokenKernel:
 
     def __init__(self, vocab: int) -> None:
         if vocab < 2:
-            raise ValueError(f"vocab must be >= 2, got {vocab}")
+            raise DihalValueError(f"vocab must be >= 2, got {vocab}")
         self.vocab = vocab
 
     def random_tokens(
@@ -159,4 +160,4 @@ def make_kernel(name: str, vocab: int) -> UniformKernel | AbsorbingKernel:
         return UniformKernel(vocab)
     if name == "absorbing":
         return AbsorbingKernel(vocab)
-    raise ValueError(f"kernel must be 'uniform' or 'absorbing', got {name!r}")
+    raise DihalValueError(f"kernel must be 'uniform' or 'absorbing', got {name!r}")

@@ -12,6 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import ObjectiveConfig
 from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
 from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel, latent_level
@@ -199,7 +200,7 @@ def hcdlm_loss(
         parts["token"] = token.item()
     if cfg.slot_aux_weight:
         if slot_logits is None:
-            raise ValueError("slot_aux_weight needs a denoiser with a slot head (HCDLMModelConfig.slot_head=True)")
+            raise DihalValueError("slot_aux_weight needs a denoiser with a slot head (HCDLMModelConfig.slot_head=True)")
         slot_aux = token_ce(slot_logits, target)
         loss = loss + cfg.slot_aux_weight * slot_aux
         parts["slot_aux"] = slot_aux.item()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from dihal_fast.common.sampling import sample_categorical
+from dihal_fast.errors import DihalTypeError, DihalValueError
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
 from dihal_fast.hcdlm.noise import AbsorbingKernel, UniformKernel, latent_step
@@ -178,7 +179,7 @@ def check_best_of(model, cfg: SampleConfig) -> None:
     """Refuse ``best_of > 1`` where every chain would be the same: MDM and AR at temperature 0 (CCDD's chains start
     from random embeddings, HC-DLM's from random latents and scaffolds)."""
     if cfg.best_of > 1 and cfg.temperature == 0 and isinstance(model, (MDMNet, ARNet)):
-        raise ValueError(
+        raise DihalValueError(
             f"--best-of {cfg.best_of} needs chains that differ, and {type(model).__name__} at temperature 0 gives "
             "the same one every time: set --temperature > 0 or --best-of 1"
         )
@@ -204,7 +205,7 @@ def _sample_scored(
 
     if isinstance(model, CCDDNet):
         return sample_ccdd(model, context, cfg, generator, log_prob=log_prob)
-    raise TypeError(f"no sampler for {type(model).__name__}")
+    raise DihalTypeError(f"no sampler for {type(model).__name__}")
 
 
 def generate(

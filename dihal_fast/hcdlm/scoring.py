@@ -12,6 +12,7 @@ import torch
 
 from dihal_fast.common import resolve_device
 from dihal_fast.common.progress import progress_bar
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig
 from dihal_fast.hcdlm.networks import build_model
 from dihal_fast.hcdlm.noise import AbsorbingKernel, UniformKernel, make_kernel
@@ -54,7 +55,9 @@ def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> 
     try:
         model.load_state_dict({name[len(prefix) :]: value for name, value in weights.items()})
     except RuntimeError as exc:
-        raise ValueError(f"checkpoint {folder} does not fit this run's model: {str(exc).splitlines()[0]}") from None
+        raise DihalValueError(
+            f"checkpoint {folder} does not fit this run's model: {str(exc).splitlines()[0]}"
+        ) from None
     target = resolve_device(device)
     model.to(target).eval()
     return LoadedRun(
@@ -72,7 +75,7 @@ def check_sampler(run: LoadedRun, cfg: SampleConfig) -> None:
     best-of-K where the chains cannot differ (:func:`~dihal_fast.hcdlm.sampler.check_best_of`)."""
     check_best_of(run.model, cfg)
     if cfg.cfg_weight and run.config.model.kind == "hcdlm" and not run.config.objective.guidance_training:
-        raise ValueError(
+        raise DihalValueError(
             f"--cfg-weight {cfg.cfg_weight} needs a run trained with --guidance-training (its unconditional "
             "branch); this run was trained without it: sample with --cfg-weight 0"
         )
@@ -110,7 +113,7 @@ def evaluate_examples(
 ) -> dict:
     """Accuracy overall and per group, plus the mean of every other score (e.g. Countdown ``loose``)."""
     if not examples:
-        raise ValueError("no evaluation examples")
+        raise DihalValueError("no evaluation examples")
     contexts = torch.tensor([ex.context for ex in examples], dtype=torch.long).reshape(len(examples), -1)
     targets, seconds = sample_targets(run, contexts, cfg, seed)
     scored = [(ex.group, run.task.score(ex, target)) for ex, target in zip(examples, targets)]
@@ -158,7 +161,7 @@ def readout_by_step(run: LoadedRun, examples: list[EvalExample], cfg: SampleConf
     from dihal_fast.hcdlm.sampler import sample_hcdlm
 
     if not hasattr(run.model, "denoiser"):
-        raise ValueError(f"read-out traces need an HC-DLM or Latent DM run, not {run.config.model.kind}")
+        raise DihalValueError(f"read-out traces need an HC-DLM or Latent DM run, not {run.config.model.kind}")
     check_sampler(run, cfg)
     generator = torch.Generator(run.device).manual_seed(seed)
     per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]

@@ -17,6 +17,7 @@ from torch import nn
 from dihal_fast.common import resolve_device, seed_everything
 from dihal_fast.common.reports import StageReport
 from dihal_fast.common.rundir import run_directory
+from dihal_fast.errors import DihalTypeError, DihalValueError
 from dihal_fast.hcdlm.ccdd import CCDDNet, ccdd_loss
 from dihal_fast.hcdlm.config import HCDLMTrainConfig, ObjectiveConfig, RunConfig
 from dihal_fast.hcdlm.layers import count_parameters
@@ -44,7 +45,7 @@ def compute_loss(model, kernel, context, target, objective: ObjectiveConfig, gen
         return ar_loss(model, context, target, generator)
     if isinstance(model, CCDDNet):
         return ccdd_loss(model, context, target, objective, generator)
-    raise TypeError(f"no objective for {type(model).__name__}")
+    raise DihalTypeError(f"no objective for {type(model).__name__}")
 
 
 class RunObjective(nn.Module):
@@ -71,7 +72,7 @@ def loop_settings(train: HCDLMTrainConfig, device: str) -> LoopSettings:
 def check_layout(run_dir: Path) -> None:
     """Refuse a run written by the checkpoint layout before the shared loop (``latest.json``, ``ckpt-*/state.pt``)."""
     if (run_dir / LEGACY_POINTER).is_file():
-        raise ValueError(
+        raise DihalValueError(
             f"{run_dir} was written by an earlier dihal_fast (ckpt-*/state.pt and latest.json); this version "
             "reads checkpoints/step_*/ only: train it again into a new --out"
         )
@@ -112,7 +113,7 @@ class RunJob(TrainingJob):
     def load_stream_state(self, plain: dict, tensors: dict[str, torch.Tensor]) -> None:
         saved = plain.get("generator_device", "cpu")
         if saved != self.generator.device.type:
-            raise ValueError(
+            raise DihalValueError(
                 f"this run was trained on {saved}; resume it with --device {saved} "
                 f"(its noise stream cannot move to {self.generator.device.type})"
             )
@@ -121,7 +122,7 @@ class RunJob(TrainingJob):
             self.task_rng.setstate((version, tuple(internal), gauss))
             self.generator.set_state(tensors["generator"])
         except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as exc:  # wrong types or sizes
-            raise ValueError(
+            raise DihalValueError(
                 f"the checkpoint's data and noise streams (stream.json, stream.safetensors) are damaged "
                 f"({type(exc).__name__}: {exc}); resume from another checkpoint or train into a new --out"
             ) from None
@@ -141,7 +142,7 @@ def train(
         warnings.warn("hcdlm.train(run_dir, config) is deprecated; call train(config, run_dir)", DeprecationWarning, 2)
         config, run_dir = run_dir, config
     if not isinstance(config, RunConfig):
-        raise TypeError(f"config must be a RunConfig, got {type(config).__name__}")
+        raise DihalTypeError(f"config must be a RunConfig, got {type(config).__name__}")
     with run_directory(run_dir, f"dihal hcdlm train --model {config.model.kind}") as folder:
         check_layout(folder)
         tc = config.train

@@ -13,6 +13,7 @@ from dataclasses import field
 from transformers import AutoConfig, PretrainedConfig
 
 from dihal_fast.bridge import BridgeConfig
+from dihal_fast.errors import DihalValueError
 
 MODEL_TYPE = "dihal_hybrid"
 FORMAT = "dihal_fast.hybrid/2"  # /1 was the hybrid_config.json + bridge.safetensors + upper/ layout
@@ -55,7 +56,7 @@ class HybridConfig(PretrainedConfig):
         super().__post_init__(**kwargs)
         self.auto_map = dict(AUTO_MAP)
         if self.format != FORMAT:
-            raise ValueError(f"not a {FORMAT} config (format = {self.format!r})")
+            raise DihalValueError(f"not a {FORMAT} config (format = {self.format!r})")
 
     @property
     def bridge_config(self) -> BridgeConfig:
@@ -67,7 +68,7 @@ class HybridConfig(PretrainedConfig):
         data = dict(self.upper)
         model_type = data.pop("model_type", None)
         if not model_type:
-            raise ValueError("hybrid config lacks the retained part's config (upper.model_type)")
+            raise DihalValueError("hybrid config lacks the retained part's config (upper.model_type)")
         return AutoConfig.for_model(model_type, **data)
 
     @classmethod

@@ -18,12 +18,13 @@ from torch import Tensor
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from dihal_fast.common.sampling import sample_categorical
+from dihal_fast.errors import DihalValueError
 
 
 def nucleus_mask(logits: Tensor, temperature: float, top_p: float) -> Tensor:
     """``logits`` with tokens outside the smallest set of probability >= ``top_p`` set to ``-inf`` (float64)."""
     if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+        raise DihalValueError(f"top_p must lie in (0, 1], got {top_p}")
     scores = logits.detach().to(torch.float64)
     if top_p == 1.0 or temperature == 0:
         return scores
@@ -45,11 +46,11 @@ class Float64Sampling(LogitsProcessor):
         generator: torch.Generator | None = None,
     ):
         if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+            raise DihalValueError(f"temperature must be >= 0, got {temperature}")
         if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
+            raise DihalValueError(f"top_k must be >= 1, got {top_k}")
         if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+            raise DihalValueError(f"top_p must lie in (0, 1], got {top_p}")
         self.temperature, self.top_k, self.top_p, self.generator = temperature, top_k, top_p, generator
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:

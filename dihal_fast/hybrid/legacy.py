@@ -11,6 +11,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from dihal_fast.errors import DihalValueError
+
 LEGACY_MARKER = "hybrid_config.json"
 LEGACY_FORMAT = "dihal_fast.hybrid"
 _TABLE_PREFIX = "condition_position_table."
@@ -25,7 +27,7 @@ def is_legacy(directory: Path) -> bool:
 def check_not_legacy(directory: Path) -> None:
     """ValueError with the conversion command for a hybrid directory in the earlier layout."""
     if is_legacy(directory):
-        raise ValueError(
+        raise DihalValueError(
             f"{directory} holds a hybrid in the layout of dihal_fast before the transformers model "
             f"(hybrid_config.json); convert it once with: python -m dihal_fast.hybrid.legacy {directory}"
         )
@@ -49,12 +51,12 @@ def convert_legacy_hybrid(source: str | Path, target: str | Path | None = None) 
     source = Path(source)
     target = Path(target) if target is not None else source
     if not is_legacy(source):
-        raise ValueError(
+        raise DihalValueError(
             f"{source} is not a hybrid directory in the earlier layout (no {LEGACY_MARKER}, or it has config.json)"
         )
     old = read_json(source / LEGACY_MARKER, "hybrid config")
     if old.get("format") != LEGACY_FORMAT:
-        raise ValueError(f"not a {LEGACY_FORMAT} config (format = {old.get('format')!r})")
+        raise DihalValueError(f"not a {LEGACY_FORMAT} config (format = {old.get('format')!r})")
     bridge = BridgeConfig.from_dict(old["bridge"])
     upper_config = AutoConfig.from_pretrained(source / "upper")
     backbone_config = read_json(source / "backbone_config.json", "backbone config")

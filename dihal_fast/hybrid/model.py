@@ -36,6 +36,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dihal_fast.bridge import Bridge, position_noise
 from dihal_fast.common.io import atomic_directory
+from dihal_fast.errors import DihalTypeError, DihalValueError
 from dihal_fast.hybrid import slicing
 from dihal_fast.hybrid.cache import HybridCache
 from dihal_fast.hybrid.config import MODEL_TYPE, REMOTE_MODULE, HybridConfig
@@ -124,7 +125,9 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         keyword arguments (``nfe``, ``seed``, ...); the general version's work for compiled caches, multimodal
         inputs and embeddings does not apply to the hybrid and costs time at every token."""
         if inputs_embeds is not None:
-            raise ValueError("the hybrid takes input_ids (its condition is the token embedding), not inputs_embeds")
+            raise DihalValueError(
+                "the hybrid takes input_ids (its condition is the token embedding), not inputs_embeds"
+            )
         if next_sequence_length is not None:
             input_ids = input_ids[:, -next_sequence_length:]
         inputs = {key: value for key, value in kwargs.items() if key not in ("labels", "position_ids")}
@@ -214,7 +217,7 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         """
         family = slicing.check_family(backbone.config)
         if backbone.config.num_hidden_layers != self.config.backbone_layers or family != self.config.family:
-            raise ValueError(
+            raise DihalValueError(
                 f"the backbone is a {backbone.config.num_hidden_layers}-layer {family}, this hybrid was cut "
                 f"from a {self.config.backbone_layers}-layer {self.config.family} ({self.config.backbone_dir})"
             )
@@ -227,7 +230,7 @@ class HybridLM(PreTrainedModel, GenerationMixin):
                 continue
             other = expected.get(name)
             if other is None or other.shape != value.shape or not torch.equal(other.to(value), value):
-                raise ValueError(
+                raise DihalValueError(
                     f"the backbone's {name} differs from the one this hybrid was cut from "
                     f"({self.config.backbone_dir}); was that checkpoint replaced after training?"
                 )
@@ -250,7 +253,7 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         if attention_mask is None:
             return torch.arange(past, past + length, device=input_ids.device).expand(batch, length)
         if attention_mask.shape != (batch, past + length):
-            raise ValueError(
+            raise DihalValueError(
                 f"attention_mask must have shape {(batch, past + length)} (cached + new tokens), got "
                 f"{tuple(attention_mask.shape)}"
             )
@@ -293,22 +296,26 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         """Logits ``(B, T, V)`` for ``input_ids`` ``(B, T)`` (continuing ``cache`` when given), the shifted-label
         loss with ``labels`` (ignore index -100), and the cache with ``use_cache``."""
         if input_ids is None or inputs_embeds is not None:
-            raise ValueError("the hybrid takes input_ids (its condition is the token embedding), not inputs_embeds")
+            raise DihalValueError(
+                "the hybrid takes input_ids (its condition is the token embedding), not inputs_embeds"
+            )
         if output_attentions or output_hidden_states:
-            raise ValueError("the hybrid does not return attentions or hidden states")
+            raise DihalValueError("the hybrid does not return attentions or hidden states")
         cache = cache if cache is not None else past_key_values
         if cache is not None and not isinstance(cache, HybridCache):
-            raise TypeError(f"cache must be a HybridCache (model.new_cache()), got {type(cache).__name__}")
+            raise DihalTypeError(f"cache must be a HybridCache (model.new_cache()), got {type(cache).__name__}")
         if cache is None and use_cache:
             cache = self.new_cache(seed)
         past = cache.length if cache is not None else 0
         limit = self.config.max_position_embeddings
         if limit and past + input_ids.shape[1] > limit:
-            raise ValueError(f"{past} cached + {input_ids.shape[1]} new tokens exceeds the context of {limit} tokens")
+            raise DihalValueError(
+                f"{past} cached + {input_ids.shape[1]} new tokens exceeds the context of {limit} tokens"
+            )
         positions = self.positions(input_ids, attention_mask, past)
         if position_ids is not None:
             if position_ids.shape != input_ids.shape:
-                raise ValueError(
+                raise DihalValueError(
                     f"position_ids must have shape {tuple(input_ids.shape)}, got {tuple(position_ids.shape)}"
                 )
             positions = position_ids.to(input_ids.device)
@@ -389,7 +396,7 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         try:
             model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001  (safetensors / transformers raise many types for a damaged file)
-            raise ValueError(f"hybrid directory {path} is corrupt: {type(exc).__name__}: {exc}") from None
+            raise DihalValueError(f"hybrid directory {path} is corrupt: {type(exc).__name__}: {exc}") from None
         if path.is_dir() and (path / "tokenizer_config.json").is_file():
             from transformers import AutoTokenizer
 

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from dihal_fast.errors import DihalValueError
+
 # The families the tests cut and run (tiny random checkpoints); others are accepted when they pass the checks.
 TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2", "gpt_neox")
 _LAYER_KEY = re.compile(r"^(.*\.(?:layers|h))\.(\d+)\.(.*)$")
@@ -55,14 +57,16 @@ def check_family(config) -> str:
         reason = "its config has no num_hidden_layers to cut"
     else:
         return family
-    raise ValueError(f"backbone family {family!r} cannot be cut into a hybrid: {reason}")
+    raise DihalValueError(f"backbone family {family!r} cannot be cut into a hybrid: {reason}")
 
 
 def check_layer(config, layer: int) -> int:
     """``layer`` checked to lie in ``1 .. L-1`` (``L`` = the backbone's number of layers)."""
     total = config.num_hidden_layers
     if not isinstance(layer, int) or not 1 <= layer <= total - 1:
-        raise ValueError(f"layer must be an integer in 1..{total - 1} for this {total}-layer backbone, got {layer!r}")
+        raise DihalValueError(
+            f"layer must be an integer in 1..{total - 1} for this {total}-layer backbone, got {layer!r}"
+        )
     return layer
 
 
@@ -74,7 +78,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
         layers = getattr(base, name, None)
         if isinstance(layers, nn.ModuleList) and len(layers) == model.config.num_hidden_layers:
             return layers
-    raise ValueError(
+    raise DihalValueError(
         f"backbone family {family!r} cannot be cut into a hybrid: its base model "
         f"({type(base).__name__}) has no ModuleList of {model.config.num_hidden_layers} decoder blocks "
         f"named {' or '.join(_LAYER_LISTS)}"
@@ -180,13 +184,13 @@ def verify_cut(backbone: nn.Module, upper: nn.Module, layer: int, table: nn.Embe
     if not first_input or not torch.allclose(
         first_input[0].to(condition.device).float(), condition.float(), atol=tolerance * scale, rtol=tolerance
     ):
-        raise ValueError(
+        raise DihalValueError(
             f"backbone family {family!r} cannot be cut into a hybrid: its first decoder block does not see "
             "the input embedding (the model transforms it first, e.g. a norm or scale outside the embedding module)"
         )
     rebuilt = upper(inputs_embeds=hidden, position_ids=positions, use_cache=False).logits.to(logits.device)
     if not torch.allclose(rebuilt.float(), logits.float(), atol=tolerance * scale, rtol=tolerance):
-        raise ValueError(
+        raise DihalValueError(
             f"backbone family {family!r} cannot be cut into a hybrid: its layers {layer + 1}.."
             f"{backbone.config.num_hidden_layers} rebuilt as a smaller model and fed the true h_{layer} do not "
             f"reproduce its logits (max difference {float((rebuilt - logits).abs().max()):.3g})"

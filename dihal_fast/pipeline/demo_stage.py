@@ -19,6 +19,7 @@ from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.cpu_threads import poll_threads
+from dihal_fast.errors import DihalValueError
 from dihal_fast.evaluate import markdown as md
 from dihal_fast.evaluate.harness import EvalProtocolConfig
 from dihal_fast.pipeline.evaluate_stage import EvaluateConfig
@@ -55,7 +56,7 @@ class DemoBudgetConfig(CheckedConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.eval_blocks > self.val_blocks:
-            raise ValueError(
+            raise DihalValueError(
                 f"the evaluation blocks must lie in the tail the bridge never trains on: need eval-blocks <= "
                 f"val-blocks ({self.eval_blocks} vs {self.val_blocks})"
             )

@@ -14,6 +14,7 @@ from pathlib import Path
 from dihal_fast.common.devices import device_map_option, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
+from dihal_fast.errors import DihalValueError
 from dihal_fast.pipeline.reports import GenerateReport
 
 logger = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def generate(config: GenerateConfig, out: str | Path | None = None) -> GenerateR
 
     torch.manual_seed(config.seed)
     if config.n_samples < 1:
-        raise ValueError(f"--n-samples must be >= 1, got {config.n_samples}")
+        raise DihalValueError(f"--n-samples must be >= 1, got {config.n_samples}")
     device = str(resolve_device(config.device))
     if out is not None:
         out = check_output_file(out)

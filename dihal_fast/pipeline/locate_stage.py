@@ -19,6 +19,7 @@ from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.devices import device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
+from dihal_fast.errors import DihalValueError
 from dihal_fast.geometry import BACKENDS
 from dihal_fast.geometry.backends import PRECISIONS
 from dihal_fast.pipeline.reports import LocateReport
@@ -77,7 +78,7 @@ class LocateConfig(CheckedConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.layers is not None and len(set(self.layers)) < 2:
-            raise ValueError(f"--layers {self.layers}: the selection compares at least 2 candidate layers")
+            raise DihalValueError(f"--layers {self.layers}: the selection compares at least 2 candidate layers")
         if self.backend != "auto":  # a backend this machine cannot run is refused now, not after the collection
             from dihal_fast.geometry.backends import get_backend
 
@@ -105,16 +106,16 @@ def _candidate_layers(model_dir: Path, layers: list[int] | None) -> tuple[list[i
     try:
         n_layers = AutoConfig.from_pretrained(model_dir).num_hidden_layers
     except Exception as exc:  # transformers raises several types for an unusable config
-        raise ValueError(f"could not read the model config in {model_dir}: {type(exc).__name__}: {exc}") from None
+        raise DihalValueError(f"could not read the model config in {model_dir}: {type(exc).__name__}: {exc}") from None
     if not isinstance(n_layers, int) or n_layers < 3:
-        raise ValueError(
+        raise DihalValueError(
             f"{model_dir}/config.json: need num_hidden_layers >= 3 to compare layers 1..L-1, got {n_layers!r}"
         )
     if layers is None:
         return list(range(1, n_layers)), n_layers
     bad = [l for l in layers if not 1 <= l <= n_layers - 1]
     if bad:
-        raise ValueError(
+        raise DihalValueError(
             f"--layers {bad} out of range: candidates are hidden-state indices 1..{n_layers - 1} "
             f"(0 is the embedding output, {n_layers} the final normed output)"
         )
@@ -135,13 +136,13 @@ def _saved_reservoir_size(out: Path, resume: bool) -> int | None:
 
 def _check_sizes(cfg: LocateConfig, reservoir_size: int) -> None:
     if cfg.sample_size > reservoir_size:
-        raise ValueError(f"--sample-size {cfg.sample_size} exceeds --reservoir-size {reservoir_size}")
+        raise DihalValueError(f"--sample-size {cfg.sample_size} exceeds --reservoir-size {reservoir_size}")
     if not cfg.k < cfg.sample_size:
-        raise ValueError(f"--k {cfg.k} must be smaller than --sample-size {cfg.sample_size}")
+        raise DihalValueError(f"--k {cfg.k} must be smaller than --sample-size {cfg.sample_size}")
     if cfg.max_tokens is not None:
         usable = (cfg.max_tokens // cfg.seq_len) * (cfg.seq_len - (0 if cfg.keep_first else 1))
         if cfg.sample_size > usable:
-            raise ValueError(
+            raise DihalValueError(
                 f"--sample-size {cfg.sample_size} exceeds the {usable} tokens that --max-tokens "
                 f"{cfg.max_tokens} yields (blocks of {cfg.seq_len}, first position excluded)"
             )
@@ -201,7 +202,7 @@ def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) ->
         return LocateReport(out, complete=False)
     available = min(result.n_tokens, reservoir_size)
     if cfg.sample_size > available:
-        raise ValueError(
+        raise DihalValueError(
             f"--sample-size {cfg.sample_size} exceeds the {result.n_tokens} tokens collected "
             f"({result.n_blocks} blocks); lower it or collect more tokens"
         )

@@ -15,6 +15,7 @@ from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.devices import device_map_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
+from dihal_fast.errors import DihalValueError
 from dihal_fast.pipeline.reports import ReplaceReport
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.train.settings import DEEPSPEED_HELP
@@ -47,7 +48,7 @@ class ReplaceConfig(CheckedConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if (self.layer is None) == (self.from_locate is None):
-            raise ValueError("give exactly one of --layer and --from-locate (layer or from_locate)")
+            raise DihalValueError("give exactly one of --layer and --from-locate (layer or from_locate)")
 
 
 def _from_locate(run: str) -> tuple[int, str | None]:
@@ -56,7 +57,7 @@ def _from_locate(run: str) -> tuple[int, str | None]:
     report = read_json(Path(run) / "locate.json", "locate report (dihal locate --out RUN)")
     layer = report.get("selected_layer") if isinstance(report, dict) else None
     if not isinstance(layer, int):
-        raise ValueError(f"{Path(run) / 'locate.json'} has no integer 'selected_layer'")
+        raise DihalValueError(f"{Path(run) / 'locate.json'} has no integer 'selected_layer'")
     return layer, report.get("model")
 
 

@@ -25,6 +25,7 @@ from dihal_fast.common.deprecation import renamed_attributes
 from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
+from dihal_fast.errors import DihalValueError
 from dihal_fast.evaluate.correlation import plot_sweep, score_loss_correlations
 from dihal_fast.pipeline.locate_stage import LocateConfig
 from dihal_fast.pipeline.reports import SweepReport
@@ -209,7 +210,7 @@ def sweep_controls(sweep_dir: str | Path) -> dict[str, str]:
     report = read_json(Path(sweep_dir) / "sweep.json", "sweep report (from `dihal sweep`)")
     rows = report.get("layers") or []
     if not rows or any("hybrid_dir" not in r or "bridge_loss" not in r for r in rows):
-        raise ValueError(f"{sweep_dir}/sweep.json lists no layers with hybrid_dir and bridge_loss")
+        raise DihalValueError(f"{sweep_dir}/sweep.json lists no layers with hybrid_dir and bridge_loss")
     ordered = sorted(rows, key=lambda r: r["bridge_loss"])
     return {
         f"oracle_layer_{ordered[0]['layer']}": ordered[0]["hybrid_dir"],

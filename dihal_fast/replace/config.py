@@ -13,6 +13,7 @@ from dihal_fast.bridge import PREDICTIONS, SAMPLERS, SCHEDULES, BridgeConfig
 from dihal_fast.common.devices import device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
+from dihal_fast.errors import DihalValueError
 from dihal_fast.train.settings import LoopSettings, loop_option
 
 # Bridge options a user may set, as ``--bridge-*`` flags (the rest of BridgeConfig is derived from the backbone
@@ -94,7 +95,7 @@ class BridgeTrainConfig(CheckedConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.w_diff + self.w_rec + self.w_lm + self.w_kd == 0:
-            raise ValueError("all loss weights are 0: nothing to train")
+            raise DihalValueError("all loss weights are 0: nothing to train")
         self.bridge_options(hidden_size=8)  # validates the overrides
 
     def loop_settings(self, device: str | None = None) -> LoopSettings:
@@ -106,5 +107,5 @@ class BridgeTrainConfig(CheckedConfig):
         allowed = set(BRIDGE_OPTIONS)
         unknown = sorted(set(self.bridge) - allowed)
         if unknown:
-            raise ValueError(f"unknown bridge options {unknown}; expected a subset of {sorted(allowed)}")
+            raise DihalValueError(f"unknown bridge options {unknown}; expected a subset of {sorted(allowed)}")
         return BridgeConfig(hidden_size=hidden_size, condition_size=hidden_size, layer=layer, **self.bridge)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from dihal_fast.corpus import iter_token_blocks, read_texts
+from dihal_fast.errors import DihalValueError
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def load_blocks(
         train = list(iter_token_blocks(tokenizer, read_texts(corpus), seq_len, limit))
         val = list(iter_token_blocks(tokenizer, read_texts(val_corpus), seq_len, val_blocks * seq_len))
         if len(val) < val_blocks:
-            raise ValueError(
+            raise DihalValueError(
                 f"validation corpus {val_corpus} fills {len(val)} blocks of {seq_len} tokens; need {val_blocks}"
             )
     else:
@@ -46,7 +47,7 @@ def load_blocks(
         )
         train, val = blocks[:-val_blocks], blocks[-val_blocks:]
     if not train or len(val) < val_blocks:
-        raise ValueError(
+        raise DihalValueError(
             f"corpus {corpus} gives {len(train) + len(val)} blocks of {seq_len} tokens; need more than --val-blocks "
             f"({val_blocks}) so that some remain for training (use a larger corpus or smaller --seq-len/--val-blocks)"
         )
@@ -58,7 +59,7 @@ def batch_indices(step: int, n_blocks: int, batch_size: int, world_size: int, ra
     """Rows of the training set for ``rank`` at ``step``: a slice of the global batch of a per-epoch permutation."""
     global_batch = batch_size * world_size
     if n_blocks < global_batch:
-        raise ValueError(
+        raise DihalValueError(
             f"{n_blocks} training blocks cannot fill a global batch of {global_batch} "
             f"({batch_size} per process x {world_size} processes)"
         )

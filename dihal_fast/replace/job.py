@@ -30,6 +30,7 @@ from dihal_fast.common import atomic_write_json, read_json, resolve_device, seed
 from dihal_fast.common.devices import dtype_name
 from dihal_fast.common.hf_loading import load_causal_lm, resolve_model_dir
 from dihal_fast.corpus import corpus_files
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hybrid import HybridLM, backbone_targets
 from dihal_fast.hybrid.slicing import check_family, check_layer
 from dihal_fast.replace.config import BridgeTrainConfig
@@ -110,7 +111,7 @@ def export_hybrid(
     state = {name[len(prefix) :]: value for name, value in weights.items()}
     missing = set(state) - {name for name, _ in hybrid.named_parameters()}
     if missing:
-        raise ValueError(f"exported weights name unknown parameters: {sorted(missing)[:4]}")
+        raise DihalValueError(f"exported weights name unknown parameters: {sorted(missing)[:4]}")
     hybrid.load_state_dict(state, strict=False)  # into the parameters from_backbone placed
     return hybrid.eval()
 
@@ -260,7 +261,7 @@ class BridgeJob(TrainingJob):
         if not isinstance(history, list) or not all(
             isinstance(h, dict) and isinstance(h.get("step"), int) for h in history
         ):
-            raise ValueError(
+            raise DihalValueError(
                 "the checkpoint's validation history (stream.json) is damaged; resume from another "
                 "checkpoint or train into a new --out"
             )

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from dihal_fast.common.devices import resolve_device
 from dihal_fast.common.hf_loading import load_causal_lm
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hybrid import backbone_targets
 from dihal_fast.hybrid.slicing import tap_hidden_state
 from dihal_fast.replace.config import BridgeTrainConfig
@@ -50,14 +51,14 @@ class SharedTeacher:
 
     def __init__(self, backbone: nn.Module, layers: Sequence[int], capacity: int):
         if not layers or capacity < 1:
-            raise ValueError(f"need at least one layer and a capacity >= 1, got {list(layers)} and {capacity}")
+            raise DihalValueError(f"need at least one layer and a capacity >= 1, got {list(layers)} and {capacity}")
         self.backbone, self.layers, self.capacity = backbone, sorted(set(layers)), capacity
         self._cache: OrderedDict[tuple, tuple[dict[int, Tensor], Tensor]] = OrderedDict()
         self.passes = 0  # forward passes run (a test and the sweep's log read it)
 
     def __call__(self, input_ids: Tensor, layer: int) -> tuple[Tensor, Tensor]:
         if layer not in self.layers:
-            raise ValueError(f"layer {layer} is not one of this teacher's layers {self.layers}")
+            raise DihalValueError(f"layer {layer} is not one of this teacher's layers {self.layers}")
         key = (tuple(input_ids.shape), str(input_ids.device), input_ids.cpu().numpy().tobytes())
         if key in self._cache:
             self._cache.move_to_end(key)
@@ -119,13 +120,13 @@ def train_bridges(
     the same either way at the same thread count (a GEMM's sums, and so the last bits, can depend on it)."""
     layers = list(dict.fromkeys(layers))
     if not layers or set(layers) - set(out_dirs):
-        raise ValueError(f"need a run directory for each of the layers {layers}, got {sorted(out_dirs)}")
+        raise DihalValueError(f"need a run directory for each of the layers {layers}, got {sorted(out_dirs)}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive integer, got {workers!r}")
+        raise DihalValueError(f"workers must be a positive integer, got {workers!r}")
     runs, checkpoints = LayerRuns(model_dir, layers, corpus, dict(out_dirs), config or BridgeTrainConfig()).preflight()
     if workers > 1 and len(layers) > 1:
         if resolve_device(runs.config.device).type != "cpu":
-            raise ValueError(f"workers > 1 trains on the CPU only; this run's device is {runs.config.device!r}")
+            raise DihalValueError(f"workers > 1 trains on the CPU only; this run's device is {runs.config.device!r}")
         return _train_in_workers(runs, checkpoints, workers)
     return _train_together(runs, checkpoints)
 

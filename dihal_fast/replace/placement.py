@@ -18,6 +18,7 @@ from torch import nn
 
 from dihal_fast.common.devices import resolve_device
 from dihal_fast.common.hf_loading import input_device, placement, resolve_model_dir
+from dihal_fast.errors import DihalValueError
 
 # Why a device map and DeepSpeed exclude each other (the refusal's text).
 WITH_DEEPSPEED = (
@@ -38,19 +39,19 @@ def check_replace_placement(
     if device_map == "none":
         return
     if deepspeed_config is not None:
-        raise ValueError(WITH_DEEPSPEED)
+        raise DihalValueError(WITH_DEEPSPEED)
     spec = placement(resolve_device(device), device_map)["device_map"]
     if not isinstance(spec, dict):
         return
     if "cpu" in spec.values() and len(set(spec.values())) > 1:
-        raise ValueError(
+        raise DihalValueError(
             f"--device-map {device_map}: a map that puts some modules on cpu and others on GPUs makes accelerate "
             "offload the cpu part (its weights streamed in at each forward), which the hybrid's shared retained "
             "layers cannot train through; map every module to a GPU, or everything to cpu"
         )
     missing = unplaced_parameters(resolve_model_dir(model_dir), spec)
     if missing:
-        raise ValueError(
+        raise DihalValueError(
             f"--device-map {device_map} gives no device to {len(missing)} parameter(s) of the backbone "
             f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); name a module (or a prefix of it, "
             '"" for the whole model) for every parameter, the input embedding (the bridge\'s condition) included'
@@ -79,7 +80,7 @@ def check_teacher_placed(backbone: nn.Module) -> None:
     offloaded = [name for name, parameter in backbone.named_parameters() if parameter.device.type == "meta"]
     if offloaded:
         where = sorted({str(v) for v in getattr(backbone, "hf_device_map", {}).values()})
-        raise ValueError(
+        raise DihalValueError(
             f"--device-map: the backbone does not fit on this process's GPUs; accelerate offloaded "
             f"{len(offloaded)} parameter(s) ({offloaded[0]}, ...; placed on {', '.join(where)}), which bridge "
             "training cannot use; use more GPUs per process, --dtype bfloat16, or a smaller backbone"

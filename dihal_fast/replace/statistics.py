@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hybrid import backbone_targets
 from dihal_fast.hybrid.slicing import embedding_output, position_table
 
@@ -23,7 +24,7 @@ def target_statistics(
     ``blocks``, and the root mean square of the condition ``c(x)`` on the same tokens (``teacher``: where the
     targets come from, default ``backbone_targets`` of ``backbone``)."""
     if blocks.shape[0] == 0:
-        raise ValueError("no blocks to compute target statistics on")
+        raise DihalValueError("no blocks to compute target statistics on")
     device = backbone.get_input_embeddings().weight.device
     table = position_table(backbone)
     total = second = None
@@ -42,7 +43,7 @@ def target_statistics(
     std = float(variance.mean().sqrt())
     condition_rms = (condition_square / (count * hidden.shape[-1])) ** 0.5
     if not std > 0 or not condition_rms > 0:
-        raise ValueError(
+        raise DihalValueError(
             f"hidden state {layer} or the embedding output is constant on the statistics blocks; cannot normalise"
         )
     return mean, std, condition_rms

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from dihal_fast.common.metrics import PROTOCOL, perplexity, pooled_nll, token_kl, token_nll
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hybrid import HybridLM, backbone_targets
 from dihal_fast.replace.statistics import Teacher
 
@@ -35,7 +36,7 @@ def validation_bridge_loss(
     the hybrid was cut from.
     """
     if blocks.dim() != 2 or blocks.shape[0] == 0:
-        raise ValueError(f"validation blocks must be a non-empty (N, T) tensor, got {tuple(blocks.shape)}")
+        raise DihalValueError(f"validation blocks must be a non-empty (N, T) tensor, got {tuple(blocks.shape)}")
     hybrid.eval()
     device = hybrid.get_input_embeddings().weight.device
     layer, bridge = hybrid.config.layer, hybrid.bridge

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from dihal_fast.common.progress import progress_bar
+from dihal_fast.errors import DihalValueError
 from dihal_fast.geometry import geometry_proxies, selection_scores
 from dihal_fast.geometry.selection import PROXY_NAMES
 
@@ -58,22 +59,22 @@ class GeometryEstimate:
 
 def _check_sample(vectors: Mapping[int, torch.Tensor], layers: Sequence[int], sample_size: int, repeats: int) -> int:
     if len(layers) < 2:
-        raise ValueError(
+        raise DihalValueError(
             f"the selection score z-scores across layers: give at least 2 candidate layers, got {list(layers)}"
         )
     missing = [l for l in layers if l not in vectors]
     if missing:
-        raise ValueError(f"no sampled vectors for layers {missing} (available: {sorted(vectors)})")
+        raise DihalValueError(f"no sampled vectors for layers {missing} (available: {sorted(vectors)})")
     sizes = {int(vectors[l].shape[0]) for l in layers}
     if len(sizes) != 1:
-        raise ValueError(f"every layer must hold the same sampled tokens; got row counts {sorted(sizes)}")
+        raise DihalValueError(f"every layer must hold the same sampled tokens; got row counts {sorted(sizes)}")
     available = sizes.pop()
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+        raise DihalValueError(f"repeats must be a positive integer, got {repeats!r}")
     if isinstance(sample_size, bool) or not isinstance(sample_size, int) or sample_size < 2:
-        raise ValueError(f"sample size must be an integer >= 2, got {sample_size!r}")
+        raise DihalValueError(f"sample size must be an integer >= 2, got {sample_size!r}")
     if sample_size > available:
-        raise ValueError(
+        raise DihalValueError(
             f"sample size {sample_size} exceeds the {available} sampled tokens available; "
             "lower --sample-size or collect more tokens (--max-tokens, --reservoir-size)"
         )

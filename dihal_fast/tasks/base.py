@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import torch
 
+from dihal_fast.errors import DihalValueError
+
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -32,15 +34,15 @@ class TaskSpec:
 
     def __post_init__(self) -> None:
         if self.target_vocab < 2 or self.target_len < 1:
-            raise ValueError(
+            raise DihalValueError(
                 f"target_vocab must be >= 2 and target_len >= 1, got {self.target_vocab}, {self.target_len}"
             )
         if self.aligned and self.context_len != self.target_len:
-            raise ValueError(
+            raise DihalValueError(
                 f"an aligned context must have target_len={self.target_len} tokens, got {self.context_len}"
             )
         if any(len(labels) != self.target_len or min(labels) < 0 for labels in self.slot_groups):
-            raise ValueError(f"every slot labelling needs {self.target_len} non-negative group ids")
+            raise DihalValueError(f"every slot labelling needs {self.target_len} non-negative group ids")
 
 
 @dataclass(frozen=True)

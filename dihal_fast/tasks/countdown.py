@@ -13,6 +13,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from dihal_fast.errors import DihalValueError
+
 OPS = "+-*/"
 TARGET_RANGE = (10, 100)
 OPERAND_RANGE = (1, 99)
@@ -45,10 +47,10 @@ def parse_problem(text: str) -> Problem:
     """Parse ``n1,n2,...,target`` (3-6 positive integers in all); ValueError names a bad field."""
     fields = [f.strip() for f in text.split(",")]
     if len(fields) < 3:
-        raise ValueError(f"a Countdown problem is 'n1,n2,...,target' with at least 2 numbers, got {text!r}")
+        raise DihalValueError(f"a Countdown problem is 'n1,n2,...,target' with at least 2 numbers, got {text!r}")
     for f in fields:
         if not f.isdigit():
-            raise ValueError(f"Countdown fields must be non-negative integers, got {f!r} in {text!r}")
+            raise DihalValueError(f"Countdown fields must be non-negative integers, got {f!r} in {text!r}")
     values = [int(f) for f in fields]
     return Problem(tuple(values[:-1]), values[-1])
 
@@ -63,7 +65,7 @@ def apply_op(a: int, op: str, b: int) -> int | None:
         return a - b if a >= b else None
     if op == "/":
         return a // b if b and a % b == 0 else None
-    raise ValueError(f"operator must be one of {OPS!r}, got {op!r}")
+    raise DihalValueError(f"operator must be one of {OPS!r}, got {op!r}")
 
 
 def parse_steps(solution: str) -> list[tuple[int, str, int, int]] | None:
@@ -133,7 +135,7 @@ def solve(problem: Problem) -> str | None:
         return None
 
     if not COUNTS[0] <= len(problem.nums) <= COUNTS[1]:
-        raise ValueError(
+        raise DihalValueError(
             f"a Countdown problem has {COUNTS[0]}-{COUNTS[1]} numbers, got {len(problem.nums)} in "
             f"{problem.text()[:80]!r}"
         )
@@ -150,9 +152,9 @@ def generate(rng: random.Random, count: int, held_out: bool = False, max_len: in
     problem end in a ``ValueError`` rather than a hang.
     """
     if not COUNTS[0] <= count <= COUNTS[1]:
-        raise ValueError(f"count must be {COUNTS[0]}-{COUNTS[1]} numbers, got {count}")
+        raise DihalValueError(f"count must be {COUNTS[0]}-{COUNTS[1]} numbers, got {count}")
     if max_len is not None and max_len < shortest_solution(count):
-        raise ValueError(
+        raise DihalValueError(
             f"no solution with {count} numbers fits in {max_len} characters (the shortest has "
             f"{shortest_solution(count)}); raise --countdown-len or use 0 for the default"
         )
@@ -170,7 +172,7 @@ def generate(rng: random.Random, count: int, held_out: bool = False, max_len: in
         if max_len is not None and len(solution) > max_len:
             continue
         return Problem(tuple(nums), target), solution
-    raise ValueError(
+    raise DihalValueError(
         f"no {count}-number problem with a solution of at most {max_len} characters in {MAX_DRAWS} "
         "draws; raise --countdown-len or use 0 for the default"
     )

@@ -10,6 +10,7 @@ import random
 
 import torch
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.tasks.base import EvalExample, TaskSpec, stack_pairs
 from dihal_fast.tasks.countdown import (
     COUNTS,
@@ -37,12 +38,12 @@ class CountdownTask:
 
     def __init__(self, numbers: tuple[int, ...] = (3, 4), target_len: int | None = None) -> None:
         if not numbers or any(not COUNTS[0] <= k <= COUNTS[1] for k in numbers):
-            raise ValueError(f"Countdown numbers per problem must be {COUNTS[0]}-{COUNTS[1]}, got {numbers}")
+            raise DihalValueError(f"Countdown numbers per problem must be {COUNTS[0]}-{COUNTS[1]}, got {numbers}")
         self.numbers = tuple(sorted(set(numbers)))
         self.context_len = 3 * (max(self.numbers) + 1)
         target_len = target_len or default_target_len(max(self.numbers))
         if target_len < shortest_solution(max(self.numbers)):
-            raise ValueError(
+            raise DihalValueError(
                 f"--countdown-len {target_len} cannot hold a solution with {max(self.numbers)} numbers (the "
                 f"shortest has {shortest_solution(max(self.numbers))} characters); use 0 for the default"
             )
@@ -57,12 +58,12 @@ class CountdownTask:
     def encode_problem(self, problem: Problem) -> list[int]:
         text = problem.text()
         if len(text) > self.context_len:
-            raise ValueError(f"problem {text!r} is longer than this model's {self.context_len}-character context")
+            raise DihalValueError(f"problem {text!r} is longer than this model's {self.context_len}-character context")
         return [CONTEXT_CHARS.index(ch) for ch in text] + [CONTEXT_PAD] * (self.context_len - len(text))
 
     def encode_solution(self, solution: str) -> list[int]:
         if len(solution) > self.spec.target_len:
-            raise ValueError(f"solution {solution!r} is longer than {self.spec.target_len} characters")
+            raise DihalValueError(f"solution {solution!r} is longer than {self.spec.target_len} characters")
         return [TARGET_CHARS.index(ch) for ch in solution] + [TARGET_PAD] * (self.spec.target_len - len(solution))
 
     def train_batch(self, rng: random.Random, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.tasks.countdown import Problem
 from dihal_fast.tasks.sudoku import geometry_for_size, is_valid_solution, parse_grid
 
@@ -32,13 +33,15 @@ def detect_format(path: str | Path) -> str:
             record = {}
         if isinstance(record, dict) and {"nums", "target"} <= record.keys():
             return "countdown"
-        raise ValueError(f"{path}: a JSONL data file must hold objects with 'nums' and 'target', got {first[:80]!r}")
+        raise DihalValueError(
+            f"{path}: a JSONL data file must hold objects with 'nums' and 'target', got {first[:80]!r}"
+        )
     header = {h.strip() for h in first.split(",")}
     if {"puzzle", "solution"} <= header:
         return "sudoku"
     if path.suffix == ".txt":
         return "text"
-    raise ValueError(
+    raise DihalValueError(
         f"{path}: expected a Sudoku CSV (puzzle,solution columns), a Countdown JSONL (nums,target) or a .txt text file"
     )
 
@@ -51,9 +54,9 @@ def load_sudoku_csv(path: str | Path, limit: int | None = None) -> list[SudokuRe
             try:
                 puzzle, solution = parse_grid(row["puzzle"]), parse_grid(row["solution"])
             except ValueError as exc:
-                raise ValueError(f"{path}:{line_no}: {exc}") from None
+                raise DihalValueError(f"{path}:{line_no}: {exc}") from None
             if not is_valid_solution(puzzle, solution, geometry_for_size(len(puzzle))):
-                raise ValueError(f"{path}:{line_no}: the solution is not a valid grid agreeing with the puzzle")
+                raise DihalValueError(f"{path}:{line_no}: the solution is not a valid grid agreeing with the puzzle")
             records.append(SudokuRecord(puzzle, solution, row.get("level") or "all"))
             if limit is not None and len(records) >= limit:
                 break
@@ -71,9 +74,9 @@ def load_countdown_jsonl(path: str | Path, limit: int | None = None) -> list[tup
                 record = json.loads(line)
                 nums, target = record["nums"], record["target"]
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"{path}:{line_no}: expected a JSON object with 'nums' and 'target'") from None
+                raise DihalValueError(f"{path}:{line_no}: expected a JSON object with 'nums' and 'target'") from None
             if not isinstance(nums, list) or not all(isinstance(v, int) and v > 0 for v in [*nums, target]):
-                raise ValueError(
+                raise DihalValueError(
                     f"{path}:{line_no}: 'nums' must be a list of positive integers and 'target' one, got {nums!r}, "
                     f"{target!r}"
                 )

@@ -9,6 +9,7 @@ from pathlib import Path
 from dihal_fast.common.hf_loading import load_tokenizer
 from dihal_fast.common.options import comma_integers, option
 from dihal_fast.common.validation import CheckedConfig
+from dihal_fast.errors import DihalValueError
 from dihal_fast.tasks.countdown import COUNTS, shortest_solution
 from dihal_fast.tasks.countdown_task import CountdownTask
 from dihal_fast.tasks.sudoku_grade import DIFFICULTIES
@@ -60,10 +61,10 @@ class TaskConfig(CheckedConfig):
         super().__post_init__()
         parse_box(self.sudoku_box)
         if not self.countdown_numbers:
-            raise ValueError("--countdown-numbers must name at least one count, e.g. 3,4")
+            raise DihalValueError("--countdown-numbers must name at least one count, e.g. 3,4")
         longest = shortest_solution(max(self.countdown_numbers))
         if self.countdown_target_len and self.countdown_target_len < longest:
-            raise ValueError(
+            raise DihalValueError(
                 f"--countdown-len {self.countdown_target_len} cannot hold a solution "
                 f"with {max(self.countdown_numbers)} numbers (the shortest has {longest} characters); "
                 "use 0 for the default"
@@ -82,12 +83,12 @@ def build_task(cfg: TaskConfig, run_dir: Path | None = None, seed: int = 0, for_
     if cfg.name == "countdown":
         return CountdownTask(tuple(cfg.countdown_numbers), cfg.countdown_target_len or None)
     if not cfg.tokenizer_dir:
-        raise ValueError("the text task needs a tokenizer directory (the shipped backbone or --backbone DIR)")
+        raise DihalValueError("the text task needs a tokenizer directory (the shipped backbone or --backbone DIR)")
     tokenizer = load_tokenizer(cfg.tokenizer_dir)
     tokens = None
     if for_training:
         if not cfg.text_files:
-            raise ValueError("the text task needs training files (--text-files)")
+            raise DihalValueError("the text task needs training files (--text-files)")
         tokens = tokenize_files(tokenizer, [Path(f) for f in cfg.text_files], cfg.text_max_chars or None)
         logger.info("text corpus: %d tokens from %d files", len(tokens), len(cfg.text_files))
     return TextTask(tokenizer, cfg.text_len, tokens)

@@ -12,6 +12,8 @@ import functools
 import random
 from dataclasses import dataclass
 
+from dihal_fast.errors import DihalValueError
+
 DIGITS = "123456789"
 
 
@@ -46,7 +48,7 @@ class Geometry:
 def geometry(box_rows: int = 3, box_cols: int = 3) -> Geometry:
     """The (cached) geometry of a Sudoku with ``box_rows x box_cols`` boxes."""
     if not (1 <= box_rows <= 3 and 1 <= box_cols <= 3) or box_rows * box_cols < 2:
-        raise ValueError(f"box shape must be between 1x2 and 3x3, got {box_rows}x{box_cols}")
+        raise DihalValueError(f"box shape must be between 1x2 and 3x3, got {box_rows}x{box_cols}")
     n = box_rows * box_cols
     rows = [tuple(r * n + c for c in range(n)) for r in range(n)]
     cols = [tuple(r * n + c for r in range(n)) for c in range(n)]
@@ -63,7 +65,7 @@ def geometry_for_size(cells: int) -> Geometry:
     """The geometry of a square grid with ``cells`` cells (16, 36 or 81)."""
     shapes = {16: (2, 2), 36: (2, 3), 81: (3, 3)}
     if cells not in shapes:
-        raise ValueError(f"a Sudoku grid has 16, 36 or 81 cells, got {cells}")
+        raise DihalValueError(f"a Sudoku grid has 16, 36 or 81 cells, got {cells}")
     return geometry(*shapes[cells])
 
 
@@ -76,11 +78,11 @@ def parse_grid(text: str, geo: Geometry | None = None) -> tuple[int, ...]:
     chars = "".join(text.split())
     geo = geo or geometry_for_size(len(chars))
     if len(chars) != geo.cells:
-        raise ValueError(f"a {geo.n}x{geo.n} Sudoku needs {geo.cells} cells, got {len(chars)} in {text[:100]!r}")
+        raise DihalValueError(f"a {geo.n}x{geo.n} Sudoku needs {geo.cells} cells, got {len(chars)} in {text[:100]!r}")
     allowed = ".0" + DIGITS[: geo.n]
     bad = sorted({ch for ch in chars if ch not in allowed})
     if bad:
-        raise ValueError(f"Sudoku cells must be one of {allowed!r}; found {''.join(bad)!r} in {text[:100]!r}")
+        raise DihalValueError(f"Sudoku cells must be one of {allowed!r}; found {''.join(bad)!r} in {text[:100]!r}")
     return tuple(0 if ch in ".0" else int(ch) for ch in chars)
 
 
@@ -202,7 +204,7 @@ def solve_all(
     """Up to ``limit`` solutions of ``grid`` (empty list = no solution, e.g. contradictory givens)."""
     geo = geo or geometry_for_size(len(grid))
     if limit < 1:
-        raise ValueError(f"limit must be >= 1, got {limit}")
+        raise DihalValueError(f"limit must be >= 1, got {limit}")
     cands = initial_candidates(grid, geo)
     found: list[tuple[int, ...]] = []
     if cands is not None:
@@ -222,7 +224,7 @@ def solve(grid: tuple[int, ...], geo: Geometry | None = None) -> tuple[int, ...]
     """
     found = solve_all(grid, geo, limit=2)
     if len(found) > 1:
-        raise ValueError(f"the puzzle {format_grid(grid)} has more than one solution")
+        raise DihalValueError(f"the puzzle {format_grid(grid)} has more than one solution")
     return found[0] if found else None
 
 

@@ -12,6 +12,7 @@ import itertools
 import random
 from collections.abc import Callable
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.tasks.sudoku import (
     Geometry,
     count_solutions,
@@ -152,7 +153,7 @@ def grade(puzzle: tuple[int, ...], geo: Geometry) -> tuple[str, list[str]]:
     """``(grade, strategies used)`` for a puzzle with a unique solution; ValueError when it has none."""
     cands = initial_candidates(puzzle, geo)
     if cands is None or not propagate_singles(cands, geo):
-        raise ValueError("the puzzle has contradictory givens (no solution)")
+        raise DihalValueError("the puzzle has contradictory givens (no solution)")
     used: list[str] = []
     while any(m.bit_count() > 1 for m in cands):
         for name, strategy in ADVANCED_STRATEGIES:
@@ -163,7 +164,7 @@ def grade(puzzle: tuple[int, ...], geo: Geometry) -> tuple[str, list[str]]:
         else:
             return "search", used
         if not propagate_singles(cands, geo):
-            raise ValueError("the puzzle has no solution (a strategy reached a contradiction)")
+            raise DihalValueError("the puzzle has no solution (a strategy reached a contradiction)")
     return ("advanced" if used else "singles"), used
 
 
@@ -194,13 +195,13 @@ def generate(
     ``advanced`` / ``search`` / ``hard`` (either): minimal unique puzzles, drawn until the grade matches.
     """
     if difficulty not in DIFFICULTIES:
-        raise ValueError(f"difficulty must be one of {sorted(DIFFICULTIES)}, got {difficulty!r}")
+        raise DihalValueError(f"difficulty must be one of {sorted(DIFFICULTIES)}, got {difficulty!r}")
     for _ in range(max_tries):
         solution = random_solution(rng, geo)
         puzzle = _remove_clues(solution, rng, geo, keep_singles=difficulty == "singles")
         if grade(puzzle, geo)[0] in DIFFICULTIES[difficulty]:
             return puzzle, solution
-    raise ValueError(
+    raise DihalValueError(
         f"no {difficulty!r} {geo.n}x{geo.n} puzzle in {max_tries} tries; this grid size may not have any "
         "(choose an easier difficulty or a larger box)"
     )

@@ -10,6 +10,7 @@ import torch
 
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.progress import progress_bar
+from dihal_fast.errors import DihalValueError
 from dihal_fast.tasks.base import EvalExample, TaskSpec, stack_pairs
 from dihal_fast.tasks.sudoku import (
     Geometry,
@@ -31,7 +32,7 @@ def parse_box(text: str) -> tuple[int, int]:
     try:
         rows, cols = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise ValueError(f"box shape must look like '3x3' or '2x3', got {text!r}") from None
+        raise DihalValueError(f"box shape must look like '3x3' or '2x3', got {text!r}") from None
     geometry(rows, cols)
     return rows, cols
 
@@ -53,7 +54,7 @@ def generate_pool(geo: Geometry, count: int, difficulty: str, seed: int, cache: 
             puzzle, solution = generate(rng, geo, difficulty)
             misses = misses + 1 if puzzle in seen else 0
             if misses >= POOL_PATIENCE:
-                raise ValueError(
+                raise DihalValueError(
                     f"only {len(pool)} distinct {difficulty} {geo.n}x{geo.n} puzzles found ({POOL_PATIENCE} "
                     f"draws in a row gave no new one); lower --sudoku-pool to at most {len(pool)} or use a "
                     "larger box"
@@ -72,7 +73,7 @@ def checked_pool(data: object, geo: Geometry, count: int, path: Path) -> list[Pa
     pairs."""
 
     def bad(what: str) -> ValueError:
-        return ValueError(f"puzzle pool {path} is damaged: {what}; delete it to generate the pool again")
+        return DihalValueError(f"puzzle pool {path} is damaged: {what}; delete it to generate the pool again")
 
     if not isinstance(data, list) or len(data) != count:
         found = f"{len(data)} entries" if isinstance(data, list) else f"a JSON {type(data).__name__}"
@@ -116,7 +117,7 @@ class SudokuTask:
 
     def encode(self, puzzle: tuple[int, ...], solution: tuple[int, ...] | None = None) -> tuple[list[int], list[int]]:
         if len(puzzle) != self.geo.cells:
-            raise ValueError(
+            raise DihalValueError(
                 f"this model solves {self.geo.n}x{self.geo.n} Sudoku ({self.geo.cells} cells), got {len(puzzle)} cells"
             )
         target = [v - 1 for v in solution] if solution is not None else [0] * self.geo.cells
@@ -124,7 +125,7 @@ class SudokuTask:
 
     def train_batch(self, rng: random.Random, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.pool:
-            raise ValueError("the Sudoku task has no training pool")
+            raise DihalValueError("the Sudoku task has no training pool")
         pairs = [self.encode(*random_symmetry(*rng.choice(self.pool), rng, self.geo)) for _ in range(batch_size)]
         return stack_pairs(pairs)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.tasks.base import EvalExample, TaskSpec
 
 logger = logging.getLogger(__name__)
@@ -33,12 +34,12 @@ class TextTask:
         self.tokenizer = tokenizer
         self.tokens = tokens
         if tokens is not None and len(tokens) <= seq_len:
-            raise ValueError(f"the text corpus has {len(tokens)} tokens, fewer than seq_len={seq_len}")
+            raise DihalValueError(f"the text corpus has {len(tokens)} tokens, fewer than seq_len={seq_len}")
         self.spec = TaskSpec("text", target_vocab=len(tokenizer), target_len=seq_len)
 
     def train_batch(self, rng: random.Random, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.tokens is None:
-            raise ValueError("the text task has no training corpus")
+            raise DihalValueError("the text task has no training corpus")
         starts = [rng.randrange(len(self.tokens) - self.spec.target_len) for _ in range(batch_size)]
         target = torch.stack([self.tokens[s : s + self.spec.target_len] for s in starts])
         return torch.zeros(batch_size, 0, dtype=torch.long), target
@@ -47,4 +48,4 @@ class TextTask:
         return self.tokenizer.decode(target, skip_special_tokens=True)
 
     def score(self, example: EvalExample, target: list[int]) -> dict[str, float]:
-        raise ValueError("text samples are scored with Gen PPL and entropy, not per-example correctness")
+        raise DihalValueError("text samples are scored with Gen PPL and entropy, not per-example correctness")

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dihal_fast.errors import DihalValueError
+
 FAMILIES = ("llama", "qwen3", "gpt2", "mistral")  # the session fixture's set
 MORE_FAMILIES = ("qwen2", "gemma", "gemma2", "phi3", "gpt_neox")
 
@@ -111,7 +113,7 @@ def make_tiny_checkpoint(
     )
 
     if family not in FAMILIES + MORE_FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES + MORE_FAMILIES}, got {family!r}")
+        raise DihalValueError(f"family must be one of {FAMILIES + MORE_FAMILIES}, got {family!r}")
     tokenizer = make_tiny_tokenizer(vocab_size)
     vocab = len(tokenizer)
     ids = dict(

@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
 from dihal_fast.common.io import replace_directory, temporary_directory
+from dihal_fast.errors import DihalValueError
 from dihal_fast.train.ema import EMA
 from dihal_fast.train.engines import Engine, load_checked
 
@@ -52,13 +53,13 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         found = sorted(p.name for p in root.glob("step_*") if p.is_dir())
         newest = f"the newest checkpoint folder there is {found[-1]}" if found else "there is no checkpoint folder"
         problem = "is empty" if not name else f"holds {name[:40]!r}"
-        raise ValueError(
+        raise DihalValueError(
             f"{pointer} {problem} instead of a checkpoint folder name (step_NNNNNNNN; {newest}); "
             "the run directory is damaged"
         )
     path = root / name
     if not path.is_dir():
-        raise ValueError(f"{pointer} names {path.name}, which does not exist; the run directory is damaged")
+        raise DihalValueError(f"{pointer} names {path.name}, which does not exist; the run directory is damaged")
     return path
 
 
@@ -80,7 +81,7 @@ def check_resumable(
     for name, config in configs.items():
         saved = read_json(path / name, "checkpoint config")
         if not isinstance(saved, dict):
-            raise ValueError(
+            raise DihalValueError(
                 f"checkpoint config {path / name} holds a JSON {type(saved).__name__}, not an object; "
                 "the checkpoint is damaged"
             )
@@ -95,29 +96,29 @@ def check_resumable(
                 for f in sorted(set(saved_sections[k]) | set(config[k]))
                 if saved_sections[k].get(f) != config[k].get(f)
             ]
-            raise ValueError(
+            raise DihalValueError(
                 f"checkpoint {path} was written with different settings for {fields or differing}{which}; "
                 "resume with the same settings or start a new --out directory"
             )
     if state.get("engine") != engine_kind:
-        raise ValueError(
+        raise DihalValueError(
             f"checkpoint {path} was written by the {state.get('engine')!r} engine, this run uses {engine_kind!r}"
         )
     if state.get("world_size") != world_size:
-        raise ValueError(
+        raise DihalValueError(
             f"checkpoint {path} was written by {state.get('world_size')} processes; resume with the same number, not "
             f"{world_size}"
         )
     if not isinstance(state.get("step"), int) or not 0 < state["step"] <= steps:
-        raise ValueError(f"checkpoint {path} has step {state.get('step')!r}, outside 1..{steps} (--steps)")
+        raise DihalValueError(f"checkpoint {path} has step {state.get('step')!r}, outside 1..{steps} (--steps)")
     if not (path / WEIGHTS).exists() and (path / "engine" / "trainable.safetensors").exists():
-        raise ValueError(
+        raise DihalValueError(
             f"checkpoint {path} was written by an earlier dihal_fast (weights in engine/trainable.safetensors); "
             "this version cannot resume it: train again into a new --out"
         )
     for name in (WEIGHTS, "engine"):
         if not (path / name).exists():
-            raise ValueError(f"checkpoint {path} is incomplete: {name} is missing")
+            raise DihalValueError(f"checkpoint {path} is incomplete: {name} is missing")
     return state["step"]
 
 
@@ -221,7 +222,7 @@ def load_checkpoint(path: Path, engine: Engine, ema: EMA | None) -> tuple[int, d
     with engine.full_parameters() as named, torch.no_grad():
         names = [n for n, _ in named]
         if sorted(weights) != sorted(names) or any(weights[n].shape != p.shape for n, p in named):
-            raise ValueError(
+            raise DihalValueError(
                 f"checkpoint {path} holds parameters {sorted(weights)[:4]}..., not this run's {names[:4]}..."
             )
         for n, p in named:
@@ -234,7 +235,7 @@ def load_checkpoint(path: Path, engine: Engine, ema: EMA | None) -> tuple[int, d
     try:
         _set_rng_state(tensors, plain)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError, OverflowError) as exc:  # wrong types or sizes
-        raise ValueError(
+        raise DihalValueError(
             f"the random state in {path}/rng_rank{engine.rank}.* is damaged ({type(exc).__name__}: "
             f"{exc}); resume from another checkpoint or train into a new --out"
         ) from None

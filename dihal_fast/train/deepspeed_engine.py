@@ -23,6 +23,7 @@ from torch import nn
 
 from dihal_fast.common import read_json
 from dihal_fast.common.launch import DEFAULT_MASTER_ADDR, launcher_env
+from dihal_fast.errors import DihalValueError
 from dihal_fast.train.engines import make_optimizer, trainable_parameters
 from dihal_fast.train.settings import LoopSettings
 
@@ -51,18 +52,18 @@ def load_deepspeed_config(path: str | os.PathLike, settings: LoopSettings, cuda:
 def check_deepspeed_config(ds: dict, settings: LoopSettings, cuda: bool, name: str = "DeepSpeed config") -> dict:
     """Validate ``ds`` against this trainer and machine; fill ``train_micro_batch_size_per_gpu`` etc."""
     if not isinstance(ds, dict):
-        raise ValueError(f"{name} must be a JSON object, got {type(ds).__name__}")
+        raise DihalValueError(f"{name} must be a JSON object, got {type(ds).__name__}")
     ds = copy.deepcopy(ds)
     for section in ("optimizer", "scheduler"):
         if section in ds:
-            raise ValueError(
+            raise DihalValueError(
                 f"{name} has an {section!r} section; remove it: dihal passes a torch AdamW and its own "
                 "warm-up/cosine schedule (set --lr, --warmup-steps), so no DeepSpeed op needs compiling"
             )
     zero = ds.get("zero_optimization", {})
     stage = zero.get("stage", 0)
     if stage not in (0, 1, 2, 3):
-        raise ValueError(f"{name}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
+        raise DihalValueError(f"{name}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
     if not cuda:
         _reject_gpu_only(ds, zero, name)
     world = world_size_from_env()
@@ -76,7 +77,7 @@ def check_deepspeed_config(ds: dict, settings: LoopSettings, cuda: bool, name: s
     for key, value in expected.items():
         given = ds.get(key, "auto")
         if given != "auto" and given != value:
-            raise ValueError(
+            raise DihalValueError(
                 f"{name}: {key} = {given!r} contradicts the training settings ({value!r}: --batch-size "
                 f"{settings.batch_size} per process x --grad-accum-steps {accum} x {world} processes, "
                 f"--grad-clip {settings.grad_clip}); set those options instead, or remove the key or set it "
@@ -90,16 +91,16 @@ def check_deepspeed_config(ds: dict, settings: LoopSettings, cuda: bool, name: s
 def _reject_gpu_only(ds: dict, zero: dict, name: str) -> None:
     """Raise for features that need a GPU (or a compiled op) when the machine has none."""
     if ds.get("fp16", {}).get("enabled", False) in (True, "auto"):
-        raise ValueError(
+        raise DihalValueError(
             f"{name} enables fp16, whose dynamic loss scaling needs a CUDA GPU; this machine has none "
             '(use "bf16": {"enabled": true} or full precision on CPU)'
         )
     if ds.get("amp", {}).get("enabled", False):
-        raise ValueError(f"{name} enables apex AMP, which needs a CUDA GPU; this machine has none")
+        raise DihalValueError(f"{name} enables apex AMP, which needs a CUDA GPU; this machine has none")
     for key in ("offload_optimizer", "offload_param"):
         device = zero.get(key, {}).get("device", "none")
         if device not in (None, "none"):
-            raise ValueError(
+            raise DihalValueError(
                 f"{name}: zero_optimization.{key}.device = {device!r} offloads GPU memory "
                 f"({'to NVMe through the compiled async_io op' if device == 'nvme' else 'to the host'}); "
                 "this machine has no GPU, so remove the offload section"
@@ -220,7 +221,7 @@ class DeepSpeedEngine:
 
     def load(self, directory: Path) -> None:
         if not (directory / _TAG).is_dir():
-            raise ValueError(
+            raise DihalValueError(
                 f"checkpoint {directory} holds no DeepSpeed state ({directory / _TAG} missing); "
                 "was it written by a plain-torch run?"
             )
@@ -229,11 +230,11 @@ class DeepSpeedEngine:
                 str(directory), tag=_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
             )
         except Exception as exc:  # DeepSpeed raises many types for damaged or mismatched files
-            raise ValueError(
+            raise DihalValueError(
                 f"DeepSpeed checkpoint {directory} is corrupt or does not fit this run: {type(exc).__name__}: {exc}"
             ) from None
         if path is None:
-            raise ValueError(f"DeepSpeed could not load a checkpoint from {directory}")
+            raise DihalValueError(f"DeepSpeed could not load a checkpoint from {directory}")
 
     def barrier(self) -> None:
         dist.barrier()

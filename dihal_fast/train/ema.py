@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from dihal_fast.errors import DihalValueError
+
 
 class EMA:
     """Float32 shadow copies, updated with decay ``min(decay, (1 + step) / (10 + step))`` (a warm-up)."""
@@ -24,6 +26,6 @@ class EMA:
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         if sorted(state) != sorted(self.shadow) or any(state[k].shape != v.shape for k, v in self.shadow.items()):
-            raise ValueError("EMA state does not match this run's trainable parameters (names or shapes differ)")
+            raise DihalValueError("EMA state does not match this run's trainable parameters (names or shapes differ)")
         for name, value in state.items():
             self.shadow[name].copy_(value)

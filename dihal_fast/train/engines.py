@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.train.settings import LoopSettings, lr_factor
 
 
@@ -72,11 +73,11 @@ def trainable_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
 def load_checked(path: Path, loader):
     """``loader(path)`` with a clear error when the file is missing or unreadable (a corrupt checkpoint)."""
     if not path.is_file():
-        raise ValueError(f"checkpoint file missing: {path}")
+        raise DihalValueError(f"checkpoint file missing: {path}")
     try:
         return loader(path)
     except Exception as exc:  # torch/safetensors raise many types for damaged files
-        raise ValueError(f"checkpoint file {path} is corrupt or unreadable: {type(exc).__name__}: {exc}") from None
+        raise DihalValueError(f"checkpoint file {path} is corrupt or unreadable: {type(exc).__name__}: {exc}") from None
 
 
 class TorchEngine:
@@ -130,7 +131,7 @@ class TorchEngine:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
         except (KeyError, ValueError, RuntimeError) as exc:
-            raise ValueError(f"optimizer state in {directory} does not fit this run: {exc}") from None
+            raise DihalValueError(f"optimizer state in {directory} does not fit this run: {exc}") from None
 
     def barrier(self) -> None:
         """Nothing to wait for in one process."""

@@ -28,6 +28,7 @@ from dihal_fast.common.launch import launcher_env
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.common.serial import SerialConfig
 from dihal_fast.cpu_threads import poll_threads
+from dihal_fast.errors import DihalValueError
 from dihal_fast.profiling import nvtx_range
 from dihal_fast.train.checkpoint import check_resumable, latest_checkpoint, load_checkpoint, save_checkpoint
 from dihal_fast.train.ema import EMA
@@ -123,7 +124,7 @@ def prepare_deepspeed(deepspeed_config: str | os.PathLike | None, settings: Loop
         return load_deepspeed_config(deepspeed_config, settings), world_size_from_env()
     world = launcher_env().world_size
     if world > 1:
-        raise ValueError(
+        raise DihalValueError(
             f"launched with WORLD_SIZE={world} but without --deepspeed; multi-process training uses DeepSpeed"
         )
     return None, 1
@@ -160,7 +161,7 @@ def resume_point(
     Needs no job, so a family can call it before it loads any weights."""
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is not None and resume is False:
-        raise ValueError(
+        raise DihalValueError(
             f"{run_dir} already holds a training run (checkpoint {checkpoint.name}); pass --resume to continue it or "
             "use a new --out"
         )
