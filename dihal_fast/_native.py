@@ -31,6 +31,67 @@ def _preload_openblas() -> None:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
 
 
+LIBGOMP = "libgomp.so.1"
+# Where a missing shared library of the CPU core comes from (named in the error instead of generic advice).
+LIBRARY_PROVIDERS = {
+    LIBGOMP: (
+        "GCC's OpenMP runtime: install torch (pip install torch; its wheel carries torch/lib/libgomp.so.1, "
+        "which the core then shares) or the system package (apt-get install libgomp1 / dnf install libgomp)"
+    ),
+    "libscipy_openblas.so": "OpenBLAS of the scipy-openblas32 wheel: pip install scipy-openblas32",
+}
+
+
+def torch_libgomp() -> str | None:
+    """torch's bundled libgomp.so.1 (torch/lib), found without importing torch; None without one."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        path = os.path.join(folder, "lib", LIBGOMP)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+@functools.cache
+def _preload_libgomp() -> str:
+    """Load torch's libgomp.so.1 before the core, so that the core's DT_NEEDED libgomp.so.1 binds to it: one
+    OpenMP runtime for torch and the core, on hosts without a system libgomp too. Returns the path loaded
+    ('' without torch's: the loader then looks for a system libgomp.so.1)."""
+    path = torch_libgomp()
+    if path is None:
+        return ""
+    try:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        raise ImportError(f"torch's {LIBGOMP} ({path}) could not be loaded: {exc}") from exc
+    return path
+
+
+def loaded_libgomp() -> list[str]:
+    """The paths of the libgomp copies mapped into this process (one when torch and the core share it)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return sorted({line.split()[-1] for line in maps if "/libgomp" in line})
+    except OSError:  # not Linux
+        return []
+
+
+def missing_library_reason(exc: ImportError) -> str:
+    """The missing shared library named by an ImportError of the core and what provides it ('' if none)."""
+    text = str(exc)
+    for library, provider in LIBRARY_PROVIDERS.items():
+        if library in text and "cannot open shared object file" in text:
+            return f"{library} was not found: it is {provider}"
+    return ""
+
+
 # The distributions that install the dihal_fast package: the CPU wheel and the CUDA variants. They
 # overwrite each other's files, so at most one may be installed.
 VARIANTS = ("dihal_fast", "dihal_fast_cu12", "dihal_fast_cu13")
@@ -66,20 +127,23 @@ def _load(name: str) -> tuple[ModuleType | None, str]:
     try:
         if name == "_core":
             _preload_openblas()
+            _preload_libgomp()
         return importlib.import_module(f"dihal_fast.{name}"), ""
     except ImportError as exc:  # not compiled, or a shared library missing
-        return None, f"{type(exc).__name__}: {exc}"
+        return None, missing_library_reason(exc) or f"{type(exc).__name__}: {exc}"
 
 
 def core() -> ModuleType:
     """The compiled CPU module, or :class:`BackendUnavailable` saying why it cannot be loaded."""
     module, reason = _load("_core")
     if module is None:
-        raise BackendUnavailable(
-            "the compiled CPU core (dihal_fast._core) could not be loaded "
-            f"({reason}). Reinstall the package from source with a C++17 compiler: "
-            "pip install --force-reinstall --no-deps . (backend='reference' runs the NumPy code)."
-        )
+        if reason.startswith("ModuleNotFoundError"):  # a source install that compiled no core
+            advice = (
+                "Reinstall the package from source with a C++17 compiler: pip install --force-reinstall --no-deps ."
+            )
+        else:
+            advice = "Install what is missing, or use backend='reference' (the NumPy code)."
+        raise BackendUnavailable(f"the compiled CPU core (dihal_fast._core) could not be loaded ({reason}). {advice}")
     return module
 
 
@@ -115,6 +179,7 @@ def build_info() -> dict:
     }
     if core_module is not None:
         info["cpu"] = dict(core_module.build_info())
+        info["cpu"]["libgomp"] = loaded_libgomp()
     cuda, cuda_reason = _load("_cuda")
     cuda_entry = {"compiled": cuda is not None, "available": False, "reason": cuda_reason}
     if cuda is not None:

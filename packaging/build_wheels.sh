@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
-# Build, repair and check the wheels of dihal_fast (the steps cibuildwheel runs per Python, for
-# this machine's Python), and the sdist:
+# Build, repair and check the manylinux_2_28 wheels of dihal_fast (the steps cibuildwheel runs per Python),
+# and the sdist:
 #
 #   bash packaging/build_wheels.sh [--sdist] VARIANT...    # VARIANT: cpu, cu12, cu13; wheels -> wheelhouse/
 #
-# For each variant: the tracked and untracked-but-not-ignored files are copied to a scratch tree,
-# csrc/cuda/wheel_variant.py turns that copy into the variant (distribution name, CUDA on/off,
-# architectures, cuBLAS pin), `pip wheel` builds it without build isolation (scikit-build-core and
-# pybind11 must be installed), and `auditwheel repair` makes it manylinux, leaving out what other
-# wheels provide: libgomp.so.1 (torch's, so that torch and the core share one OpenMP pool),
-# libscipy_openblas.so (scipy-openblas32), libcuda.so.1 (the driver) and cuBLAS (nvidia-cublas*).
+# PYTHONS (default: $PYTHON, else python3) lists the interpreters to build for, e.g.
+# PYTHONS="python3.10 python3.11 python3.12 python3.13"; each must have the build requirements
+# (scikit-build-core, pybind11, scipy-openblas32); $PYTHON runs the tools (auditwheel, ziglang).
+#
+# glibc floor: the modules are compiled by the machine's GCC (OpenMP stays libgomp's) but linked against
+# the link stubs of glibc 2.28 (packaging/glibc_stubs.sh, from the ziglang wheel; GLIBC_STUBS=DIR reuses a
+# folder made before), with libstdc++ / libgcc static (CMake DIHAL_GLIBC_STUBS). So a wheel built on a
+# newer distribution loads on glibc 2.28 (RHEL/Rocky 8, Ubuntu 20.04): `auditwheel repair --plat
+# manylinux_2_28_x86_64` must accept it, `auditwheel show` must name manylinux_2_28 and
+# packaging/check_glibc.py prints the newest GLIBC_ / GLIBCXX_ / GOMP_ versions each module needs and
+# fails above the floor.
+#
+# For each variant and Python: the tracked and untracked-but-not-ignored files are copied to a scratch
+# tree, csrc/cuda/wheel_variant.py turns that copy into the variant (distribution name, CUDA on/off,
+# architectures, cuBLAS pin), `pip wheel` builds it without build isolation, and `auditwheel repair`
+# makes it manylinux, leaving out what other wheels provide: libgomp.so.1 (torch's, so that torch and
+# the core share one OpenMP pool), libscipy_openblas.so (scipy-openblas32), libcuda.so.1 (the driver)
+# and cuBLAS (nvidia-cublas*).
 # CUDA variants use the nvcc on PATH (cu12 needs a CUDA 12 toolkit, cu13 a CUDA 13 one; for cu12 on
 # Debian/Ubuntu see packaging/cuda12_toolkit_debian.sh) and their `cuobjdump --list-elf` / `--list-ptx`
 # architecture lists go to wheelhouse/<wheel>.arch.txt. They are built with cuVS (DIHAL_CUVS=ON, set by
@@ -46,9 +58,12 @@ if [[ $sdist == 1 ]]; then
   (cd / && "$PY" -c "import build.__main__") 2>/dev/null || { echo "$PY lacks build (the sdist's frontend): $PY -m pip install build" >&2; exit 1; }
 fi
 # The wheels build without isolation (the venv's pinned build tools, no index needed at build time):
-# the build requirements of pyproject.toml must be importable by $PY.
-"$PY" -c "import scikit_build_core, pybind11, scipy_openblas32" 2>/dev/null || {
-  echo "$PY lacks the build requirements: $PY -m pip install scikit-build-core pybind11 scipy-openblas32" >&2; exit 1; }
+# the build requirements of pyproject.toml must be importable by every interpreter of $PYTHONS.
+read -r -a pythons <<< "${PYTHONS:-$PY}"
+for py in "${pythons[@]}"; do
+  "$py" -c "import scikit_build_core, pybind11, scipy_openblas32" 2>/dev/null || {
+    echo "$py lacks the build requirements: $py -m pip install scikit-build-core pybind11 scipy-openblas32" >&2; exit 1; }
+done
 [[ -f "$ROOT/LICENSE" ]] || { echo "LICENSE is missing at the repository root: it goes into the sdist and every wheel" >&2; exit 1; }
 
 # A scratch copy of the source tree (what git would put in a clean checkout, plus untracked files).
@@ -71,12 +86,16 @@ if [[ $sdist == 1 ]]; then
   rm -rf "$tree"
 fi
 
+# The glibc 2.28 link stubs, made once per run unless GLIBC_STUBS names a folder of them.
+if [[ ${#variants[@]} -gt 0 ]]; then
+  if [[ -n ${GLIBC_STUBS:-} ]]; then stubs=$GLIBC_STUBS
+  else stubs=$(PYTHON=$PY bash "$ROOT/packaging/glibc_stubs.sh" "$(mktemp -d)/glibc-2.28" 2.28); fi
+  [[ -f $stubs/libc.so ]] || { echo "no glibc stubs in $stubs (packaging/glibc_stubs.sh makes them)" >&2; exit 1; }
+fi
+
 for variant in "${variants[@]}"; do
-  tree=$(mktemp -d)
-  copy_tree "$tree"
   raw=$(mktemp -d)
   echo "== $variant: $(command -v nvcc >/dev/null && nvcc --version | tail -n 1 || echo 'no nvcc')"
-  (cd "$tree" && DIHAL_WHEEL_VARIANT=$variant CUVS_RELEASE="${CUVS_RELEASE:-26.10}" "$PY" csrc/cuda/wheel_variant.py)
   rapids_env=()
   if [[ $variant != cpu && ${CUVS_RELEASE:-26.10} != none ]]; then
     release=${CUVS_RELEASE:-26.10}
@@ -92,22 +111,44 @@ for variant in "${variants[@]}"; do
     done
     rapids_env=("PYTHONPATH=$raw/rapids${PYTHONPATH:+:$PYTHONPATH}")
   fi
+  for py in "${pythons[@]}"; do
+  tree=$(mktemp -d)
+  copy_tree "$tree"
+  (cd "$tree" && DIHAL_WHEEL_VARIANT=$variant CUVS_RELEASE="${CUVS_RELEASE:-26.10}" "$py" csrc/cuda/wheel_variant.py)
+  build=$(mktemp -d)
   start=$(date +%s)
-  if ! (cd "$tree" && env "${rapids_env[@]}" CUVS_RELEASE="${CUVS_RELEASE:-26.10}" "$PY" -m pip wheel --no-deps --no-build-isolation -q -w "$raw" . > "$raw/build.log" 2>&1); then
-    grep -v '^WARNING: Location' "$raw/build.log" | tail -n 40 >&2
-    echo "the $variant wheel did not build (the log's last lines above)" >&2
+  if ! (cd "$tree" && env "${rapids_env[@]}" CUVS_RELEASE="${CUVS_RELEASE:-26.10}" CMAKE_ARGS="-DDIHAL_GLIBC_STUBS=$stubs" \
+        "$py" -m pip wheel --no-deps --no-build-isolation -q -w "$build" . > "$build/build.log" 2>&1); then
+    grep -v '^WARNING: Location' "$build/build.log" | tail -n 40 >&2
+    echo "the $variant wheel ($("$py" --version)) did not build (the log's last lines above)" >&2
     exit 1
   fi
-  whl=$(ls "$raw"/*.whl)
+  whl=$(ls "$build"/*.whl)
   echo "built $(basename "$whl") in $(( $(date +%s) - start )) s"
-  auditwheel repair -w "$OUT" "$whl" \
+  if ! auditwheel repair --plat manylinux_2_28_x86_64 --only-plat -w "$OUT" "$whl" \
     --exclude libgomp.so.1 --exclude libscipy_openblas.so --exclude libcuda.so.1 \
     --exclude libcublas.so.12 --exclude libcublasLt.so.12 --exclude libcublas.so.13 --exclude libcublasLt.so.13 \
-    --exclude librmm.so --exclude librapids_logger.so \
-    2>&1 | grep -E 'Fixed-up wheel|Wheel is eligible|error' || true
-  stem=$(basename "$whl" | cut -d- -f1-2)
-  repaired=$(ls -t "$OUT"/"$stem"-*manylinux*.whl | head -n 1)
+    --exclude librmm.so --exclude librapids_logger.so > "$build/repair.log" 2>&1; then
+    cat "$build/repair.log" >&2
+    echo "auditwheel refused to tag $(basename "$whl") manylinux_2_28 (its log above)" >&2
+    exit 1
+  fi
+  repaired=$OUT/$(sed -n 's/.*Fixed-up wheel written to .*\/\([^/]*\.whl\).*/\1/p' "$build/repair.log")
+  [[ -f $repaired ]] || { cat "$build/repair.log" >&2; echo "auditwheel wrote no wheel for $(basename "$whl")" >&2; exit 1; }
   echo "repaired: $(basename "$repaired") ($(du -h "$repaired" | cut -f1))"
+  # auditwheel show, with the glibc stubs as the system libraries: the symbol versions must fit
+  # manylinux_2_28, and the only external libraries are those left out on purpose (its overall tag is
+  # linux_x86_64 for them, as for every wheel that relies on another wheel's library).
+  auditwheel show --json --ldpaths "$stubs" "$repaired" | "$PY" -c '
+import json, re, sys
+shown = json.load(sys.stdin)
+external = set(shown["external_libs"]) - set(sys.argv[1].split())
+glibc = re.fullmatch(r"manylinux_2_(\d+)_x86_64", shown["sym_tag"])
+print(f"auditwheel show: symbols {shown['"'"'sym_tag'"'"']}, external libraries left out: {sorted(shown['"'"'external_libs'"'"'])}")
+if glibc is None or int(glibc.group(1)) > 28 or external:
+    sys.exit(f"not manylinux_2_28: symbol tag {shown['"'"'sym_tag'"'"']}, unexpected external libraries {sorted(external)}")
+' "libgomp.so.1 libscipy_openblas.so libcuda.so.1 libcublas.so.12 libcublasLt.so.12 libcublas.so.13 libcublasLt.so.13 librmm.so librapids_logger.so"
+  "$PY" "$ROOT/packaging/check_glibc.py" --policy manylinux_2_28 "$repaired"
   contents=$(unzip -l "$repaired")
   if grep 'libgomp' <<< "$contents" >&2; then echo "the repaired wheel bundles libgomp" >&2; exit 1; fi
   if grep -E 'librmm|librapids_logger' <<< "$contents" >&2; then echo "the repaired wheel bundles RMM (libcuvs brings it)" >&2; exit 1; fi
@@ -122,5 +163,7 @@ for variant in "${variants[@]}"; do
     } | tee "$OUT/$(basename "$repaired").arch.txt"
     rm -rf "$ext"
   fi
-  rm -rf "$tree" "$raw"
+  rm -rf "$tree" "$build"
+  done
+  rm -rf "$raw"
 done
