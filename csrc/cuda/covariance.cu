@@ -121,7 +121,7 @@ void block_gram(cublas::Handle h, const C* centred, int64_t rows, int64_t D, flo
     const int64_t jb = std::min(kGramBlockColumns, D - j0);
     cublas::check(cublas::api().gemm_ex(h, cublas::kOpN, cublas::kOpT, int(D - j0), int(jb), int(rows), &one,
                                         centred + j0, data_type<C>(), int(D), centred + j0, data_type<C>(), int(D),
-                                        &zero, gram + j0 + j0 * D, CUDA_R_32F, int(D), cublas::kCompute32F,
+                                        &zero, gram + j0 + j0 * D, CUDA_R_32F, int(D), cublas::kCompute32FPedantic,
                                         cublas::kGemmDefault),
                   "cublasGemmEx (covariance block)");
   }

@@ -45,9 +45,9 @@ std::string load(const std::vector<std::string>& candidates) {
   const auto resolve = [&api](void* lib, std::string& missing) {
     dynlib::bind(lib, "cublasCreate_v2", api.create, missing);
     dynlib::bind(lib, "cublasSetStream_v2", api.set_stream, missing);
+    dynlib::bind(lib, "cublasSetMathMode", api.set_math_mode, missing);
     dynlib::bind(lib, "cublasGetStatusString", api.status_string, missing);
     dynlib::bind(lib, "cublasGemmEx", api.gemm_ex, missing);
-    dynlib::bind(lib, "cublasDgemm_v2", api.dgemm, missing);
     dynlib::bind(lib, "cublasDsyrk_v2", api.dsyrk, missing);
     dynlib::bind(lib, "cublasDtrsm_v2", api.dtrsm, missing);
     return missing.empty();
@@ -74,6 +74,7 @@ Handle handle(int device, cudaStream_t stream) {
     Handle h = nullptr;
     check(a.create(&h), "cublasCreate");
     check(a.set_stream(h, stream), "cublasSetStream");
+    check(a.set_math_mode(h, kPedanticMath), "cublasSetMathMode (CUBLAS_PEDANTIC_MATH)");
     return h;
   });
 }

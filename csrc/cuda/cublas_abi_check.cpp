@@ -38,6 +38,7 @@ constexpr bool same_abi = std::is_same_v<normal_fn_t<Real>, normal_fn_t<Ours>>;
 
 static_assert(same_abi<decltype(&cublasCreate_v2), decltype(Api::create)>, "cublasCreate_v2");
 static_assert(same_abi<decltype(&cublasSetStream_v2), decltype(Api::set_stream)>, "cublasSetStream_v2");
+static_assert(same_abi<decltype(&cublasSetMathMode), decltype(Api::set_math_mode)>, "cublasSetMathMode");
 static_assert(same_abi<decltype(&cublasGetStatusString), decltype(Api::status_string)>, "cublasGetStatusString");
 // cublasGemmEx is overloaded in C++ (a wrapper taking cudaDataType as compute type): the cast
 // selects the C entry point and fails to compile if it does not exist with this signature.
@@ -45,7 +46,6 @@ using GemmExReal = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasO
                                       const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
                                       cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
 static_assert(same_abi<decltype(static_cast<GemmExReal>(&cublasGemmEx)), decltype(Api::gemm_ex)>, "cublasGemmEx");
-static_assert(same_abi<decltype(&cublasDgemm_v2), decltype(Api::dgemm)>, "cublasDgemm_v2");
 static_assert(same_abi<decltype(&cublasDsyrk_v2), decltype(Api::dsyrk)>, "cublasDsyrk_v2");
 static_assert(same_abi<decltype(&cublasDtrsm_v2), decltype(Api::dtrsm)>, "cublasDtrsm_v2");
 
@@ -54,6 +54,9 @@ static_assert(CUBLAS_STATUS_SUCCESS == 0, "status");
 static_assert(CUBLAS_OP_N == cb::kOpN && CUBLAS_OP_T == cb::kOpT, "cublasOperation_t");
 static_assert(CUBLAS_FILL_MODE_LOWER == cb::kFillLower && CUBLAS_FILL_MODE_UPPER == cb::kFillUpper, "cublasFillMode_t");
 static_assert(CUBLAS_SIDE_LEFT == cb::kSideLeft && CUBLAS_DIAG_NON_UNIT == cb::kDiagNonUnit, "side/diag");
-static_assert(CUBLAS_COMPUTE_32F == cb::kCompute32F && CUBLAS_GEMM_DEFAULT == cb::kGemmDefault, "compute/algo");
+static_assert(CUBLAS_COMPUTE_32F_PEDANTIC == cb::kCompute32FPedantic && CUBLAS_GEMM_DEFAULT == cb::kGemmDefault,
+              "compute/algo");
+static_assert(CUBLAS_COMPUTE_64F_PEDANTIC == cb::kCompute64FPedantic && CUBLAS_PEDANTIC_MATH == cb::kPedanticMath,
+              "pedantic compute / math mode");
 
 }  // namespace

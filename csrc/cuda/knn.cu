@@ -207,15 +207,16 @@ void tile_gemm(cublas::Handle h, const float* Xq, int64_t nq, const float* Xr, i
   const float one = 1.0f, zero = 0.0f;
   cublas::check(cublas::api().gemm_ex(h, cublas::kOpT, cublas::kOpN, int(nq), int(nr), int(D), &one, Xq, CUDA_R_32F,
                                       int(D), Xr, CUDA_R_32F, int(D), &zero, tile, CUDA_R_32F, int(nq),
-                                      cublas::kCompute32F, cublas::kGemmDefault),
+                                      cublas::kCompute32FPedantic, cublas::kGemmDefault),
                 "cublasGemmEx (kNN tile)");
 }
 
 void tile_gemm(cublas::Handle h, const double* Xq, int64_t nq, const double* Xr, int64_t nr, int64_t D, double* tile) {
   const double one = 1.0, zero = 0.0;
-  cublas::check(cublas::api().dgemm(h, cublas::kOpT, cublas::kOpN, int(nq), int(nr), int(D), &one, Xq, int(D), Xr,
-                                    int(D), &zero, tile, int(nq)),
-                "cublasDgemm (kNN tile)");
+  cublas::check(cublas::api().gemm_ex(h, cublas::kOpT, cublas::kOpN, int(nq), int(nr), int(D), &one, Xq, CUDA_R_64F,
+                                      int(D), Xr, CUDA_R_64F, int(D), &zero, tile, CUDA_R_64F, int(nq),
+                                      cublas::kCompute64FPedantic, cublas::kGemmDefault),
+                "cublasGemmEx (kNN float64 tile)");
 }
 
 template <typename T, typename W>

@@ -10,9 +10,14 @@ toolkit, and cuVS (``backend="cuvs"``) from the ``libcuvs`` wheels. Whatever is 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib.util
+import logging
 import os
+import re
 import sys
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -25,10 +30,33 @@ from dihal_fast.errors import DihalTypeError, DihalValueError
 _CHUNK_BYTES = 256 << 20  # float64 scratch per chunk of exact distance rows / neighbourhoods
 _DENSE_EIGEN_MAX = 256  # covariances up to this size use a dense eigensolver
 _LANCZOS_CHECK_EVERY = 8
+# cuBLAS's floating-point emulation switches (CUDA 12.9+/13: bf16x9 for float32, fixed point for float64 GEMMs),
+# read by cuBLAS at initialisation for every handle of the process. The kNN certificate assumes IEEE products
+# in the working type (csrc/knn_logic.hpp), so the backend refuses to start with any of them set.
+_CUBLAS_EMULATION_ENV = re.compile(r"CUBLAS_(EMULATE_\w+|EMULATION_\w+|FIXEDPOINT_EMULATION_\w+)")
+# The share of rows the candidate kernel itself certifies on ordinary data (tools/gpu_first_run.py, GPU tests):
+# below it the kernel is broken even when the fallbacks make every answer right.
+MIN_KERNEL_CERTIFIED_SHARE = 0.99
+_log = logging.getLogger(__name__)
+
+
+def cublas_emulation_refusal(environ: dict[str, str] | os._Environ[str]) -> str:
+    """One line refusing the cuBLAS emulation variables set in ``environ`` ('' when none is); a variable set to
+    0 or empty switches nothing on and passes."""
+    found = sorted(f"{k}={v}" for k, v in environ.items() if _CUBLAS_EMULATION_ENV.fullmatch(k) and v not in ("", "0"))
+    if not found:
+        return ""
+    return (
+        f"cuBLAS floating-point emulation is switched on ({', '.join(found)}); the kNN certificate assumes IEEE "
+        "products in the working type: unset these variables for this process"
+    )
 
 
 def create(name: str) -> CudaBackend:
     """The ``cuda`` (own kNN kernel) or ``cuvs`` (cuVS brute-force candidates) backend."""
+    refusal = cublas_emulation_refusal(os.environ)
+    if refusal:
+        raise DihalValueError(f"backend={name!r}: {refusal}")
     module = _native.cuda_module()  # BackendUnavailable: not compiled, or no usable device
     import torch
 
@@ -150,6 +178,100 @@ def gemm_candidates(X, rows, k: int, cap: int, idx, d2):
         d2[chunk[ok]] = exact[ok, :k]
         certified[c0 : c0 + chunk.numel()] = ok
     return certified
+
+
+@dataclasses.dataclass(frozen=True)
+class KnnStats:
+    """Where the rows of one CUDA / cuVS kNN call got their answer: certified by the candidate kernel, by the float64
+    GEMM pass (:func:`gemm_candidates`), or recomputed from exact distances to all rows. ``kernel_rows`` marks the
+    kernel's rows (NumPy bool, length ``rows``)."""
+
+    backend: str
+    rows: int
+    kernel_certified: int
+    float64_certified: int
+    exact: int
+    kernel_rows: np.ndarray = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def kernel_share(self) -> float:
+        return self.kernel_certified / self.rows if self.rows else 1.0
+
+    def summary(self) -> str:
+        return (
+            f"{self.backend} kNN: {self.kernel_certified} of {self.rows} rows certified by the kernel "
+            f"({100 * self.kernel_share:.2f} %), {self.float64_certified} by the float64 pass, {self.exact} exact"
+        )
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "kernel_rows"} | {
+            "kernel_share": self.kernel_share
+        }
+
+
+def certified_share_problems(
+    stats: KnnStats, idx, d2, ref_idx, ref_d2, min_share: float = MIN_KERNEL_CERTIFIED_SHARE
+) -> list[str]:
+    """What is wrong with a kNN call on ordinary data: the kernel certified fewer than ``min_share`` of the rows, or a
+    row it certified differs from the float64 reference (``ref_idx`` / ``ref_d2``: other neighbours, or distances
+    off by more than 1e-12 relative, NaN included). Empty: nothing."""
+    problems = []
+    if stats.kernel_share < min_share:
+        problems.append(f"{stats.summary()}: below the {100 * min_share:.0f} % a working kernel certifies")
+    mask = stats.kernel_rows
+    wrong_idx = (np.asarray(idx)[mask] != np.asarray(ref_idx)[mask]).any(axis=1)
+    mine, theirs = np.asarray(d2, dtype=np.float64)[mask], np.asarray(ref_d2, dtype=np.float64)[mask]
+    wrong_d2 = ~(np.abs(mine - theirs) <= 1e-12 * np.abs(theirs) + 1e-300).all(axis=1)  # NaN is never <=
+    wrong = np.flatnonzero(wrong_idx | wrong_d2)
+    if wrong.size:
+        rows = np.flatnonzero(mask)[wrong[:5]].tolist()
+        problems.append(
+            f"{wrong.size} rows certified by the {stats.backend} kernel differ from the reference (rows {rows})"
+        )
+    return problems
+
+
+_stats_lock = threading.Lock()
+_last_stats: KnnStats | None = None
+
+
+def last_knn_stats() -> KnnStats | None:
+    """The :class:`KnnStats` of the most recent CUDA / cuVS kNN call of this process (any thread), None before one."""
+    with _stats_lock:
+        return _last_stats
+
+
+def _record(stats: KnnStats) -> None:
+    global _last_stats
+    with _stats_lock:
+        _last_stats = stats
+    _log.debug(stats.summary())
+
+
+def resolve_uncertified(X, k: int, flags, capacity: int, idx, d2, exact_rows, backend: str) -> KnnStats:
+    """The fallbacks of the kNN after the candidate kernel, on torch tensors of any device: rows with nonzero
+    ``flags`` (all rows when ``flags`` is None: no kernel ran) go to the float64 GEMM pass, those it cannot certify
+    to ``exact_rows(rows)``; ``idx`` / ``d2`` are completed in place. Returns where each row's answer came from."""
+    import torch
+
+    n = X.shape[0]
+    rows = torch.arange(n, device=X.device) if flags is None else torch.nonzero(flags).flatten()
+    kernel_rows = torch.ones(n, dtype=torch.bool, device=X.device)
+    kernel_rows[rows] = False
+    after_gemm = rows
+    if rows.numel():
+        certified = gemm_candidates(X, rows, k, capacity, idx, d2)
+        after_gemm = rows[~certified]
+    if after_gemm.numel():
+        exact_rows(after_gemm)
+    return KnnStats(
+        backend=backend,
+        rows=n,
+        kernel_certified=n - rows.numel(),
+        float64_certified=rows.numel() - after_gemm.numel(),
+        exact=after_gemm.numel(),
+        kernel_rows=kernel_rows.cpu().numpy(),
+    )
 
 
 class CudaBackend:
@@ -303,6 +425,7 @@ class CudaBackend:
         code = self._codes[X.dtype]
         idx = torch.empty((n, k), dtype=torch.int64, device=X.device)
         d2 = torch.empty((n, k), dtype=torch.float64, device=X.device)
+        flags = None
         if m.knn_capacity(n, k) <= m.MAX_KNN_CANDIDATES:
             flags = torch.empty(n, dtype=torch.int32, device=X.device)
             ws = self._workspace(X, m.knn_workspace(n, D, k, code, self.use_cuvs))
@@ -320,14 +443,20 @@ class CudaBackend:
                 ws.numel(),
                 *self._launch(X),
             )
-            rows = torch.nonzero(flags).flatten()  # rows whose candidates could not certify the answer
-        else:
-            rows = torch.arange(n, device=X.device)
-        if rows.numel():
-            certified = gemm_candidates(X, rows, k, m.knn_capacity(n, k), idx, d2)
-            rows = rows[~certified]
-        if rows.numel():
-            self._exact_rows(X, k, rows, idx, d2)
+        # flags: rows whose candidates could not certify the answer (None: k beyond the kernel's lists)
+        with _nvtx_range(f"dihal {self.name} kNN fallbacks"):
+            stats = resolve_uncertified(
+                X,
+                k,
+                flags,
+                m.knn_capacity(n, k),
+                idx,
+                d2,
+                lambda rows: self._exact_rows(X, k, rows, idx, d2),
+                self.name,
+            )
+        _record(stats)
+        torch.cuda.nvtx.mark(stats.summary())
         return idx, d2
 
     def _exact_rows(self, X, k: int, rows, idx, d2) -> None:
@@ -408,6 +537,13 @@ class CudaBackend:
             *self._launch(X),
         )
         return out.cpu().numpy()
+
+
+def _nvtx_range(message: str):
+    """An NVTX range around the kNN fallbacks (seen in Nsight Systems next to the kernel's ranges)."""
+    import torch
+
+    return torch.cuda.nvtx.range(message) if torch.cuda.is_available() else contextlib.nullcontext()
 
 
 def _ritz(alpha: np.ndarray, beta: np.ndarray, rel_tol: float) -> tuple[float, bool]:
