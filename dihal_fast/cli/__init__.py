@@ -2,8 +2,10 @@
 
 Each module in :data:`COMMANDS` defines ``register(subparsers)``, which adds its sub-command
 with a ``func(args) -> int`` default. A refusal (:class:`dihal_fast.errors.DihalError`: bad paths, bad values) is
-one clear line on stderr with exit status 2; an environment failure (``OSError``: disk full, closed pipe, no
-permission) is one line with exit status 1. Anything else is a bug and shows its traceback.
+one clear line on stderr with exit status 2; an environment failure (``OSError`` or ``DihalIOError``: disk full, no
+permission, a read-only file system) is one line with exit status 1; a closed stdout (``dihal info | head``) ends
+the command quietly with status 0. Anything else is a bug and shows its traceback; ``DIHAL_DEBUG=1`` also shows
+the traceback of a refusal. Options are never abbreviated (``--layer`` is not ``--layers``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ COMMANDS = ["info", "backbone", "generate", "locate", "replace", "hcdlm", "evalu
 
 class OneLineParser(argparse.ArgumentParser):
     """A usage error is one line (``dihal locate: error: ... (see dihal locate --help)``), exit status 2; the
-    sub-command parsers are of the same class (argparse creates them with the parent's)."""
+    sub-command parsers are of the same class (argparse creates them with the parent's). No option may be
+    abbreviated: ``--layer 3`` beside a ``--layers`` option is refused, not read as ``--layers 3``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
@@ -86,7 +93,7 @@ def _accept_local_rank(parser: argparse.ArgumentParser, seen: set[int] | None = 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one ``dihal`` command; a refusal or an environment failure is one line on stderr (``DIHAL_DEBUG=1``:
-    its traceback too)."""
+    its traceback too); a closed stdout ends it quietly with status 0."""
     from dihal_fast.common.progress import quiet_library_bars
 
     command = "dihal"
@@ -106,9 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a full disk or a closed pipe on stdout is reported here, not at exit
         return code
-    except KeyboardInterrupt:
-        print(f"{command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM inside a run directory (it names how to continue)
+        print(f"{command}: {exc or 'interrupted'}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `dihal info | head -c0`: the reader has what it wanted
+        with contextlib.suppress(OSError, ValueError):  # Python must not flush the gone stdout again at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (DihalError, OSError) as exc:
         if os.environ.get("DIHAL_DEBUG", "") not in ("", "0"):
             raise
@@ -116,10 +127,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(command: str, exc: BaseException) -> int:
-    """Print ``exc`` as one line; exit status 2 for bad input, 1 for the environment (disk full, closed pipe)."""
-    if isinstance(exc, BrokenPipeError):  # `dihal ... | head`: stdout is gone, Python must not flush it again at exit
-        with contextlib.suppress(OSError, ValueError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    """Print ``exc`` as one line; exit status 2 for bad input (a missing input file included), 1 for the
+    environment (disk full, no permission, a read-only file system)."""
     print(f"{command}: error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
     environment = isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError)
     return 1 if environment else 2

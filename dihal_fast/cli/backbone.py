@@ -81,14 +81,14 @@ def run_train(args: argparse.Namespace) -> int:
     import torch
 
     from dihal_fast.backbone.train import train_backbone
-    from dihal_fast.common.rundir import run_directory
+    from dihal_fast.common.rundir import RESUME_HINT, run_directory
 
     if args.threads < 0:
         raise DihalValueError(f"--threads must be >= 0, got {args.threads}")
     config = dataclass_from_options(BackboneTrainConfig, args)  # refuses a bad value before the run directory
     if args.threads:
         torch.set_num_threads(args.threads)
-    with run_directory(args.out, "dihal backbone train"):
+    with run_directory(args.out, "dihal backbone train", resume=args.resume, resume_hint=RESUME_HINT):
         report = train_backbone(
             config,
             args.out,

@@ -116,6 +116,7 @@ def backbone_option(default_note: str = "") -> Any:
         "shipped backbone name (dihal backbone list) or local Hugging Face causal-LM checkpoint directory "
         f"(default: {DEFAULT_BACKBONE}{default_note})",
         metavar="MODEL",
+        path=True,
     )
 
 
@@ -125,4 +126,5 @@ def corpus_option() -> Any:
         None,
         ".txt / .jsonl files, directories of them or a saved dataset (default: the shipped corpus)",
         metavar="PATH",
+        path=True,
     )

@@ -13,7 +13,8 @@ field's annotation and the metadata of :func:`dihal_fast.common.options.option`:
 - by metadata: ``min`` / ``max`` (inclusive), ``gt`` / ``lt`` (exclusive), ``choices``, ``finite=False``
   (a float that may be infinite), ``device=True`` (a torch device this machine has: see
   :func:`dihal_fast.common.devices.resolve_device`), ``device_map=True`` (a ``--device-map``: see
-  :func:`dihal_fast.common.devices.parse_device_map`).
+  :func:`dihal_fast.common.devices.parse_device_map`), ``path=True`` (a file or folder path: not the empty
+  string, which would mean the current directory).
 
 A config that no command builds from its flags (a derived or API-only one, such as the training loop's
 ``LoopSettings``) sets ``flag_names = False``: its messages name the field alone
@@ -139,6 +140,8 @@ def _check_scalar(where: str, value: Any, hint: Any, metadata: typing.Mapping[st
         _check_range(where, float(value), metadata)
     elif hint is str and not isinstance(value, str):
         raise DihalTypeError(f"{where} must be a string, got {value!r}")
+    if metadata.get("path") and isinstance(value, str) and not value.strip():
+        raise DihalValueError(f"{where} must be a path, got the empty string {value!r}")
     if "choices" in metadata and value not in metadata["choices"]:
         raise DihalValueError(f"{where} must be one of {', '.join(map(str, metadata['choices']))}; got {value!r}")
     if metadata.get("device"):

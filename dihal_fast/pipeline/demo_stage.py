@@ -27,7 +27,14 @@ from dihal_fast.pipeline.evaluate_stage import evaluate as evaluate_stage
 from dihal_fast.pipeline.generate_stage import GenerateConfig, generate
 from dihal_fast.pipeline.locate_stage import LocateConfig
 from dihal_fast.pipeline.reports import DemoReport
-from dihal_fast.pipeline.reuse import ensure_locate, ensure_replace
+from dihal_fast.pipeline.reuse import (
+    OVERWRITE_HELP,
+    RESUME_HELP,
+    RESUME_HINT,
+    check_inputs,
+    ensure_locate,
+    ensure_replace,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +110,8 @@ class DemoConfig(CheckedConfig):
     corpus: list[str] | None = corpus_option()
     device: str = device_option(help="device of locate, bridge training and sampling: " + DEVICE_HELP)
     dtype: str = dtype_option()
+    resume: bool = option(False, RESUME_HELP)
+    overwrite: bool = option(False, OVERWRITE_HELP)
     settings: DemoBudgetConfig = field(default_factory=DemoBudgetConfig, metadata={"help": "sizes of the demo"})
 
 
@@ -131,7 +140,7 @@ def demo(config: DemoConfig, out: str | Path) -> DemoReport:
     from dihal_fast.common.rundir import run_directory
 
     seed_everything(config.settings.seed)
-    with run_directory(out, "dihal demo"):
+    with run_directory(out, "dihal demo", resume=config.resume, overwrite=config.overwrite, resume_hint=RESUME_HINT):
         return DemoReport(Path(out), _demo(config, corpus_or_default(config.corpus), Path(out)))
 
 
@@ -160,23 +169,26 @@ def _demo(config: DemoConfig, corpus: list[str], out: Path) -> dict:
     )
     # The evaluate stage seeds the global RNGs itself, so its numbers do not depend on whether the
     # earlier stages ran in this invocation or were reused from a previous one.
+    check_inputs(out, "evaluate", {"evaluate": evaluation_config})
     evaluation = clock.run(
         "evaluate",
         lambda: dict(evaluate_stage(evaluation_config, out / "evaluate").data),
         (out / "evaluate" / "evaluate.json").is_file(),
     )
 
+    prompts = GenerateConfig(
+        model=str(train["hybrid_dir"]),
+        prompt=list(PROMPTS),
+        n_samples=2,
+        max_new_tokens=48,
+        seed=settings.seed,
+        device=config.device,
+    )
+    check_inputs(out, "samples.json", {"generate": prompts})
+
     def generate_samples() -> dict:
         if (out / "samples.json").is_file():
             return read_json(out / "samples.json", "demo samples")
-        prompts = GenerateConfig(
-            model=str(train["hybrid_dir"]),
-            prompt=list(PROMPTS),
-            n_samples=2,
-            max_new_tokens=48,
-            seed=settings.seed,
-            device=config.device,
-        )
         return dict(generate(prompts, out / "samples.json").data)
 
     samples = clock.run("generate", generate_samples, (out / "samples.json").is_file())

@@ -18,6 +18,7 @@ from dihal_fast.common.assets import backbone_option, corpus_option, corpus_or_d
 from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.devices import device_option, dtype_option
 from dihal_fast.common.options import option
+from dihal_fast.common.rundir import OVERWRITE_HELP
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.errors import DihalValueError
 from dihal_fast.geometry import BACKENDS
@@ -53,6 +54,7 @@ class LocateConfig(CheckedConfig):
     )
     keep_first: bool = option(False, "keep the first position of each block (attention sink)")
     resume: bool = option(False, "continue the collection checkpointed in the run directory")
+    overwrite: bool = option(False, OVERWRITE_HELP)
     checkpoint_every: int = option(100, "batches between checkpoints", min=1)
     max_batches: int | None = option(
         None,
@@ -92,10 +94,13 @@ def locate(config: LocateConfig, out: str | Path) -> LocateReport:
     """
     from dihal_fast.collect import distributed_session
     from dihal_fast.common import resolve_device
-    from dihal_fast.common.rundir import run_directory
+    from dihal_fast.common.rundir import RESUME_HINT, run_directory
 
     device = str(resolve_device(config.device))
-    with run_directory(out, "dihal locate"), distributed_session(device) as (rank, world):
+    with (
+        run_directory(out, "dihal locate", resume=config.resume, overwrite=config.overwrite, resume_hint=RESUME_HINT),
+        distributed_session(device) as (rank, world),
+    ):
         check_checkpoint_config(config.model, config.seq_len)  # a bad config.json, a too long --seq-len
         return _locate(config, Path(out), device, rank, world)
 

@@ -14,6 +14,7 @@ from dihal_fast.common.assets import backbone_option, corpus_option, corpus_or_d
 from dihal_fast.common.checkpoint_config import check_checkpoint_config
 from dihal_fast.common.devices import device_map_option
 from dihal_fast.common.options import option
+from dihal_fast.common.rundir import OVERWRITE_HELP
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.errors import DihalValueError
 from dihal_fast.pipeline.reports import ReplaceReport
@@ -31,10 +32,10 @@ class ReplaceConfig(CheckedConfig):
     model: str | None = backbone_option(", or locate.json's model with --from-locate")
     layer: int | None = option(None, "hidden state l* to rebuild (1..L-1); layers 1..l* are replaced", min=1)
     from_locate: str | None = option(
-        None, "take l* from RUN/locate.json (selected_layer) written by dihal locate", metavar="RUN"
+        None, "take l* from RUN/locate.json (selected_layer) written by dihal locate", metavar="RUN", path=True
     )
     corpus: list[str] | None = corpus_option()
-    val_corpus: str | None = option(None, "held-out corpus for validation (default: the tail of --corpus)")
+    val_corpus: str | None = option(None, "held-out corpus for validation (default: the tail of --corpus)", path=True)
     deepspeed: str | None = option(None, DEEPSPEED_HELP, metavar="CFG")
     device_map: str = device_map_option(
         help="placement of the frozen teacher and the retained layers in one process, for a backbone larger than "
@@ -43,6 +44,7 @@ class ReplaceConfig(CheckedConfig):
         "the bridge trains on the device of the input embedding; not with --deepspeed (needs accelerate)"
     )
     resume: bool = option(False, "continue from the newest checkpoint in the run directory")
+    overwrite: bool = option(False, OVERWRITE_HELP)
     train: BridgeTrainConfig = field(default_factory=BridgeTrainConfig, metadata={"help": "bridge training options"})
 
     def __post_init__(self) -> None:
@@ -65,7 +67,7 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
     """Train the bridge for ``config``'s layer in run directory ``out`` (holding its lock) and export the
     hybrid; every process of a DeepSpeed job calls this and gets the summary."""
     from dihal_fast.common.hf_loading import resolve_model_dir
-    from dihal_fast.common.rundir import run_directory
+    from dihal_fast.common.rundir import RESUME_HINT, run_directory
     from dihal_fast.replace import train_bridge
     from dihal_fast.replace.placement import check_replace_placement
 
@@ -78,7 +80,7 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
             logger.warning("--model %s differs from the model %s that dihal locate measured", model, located_model)
         logger.info("layer %d from %s", layer, Path(config.from_locate) / "locate.json")
     check_replace_placement(model, config.train.device, config.device_map, config.deepspeed)  # before the run dir
-    with run_directory(out, "dihal replace"):
+    with run_directory(out, "dihal replace", resume=config.resume, overwrite=config.overwrite, resume_hint=RESUME_HINT):
         check_checkpoint_config(model, config.train.seq_len)  # a bad config.json, a too long --seq-len
         result = train_bridge(
             model,

@@ -29,7 +29,7 @@ from dihal_fast.errors import DihalValueError
 from dihal_fast.evaluate.correlation import plot_sweep, score_loss_correlations
 from dihal_fast.pipeline.locate_stage import LocateConfig
 from dihal_fast.pipeline.reports import SweepReport
-from dihal_fast.pipeline.reuse import ensure_locate
+from dihal_fast.pipeline.reuse import OVERWRITE_HELP, RESUME_HELP, RESUME_HINT, ensure_locate, finished_replace
 
 if TYPE_CHECKING:
     from dihal_fast.replace.config import BridgeTrainConfig
@@ -80,6 +80,8 @@ class SweepConfig(CheckedConfig):
         "one thread and two give losses that differ in the last bits (about 1e-10)",
         min=0,
     )
+    resume: bool = option(False, RESUME_HELP)
+    overwrite: bool = option(False, OVERWRITE_HELP)
     settings: SweepBudgetConfig = field(default_factory=SweepBudgetConfig, metadata={"help": "budget and sizes"})
 
     def locate_config(self) -> LocateConfig:
@@ -108,7 +110,7 @@ def sweep(config: SweepConfig, out: str | Path) -> SweepReport:
     in run directory ``out``, holding its lock."""
     from dihal_fast.common.rundir import run_directory
 
-    with run_directory(out, "dihal sweep"):
+    with run_directory(out, "dihal sweep", resume=config.resume, overwrite=config.overwrite, resume_hint=RESUME_HINT):
         return SweepReport(Path(out), _sweep(config, Path(out)))
 
 
@@ -170,11 +172,8 @@ def sweep_bridges(
     from dihal_fast.replace.lockstep import train_bridges
 
     dirs = {layer: out / f"layer_{layer:02d}" for layer in layers}
-    results = {
-        layer: read_json(d / "result.json", "bridge training summary")
-        for layer, d in dirs.items()
-        if (d / "result.json").is_file()
-    }
+    finished = {layer: finished_replace(d, model, layer, corpus, train) for layer, d in dirs.items()}
+    results = {layer: result for layer, result in finished.items() if result is not None}
     if results:
         logger.info("reusing the finished bridge trainings of layers %s", sorted(results))
     todo = [layer for layer in layers if layer not in results]

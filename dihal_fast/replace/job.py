@@ -29,6 +29,7 @@ from dihal_fast.bridge import BridgeConfig
 from dihal_fast.common import atomic_write_json, read_json, resolve_device, seed_everything
 from dihal_fast.common.devices import dtype_name
 from dihal_fast.common.hf_loading import load_causal_lm, resolve_model_dir
+from dihal_fast.common.io import kill_point, writing
 from dihal_fast.corpus import corpus_files
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hybrid import HybridLM, backbone_targets
@@ -148,6 +149,7 @@ def train_bridge(
             check_teacher_placed(backbone)
             device = training_device(backbone)
         blocks = load_blocks(tokenizer, corpus, config.seq_len, config.val_blocks, config.max_train_tokens, val_corpus)
+        kill_point("data")  # test hook: a kill after data preparation
         job = bridge_job(
             backbone, tokenizer, model_dir, blocks, layer, out_dir, config, checkpoint, device, rank, callback
         )
@@ -275,6 +277,7 @@ class BridgeJob(TrainingJob):
         """Rank 0 validates (and optionally saves) a fresh hybrid with the EMA weights; the others wait."""
         report: dict = {}
         if self.rank == 0:
+            kill_point("validation")  # test hook
             hybrid = self.export(run.ema_weights())
             report = {
                 "step": step,
@@ -296,7 +299,9 @@ class BridgeJob(TrainingJob):
                 report["backbone_ppl"],
             )
             if export_dir is not None:
-                hybrid.save_pretrained(export_dir)
+                with writing(export_dir):
+                    hybrid.save_pretrained(export_dir)
+                kill_point("export")  # test hook: a kill between the export and result.json
         run.engine.barrier()
         return report
 
@@ -340,4 +345,5 @@ def _bridge_config(
     )
     bridge_config.target_mean, bridge_config.target_std = [float(v) for v in mean], std
     bridge_config.condition_rms = condition_rms
+    kill_point("statistics")  # test hook: a kill after the target statistics
     return bridge_config

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from dihal_fast.common.devices import resolve_device
 from dihal_fast.common.hf_loading import load_causal_lm
+from dihal_fast.common.rundir import die_with_parent, register_writers
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hybrid import backbone_targets
 from dihal_fast.hybrid.slicing import tap_hidden_state
@@ -196,21 +197,55 @@ def _train_in_workers(runs: LayerRuns, checkpoints: Mapping[int, Path | None], w
     logger.info("%d worker processes of one thread, layers %s", len(groups), groups)
     level, tuned_malloc = logging.getLogger().getEffectiveLevel(), cpu_malloc.applied()
     results: dict[int, dict] = {}
-    with ProcessPoolExecutor(len(groups), mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(
+        len(groups),
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=die_with_parent,
+        initargs=(os.getpid(),),
+    )
+    try:
         futures = [
             pool.submit(
                 _worker, i, runs.subset(group), {layer: checkpoints[layer] for layer in group}, level, tuned_malloc
             )
             for i, group in enumerate(groups)
         ]
-        try:
-            for future in futures:
-                results.update(future.result())
-        except BrokenProcessPool:
-            raise ChildProcessError(
-                "a sweep worker process died (killed, or out of memory?); rerun to resume from the last checkpoints"
-            ) from None
+        _register_workers(pool, runs)
+        for future in futures:
+            results.update(future.result())
+    except BrokenProcessPool:
+        _stop_workers(pool)
+        raise ChildProcessError(
+            "a sweep worker process died (killed, or out of memory?); rerun to resume from the last checkpoints"
+        ) from None
+    except BaseException:  # an interrupt (Ctrl-C, SIGTERM) or a worker's error: no worker may keep writing
+        _stop_workers(pool)
+        raise
+    pool.shutdown(wait=True)
     return {layer: results[layer] for layer in runs.layers}
+
+
+def _register_workers(pool: ProcessPoolExecutor, runs: LayerRuns) -> None:
+    """Record the workers in the lock of each layer's run directory, where this process holds it."""
+    pids = [process.pid for process in (pool._processes or {}).values() if process.pid]  # noqa: SLF001
+    for layer in runs.layers:
+        with contextlib.suppress(KeyError):  # a caller that does not hold the layer's directory
+            register_writers(runs.out_dirs[layer], pids)
+
+
+def _stop_workers(pool: ProcessPoolExecutor, grace_s: float = 10.0) -> None:
+    """Stop the pool's workers (an interrupt or an error left them training): SIGTERM, which stops them as it stops
+    ``dihal replace`` (every write is atomic), SIGKILL after ``grace_s``; then shut the pool down."""
+    processes = list((pool._processes or {}).values())  # noqa: SLF001  (the pool keeps no public handle)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(grace_s)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _worker(
@@ -231,5 +266,5 @@ def _worker(
     )
     with contextlib.ExitStack() as roots:
         for layer in runs.layers:
-            roots.enter_context(run_root(runs.out_dirs[layer]))
+            roots.enter_context(run_root(runs.out_dirs[layer], record=True))
         return _train_together(runs, checkpoints, position=index)

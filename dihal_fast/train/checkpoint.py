@@ -27,15 +27,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save_file as _save_safetensors
 
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json
-from dihal_fast.common.io import replace_directory, temporary_directory
+from dihal_fast.common.io import follow_umask, kill_point, replace_directory, temporary_directory, writing
 from dihal_fast.errors import DihalValueError
 from dihal_fast.train.ema import EMA
 from dihal_fast.train.engines import Engine, load_checked
 
 WEIGHTS, EMA_WEIGHTS = "weights.safetensors", "ema.safetensors"
+
+
+def save_file(tensors: dict[str, torch.Tensor], path: str) -> None:
+    """safetensors' ``save_file`` with ``open()``'s permissions (it writes ``0600``), a failed write one
+    :class:`~dihal_fast.errors.DihalIOError` naming ``path``."""
+    with writing(path):
+        _save_safetensors(tensors, path)
+    follow_umask(path)
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
@@ -187,6 +196,7 @@ def _write_checkpoint(
 ) -> None:
     """Fill the fresh folder ``tmp`` with checkpoint ``step`` (see the module docstring)."""
     engine.save(tmp / "engine")
+    kill_point("checkpoint")  # test hook: a kill while the checkpoint is half-written
     with engine.full_parameters() as named:
         if engine.rank == 0:
             save_file({n: p.detach().contiguous().cpu() for n, p in named}, str(tmp / WEIGHTS))

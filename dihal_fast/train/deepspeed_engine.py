@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dihal_fast.common import read_json
+from dihal_fast.common.io import writing
 from dihal_fast.common.launch import DEFAULT_MASTER_ADDR, launcher_env
 from dihal_fast.errors import DihalValueError
 from dihal_fast.train.engines import make_optimizer, trainable_parameters
@@ -217,7 +218,8 @@ class DeepSpeedEngine:
 
     def save(self, directory: Path) -> None:
         """Collective: every rank writes its ZeRO partitions."""
-        self.engine.save_checkpoint(str(directory), tag=_TAG)
+        with writing(directory):
+            self.engine.save_checkpoint(str(directory), tag=_TAG)
 
     def load(self, directory: Path) -> None:
         if not (directory / _TAG).is_dir():

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from dihal_fast.common.io import writing
 from dihal_fast.errors import DihalValueError
 from dihal_fast.train.settings import LoopSettings, lr_factor
 
@@ -120,10 +121,11 @@ class TorchEngine:
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-            directory / "optimizer.pt",
-        )
+        with writing(directory / "optimizer.pt"):
+            torch.save(
+                {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                directory / "optimizer.pt",
+            )
 
     def load(self, directory: Path) -> None:
         state = load_checked(directory / "optimizer.pt", lambda p: torch.load(p, map_location="cpu", weights_only=True))

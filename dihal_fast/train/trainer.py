@@ -24,6 +24,7 @@ from torch import nn
 
 from dihal_fast.common import read_json
 from dihal_fast.common.devices import resolve_device
+from dihal_fast.common.io import kill_point
 from dihal_fast.common.launch import launcher_env
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.common.serial import SerialConfig
@@ -220,7 +221,9 @@ def fit(
                 pass
         except KeyboardInterrupt:
             logger.warning(
-                "interrupted at step %d; the last checkpoint in %s is kept (rerun to resume)", run.step, run.run_dir
+                "interrupted at step %d; the last checkpoint in %s is kept (a rerun continues from it)",
+                run.step,
+                run.run_dir,
             )
             raise
     return run
@@ -258,7 +261,7 @@ def fit_lockstep(
                     else:
                         bar.update(1)
         except KeyboardInterrupt:
-            logger.warning("interrupted; the last checkpoint of each run is kept (rerun to resume)")
+            logger.warning("interrupted; the last checkpoint of each run is kept (a rerun continues from it)")
             raise
     bar.close()
     return runs
@@ -327,6 +330,7 @@ def _steps(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> Iter
                     **extra,
                 }
             )
+        kill_point("step")  # test hook: a kill after a step, before its checkpoint
         if run.step % settings.checkpoint_every == 0 or run.step == end:
             _save(job, run)
             saved_at = run.step
