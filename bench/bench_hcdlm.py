@@ -39,8 +39,8 @@ from dihal_fast.hcdlm.config import (  # noqa: E402
     task_defaults,
 )
 from dihal_fast.hcdlm.eval_data import examples_from_file, generated_sudoku, text_windows  # noqa: E402
+from dihal_fast.hcdlm.models import generate  # noqa: E402
 from dihal_fast.hcdlm.plots import plot_accuracy_vs_steps  # noqa: E402
-from dihal_fast.hcdlm.sampler import generate  # noqa: E402
 from dihal_fast.hcdlm.scoring import accuracy_vs_steps, evaluate_examples, evaluate_text, load_run  # noqa: E402
 from dihal_fast.hcdlm.trainer import train  # noqa: E402
 from dihal_fast.tasks.registry import TaskConfig  # noqa: E402

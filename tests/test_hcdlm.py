@@ -9,11 +9,11 @@ import torch
 
 from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.layers import SlotPositions, count_parameters
-from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet, build_model
+from dihal_fast.hcdlm.models import build_model, generate, kind_of
+from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
 from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel, make_kernel, noisy_token_probs
 from dihal_fast.hcdlm.objective import hcdlm_loss
-from dihal_fast.hcdlm.sampler import generate, guided_x0, sample_hcdlm, sample_mdm
-from dihal_fast.hcdlm.trainer import compute_loss
+from dihal_fast.hcdlm.sampler import guided_x0, sample_hcdlm, sample_mdm
 from dihal_fast.tasks.base import TaskSpec
 from dihal_fast.tasks.countdown_task import CountdownTask
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
@@ -41,7 +41,7 @@ def test_shapes_and_sampling(kind, which, sudoku4):
     task = sudoku4 if which == "sudoku" else CountdownTask((3,), target_len=14)
     model = build_model(task.spec, HCDLMModelConfig(kind=kind, latents=2, **TINY)).eval()
     context, target = _batch(task)
-    loss, parts = compute_loss(
+    loss, parts = kind_of(model).loss(
         model,
         make_kernel("uniform", task.spec.target_vocab),
         context,
@@ -83,7 +83,7 @@ def test_loss_decreases(kind, sudoku4):
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     for step in range(30):
-        loss, _ = compute_loss(
+        loss, _ = kind_of(model).loss(
             model, kernel, context, target, RunConfig().objective, torch.Generator().manual_seed(step % 3)
         )
         optimizer.zero_grad()

@@ -13,16 +13,9 @@ from hypothesis import strategies as st
 
 from dihal_fast.hcdlm.ccdd import sample_ccdd
 from dihal_fast.hcdlm.config import HCDLMModelConfig, SampleConfig
-from dihal_fast.hcdlm.networks import build_model
+from dihal_fast.hcdlm.models import build_model, generate, kind_of
 from dihal_fast.hcdlm.noise import make_kernel
-from dihal_fast.hcdlm.sampler import (
-    _sample_scored,
-    answer_log_prob,
-    generate,
-    sample_ar,
-    sample_hcdlm,
-    sample_mdm,
-)
+from dihal_fast.hcdlm.sampler import answer_log_prob, sample_ar, sample_hcdlm, sample_mdm
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
 from dihal_fast.testing.tiny import HCDLM_TINY, hcdlm_tiny_config
 
@@ -142,9 +135,11 @@ def test_best_of_returns_the_most_likely_chain_per_problem(sudoku4, kind, temper
     model, kernel, context = _model(sudoku4, kind), make_kernel("uniform", 4), _context(sudoku4)
     k, cfg = 3, SampleConfig(steps=3, temperature=temperature)
     log_prob = torch.zeros(context.shape[0] * k, dtype=torch.float64)
-    chains = _sample_scored(
-        model, kernel, context.repeat_interleave(k, 0), cfg, torch.Generator().manual_seed(9), log_prob
-    ).view(context.shape[0], k, -1)
+    chains = (
+        kind_of(model)
+        .sample(model, kernel, context.repeat_interleave(k, 0), cfg, torch.Generator().manual_seed(9), log_prob)
+        .view(context.shape[0], k, -1)
+    )
     expected = chains[torch.arange(context.shape[0]), log_prob.view(-1, k).argmax(1)]
     got = generate(
         model,

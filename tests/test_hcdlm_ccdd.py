@@ -14,9 +14,8 @@ from dihal_fast.cli import main
 from dihal_fast.hcdlm.ccdd import CCDDNet, ccdd_loss, sample_ccdd, token_code
 from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.layers import count_parameters
-from dihal_fast.hcdlm.networks import build_model, matched_blocks
+from dihal_fast.hcdlm.models import build_model, generate, matched_blocks
 from dihal_fast.hcdlm.noise import make_kernel
-from dihal_fast.hcdlm.sampler import generate
 from dihal_fast.hcdlm.scoring import load_run
 from dihal_fast.hcdlm.trainer import train
 from dihal_fast.tasks.countdown_task import CountdownTask
@@ -93,6 +92,34 @@ def test_objective_decreases_on_a_tiny_board(sudoku4):
     assert all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-8:]) / 8 < 0.85 * sum(losses[:8]) / 8
     assert sum(conts[-8:]) / 8 < sum(conts[:8]) / 8  # the embedding chain is learned too
+
+
+def _loss_inputs(model: CCDDNet, context, target, seed: int) -> list[tuple[torch.Tensor, ...]]:
+    """Every ``(z_t, tokens, s)`` the objective hands the network, in call order."""
+    calls: list[tuple[torch.Tensor, ...]] = []
+    hook = model.register_forward_pre_hook(lambda _, args: calls.append(tuple(a.clone() for a in args[:3])))
+    try:
+        ccdd_loss(model, context, target, ObjectiveConfig(), torch.Generator().manual_seed(seed))
+    finally:
+        hook.remove()
+    return calls
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_masked_slot_sees_anything_of_its_true_token(sudoku4, seed):
+    """Change the true tokens at the slots the objective masks: every input the network gets (both chains, every
+    pass) stays bit for bit the same, so the token head cannot read the answer from the embedding chain."""
+    torch.manual_seed(0)
+    model = _ccdd(sudoku4)
+    context, target = sudoku4.train_batch(random.Random(seed), 8)
+    calls = _loss_inputs(model, context, target, seed)
+    masked = calls[-1][1] == model.mask_id  # the slots the scored pass hides
+    assert bool(masked.any())
+    changed = torch.where(masked, (target + 1) % sudoku4.spec.target_vocab, target)
+    again = _loss_inputs(model, context, changed, seed)
+    assert len(again) == len(calls)
+    for before, after in zip(calls, again):
+        assert all(torch.equal(a, b) for a, b in zip(before, after))
 
 
 def test_the_objective_reaches_both_chains(sudoku4):

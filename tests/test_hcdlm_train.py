@@ -23,11 +23,11 @@ def _config(steps: int, kind: str = "hcdlm") -> RunConfig:
     return hcdlm_tiny_config(steps, model={"kind": kind}, log_every=1, checkpoint_every=3, warmup_steps=2)
 
 
-def test_the_old_argument_order_warns_and_trains_the_same_run(tmp_path):
-    new = train(_config(2), tmp_path / "new")
-    with pytest.warns(DeprecationWarning, match=r"train\(config, run_dir\)"):
-        old = train(tmp_path / "old", _config(2))
-    assert old["step"] == new["step"] == 2 and old["loss"] == new["loss"]
+def test_train_takes_a_run_config_first(tmp_path):
+    """``train(config, run_dir)`` only: the old order (run_dir first) is refused, not silently swapped."""
+    assert train(_config(2), tmp_path / "new")["step"] == 2
+    with pytest.raises(TypeError, match="RunConfig"):
+        train(tmp_path / "old", _config(2))
     with pytest.raises(TypeError, match="RunConfig"):
         train({"steps": 2}, tmp_path / "dict")
 
@@ -590,15 +590,11 @@ def test_eval_and_solve_are_python_functions(tmp_path):
     report = evaluate_run(config, tmp_path / "eval.json")
     assert report["n"] == 1 and json.loads((tmp_path / "eval.json").read_text())["accuracy"] == report["accuracy"]
 
-    # the 0.3.0 call forms: the same answers, with a DeprecationWarning
-    with pytest.warns(DeprecationWarning, match="evaluate_run.run_dir, data, out, sample"):
-        old = evaluate_run(run, csv, tmp_path / "old.json", fast, steps_sweep=(), diagnostics=False)
-    timing = {"seconds_per_batch"}  # wall time, the one field that differs between two identical evaluations
-    assert {k: v for k, v in old.items() if k not in timing} == {k: v for k, v in report.items() if k not in timing}
-    with pytest.warns(DeprecationWarning, match="solve_puzzle.run_dir, puzzle, sample"):
-        assert solve_puzzle(run, "1.3..2.1..2.....", fast) == solution
-    with pytest.raises(TypeError, match="no further arguments"):
-        evaluate_run(config, tmp_path / "x.json", limit=3)
+    # the 0.3.0 call forms are gone: a clear refusal, not a guess
+    with pytest.raises(TypeError, match="takes an HCDLMEvalConfig"):
+        evaluate_run(run, tmp_path / "old.json")
+    with pytest.raises(TypeError, match="takes an HCDLMSolveConfig"):
+        solve_puzzle(run)
 
 
 @pytest.mark.parametrize(

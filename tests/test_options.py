@@ -87,8 +87,14 @@ HCDLM_TRAIN = ["hcdlm", "train", "--out", "run", "--task", "countdown"]
 
 
 def test_hcdlm_train_flags_keep_their_spellings(tmp_path):
-    from dihal_fast.cli.hcdlm import _readout_config, resolve_train_defaults
-    from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig
+    from dihal_fast.hcdlm.config import (
+        HCDLMModelConfig,
+        HCDLMTrainConfig,
+        ObjectiveConfig,
+        RunConfig,
+        SampleConfig,
+        fill_task_defaults,
+    )
     from dihal_fast.hcdlm.eval_config import HCDLMSolveConfig
     from dihal_fast.tasks.registry import TaskConfig
 
@@ -129,35 +135,41 @@ def test_hcdlm_train_flags_keep_their_spellings(tmp_path):
     args = parser.parse_args(HCDLM_TRAIN)
     assert (args.slot_head, args.tokenizer_dir, args.text_files, args.deepspeed) == (None, None, None, None)
     assert (args.latent_dim, args.latent_schedule_power, args.lr) == (None, None, None)
-    resolve_train_defaults(args)
+    fill_task_defaults(vars(args))
     assert dataclass_from_options(RunConfig, args) == RunConfig(task=TaskConfig("countdown"))
     assert isinstance(RunConfig().model, HCDLMModelConfig) and isinstance(RunConfig().train, HCDLMTrainConfig)
     assert ObjectiveConfig() == RunConfig().objective
-    (tmp_path / "config.json").write_text('{"task": {"name": "text"}}')  # a text run: temperature 1 by default
+    # an unset --temperature is the run's task default, resolved by the config (as for a config built in Python)
     args = parser.parse_args(["hcdlm", "solve", str(tmp_path), "1,2,3", "--clamp", "--steps", "4"])
-    expected = SampleConfig(steps=4, clamp=True, temperature=1.0)
-    assert _readout_config(HCDLMSolveConfig, args) == HCDLMSolveConfig(
-        run_dir=str(tmp_path), puzzle="1,2,3", sample=expected
+    config = dataclass_from_options(HCDLMSolveConfig, args)
+    assert config == HCDLMSolveConfig(
+        run_dir=str(tmp_path), puzzle="1,2,3", sample=SampleConfig(steps=4, clamp=True, temperature=None)
     )
-    args = parser.parse_args(["hcdlm", "solve", str(tmp_path / "puzzle_run"), "1,2,3", "--raw-weights"])
-    config = _readout_config(HCDLMSolveConfig, args)
-    assert (config.sample.temperature, config.raw_weights) == (0.0, True)
+    assert config.sampling(text=True) == SampleConfig(steps=4, clamp=True, temperature=1.0)
+    assert config.sampling(text=False) == SampleConfig(steps=4, clamp=True, temperature=0.0)
+    assert HCDLMSolveConfig(run_dir="r", puzzle="p").sampling(text=True).temperature == 1.0
+    args = parser.parse_args(["hcdlm", "solve", str(tmp_path), "1,2,3", "--raw-weights", "--temperature", "0.5"])
+    config = dataclass_from_options(HCDLMSolveConfig, args)
+    assert (config.sampling(text=True).temperature, config.raw_weights) == (0.5, True)
 
 
 @pytest.mark.parametrize("box", ["3x3", "2x3", "2x2"])
 def test_hcdlm_train_defaults_follow_the_sudoku_size(box):
     """9x9 Sudoku gets its own command-line defaults (wide latent, p = 3, lr 3e-3, 12 denoiser blocks); given flags
     win; a baseline is matched to the HC-DLM of the same command line."""
-    from dihal_fast.cli.hcdlm import resolve_train_defaults
     from dihal_fast.hcdlm import HCDLMModelConfig, HCDLMTrainConfig, RunConfig, task_defaults
-    from dihal_fast.hcdlm.networks import HCDLM, count_parameters, matched_blocks
+    from dihal_fast.hcdlm.config import fill_task_defaults
+    from dihal_fast.hcdlm.layers import count_parameters
+    from dihal_fast.hcdlm.models import matched_blocks
+    from dihal_fast.hcdlm.networks import HCDLM
     from dihal_fast.tasks.registry import TaskConfig, build_task
 
     parser = build_parser()
     train = ["hcdlm", "train", "--out", "run", "--task", "sudoku", "--sudoku-box", box]
     args = parser.parse_args(train)
-    resolve_train_defaults(args)
+    fill_task_defaults(vars(args))
     config = dataclass_from_options(RunConfig, args)
+    assert config == RunConfig.for_task(name="sudoku", sudoku_box=box)  # the API builds what the command line does
     nine = box == "3x3"
     expected = (256, 3.0, 3e-3, 12) if nine else (64, 1.0, 1e-3, 6)
     chosen = (
@@ -176,7 +188,7 @@ def test_hcdlm_train_defaults_follow_the_sudoku_size(box):
     )
     flags = ["--latent-dim", "32", "--latent-schedule-power", "2", "--lr", "0.01", "--denoiser-blocks", "3"]
     given = parser.parse_args([*train, *flags])
-    resolve_train_defaults(given)
+    fill_task_defaults(vars(given))
     mine = dataclass_from_options(RunConfig, given)
     assert (
         mine.model.latent_dim,
@@ -185,7 +197,7 @@ def test_hcdlm_train_defaults_follow_the_sudoku_size(box):
         mine.model.denoiser_blocks,
     ) == (32, 2.0, 0.01, 3)
     mdm = parser.parse_args([*train, "--model", "mdm"])
-    resolve_train_defaults(mdm)
+    fill_task_defaults(vars(mdm))
     baseline = dataclass_from_options(RunConfig, mdm).model
     spec = build_task(config.task, for_training=False).spec
     wider = count_parameters(HCDLM(spec, config.model))

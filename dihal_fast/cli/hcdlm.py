@@ -72,36 +72,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_solve(sub)
 
 
-def _backbone_dir(path: Path | None) -> str:
-    from dihal_fast.backbone import default_model_dir
-
-    return str(path if path is not None else default_model_dir())
-
-
-def resolve_train_defaults(args: argparse.Namespace) -> None:
-    """Fill in the ``train`` flags whose default depends on other options (see the help of --text-files,
-    --backbone, --slot-head, --latent-dim, --latent-schedule-power, --lr and --denoiser-blocks); given flags are
-    kept."""
-    from dihal_fast.backbone import default_corpus
-    from dihal_fast.hcdlm.config import task_defaults
-
-    for name, value in task_defaults(args.name, args.sudoku_box).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    text = args.name == "text"
-    args.text_files = [str(f) for f in args.text_files or []] or ([str(default_corpus())] if text else [])
-    args.tokenizer_dir = _backbone_dir(args.tokenizer_dir) if text else ""
-    if args.slot_head is None:
-        args.slot_head = args.slot_aux_weight > 0
-
-
 def run_train(args: argparse.Namespace) -> int:
-    from dihal_fast.hcdlm.config import RunConfig
+    from dihal_fast.hcdlm.config import RunConfig, fill_task_defaults
     from dihal_fast.hcdlm.trainer import train
 
     if args.steps < 1 or args.batch_size < 1:
         raise DihalValueError(f"--steps and --batch-size must be >= 1, got {args.steps}, {args.batch_size}")
-    resolve_train_defaults(args)
+    fill_task_defaults(vars(args))  # the flags whose default depends on the task, as RunConfig.for_task
     config = dataclass_from_options(RunConfig, args)
     summary = train(config, args.out, deepspeed_config=args.deepspeed)
     print(
@@ -111,22 +88,11 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _readout_config(cls: type, args: argparse.Namespace):
-    """The eval / solve config of the flags; an unset --temperature is the run's task default (1 for text)."""
-    from dihal_fast.common import read_json
-
-    if args.temperature is None:
-        saved = Path(args.run_dir) / "config.json"
-        text = saved.is_file() and read_json(saved, "run config").get("task", {}).get("name") == "text"
-        args.temperature = 1.0 if text else 0.0
-    return dataclass_from_options(cls, args)
-
-
 def run_eval(args: argparse.Namespace) -> int:
     from dihal_fast.hcdlm.api import evaluate_run
     from dihal_fast.hcdlm.eval_config import HCDLMEvalConfig
 
-    report = evaluate_run(_readout_config(HCDLMEvalConfig, args), args.out)
+    report = evaluate_run(dataclass_from_options(HCDLMEvalConfig, args), args.out)
     if "gen_ppl" in report:
         print(
             f"{report['model']} text: gen_ppl {report['gen_ppl']:.2f}, entropy {report['entropy']:.3f} "
@@ -146,7 +112,7 @@ def run_solve(args: argparse.Namespace) -> int:
     from dihal_fast.hcdlm.api import solve_puzzle
     from dihal_fast.hcdlm.eval_config import HCDLMSolveConfig
 
-    solution = solve_puzzle(_readout_config(HCDLMSolveConfig, args))
+    solution = solve_puzzle(dataclass_from_options(HCDLMSolveConfig, args))
     if solution is None:
         print("no solution")
         return 0

@@ -4,11 +4,8 @@
 from __future__ import annotations
 
 import logging
-import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -26,6 +23,7 @@ from dihal_fast.hcdlm.mechanism import (
     ablation_readout,
     readout_trajectory,
 )
+from dihal_fast.hcdlm.models import kind_of
 from dihal_fast.hcdlm.plots import plot_ablations, plot_accuracy_vs_steps, plot_readout_by_step, plot_trajectories
 from dihal_fast.hcdlm.scoring import (
     LoadedRun,
@@ -41,49 +39,11 @@ from dihal_fast.hcdlm.scoring import (
 logger = logging.getLogger(__name__)
 
 
-def _legacy_fields(sample: SampleConfig | None, options: dict[str, Any]) -> dict[str, Any]:
-    """The config fields of a 0.3.0-style call's keyword options (paths as str, tuples as lists)."""
-    fields = {key: list(value) if isinstance(value, tuple) else value for key, value in options.items()}
-    paths = {key: str(value) for key, value in fields.items() if isinstance(value, os.PathLike)}
-    return {**fields, **paths, "sample": sample}
-
-
-def _legacy_evaluate_call(
-    run_dir: str | os.PathLike,
-    data: str | os.PathLike,
-    out: str | os.PathLike,
-    sample: SampleConfig | None = None,
-    **options: Any,
-) -> tuple[HCDLMEvalConfig, str | os.PathLike]:
-    """``evaluate_run(run_dir, data, out, sample, **options)`` (0.3.0) as ``(HCDLMEvalConfig, out)``."""
-    warnings.warn(
-        "evaluate_run(run_dir, data, out, sample, ...) is deprecated and will be removed in 0.4; "
-        "call evaluate_run(HCDLMEvalConfig(run_dir=..., data=..., ...), out)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return HCDLMEvalConfig(run_dir=str(run_dir), data=str(data), **_legacy_fields(sample, options)), out
-
-
-def _legacy_solve_call(
-    run_dir: str | os.PathLike, puzzle: str, sample: SampleConfig | None = None, **options: Any
-) -> HCDLMSolveConfig:
-    """``solve_puzzle(run_dir, puzzle, sample, **options)`` (0.3.0) as an :class:`HCDLMSolveConfig`."""
-    warnings.warn(
-        "solve_puzzle(run_dir, puzzle, sample, ...) is deprecated and will be removed in 0.4; "
-        "call solve_puzzle(HCDLMSolveConfig(run_dir=..., puzzle=..., ...))",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return HCDLMSolveConfig(run_dir=str(run_dir), puzzle=puzzle, **_legacy_fields(sample, options))
-
-
-def evaluate_run(config: HCDLMEvalConfig, out: str | Path, *legacy: Any, **legacy_options: Any) -> StageReport:
+def evaluate_run(config: HCDLMEvalConfig, out: str | Path) -> StageReport:
     """Score the newest checkpoint of ``config.run_dir`` on ``config.data``; writes the report to ``out`` (JSON) and
     returns it (a StageReport on ``out``).
 
-    ``(config, out)`` like every entry point; the 0.3.0 form ``evaluate_run(run_dir, data, out, sample, **options)``
-    still works, with a DeprecationWarning, until 0.4.
+    ``(config, out)`` like every entry point.
 
     Puzzles (a Sudoku CSV or Countdown JSONL): accuracy overall and per group, accuracy against sampling
     steps (``out`` with ``.steps.png``; with ``compare``, another run (e.g. MDM) on the same puzzles in the
@@ -95,9 +55,7 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path, *legacy: Any, **legac
     ``evaluator`` (the shipped backbone when None), beside the data's own.
     """
     if not isinstance(config, HCDLMEvalConfig):
-        config, out = _legacy_evaluate_call(config, out, *legacy, **legacy_options)
-    elif legacy or legacy_options:
-        raise DihalTypeError("evaluate_run(config, out) takes no further arguments: they are fields of HCDLMEvalConfig")
+        raise DihalTypeError(f"evaluate_run takes an HCDLMEvalConfig, got {type(config).__name__}")
     check_fields(config)  # again: a config may have been changed since it was built
     run_dir, compare, seed, raw_weights, device = (
         config.run_dir,
@@ -201,14 +159,14 @@ def _mechanism(
     trajectories = {
         _label(r): readout_trajectory(r, examples, sample, seed, rows=readout if r is run else None)
         for r in (run, other)
-        if r is not None and r.config.model.kind != "ar"
+        if r is not None and kind_of(r.model).trace is not None
     }
     if trajectories:
         plot = plot_trajectories(
             trajectories, key, out.with_suffix(".trajectory.png"), f"{run.config.task.name}: decoded answer per step"
         )
         found.update({"trajectory": trajectories, "trajectory_plot": str(plot)})
-    if run.config.task.name == "sudoku" and hasattr(run.model, "denoiser") and noise_levels:
+    if run.config.task.name == "sudoku" and kind_of(run.model).latent and noise_levels:
         rows = ablation_readout(run, examples, tuple(noise_levels), seed)
         plot = plot_ablations(
             rows, key, out.with_suffix(".ablations.png"), f"{_label(run)}: read-out with one input replaced"
@@ -248,7 +206,7 @@ def _diagnostics(
         }
     }
     logger.info("weights: %s %.4f, %s %.4f", used, report["accuracy"], other, other_report["accuracy"])
-    if run.config.model.kind in ("hcdlm", "latent"):
+    if kind_of(run.model).latent:
         rows = readout_by_step(run, examples, sample, seed)
         plot = plot_readout_by_step(
             rows, out.with_suffix(".readout.png"), f"{run.config.model.kind}: read-out after each step"
@@ -266,18 +224,15 @@ class Solution:
     checks: dict
 
 
-def solve_puzzle(config: HCDLMSolveConfig, *legacy: Any, **legacy_options: Any) -> Solution | None:
+def solve_puzzle(config: HCDLMSolveConfig) -> Solution | None:
     """The run's answer to one Sudoku grid ('.' or 0 for blanks) or Countdown problem ('n1,n2,...,target'),
-    checked exactly; None when the puzzle has no solution at all. Bad puzzle text is a ValueError. The 0.3.0 form
-    ``solve_puzzle(run_dir, puzzle, sample, **options)`` still works, with a DeprecationWarning, until 0.4."""
+    checked exactly; None when the puzzle has no solution at all. Bad puzzle text is a DihalValueError."""
     from dihal_fast.tasks.countdown import parse_problem
     from dihal_fast.tasks.countdown import solve as solve_countdown
     from dihal_fast.tasks.sudoku import format_grid, parse_grid, solve_all
 
     if not isinstance(config, HCDLMSolveConfig):
-        config = _legacy_solve_call(config, *legacy, **legacy_options)
-    elif legacy or legacy_options:
-        raise DihalTypeError("solve_puzzle(config) takes no further arguments: they are fields of HCDLMSolveConfig")
+        raise DihalTypeError(f"solve_puzzle takes an HCDLMSolveConfig, got {type(config).__name__}")
     check_fields(config)
     puzzle = config.puzzle
     run = load_run(config.run_dir, use_ema=not config.raw_weights, device=config.device)

@@ -24,7 +24,12 @@ comparison with HC-DLM:
 - the loss weights: ``token ELBO + lambda_cont * omega(s) * MSE(z_hat, z_0)`` (mean over slots and
   dimensions), ``lambda_cont`` and ``cont_weighting`` of :class:`~dihal_fast.hcdlm.config.ObjectiveConfig`;
 - the sampler: both chains updated from one forward pass per step (the paper's factored kernel alternates
-  the two updates as micro-steps), the MDM confidence order of ``SampleConfig.order`` for the reveals.
+  the two updates as micro-steps), the MDM confidence order of ``SampleConfig.order`` for the reveals;
+- the training state at masked slots: the paper corrupts the two chains independently, so a masked slot's
+  embedding is ``(1 - s) E[k_0] + s eps`` of its *true* token. With a fixed code of a few tokens that is the answer
+  in the clear at any ``s < 1`` (a token head trained so reads it, and fails when the sampler's own embeddings take
+  its place), so here a masked slot's embedding is the model's own no-grad guess from a higher noise level, noised
+  to ``s`` (:func:`ccdd_inputs`; one extra forward pass per training step), the state the sampler builds.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class CCDDNet(nn.Module):
     ``z_s[i]`` (linear projection), its position and the aligned context; adaLN-Zero blocks on ``s``.
     ``forward -> (logits[B, L, V], z_hat[B, L, d])``."""
 
+    kind = "ccdd"
+
     def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig, blocks: int) -> None:
         super().__init__()
         self.spec, self.cfg = spec, cfg
@@ -90,20 +97,53 @@ class CCDDNet(nn.Module):
         return self.token_head(h), self.embed_head(h)
 
 
+@torch.no_grad()
+def _guessed_embeddings(
+    model: CCDDNet,
+    context: torch.Tensor,
+    target: torch.Tensor,
+    code: torch.Tensor,
+    hidden: torch.Tensor,
+    s: torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """``z_hat_0`` of one no-grad pass at level ``s`` whose ``hidden`` slots get [MASK] and pure noise (nothing of
+    their true token) and whose other slots their token and its noised code."""
+    eps = torch.randn(code.shape, generator=generator, device=code.device)
+    z = torch.where(hidden[..., None], eps, LATENT_FLOW.noise(code, s, eps))
+    return model(z, target.masked_fill(hidden, model.mask_id), s, context)[1]
+
+
+def ccdd_inputs(
+    model: CCDDNet, context: torch.Tensor, target: torch.Tensor, s: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(z_s, k_s, masked)``: the joint state at level ``s`` with no masked slot holding anything derived from its
+    true token. Revealed slots carry their token and its code noised to ``s``; a masked slot's embedding is the
+    model's own guess noised to ``s``, from a no-grad pass at a higher level ``s' ~ U(s, 1)`` whose masked slots
+    (every slot masked at ``s`` and more: nested masks from one float64 uniform per slot) held pure noise - as in
+    sampling, where a masked slot's embedding is built from the model's earlier predictions."""
+    masks = torch.rand(target.shape, generator=generator, dtype=torch.float64, device=target.device)
+    masked = masks < s[:, None]
+    s_high = s + (1 - s) * torch.rand(s.shape, generator=generator, device=s.device)
+    code = model.embed(target)
+    guess = _guessed_embeddings(model, context, target, code, masks < s_high[:, None], s_high, generator)
+    eps = torch.randn(code.shape, generator=generator, device=code.device)
+    z_s = torch.where(masked[..., None], LATENT_FLOW.noise(guess, s, eps), LATENT_FLOW.noise(code, s, eps))
+    return z_s, target.masked_fill(masked, model.mask_id), masked
+
+
 def ccdd_loss(
     model: CCDDNet, context: torch.Tensor, target: torch.Tensor, cfg: ObjectiveConfig, generator: torch.Generator
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``E_s[(1/s) sum_masked CE] / L + lambda_cont omega(s) |z_hat - z_0|^2`` (MSE per slot and dimension),
-    both chains at one level ``s = t / T``, ``t ~ U{1..T}``; masks from float64 uniforms."""
+    both chains at one level ``s = t / T``, ``t ~ U{1..T}``, inputs from :func:`ccdd_inputs`."""
     batch, device = target.shape[0], target.device
     t = torch.randint(1, cfg.timesteps + 1, (batch,), generator=generator, device=device)
     s = t.float() / cfg.timesteps
-    z_0 = model.embed(target)
-    z_t = LATENT_FLOW.noise(z_0, s, torch.randn(z_0.shape, generator=generator, device=device))
-    masked = torch.rand(target.shape, generator=generator, dtype=torch.float64, device=device) < s[:, None]
-    logits, z_hat = model(z_t, target.masked_fill(masked, model.mask_id), s, context)
+    z_t, tokens, masked = ccdd_inputs(model, context, target, s, generator)
+    logits, z_hat = model(z_t, tokens, s, context)
     token = token_term(logits, target, masked, s, "schedule")
-    cont = (continuous_weight(s, cfg.cont_weighting) * (z_hat - z_0).pow(2).flatten(1).mean(1)).mean()
+    cont = (continuous_weight(s, cfg.cont_weighting) * (z_hat - model.embed(target)).pow(2).flatten(1).mean(1)).mean()
     loss = token + cfg.lambda_cont * cont
     return loss, {"loss": loss.item(), "token": token.item(), "cont": cont.item()}
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from dihal_fast.common.devices import DEVICE_HELP, device_option
 from dihal_fast.common.options import option
@@ -16,6 +18,7 @@ MODEL_KINDS = ("hcdlm", "latent", "mdm", "ar", "ccdd")
 KERNELS = ("uniform", "absorbing")
 LOGVAR_BOUNDS = ("soft", "clamp")
 REMASKS = ("auto", "random", "confidence")
+VERIFIERS = ("chain", "final")
 
 
 @dataclass
@@ -252,9 +255,10 @@ class SampleConfig(CheckedConfig):
     order: str = option(
         "margin", "MDM unmasking order: top-probability or top-probability margin", choices=("prob", "margin")
     )
-    temperature: float = option(
+    temperature: float | None = option(
         0.0,
-        "token sampling temperature, float64 (0 = argmax); the command line's default is 0 for puzzles and 1 for text",
+        "token sampling temperature, float64 (0 = argmax; None = the run's task default, 0 for puzzles and 1 for "
+        "text, resolved by ReadoutConfig.sampling); the command line's default is None",
         cli_default=None,
         min=0.0,
     )
@@ -270,8 +274,21 @@ class SampleConfig(CheckedConfig):
         "chains per problem; the answer is the chain whose tokens the model itself finds most likely (the summed "
         "log-probability of the answer's tokens: HC-DLM / Latent DM read from the final latent, MDM / CCDD at each "
         "token's reveal, AR left to right); costs best_of times the sampling (ours; 1 = one chain, the paper's). "
-        "MDM and AR at temperature 0 are deterministic and refuse it",
+        "MDM and AR at temperature 0 are deterministic and refuse it (unless --reveal-noise > 0)",
         min=1,
+    )
+    verifier: str = option(
+        "chain",
+        "how best-of-K scores its chains: 'chain' (the log-probability the sampler gave each token as it committed "
+        "it) or 'final' (the finished answer alone: HC-DLM / Latent DM re-encode it, MDM / CCDD a pseudo-likelihood, "
+        "AR its exact likelihood); see dihal_fast.hcdlm.models",
+        choices=VERIFIERS,
+    )
+    reveal_noise: float = option(
+        0.0,
+        "MDM / CCDD: Gumbel noise of this scale added to each slot's confidence before the reveals are chosen, "
+        "so argmax chains differ (a diversity source for --best-of; 0 = the exact confidence order)",
+        min=0.0,
     )
 
 
@@ -304,6 +321,25 @@ def task_defaults(task: str, sudoku_box: str) -> dict[str, float]:
     }
 
 
+def fill_task_defaults(values: MutableMapping[str, Any]) -> None:
+    """Fill in, in place, the flat run fields (name -> value, None = not given) whose default depends on others:
+    :func:`task_defaults` of ``name`` / ``sudoku_box``; ``text_files`` (the shipped corpus) and ``tokenizer_dir``
+    (the shipped backbone) for the text task, empty otherwise; ``slot_head`` on exactly when ``slot_aux_weight`` > 0.
+    Given values are kept. ``dihal hcdlm train`` and :meth:`RunConfig.for_task` both go through here."""
+    from dihal_fast.common.assets import default_corpus, default_model_dir
+
+    task = values.get("name", TaskConfig.name)
+    for name, value in task_defaults(task, values.get("sudoku_box", TaskConfig.sudoku_box)).items():
+        if values.get(name) is None:
+            values[name] = value
+    text = task == "text"
+    values["text_files"] = [str(f) for f in values.get("text_files") or []] or ([str(default_corpus())] if text else [])
+    tokenizer = values.get("tokenizer_dir")
+    values["tokenizer_dir"] = str(tokenizer or default_model_dir()) if text else ""
+    if values.get("slot_head") is None:
+        values["slot_head"] = values.get("slot_aux_weight", ObjectiveConfig.slot_aux_weight) > 0
+
+
 @dataclass
 class RunConfig(CheckedConfig):
     """Everything that determines an HC-DLM run, saved as ``config.json`` in the run and in every checkpoint
@@ -313,3 +349,25 @@ class RunConfig(CheckedConfig):
     model: HCDLMModelConfig = field(default_factory=HCDLMModelConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: HCDLMTrainConfig = field(default_factory=HCDLMTrainConfig)
+
+    @classmethod
+    def for_task(cls, **values: Any) -> RunConfig:
+        """The run ``dihal hcdlm train`` builds from these flat fields (``name="sudoku", sudoku_box="3x3",
+        steps=2000, ...``, each the field name of its section), every task-dependent default filled in as the
+        command line fills it (:func:`fill_task_defaults`); an unknown name is refused."""
+        sections = {
+            "task": TaskConfig,
+            "model": HCDLMModelConfig,
+            "objective": ObjectiveConfig,
+            "train": HCDLMTrainConfig,
+        }
+        owner = {f.name: section for section, kind in sections.items() for f in fields(kind)}
+        unknown = sorted(set(values) - set(owner))
+        if unknown:
+            raise DihalValueError(f"RunConfig.for_task: unknown field(s) {unknown}; fields: {sorted(owner)}")
+        values = dict(values)
+        fill_task_defaults(values)
+        split: dict[str, dict[str, Any]] = {section: {} for section in sections}
+        for name, value in values.items():
+            split[owner[name]][name] = value
+        return cls(**{section: sections[section](**split[section]) for section in sections})

@@ -4,7 +4,7 @@ diagnostics of an evaluation (:class:`HCDLMEvalConfig`) or the one puzzle to sol
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dihal_fast.common.devices import device_option
 from dihal_fast.common.options import comma_floats, comma_integers, option
@@ -13,12 +13,14 @@ from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.mechanism import ABLATION_LEVELS
 
 STEPS_SWEEP = (5, 10, 25, 50)  # sampling step counts of the accuracy-vs-steps curve
+TEXT_TEMPERATURE = 1.0  # text samples are drawn (argmax text repeats itself)
+PUZZLE_TEMPERATURE = 0.0  # a puzzle's answer is the argmax
 
 
 @dataclass
 class ReadoutConfig(CheckedConfig):
-    """A trained run, the weights that answer and how they sample; ``sample`` None: the run's task decides
-    (temperature 1 for text, argmax for puzzles; the other :class:`SampleConfig` defaults)."""
+    """A trained run, the weights that answer and how they sample; ``sample`` None, or its temperature None: the
+    run's task decides the temperature (1 for text, argmax for puzzles; :meth:`sampling`)."""
 
     run_dir: str = option(help="run directory written by 'dihal hcdlm train'", positional=True)
     sample: SampleConfig | None = option(None, "sampling settings (None: the task's defaults)")
@@ -27,8 +29,12 @@ class ReadoutConfig(CheckedConfig):
     device: str = device_option()
 
     def sampling(self, text: bool) -> SampleConfig:
-        """``sample``, or the defaults with temperature 1 for text and 0 (argmax) for puzzles."""
-        return self.sample if self.sample is not None else SampleConfig(temperature=1.0 if text else 0.0)
+        """``sample`` (the defaults when None) with an unset temperature resolved to the task's default:
+        :data:`TEXT_TEMPERATURE` for text, :data:`PUZZLE_TEMPERATURE` (argmax) for puzzles."""
+        sample = self.sample if self.sample is not None else SampleConfig(temperature=None)
+        if sample.temperature is not None:
+            return sample
+        return replace(sample, temperature=TEXT_TEMPERATURE if text else PUZZLE_TEMPERATURE)
 
 
 @dataclass(kw_only=True)

@@ -16,21 +16,15 @@ from __future__ import annotations
 import torch
 
 from dihal_fast.errors import DihalValueError
-from dihal_fast.hcdlm.ccdd import CCDDNet, sample_ccdd
 from dihal_fast.hcdlm.config import SampleConfig
-from dihal_fast.hcdlm.networks import MDMNet
+from dihal_fast.hcdlm.models import kind_of
 from dihal_fast.hcdlm.noise import LATENT_FLOW, latent_level
-from dihal_fast.hcdlm.sampler import sample_mdm
-from dihal_fast.hcdlm.scoring import LoadedRun, mean_scores, readout_by_step
+from dihal_fast.hcdlm.scoring import LoadedRun, example_contexts, mean_scores, readout_by_step
 from dihal_fast.tasks.base import EvalExample
 
 ABLATION_LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
 # read-out variants: the model's inputs, then each with one input replaced
 ABLATIONS = ("model", "x_t_noise", "scaffold_true", "scaffold_random")
-
-
-def _contexts(batch: list[EvalExample], device: torch.device) -> torch.Tensor:
-    return torch.tensor([ex.context for ex in batch], dtype=torch.long, device=device).reshape(len(batch), -1)
 
 
 def reference_targets(run: LoadedRun, batch: list[EvalExample]) -> torch.Tensor:
@@ -42,42 +36,13 @@ def reference_targets(run: LoadedRun, batch: list[EvalExample]) -> torch.Tensor:
     return torch.tensor([run.task.encode(*ex.payload)[1] for ex in batch], dtype=torch.long, device=run.device)
 
 
-def mdm_readout_by_step(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0) -> list[dict]:
-    """MDM and CCDD: the task's scores of the revealed tokens with the masked slots filled by their argmax, after
-    each step."""
-    sampler = sample_ccdd if isinstance(run.model, CCDDNet) else sample_mdm
-    generator = torch.Generator(run.device).manual_seed(seed)
-    per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]
-    for start in range(0, len(examples), cfg.batch_size):
-        batch = examples[start : start + cfg.batch_size]
-        decoded: list[list[list[int]]] = []
-        sampler(
-            run.model,
-            _contexts(batch, run.device),
-            cfg,
-            generator,
-            on_step=lambda _, tokens, out=decoded: out.append(tokens.tolist()),
-        )
-        for rows, tokens in zip(per_step, decoded):
-            rows.extend(run.task.score(ex, target) for ex, target in zip(batch, tokens))
-    return [{"step": i + 1, **mean_scores(rows)} for i, rows in enumerate(per_step)]
-
-
 def readout_trajectory(
     run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0, rows: list[dict] | None = None
 ) -> list[dict]:
-    """The decoded answer's scores after each sampling step, with ``fraction`` = step / steps (MDM, HC-DLM,
-    Latent DM); ``rows``: the run's :func:`readout_by_step` already traced with these settings."""
-    if rows is not None:
-        pass
-    elif isinstance(run.model, (MDMNet, CCDDNet)):
-        rows = mdm_readout_by_step(run, examples, cfg, seed)
-    elif hasattr(run.model, "denoiser"):
+    """The decoded answer's scores after each sampling step, with ``fraction`` = step / steps (every kind with
+    steps); ``rows``: the run's :func:`readout_by_step` already traced with these settings."""
+    if rows is None:
         rows = readout_by_step(run, examples, cfg, seed)
-    else:
-        raise DihalValueError(
-            f"a per-step read-out needs a diffusion run (HC-DLM, Latent DM, MDM, CCDD), not {run.config.model.kind}"
-        )
     return [{**row, "fraction": row["step"] / cfg.steps} for row in rows]
 
 
@@ -99,7 +64,7 @@ def ablation_readout(
     """``[{s, model: scores, x_t_noise: scores, scaffold_true: ..., scaffold_random: ...}]`` per level ``s``
     (Latent DM: the first two only). Scores are the task's means (Sudoku: accuracy, valid, blank_cells)."""
     model = run.model
-    if not hasattr(model, "denoiser"):
+    if not kind_of(model).latent:
         raise DihalValueError(f"the ablations probe a latent model (HC-DLM, Latent DM), not {run.config.model.kind}")
     check_levels(levels)
     variants = ABLATIONS if model.scaffold else ABLATIONS[:2]
@@ -109,7 +74,7 @@ def ablation_readout(
         scored: dict[str, list[dict]] = {name: [] for name in variants}
         for start in range(0, len(examples), batch_size):
             batch = examples[start : start + batch_size]
-            context, truth = _contexts(batch, run.device), reference_targets(run, batch)
+            context, truth = example_contexts(batch, run.device), reference_targets(run, batch)
             level = torch.full((len(batch),), float(s), device=run.device)
             x_0 = model.encoder(truth, context)[0]
             eps = torch.randn(x_0.shape, generator=generator, device=run.device)

@@ -1,4 +1,5 @@
-"""HC-DLM's three networks and the baselines (MDM, autoregressive), all over a task's token interface.
+"""HC-DLM's three networks and the baselines (MDM, autoregressive), all over a task's token interface; which kind
+builds which network is :mod:`dihal_fast.hcdlm.models`.
 
 Shapes: ``context[B, C]`` (the task's given tokens), ``tokens[B, L]`` in ``[0, V]`` where ``V`` is the
 [MASK] id, latents ``x[B, M, d]``, noise levels ``s[B]`` in ``[0, 1]``.
@@ -17,7 +18,6 @@ from dihal_fast.hcdlm.layers import (
     ContextEmbedding,
     SlotPositions,
     TimeEmbedding,
-    count_parameters,
     position_table,
     run_blocks,
 )
@@ -197,9 +197,16 @@ class HCDLM(nn.Module):
     def mask_id(self) -> int:
         return self.spec.target_vocab
 
+    @property
+    def kind(self) -> str:
+        """Its entry in :data:`dihal_fast.hcdlm.models.KINDS`."""
+        return "hcdlm" if self.scaffold else "latent"
+
 
 class MDMNet(nn.Module):
     """Bidirectional transformer predicting clean tokens at every slot from a partly [MASK]ed sequence."""
+
+    kind = "mdm"
 
     def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig, blocks: int) -> None:
         super().__init__()
@@ -220,6 +227,8 @@ class MDMNet(nn.Module):
 
 class ARNet(nn.Module):
     """Causal transformer over ``[context, BOS, target]``, predicting each target token from the left."""
+
+    kind = "ar"
 
     def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig, blocks: int) -> None:
         super().__init__()
@@ -245,33 +254,3 @@ class ARNet(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.head(h[:, context.shape[1] :])
-
-
-def matched_blocks(spec: TaskSpec, cfg: HCDLMModelConfig, kind: str) -> int:
-    """Blocks a baseline needs to come closest to the HC-DLM parameter count (at least one)."""
-    if cfg.baseline_blocks:
-        return cfg.baseline_blocks
-    budget = count_parameters(HCDLM(spec, cfg))
-    if kind == "ccdd":
-        from dihal_fast.hcdlm.ccdd import CCDDNet  # it builds on this module's TokenSlots
-
-        net, cond_dim = CCDDNet, cfg.hidden  # time-conditioned (adaLN) blocks
-    else:
-        net, cond_dim = (MDMNet if kind == "mdm" else ARNet), 0
-    base = count_parameters(net(spec, cfg, 0))
-    one = count_parameters(Block(cfg.hidden, cfg.heads, cond_dim=cond_dim))
-    return max(1, round((budget - base) / one))
-
-
-def build_model(spec: TaskSpec, cfg: HCDLMModelConfig) -> nn.Module:
-    """The network of ``cfg.kind`` for this task."""
-    if cfg.kind == "hcdlm":
-        return HCDLM(spec, cfg, scaffold=True)
-    if cfg.kind == "latent":
-        return HCDLM(spec, cfg, scaffold=False)
-    blocks = matched_blocks(spec, cfg, cfg.kind)
-    if cfg.kind == "ccdd":
-        from dihal_fast.hcdlm.ccdd import CCDDNet
-
-        return CCDDNet(spec, cfg, blocks)
-    return MDMNet(spec, cfg, blocks) if cfg.kind == "mdm" else ARNet(spec, cfg, blocks)

@@ -3,7 +3,8 @@
 Each takes the model, what it needs of the noise process and a ``SampleConfig``, and returns target
 tokens ``[B, L]``. Token draws go through the float64 ``sample_categorical``. Given ``log_prob`` (float64 ``[B]``),
 a sampler adds to it the model's log-probability of every token it commits (:func:`answer_log_prob`), which
-:func:`generate` uses to pick the best of ``SampleConfig.best_of`` chains.
+:func:`~dihal_fast.hcdlm.models.generate` can use to pick the best of ``SampleConfig.best_of`` chains (the kinds and
+their dispatch live in :mod:`dihal_fast.hcdlm.models`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable
 import torch
 
 from dihal_fast.common.sampling import sample_categorical
-from dihal_fast.errors import DihalTypeError, DihalValueError
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
 from dihal_fast.hcdlm.noise import AbsorbingKernel, UniformKernel, latent_step
@@ -111,12 +111,17 @@ def reveal_confident(
     log_prob: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``tokens`` with the ``n_new`` most confident ``masked`` slots of each row set to a draw of ``logits``
-    (float64, ``cfg.temperature``; confidence by ``cfg.order``); revealed slots stay (MDM, CCDD's token chain).
-    ``log_prob`` gains the log-probability of the revealed tokens under ``logits``."""
+    (float64, ``cfg.temperature``; confidence by ``cfg.order``, plus ``cfg.reveal_noise`` times a Gumbel(0, 1) draw
+    per slot: the reveal-order noise that makes argmax chains differ); revealed slots stay (MDM, CCDD's token
+    chain). ``log_prob`` gains the log-probability of the revealed tokens under ``logits``."""
     if n_new <= 0:
         return tokens
     chosen = sample_categorical(logits, cfg.temperature, generator=generator)
-    confidence = _confidence(torch.softmax(logits, dim=-1), chosen, cfg.order).masked_fill(~masked, -1.0)
+    confidence = _confidence(torch.softmax(logits, dim=-1), chosen, cfg.order)
+    if cfg.reveal_noise:
+        uniform = torch.rand(confidence.shape, generator=generator, dtype=torch.float64, device=confidence.device)
+        confidence = confidence - cfg.reveal_noise * torch.log(-torch.log(uniform.clamp_min(1e-300)))
+    confidence = confidence.masked_fill(~masked, -torch.inf)
     picked = confidence.topk(n_new, dim=1).indices
     reveal = torch.zeros_like(masked).scatter(1, picked, True) & masked
     if log_prob is not None:
@@ -173,53 +178,3 @@ def sample_ar(
             log_prob += answer_log_prob(logits, token)
         prefix = torch.cat([prefix, token], dim=1)
     return prefix[:, 1:]
-
-
-def check_best_of(model, cfg: SampleConfig) -> None:
-    """Refuse ``best_of > 1`` where every chain would be the same: MDM and AR at temperature 0 (CCDD's chains start
-    from random embeddings, HC-DLM's from random latents and scaffolds)."""
-    if cfg.best_of > 1 and cfg.temperature == 0 and isinstance(model, (MDMNet, ARNet)):
-        raise DihalValueError(
-            f"--best-of {cfg.best_of} needs chains that differ, and {type(model).__name__} at temperature 0 gives "
-            "the same one every time: set --temperature > 0 or --best-of 1"
-        )
-
-
-def _sample_scored(
-    model,
-    kernel,
-    context: torch.Tensor,
-    cfg: SampleConfig,
-    generator: torch.Generator | None,
-    log_prob: torch.Tensor | None,
-) -> torch.Tensor:
-    """One chain per row of ``context`` from whichever model this is, its answer's log-probability added to
-    ``log_prob`` (None: not scored)."""
-    if isinstance(model, HCDLM):
-        return sample_hcdlm(model, kernel, context, cfg, generator, log_prob=log_prob)
-    if isinstance(model, MDMNet):
-        return sample_mdm(model, context, cfg, generator, log_prob=log_prob)
-    if isinstance(model, ARNet):
-        return sample_ar(model, context, cfg, generator, log_prob=log_prob)
-    from dihal_fast.hcdlm.ccdd import CCDDNet, sample_ccdd  # it builds on this module's reveal_confident
-
-    if isinstance(model, CCDDNet):
-        return sample_ccdd(model, context, cfg, generator, log_prob=log_prob)
-    raise DihalTypeError(f"no sampler for {type(model).__name__}")
-
-
-def generate(
-    model, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Target tokens ``[B, L]`` from whichever model this is; with ``cfg.best_of`` K > 1, K chains per row (run as
-    one batch of ``B * K`` rows) and, per row, the one with the highest log-probability of its answer (ties: the
-    first)."""
-    check_best_of(model, cfg)
-    k = cfg.best_of
-    if k == 1:  # one chain: nothing to choose, so no scoring work in the sampling loop
-        return _sample_scored(model, kernel, context, cfg, generator, None)
-    rows = context.repeat_interleave(k, dim=0)
-    log_prob = torch.zeros(rows.shape[0], dtype=torch.float64, device=context.device)
-    tokens = _sample_scored(model, kernel, rows, cfg, generator, log_prob)
-    best = log_prob.view(-1, k).argmax(dim=1)
-    return tokens.view(context.shape[0], k, -1)[torch.arange(context.shape[0], device=tokens.device), best]

@@ -14,10 +14,11 @@ from dihal_fast.common import resolve_device
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig
-from dihal_fast.hcdlm.networks import build_model
+from dihal_fast.hcdlm.models import build_model, check_sample, generate, kind_of
 from dihal_fast.hcdlm.noise import AbsorbingKernel, UniformKernel, make_kernel
-from dihal_fast.hcdlm.sampler import check_best_of, generate
+from dihal_fast.hcdlm.trainer import CONFIG_NAME, check_layout
 from dihal_fast.tasks.base import EvalExample, Task
+from dihal_fast.tasks.registry import build_task
 from dihal_fast.train.checkpoint import checkpoint_state, latest_checkpoint, load_weights
 
 logger = logging.getLogger(__name__)
@@ -35,9 +36,6 @@ class LoadedRun:
 
 def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> LoadedRun:
     """The newest checkpoint of a run (EMA weights by default) on ``device``, with its task (no training data)."""
-    from dihal_fast.hcdlm.trainer import CONFIG_NAME, check_layout
-    from dihal_fast.tasks.registry import build_task
-
     run_dir = Path(run_dir)
     check_layout(run_dir)
     folder = latest_checkpoint(run_dir)
@@ -72,8 +70,8 @@ def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> 
 
 def check_sampler(run: LoadedRun, cfg: SampleConfig) -> None:
     """Refuse guidance on an HC-DLM run whose unconditional branch was never trained (no scaffold drop), and
-    best-of-K where the chains cannot differ (:func:`~dihal_fast.hcdlm.sampler.check_best_of`)."""
-    check_best_of(run.model, cfg)
+    what the run's kind cannot take (:func:`~dihal_fast.hcdlm.models.check_sample`)."""
+    check_sample(run.model, cfg)
     if cfg.cfg_weight and run.config.model.kind == "hcdlm" and not run.config.objective.guidance_training:
         raise DihalValueError(
             f"--cfg-weight {cfg.cfg_weight} needs a run trained with --guidance-training (its unconditional "
@@ -114,7 +112,7 @@ def evaluate_examples(
     """Accuracy overall and per group, plus the mean of every other score (e.g. Countdown ``loose``)."""
     if not examples:
         raise DihalValueError("no evaluation examples")
-    contexts = torch.tensor([ex.context for ex in examples], dtype=torch.long).reshape(len(examples), -1)
+    contexts = example_contexts(examples)
     targets, seconds = sample_targets(run, contexts, cfg, seed)
     scored = [(ex.group, run.task.score(ex, target)) for ex, target in zip(examples, targets)]
     groups = {
@@ -138,7 +136,7 @@ def accuracy_vs_steps(
     """``[{steps, accuracy, groups, seconds_per_batch}, ...]``; AR decodes once (it has no steps)."""
     rows = []
     for steps in steps_list:
-        if run.config.model.kind == "ar" and rows:
+        if kind_of(run.model).trace is None and rows:
             rows.append({**rows[0], "steps": steps})
             continue
         result = evaluate_examples(run, examples, replace(cfg, steps=steps), seed, show=0)
@@ -155,33 +153,27 @@ def accuracy_vs_steps(
 
 
 def readout_by_step(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0) -> list[dict]:
-    """HC-DLM / Latent DM: the task's scores of the token read-out ``argmax p(k0 | x_hat_0)`` after each
-    sampling step (``step`` 1 = the first, from pure noise; the last equals the answer at temperature 0).
-    A chain that locks onto its own mistakes shows as accuracy falling from the first steps to the last."""
-    from dihal_fast.hcdlm.sampler import sample_hcdlm
-
-    if not hasattr(run.model, "denoiser"):
-        raise DihalValueError(f"read-out traces need an HC-DLM or Latent DM run, not {run.config.model.kind}")
+    """The task's scores of the decoded answer after each sampling step (``step`` 1 = the first; HC-DLM / Latent DM:
+    the token read-out ``argmax p(k0 | x_hat_0)``, the last equal to the answer at temperature 0; MDM / CCDD: the
+    revealed tokens with every still-masked slot filled by its argmax). A chain that locks onto its own mistakes
+    shows as accuracy falling from the first steps to the last."""
+    trace = kind_of(run.model).trace
+    if trace is None:
+        raise DihalValueError(f"a per-step read-out needs a diffusion run (it has steps), not {run.config.model.kind}")
     check_sampler(run, cfg)
     generator = torch.Generator(run.device).manual_seed(seed)
     per_step: list[list[dict]] = [[] for _ in range(cfg.steps)]
     for start in range(0, len(examples), cfg.batch_size):
         batch = examples[start : start + cfg.batch_size]
-        contexts = torch.tensor([ex.context for ex in batch], dtype=torch.long, device=run.device).reshape(
-            len(batch), -1
-        )
-        readouts: list[list[list[int]]] = []
-        sample_hcdlm(
-            run.model,
-            run.kernel,
-            contexts,
-            cfg,
-            generator,
-            on_step=lambda *args, out=readouts: out.append(args[-1].tolist()),
-        )
-        for rows, tokens in zip(per_step, readouts):
-            rows.extend(run.task.score(ex, target) for ex, target in zip(batch, tokens))
+        steps = trace(run.model, run.kernel, example_contexts(batch, run.device), cfg, generator)
+        for rows, tokens in zip(per_step, steps):
+            rows.extend(run.task.score(ex, target) for ex, target in zip(batch, tokens.tolist()))
     return [{"step": i + 1, **mean_scores(rows)} for i, rows in enumerate(per_step)]
+
+
+def example_contexts(batch: list[EvalExample], device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[B, C]`` context tokens of a batch of examples."""
+    return torch.tensor([ex.context for ex in batch], dtype=torch.long, device=device).reshape(len(batch), -1)
 
 
 def evaluate_text(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,12 +17,10 @@ from dihal_fast.common import resolve_device, seed_everything
 from dihal_fast.common.reports import StageReport
 from dihal_fast.common.rundir import run_directory
 from dihal_fast.errors import DihalTypeError, DihalValueError
-from dihal_fast.hcdlm.ccdd import CCDDNet, ccdd_loss
 from dihal_fast.hcdlm.config import HCDLMTrainConfig, ObjectiveConfig, RunConfig
 from dihal_fast.hcdlm.layers import count_parameters
-from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet, build_model
+from dihal_fast.hcdlm.models import build_model, kind_of
 from dihal_fast.hcdlm.noise import make_kernel
-from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss
 from dihal_fast.tasks.registry import build_task
 from dihal_fast.train.settings import LoopSettings
 from dihal_fast.train.trainer import TrainingJob, fit, prepare_deepspeed, resume_point, training_session
@@ -35,22 +32,10 @@ CONFIG_NAME = "config.json"
 LEGACY_POINTER = "latest.json"
 
 
-def compute_loss(model, kernel, context, target, objective: ObjectiveConfig, generator: torch.Generator):
-    """The objective matching the model type: ``(loss, parts)``."""
-    if isinstance(model, HCDLM):
-        return hcdlm_loss(model, kernel, context, target, objective, generator)
-    if isinstance(model, MDMNet):
-        return mdm_loss(model, context, target, generator)
-    if isinstance(model, ARNet):
-        return ar_loss(model, context, target, generator)
-    if isinstance(model, CCDDNet):
-        return ccdd_loss(model, context, target, objective, generator)
-    raise DihalTypeError(f"no objective for {type(model).__name__}")
-
-
 class RunObjective(nn.Module):
-    """A model with its loss: ``forward(context, target, generator, step)`` -> the loss parts, ``"loss"`` a
-    tensor; ``step`` sets the exposure share of a ramped schedule (``ObjectiveConfig.exposure_at``)."""
+    """A model with its kind's loss (:mod:`dihal_fast.hcdlm.models`): ``forward(context, target, generator, step)``
+    -> the loss parts, ``"loss"`` a tensor; ``step`` sets the exposure share of a ramped schedule
+    (``ObjectiveConfig.exposure_at``)."""
 
     def __init__(self, model: nn.Module, kernel, objective: ObjectiveConfig):
         super().__init__()
@@ -60,7 +45,7 @@ class RunObjective(nn.Module):
         objective = self.objective
         if objective.exposure_ramp_steps:
             objective = replace(objective, exposure_share=objective.exposure_at(step))
-        loss, parts = compute_loss(self.model, self.kernel, context, target, objective, generator)
+        loss, parts = kind_of(self.model).loss(self.model, self.kernel, context, target, objective, generator)
         return {**parts, "loss": loss}
 
 
@@ -125,7 +110,7 @@ class RunJob(TrainingJob):
             raise DihalValueError(
                 f"the checkpoint's data and noise streams (stream.json, stream.safetensors) are damaged "
                 f"({type(exc).__name__}: {exc}); resume from another checkpoint or train into a new --out"
-            ) from None
+            ) from exc
 
 
 def train(
@@ -134,13 +119,9 @@ def train(
     """Train (or resume) the run in ``run_dir``, holding its lock; returns its summary (the final step, the
     elapsed budget, the parameter count and the last logged losses) as a report on ``run_dir``.
 
-    ``(config, out)`` like every stage's entry point; the 0.1 order ``train(run_dir, config)`` still works, with a
-    DeprecationWarning, until 0.4. With ``deepspeed_config`` the DeepSpeed ZeRO engine is used (launch several
-    processes with torchrun).
+    ``(config, out)`` like every stage's entry point. With ``deepspeed_config`` the DeepSpeed ZeRO engine is used
+    (launch several processes with torchrun).
     """
-    if isinstance(run_dir, RunConfig) and not isinstance(config, RunConfig):
-        warnings.warn("hcdlm.train(run_dir, config) is deprecated; call train(config, run_dir)", DeprecationWarning, 2)
-        config, run_dir = run_dir, config
     if not isinstance(config, RunConfig):
         raise DihalTypeError(f"config must be a RunConfig, got {type(config).__name__}")
     with run_directory(run_dir, f"dihal hcdlm train --model {config.model.kind}") as folder:

@@ -1,0 +1,290 @@
+"""The one table of HC-DLM's model kinds: each kind (``HCDLMModelConfig.kind``) registers how it is built, trained,
+sampled, traced step by step and verified, and whether its chains are all the same at temperature 0.
+
+The trainer, the samplers' front door (:func:`generate`), scoring, the mechanism diagnostics and the API look a kind
+up here (:func:`kind_of`, :data:`KINDS`) instead of testing model classes, so adding a baseline is one entry.
+
+A *verifier* scores finished answers so that best-of-K can pick one (``SampleConfig.verifier``): ``"chain"`` is the
+log-probability the sampler itself gave its tokens (summed at each commit), ``"final"`` a score of the final state
+alone: HC-DLM / Latent DM read ``log p(k | enc(k))`` (the answer re-encoded), MDM and CCDD a pseudo-likelihood
+(every slot masked in turn, :data:`PSEUDO_LIKELIHOOD_GROUPS` forward passes), AR the exact teacher-forced likelihood.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dihal_fast.errors import DihalTypeError, DihalValueError
+from dihal_fast.hcdlm.ccdd import CCDDNet, ccdd_loss, check_ccdd_sampler, sample_ccdd
+from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, SampleConfig
+from dihal_fast.hcdlm.layers import Block, count_parameters
+from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
+from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss
+from dihal_fast.hcdlm.sampler import answer_log_prob, sample_ar, sample_hcdlm, sample_mdm
+from dihal_fast.tasks.base import TaskSpec
+
+PSEUDO_LIKELIHOOD_GROUPS = 4  # slots masked together per pass of the final-state pseudo-likelihood (cost: 4 passes)
+
+Loss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+Sampler = Callable[..., torch.Tensor]
+Trace = Callable[..., list[torch.Tensor]]
+Verifier = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Generator | None], torch.Tensor]
+
+
+def _whole(model: nn.Module) -> nn.Module:
+    return model
+
+
+def _denoiser(model: nn.Module) -> nn.Module:
+    return model.denoiser
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One model kind: ``build(spec, cfg)``; ``loss(model, kernel, context, target, objective, generator)``;
+    ``sample(model, kernel, context, cfg, generator, log_prob)`` (one chain per row, ``log_prob`` gains the chain
+    score when given); ``trace(model, kernel, context, cfg, generator)`` (the decoded answer after every step, None:
+    no steps); ``verify(model, context, tokens, generator)`` (``[B]`` float64 final-state score);
+    ``deterministic_at_t0`` (every chain the same at temperature 0 without reveal noise, so best-of-K is refused);
+    ``latent`` (an encoder / denoiser / predictor the mechanism probes can open); ``main`` (the module whose forward
+    calls count as the kind's forward passes)."""
+
+    name: str
+    build: Callable[[TaskSpec, HCDLMModelConfig], nn.Module]
+    loss: Loss
+    sample: Sampler
+    verify: Verifier
+    trace: Trace | None = None
+    deterministic_at_t0: bool = True
+    latent: bool = False
+    main: Callable[[nn.Module], nn.Module] = _whole
+    check_sample: Callable[[SampleConfig], None] | None = None
+
+
+def matched_blocks(spec: TaskSpec, cfg: HCDLMModelConfig, kind: str) -> int:
+    """Blocks a baseline needs to come closest to the HC-DLM parameter count (at least one)."""
+    if cfg.baseline_blocks:
+        return cfg.baseline_blocks
+    budget = count_parameters(HCDLM(spec, cfg))
+    net, cond_dim = {"ccdd": (CCDDNet, cfg.hidden), "mdm": (MDMNet, 0), "ar": (ARNet, 0)}[kind]
+    base = count_parameters(net(spec, cfg, 0))
+    one = count_parameters(Block(cfg.hidden, cfg.heads, cond_dim=cond_dim))
+    return max(1, round((budget - base) / one))
+
+
+def _baseline(net: type[nn.Module], kind: str) -> Callable[[TaskSpec, HCDLMModelConfig], nn.Module]:
+    return lambda spec, cfg: net(spec, cfg, matched_blocks(spec, cfg, kind))
+
+
+def _hcdlm_loss(model, kernel, context, target, objective: ObjectiveConfig, generator):
+    return hcdlm_loss(model, kernel, context, target, objective, generator)
+
+
+def _mdm_loss(model, kernel, context, target, objective: ObjectiveConfig, generator):
+    return mdm_loss(model, context, target, generator)
+
+
+def _ar_loss(model, kernel, context, target, objective: ObjectiveConfig, generator):
+    return ar_loss(model, context, target, generator)
+
+
+def _ccdd_loss(model, kernel, context, target, objective: ObjectiveConfig, generator):
+    return ccdd_loss(model, context, target, objective, generator)
+
+
+def _hcdlm_sample(model, kernel, context, cfg, generator, log_prob):
+    return sample_hcdlm(model, kernel, context, cfg, generator, log_prob=log_prob)
+
+
+def _mdm_sample(model, kernel, context, cfg, generator, log_prob):
+    return sample_mdm(model, context, cfg, generator, log_prob=log_prob)
+
+
+def _ar_sample(model, kernel, context, cfg, generator, log_prob):
+    return sample_ar(model, context, cfg, generator, log_prob=log_prob)
+
+
+def _ccdd_sample(model, kernel, context, cfg, generator, log_prob):
+    return sample_ccdd(model, context, cfg, generator, log_prob=log_prob)
+
+
+def _hcdlm_trace(model, kernel, context, cfg, generator) -> list[torch.Tensor]:
+    steps: list[torch.Tensor] = []
+    sample_hcdlm(model, kernel, context, cfg, generator, on_step=lambda *args: steps.append(args[-1]))
+    return steps
+
+
+def _reveal_trace(sampler: Sampler) -> Trace:
+    def trace(model, kernel, context, cfg, generator) -> list[torch.Tensor]:
+        steps: list[torch.Tensor] = []
+        sampler(model, context, cfg, generator, on_step=lambda _, tokens: steps.append(tokens))
+        return steps
+
+    return trace
+
+
+@torch.no_grad()
+def reencoded_log_prob(model: HCDLM, context: torch.Tensor, tokens: torch.Tensor, generator=None) -> torch.Tensor:
+    """HC-DLM / Latent DM's final-state verifier: ``log p(tokens | x = enc_mean(tokens))`` (one encoder and one
+    predictor pass)."""
+    return answer_log_prob(model.predictor(model.encoder(tokens, context)[0], context), tokens)
+
+
+def mask_groups(length: int, groups: int, rows: int, generator: torch.Generator | None, device) -> torch.Tensor:
+    """``[groups, rows, length]`` bool: each row's slots split at random into ``groups`` near-equal parts."""
+    order = torch.rand((rows, length), generator=generator, device=device, dtype=torch.float64).argsort(dim=1)
+    part = torch.empty_like(order).scatter_(1, order, torch.arange(length, device=device).expand(rows, -1) % groups)
+    return torch.stack([part == g for g in range(min(groups, length))])
+
+
+@torch.no_grad()
+def pseudo_log_likelihood(
+    model: nn.Module, context: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None
+) -> torch.Tensor:
+    """MDM / CCDD's final-state verifier: ``sum_i log p(k_i | k with i's group [MASK]ed)`` over
+    :data:`PSEUDO_LIKELIHOOD_GROUPS` random groups of slots (CCDD: its embedding chain at the groups' mask level,
+    pure noise at masked slots and the clean code elsewhere)."""
+    total = torch.zeros(tokens.shape[0], dtype=torch.float64, device=tokens.device)
+    for hide in mask_groups(tokens.shape[1], PSEUDO_LIKELIHOOD_GROUPS, tokens.shape[0], generator, tokens.device):
+        masked = tokens.masked_fill(hide, model.mask_id)
+        if isinstance(model, CCDDNet):
+            s = hide.double().mean(1).float()
+            noise = torch.randn((*tokens.shape, model.cfg.latent_dim), generator=generator, device=tokens.device)
+            z = torch.where(hide[..., None], noise, model.embed(tokens))
+            logits = model(z, masked, s, context)[0]
+        else:
+            logits = model(masked, context)
+        total += answer_log_prob(logits, tokens, hide)
+    return total
+
+
+@torch.no_grad()
+def teacher_forced_log_prob(model: ARNet, context: torch.Tensor, tokens: torch.Tensor, generator=None) -> torch.Tensor:
+    """AR's final-state verifier: the exact ``log p(tokens | context)`` (one pass)."""
+    bos = torch.full((tokens.shape[0], 1), model.bos_id, dtype=torch.long, device=tokens.device)
+    return answer_log_prob(model(context, torch.cat([bos, tokens[:, :-1]], dim=1)), tokens)
+
+
+def _latent_kind(name: str, scaffold: bool) -> ModelKind:
+    return ModelKind(
+        name,
+        lambda spec, cfg: HCDLM(spec, cfg, scaffold=scaffold),
+        _hcdlm_loss,
+        _hcdlm_sample,
+        reencoded_log_prob,
+        trace=_hcdlm_trace,
+        deterministic_at_t0=False,  # random x_T (and, with a scaffold, its random re-noising)
+        latent=True,
+        main=_denoiser,
+    )
+
+
+KINDS: dict[str, ModelKind] = {
+    "hcdlm": _latent_kind("hcdlm", scaffold=True),
+    "latent": _latent_kind("latent", scaffold=False),
+    "mdm": ModelKind(
+        "mdm", _baseline(MDMNet, "mdm"), _mdm_loss, _mdm_sample, pseudo_log_likelihood, _reveal_trace(sample_mdm)
+    ),
+    "ar": ModelKind("ar", _baseline(ARNet, "ar"), _ar_loss, _ar_sample, teacher_forced_log_prob),
+    "ccdd": ModelKind(
+        "ccdd",
+        _baseline(CCDDNet, "ccdd"),
+        _ccdd_loss,
+        _ccdd_sample,
+        pseudo_log_likelihood,
+        _reveal_trace(sample_ccdd),
+        deterministic_at_t0=False,  # random z_1
+        check_sample=check_ccdd_sampler,
+    ),
+}
+
+
+def build_model(spec: TaskSpec, cfg: HCDLMModelConfig) -> nn.Module:
+    """The network of ``cfg.kind`` for this task (its ``kind`` attribute names its entry)."""
+    if cfg.kind not in KINDS:
+        raise DihalValueError(f"model kind must be one of {sorted(KINDS)}, got {cfg.kind!r}")
+    return KINDS[cfg.kind].build(spec, cfg)
+
+
+def kind_of(model: nn.Module) -> ModelKind:
+    """The table entry of one of the kinds' networks (by its ``kind`` attribute)."""
+    name = getattr(model, "kind", None)
+    if name not in KINDS:
+        raise DihalTypeError(f"no model kind for {type(model).__name__}")
+    return KINDS[name]
+
+
+def check_sample(model: nn.Module, cfg: SampleConfig) -> None:
+    """Refuse sampler options this kind cannot take, and best-of-K where every chain would be the same (a kind
+    deterministic at temperature 0, sampled at temperature 0 without reveal-order noise)."""
+    kind = kind_of(model)
+    if kind.check_sample is not None:
+        kind.check_sample(cfg)
+    if cfg.best_of > 1 and cfg.temperature == 0 and kind.deterministic_at_t0 and not cfg.reveal_noise:
+        raise DihalValueError(
+            f"--best-of {cfg.best_of} needs chains that differ, and {type(model).__name__} at temperature 0 gives "
+            "the same one every time: set --temperature > 0, --reveal-noise > 0 (MDM) or --best-of 1"
+        )
+    if cfg.reveal_noise and kind.name not in ("mdm", "ccdd"):
+        raise DihalValueError(f"--reveal-noise {cfg.reveal_noise} is for MDM and CCDD, not {kind.name}")
+
+
+def sample_chains(
+    model: nn.Module, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(tokens[B, L], scores[B] or None)``: one chain per row of ``context``, scored by ``cfg.verifier`` when
+    ``cfg.best_of > 1`` (``"chain"``: the sampler's own log-probability; ``"final"``: the kind's final-state
+    verifier)."""
+    kind = kind_of(model)
+    if cfg.best_of == 1:  # one chain: nothing to choose, so no scoring work in the sampling loop
+        return kind.sample(model, kernel, context, cfg, generator, None), None
+    log_prob = torch.zeros(context.shape[0], dtype=torch.float64, device=context.device)
+    tokens = kind.sample(model, kernel, context, cfg, generator, log_prob if cfg.verifier == "chain" else None)
+    if cfg.verifier == "final":
+        log_prob = kind.verify(model, context, tokens, generator)
+    return tokens, log_prob
+
+
+def generate_all(
+    model: nn.Module, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(chosen[B, L], chains[B, K, L])``: ``K = cfg.best_of`` chains per row (one batch of ``B * K`` rows) and,
+    per row, the one the verifier scores highest (ties: the first)."""
+    check_sample(model, cfg)
+    k = cfg.best_of
+    rows = context.repeat_interleave(k, dim=0) if k > 1 else context
+    tokens, scores = sample_chains(model, kernel, rows, cfg, generator)
+    chains = tokens.view(context.shape[0], k, -1)
+    if scores is None:
+        return chains[:, 0], chains
+    best = scores.view(-1, k).argmax(dim=1)
+    return chains[torch.arange(context.shape[0], device=tokens.device), best], chains
+
+
+def generate(
+    model: nn.Module, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Target tokens ``[B, L]`` from whichever model this is (best-of-K by :func:`generate_all`)."""
+    return generate_all(model, kernel, context, cfg, generator)[0]
+
+
+class PassCounter:
+    """Counts the forward calls of a model's main module (:attr:`ModelKind.main`) while in use: ``with
+    PassCounter(model) as counter: ...; counter.calls``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.module, self.calls, self._handle = kind_of(model).main(model), 0, None
+
+    def __enter__(self) -> PassCounter:
+        self._handle = self.module.register_forward_hook(self._count)
+        return self
+
+    def _count(self, *_) -> None:
+        self.calls += 1
+
+    def __exit__(self, *_) -> None:
+        self._handle.remove()
