@@ -4,7 +4,8 @@
 #
 #   bash packaging/smoke_wheel.sh WHEEL [SCRATCH_DIR]
 #
-# The venv gets torch==2.13.0 (the CPU build), the wheel with its dependencies, pytest and hypothesis;
+# The venv gets torch==2.13.0 (the CPU build), the wheel with its dependencies, pytest and hypothesis
+# (tests/test_libgomp.py then loads the installed core with the system's libgomp hidden, on torch's copy);
 # for a GPU wheel (dihal_fast_cu12/_cu13) also librmm of the cuVS release ($CUVS_RELEASE, default 26.10),
 # so that the route of cuVS's allocations through torch is checked without a GPU (test_cuvs_allocator.py).
 # The tests run from a copy of tests/ outside the source tree, with PATH = the venv's bin only (no gcc,
@@ -39,8 +40,9 @@ for tool in gcc cc c++ nvcc cmake; do
 done
 "${clean[@]}" "$py" -m pytest -q -p no:cacheprovider -c /dev/null --rootdir "$smoke/tests" \
   --import-mode=importlib -W ignore::pytest.PytestUnknownMarkWarning -m "not slow" \
-  tests/test_cuda_build.py tests/test_geometry_kernels.py tests/test_cuvs_allocator.py \
-  -k "(unavailable or variants_refuse or adversarial or ties or old_bound or certify or knn_matches_reference or allocat or rmm)"
+  tests/test_cuda_build.py tests/test_geometry_kernels.py tests/test_cuvs_allocator.py tests/test_libgomp.py \
+  tests/test_cuda_stats.py \
+  -k "(unavailable or variants_refuse or adversarial or ties or old_bound or certify or knn_matches_reference or allocat or rmm or libgomp or certif or cublas_emulation)"
 "${clean[@]}" "$py" -c "
 import json, dihal_fast
 info = dihal_fast.build_info()

@@ -9,6 +9,7 @@ with the library whited out), so they need root and overlayfs; elsewhere they sk
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,18 +21,21 @@ import pytest
 from dihal_fast import _native
 
 SYSTEM_LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
+# The system tools (unshare, mknod, mount) by absolute search path: the wheel smoke runs with only its venv on PATH.
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def run_without_system_libgomp(tmp_path: Path, code: str) -> dict:
     """Run ``code`` (which prints one JSON line) in a mount namespace where the system's libgomp is hidden."""
-    if shutil.which("unshare") is None or not (SYSTEM_LIBDIR / "libgomp.so.1").exists():
+    unshare, mknod = shutil.which("unshare", path=SYSTEM_PATH), shutil.which("mknod", path=SYSTEM_PATH)
+    if unshare is None or mknod is None or not (SYSTEM_LIBDIR / "libgomp.so.1").exists():
         pytest.skip("needs unshare(1) and a system libgomp in /usr/lib/x86_64-linux-gnu to hide")
     upper, work = tmp_path / "upper", tmp_path / "work"
     upper.mkdir()
     work.mkdir()
     for name in (p.name for p in SYSTEM_LIBDIR.glob("libgomp.so*")):
         # an overlay whiteout: a 0/0 character device hides the lower file of that name
-        result = subprocess.run(["mknod", str(upper / name), "c", "0", "0"], capture_output=True, text=True)
+        result = subprocess.run([mknod, str(upper / name), "c", "0", "0"], capture_output=True, text=True)
         if result.returncode != 0:
             pytest.skip(f"cannot make overlay whiteouts (mknod: {result.stderr.strip()})")
     script = tmp_path / "probe.py"
@@ -40,7 +44,8 @@ def run_without_system_libgomp(tmp_path: Path, code: str) -> dict:
         f"mount -t overlay overlay -o lowerdir={SYSTEM_LIBDIR},upperdir={upper},workdir={work} {SYSTEM_LIBDIR}"
         f" && exec {sys.executable} {script}"
     )
-    result = subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, PATH=SYSTEM_PATH)
+    result = subprocess.run([unshare, "-m", "sh", "-c", mount], capture_output=True, text=True, timeout=300, env=env)
     if result.returncode != 0 and "mount" in result.stderr and "python" not in result.stderr.lower():
         pytest.skip(f"no private overlay mount here: {result.stderr.strip()}")
     assert result.returncode == 0, result.stderr
