@@ -86,7 +86,7 @@ def main() -> int:
     )
     result = evaluate_run(config, args.out / "mechanism.json")
     key = "blank_cells"
-    ablations = result["ablations"]
+    ablations = result["oracle_ablations"]
     ablation_rows = [
         [row["s"]]
         + [round(100 * row[name][key], 1) for name in ("model", "x_t_noise", "scaffold_true", "scaffold_random")]

@@ -241,7 +241,8 @@ def test_cli_train_eval_solve(tmp_path, capsys):
     out = tmp_path / "eval.json"
     assert main(["hcdlm", "eval", str(run), "--data", str(csv), "--out", str(out), "--steps", "3"]) == 0
     report = json.loads(out.read_text())
-    assert report["model"] == "ccdd" and report["n"] == 1 and "ablations" not in report  # no HC-DLM latent to ablate
+    assert report["model"] == "ccdd" and report["n"] == 1 and "oracle_ablations" not in report  # no latent to ablate
+    assert "interventions" not in report
     assert [row["fraction"] for row in report["trajectory"]["ccdd"]] == pytest.approx([1 / 3, 2 / 3, 1.0])
     assert [row["steps"] for row in report["accuracy_vs_steps"]] == [3, 5, 10, 25, 50]
     capsys.readouterr()

@@ -106,7 +106,7 @@ def test_eval_writes_the_mechanism_diagnostics_with_a_comparison(trained, capsys
         == 0
     )
     printed = capsys.readouterr().out
-    assert "mdm (--compare)" in printed and "ablations" in printed
+    assert "mdm (--compare)" in printed and "oracle ablations" in printed and "in-sampler interventions" in printed
     report = json.loads(out.read_text())
     assert report["compare"]["model"] == "mdm" and [r["steps"] for r in report["compare"]["accuracy_vs_steps"]] == [
         2,
@@ -118,7 +118,14 @@ def test_eval_writes_the_mechanism_diagnostics_with_a_comparison(trained, capsys
         assert [r["fraction"] for r in rows] == [0.25, 0.5, 0.75, 1.0]
     assert trajectories["mdm"][-1]["accuracy"] == report["compare"]["accuracy"]  # the last read-out is MDM's answer
     assert trajectories["hcdlm (uniform)"][-1]["accuracy"] == report["accuracy"]
-    assert [r["s"] for r in report["ablations"]] == [0.05, 0.95] and report["ablation_key"] == "blank_cells"
+    assert [r["s"] for r in report["oracle_ablations"]] == [0.05, 0.95]
+    assert report["oracle_ablation_key"] == "blank_cells"
+    variants = report["interventions"]["variants"]
+    assert set(variants) == {"normal", "latent_prior", "latent_other", "latent_reencoded", "scaffold_prior"}
+    assert variants["normal"]["accuracy"] == report["accuracy"]  # the normal chain is the evaluation's own
+    gap = report["interventions"]["latent_beyond_tokens"]
+    assert gap["low"] <= gap["difference"] <= gap["high"]
+    assert gap["difference"] == pytest.approx(variants["normal"]["accuracy"] - variants["latent_reencoded"]["accuracy"])
     for suffix in ("steps", "trajectory", "ablations", "readout"):
         assert (trained / f"eval.{suffix}.png").stat().st_size > 0
 

@@ -102,9 +102,20 @@ def run_eval(args: argparse.Namespace) -> int:
         print(f"{report['model']} on {Path(args.data).name}: accuracy {report['accuracy']:.4f} (n={report['n']})")
         if "compare" in report:
             print(f"{report['compare']['model']} (--compare) on the same: accuracy {report['compare']['accuracy']:.4f}")
-        if "ablation_effects" in report:
-            effects = ", ".join(f"{k} {100 * v:+.1f}" for k, v in report["ablation_effects"].items())
-            print(f"ablations, largest change of {report['ablation_key']} (points): {effects}")
+        if "interventions" in report:
+            found = report["interventions"]
+            variants = ", ".join(f"{k} {100 * v['accuracy']:.1f}" for k, v in found["variants"].items())
+            gap = found["latent_beyond_tokens"]
+            print(
+                f"in-sampler interventions, accuracy %: {variants}; normal - latent_reencoded "
+                f"{100 * gap['difference']:+.1f} [{100 * gap['low']:+.1f}, {100 * gap['high']:+.1f}]"
+            )
+        if "oracle_ablation_effects" in report:
+            effects = ", ".join(f"{k} {100 * v:+.1f}" for k, v in report["oracle_ablation_effects"].items())
+            print(
+                f"oracle ablations (x_t from the true answer), largest change of {report['oracle_ablation_key']} "
+                f"(points): {effects}"
+            )
     return 0
 
 

@@ -21,6 +21,7 @@ from dihal_fast.hcdlm.eval_data import examples_from_file, text_windows
 from dihal_fast.hcdlm.mechanism import (
     ablation_effects,
     ablation_readout,
+    in_sampler_interventions,
     readout_trajectory,
 )
 from dihal_fast.hcdlm.models import kind_of
@@ -154,8 +155,15 @@ def _mechanism(
     readout: list[dict] | None,
 ) -> dict:
     """The decoded answer per normalised step (this run, from its ``readout`` when already traced, and
-    ``other``) and, on Sudoku, the input ablations."""
+    ``other``), for latent models the in-sampler interventions (puzzles with an answer to score) and, on Sudoku, the
+    oracle input ablations."""
     key, found = _score_key(run), {}
+    if kind_of(run.model).latent and run.config.task.name != "text" and len(examples) >= 2:
+        found["interventions"] = in_sampler_interventions(run, examples, sample, seed)
+        logger.info(
+            "in-sampler interventions (accuracy): %s",
+            {name: round(v["accuracy"], 4) for name, v in found["interventions"]["variants"].items()},
+        )
     trajectories = {
         _label(r): readout_trajectory(r, examples, sample, seed, rows=readout if r is run else None)
         for r in (run, other)
@@ -169,17 +177,17 @@ def _mechanism(
     if run.config.task.name == "sudoku" and kind_of(run.model).latent and noise_levels:
         rows = ablation_readout(run, examples, tuple(noise_levels), seed)
         plot = plot_ablations(
-            rows, key, out.with_suffix(".ablations.png"), f"{_label(run)}: read-out with one input replaced"
+            rows, key, out.with_suffix(".ablations.png"), f"{_label(run)}: oracle read-out with one input replaced"
         )
         found.update(
             {
-                "ablations": rows,
-                "ablation_effects": ablation_effects(rows, key),
-                "ablation_key": key,
-                "ablations_plot": str(plot),
+                "oracle_ablations": rows,
+                "oracle_ablation_effects": ablation_effects(rows, key),
+                "oracle_ablation_key": key,
+                "oracle_ablations_plot": str(plot),
             }
         )
-        logger.info("ablations (%s, largest change over s): %s", key, found["ablation_effects"])
+        logger.info("oracle ablations (%s, largest change over s): %s", key, found["oracle_ablation_effects"])
     return found
 
 

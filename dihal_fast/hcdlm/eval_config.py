@@ -52,7 +52,10 @@ class HCDLMEvalConfig(ReadoutConfig):
     samples: int = option(64, "text: number of samples to score", min=1)
     evaluator: str | None = option(None, "text: evaluator LM for Gen PPL (default: the shipped backbone)")
     diagnostics: bool = option(
-        True, "the raw-vs-EMA comparison, the read-out after every sampling step and the input ablations"
+        True,
+        "the raw-vs-EMA comparison, the read-out after every sampling step, the in-sampler interventions (latent "
+        "reset to the prior, another puzzle's latent, the latent re-encoded from the current tokens, the scaffold "
+        "reset) and the oracle input ablations",
     )
     compare: str | None = option(
         None,

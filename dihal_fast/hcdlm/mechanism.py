@@ -1,14 +1,21 @@
 """Mechanism diagnostics of a trained run: does the hierarchy carry the solution?
 
+- :func:`in_sampler_interventions`: the sampler run with one part of its carried state replaced at every step
+  (the latent by the prior, by another puzzle's, by one re-encoded from the current tokens; the scaffold by the
+  prior; :data:`~dihal_fast.hcdlm.sampler.INTERVENTIONS`), each chain's accuracy beside the normal chain's, same
+  seed. The latent carries information beyond the tokens exactly by the gap between the normal chain and the
+  re-encoded one, reported with its paired bootstrap interval over the puzzles.
 - :func:`readout_trajectory`: the decoded answer after every sampling step, at normalised step
   ``step / steps`` (HC-DLM / Latent DM: ``argmax p(k0 | x_hat_0)``; MDM: the revealed tokens with every
-  still-masked slot filled by its argmax), so HC-DLM and MDM share one axis (the paper's Fig. 3a).
-- :func:`ablation_readout`: the one-step read-out ``argmax p(k0 | d(x_t, k_t, s))`` at fixed noise levels
-  from correctly noised inputs (``x_0`` = the encoder mean of the true tokens, noised to the latent's level
-  at ``s``, ``HCDLMModelConfig.latent_schedule_power``), and with one input
-  replaced: ``x_t`` by pure noise, the scaffold by the true tokens, or by random tokens. A read-out that
-  does not move when ``x_t`` is noise ignores the latent; one that does not move between a true and a
-  random scaffold ignores the scaffold.
+  still-masked slot filled by its argmax), so HC-DLM and MDM share one axis (the paper's Fig. 3a). It rises for
+  any iterative refiner, so it says nothing about the latent.
+- :func:`ablation_readout`, an *oracle* probe (it is given the true answer): the one-step read-out
+  ``argmax p(k0 | d(x_t, k_t, s))`` at fixed noise levels from correctly noised inputs (``x_0`` = the encoder mean
+  of the true tokens, noised to the latent's level at ``s``, ``HCDLMModelConfig.latent_schedule_power``), and with
+  one input replaced: ``x_t`` by pure noise, the scaffold by the true tokens, or by random tokens. A read-out that
+  does not move when ``x_t`` is noise ignores the latent; one that does not move between a true and a random
+  scaffold ignores the scaffold. Its ``x_t`` is the true answer's code, which the sampler never has: it shows what
+  the denoiser can read, not what the chain carries.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.models import kind_of
 from dihal_fast.hcdlm.noise import LATENT_FLOW, latent_level
+from dihal_fast.hcdlm.sampler import INTERVENTIONS, sample_hcdlm
 from dihal_fast.hcdlm.scoring import LoadedRun, example_contexts, mean_scores, readout_by_step
+from dihal_fast.hcdlm.stats import paired_bootstrap
 from dihal_fast.tasks.base import EvalExample
 
 ABLATION_LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -34,6 +43,45 @@ def reference_targets(run: LoadedRun, batch: list[EvalExample]) -> torch.Tensor:
             f"the scaffold ablations need a reference answer per example: Sudoku runs only, not {run.config.task.name}"
         )
     return torch.tensor([run.task.encode(*ex.payload)[1] for ex in batch], dtype=torch.long, device=run.device)
+
+
+def _batches(count: int, size: int) -> list[range]:
+    """Ranges of at most ``size`` (a last range of one joins the one before: another puzzle's latent needs two)."""
+    starts = list(range(0, count, size))
+    if len(starts) > 1 and count - starts[-1] == 1:
+        starts.pop()
+    return [range(start, stop) for start, stop in zip(starts, starts[1:] + [count])]
+
+
+@torch.no_grad()
+def in_sampler_interventions(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0) -> dict:
+    """HC-DLM / Latent DM: ``{variants: {normal | <intervention>: scores}, latent_beyond_tokens: interval}`` - one
+    chain per puzzle (``cfg`` without best-of), every variant from the same seed; ``latent_beyond_tokens`` is the
+    paired bootstrap of the normal chain's minus the ``latent_reencoded`` chain's per-puzzle ``correct``."""
+    if not kind_of(run.model).latent:
+        raise DihalValueError(
+            f"the in-sampler interventions probe a latent model (HC-DLM, Latent DM), not {run.config.model.kind}"
+        )
+    if len(examples) < 2:
+        raise DihalValueError("the in-sampler interventions need at least 2 examples (another puzzle's latent)")
+    names = [None, *(i for i in INTERVENTIONS if run.model.scaffold or i != "scaffold_prior")]
+    scored: dict[str, list[dict]] = {}
+    for intervention in names:
+        generator = torch.Generator(run.device).manual_seed(seed)
+        rows: list[dict] = []
+        for part in _batches(len(examples), cfg.batch_size):
+            batch = [examples[i] for i in part]
+            tokens = sample_hcdlm(
+                run.model, run.kernel, example_contexts(batch, run.device), cfg, generator, intervention=intervention
+            )
+            rows.extend(run.task.score(ex, target) for ex, target in zip(batch, tokens.tolist()))
+        scored[intervention or "normal"] = rows
+    correct = {name: [float(r["correct"]) for r in rows] for name, rows in scored.items()}
+    return {
+        "variants": {name: mean_scores(rows) for name, rows in scored.items()},
+        "latent_beyond_tokens": paired_bootstrap(correct["normal"], correct["latent_reencoded"], seed=seed),
+        "steps": cfg.steps,
+    }
 
 
 def readout_trajectory(

@@ -14,11 +14,15 @@ from collections.abc import Callable
 import torch
 
 from dihal_fast.common.sampling import sample_categorical
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
-from dihal_fast.hcdlm.noise import AbsorbingKernel, UniformKernel, latent_step
+from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel, latent_level, latent_step
 
 StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], None]
+# In-sampler interventions (mechanism probes, applied at every step; see sample_hcdlm): what the chain carries is
+# replaced by what carries nothing of it, so the accuracy lost is what that state carried.
+INTERVENTIONS = ("latent_prior", "latent_other", "latent_reencoded", "scaffold_prior")
 
 
 def answer_log_prob(logits: torch.Tensor, tokens: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
@@ -47,6 +51,18 @@ def guided_x0(
     return x_uncond + weight * (x_cond - x_uncond)
 
 
+def check_intervention(intervention: str | None, model: HCDLM, batch: int) -> None:
+    """Refuse an unknown intervention, a scaffold one without a scaffold, another puzzle's latent in a batch of one."""
+    if intervention is None:
+        return
+    if intervention not in INTERVENTIONS:
+        raise DihalValueError(f"intervention must be one of {INTERVENTIONS}, got {intervention!r}")
+    if intervention == "scaffold_prior" and not model.scaffold:
+        raise DihalValueError("scaffold_prior needs a model with a scaffold (HC-DLM, not Latent DM)")
+    if intervention == "latent_other" and batch < 2:
+        raise DihalValueError("latent_other swaps latents between puzzles: it needs a batch of at least 2")
+
+
 @torch.no_grad()
 def sample_hcdlm(
     model: HCDLM,
@@ -56,6 +72,7 @@ def sample_hcdlm(
     generator: torch.Generator | None = None,
     on_step: StepHook | None = None,
     log_prob: torch.Tensor | None = None,
+    intervention: str | None = None,
 ) -> torch.Tensor:
     """Algorithm 2: ``x_T ~ N(0, I)``, ``k_T ~ prior``; for ``t = N..1``: ``x_hat_0 = d(x_t, k_t, t/N)``,
     ``k_hat_0 = argmax p(k0 | x_hat_0)``, ``x_{t-1} = x_t - (x_t - x_hat_0)/t``, ``k_{t-1}`` = ``k_hat_0``
@@ -68,24 +85,43 @@ def sample_hcdlm(
     Euler step: the latent carried on is always the code of a definite token sequence.
     ``on_step(t, x_t, x_hat_0, k_t, k_hat_0)`` is called before each update (for diagnostics and tests); ``log_prob``
     gains ``log p(k0 | x_0)`` of the answer read from the final latent.
+
+    ``intervention`` (one of :data:`INTERVENTIONS`, at every step): ``latent_prior``, the denoiser's ``x_t`` a fresh
+    N(0, I) draw; ``latent_other``, the ``x_t`` of the next row's chain (another puzzle's); ``latent_reencoded``,
+    the carried latent rebuilt from the current tokens alone, ``x_{t-1}`` = the encoder mean of ``k_hat_0`` noised
+    afresh to the latent's level at ``t - 1``; ``scaffold_prior``, the scaffold redrawn from the prior instead of
+    ``k_hat_0`` re-noised.
     """
+    check_intervention(intervention, model, context.shape[0])
     batch, device = context.shape[0], context.device
     shape = (batch, model.cfg.latents, model.cfg.latent_dim)
     x = torch.randn(shape, generator=generator, device=device)
     scaffold = kernel.prior((batch, model.spec.target_len), generator, device) if model.scaffold else None
     for t in range(cfg.steps, 0, -1):
         s = torch.full((batch,), t / cfg.steps, device=device)
+        if intervention == "latent_prior":
+            x = torch.randn(shape, generator=generator, device=device)
+        elif intervention == "latent_other":
+            x = x.roll(1, dims=0)
         x_hat = guided_x0(model, kernel, x, scaffold, s, context, cfg.cfg_weight, generator)
         renoise = scaffold is not None and t > 1
-        if renoise or cfg.clamp or on_step is not None:  # the read-out k_hat_0 only where something uses it
+        if renoise or cfg.clamp or on_step is not None or intervention:  # k_hat_0 only where something uses it
             confidence, clean = torch.softmax(model.predictor(x_hat, context).to(torch.float64), dim=-1).max(dim=-1)
             if cfg.clamp:
                 x_hat = model.encoder(clean, context)[0]
             if on_step is not None:
                 on_step(t, x, x_hat, scaffold, clean)
         x = latent_step(x, x_hat, t, cfg.steps, model.cfg.latent_schedule_power)
+        if intervention == "latent_reencoded":
+            level = latent_level((t - 1) / cfg.steps, model.cfg.latent_schedule_power)
+            eps = torch.randn(shape, generator=generator, device=device)
+            x = LATENT_FLOW.noise(model.encoder(clean, context)[0], torch.full((batch,), level, device=device), eps)
         if renoise:
-            scaffold = kernel.renoise(clean, (t - 1) / cfg.steps, confidence, generator, cfg.remask)
+            scaffold = (
+                kernel.prior(tuple(scaffold.shape), generator, device)
+                if intervention == "scaffold_prior"
+                else kernel.renoise(clean, (t - 1) / cfg.steps, confidence, generator, cfg.remask)
+            )
     logits = model.predictor(x, context)
     tokens = sample_categorical(logits, cfg.temperature, generator=generator)
     if log_prob is not None:
