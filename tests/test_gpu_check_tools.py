@@ -40,7 +40,7 @@ def test_gpu_check_parses_and_documents_its_options():
 def _stubbed_gpu_check(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A copy of gpu_check.sh in an otherwise empty tree, with nvidia-smi, the build (``python -m pip``, the
     ``python -c`` checks) and every check (``timeout``) stubbed; the cuVS probe runs for real in this Python.
-    The racecheck step fails with status 3."""
+    The memcheck step fails with status 3, the large-index step runs past its deadline (status 124)."""
     repo, stub = tmp_path / "repo", tmp_path / "stub"
     (repo / "bench" / "results").mkdir(parents=True)
     stub.mkdir()
@@ -48,7 +48,7 @@ def _stubbed_gpu_check(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     (repo / "bench" / "results" / "probe.json").write_text("{}\n")
     scripts = {
         "nvidia-smi": "#!/bin/sh\necho 9.0\n",
-        "timeout": '#!/bin/sh\nshift\ncase "$*" in *racecheck*) exit 3 ;; esac\nexit 0\n',
+        "timeout": '#!/bin/sh\nshift\ncase "$*" in *memcheck*) exit 3 ;; *" large"*) exit 124 ;; esac\nexit 0\n',
         "py": f'#!/bin/sh\ncase "$1" in -m|-c) exit 0 ;; esac\nexec "{sys.executable}" "$@"\n',
     }
     for name, text in scripts.items():
@@ -69,9 +69,11 @@ def test_gpu_check_without_cuvs_says_not_run_and_fails_unless_told(tmp_path):
     repo, env = _stubbed_gpu_check(tmp_path)
     run = _bash("bench/gpu_check.sh", cwd=repo, env=env)
     summary = run.stdout.split("== summary", 1)[1]
-    assert "ok: large-index smoke" in summary and "ok: CUDA tests" in summary
-    assert "FAILED (3): side streams (kNN, covariance, local eigen) under compute-sanitizer racecheck" in summary
-    assert "ok: device guard" in summary
+    assert "ok: torch sees a CUDA device" in summary and "ok: build (DIHAL_CUDA=ON, sm_90)" in summary
+    assert "ok: kernel smoke with the certified-share check" in summary and "ok: -m gpu tests" in summary
+    assert "FAILED (exit 3): side streams (kNN, covariance, local eigen) under compute-sanitizer memcheck" in summary
+    assert "FAILED (deadline of 60 s): large-index smoke" in summary
+    assert "ok: device guard" in summary and "racecheck" not in run.stdout
     assert "NOT RUN: cuvs (" in summary and "pass --no-cuvs" in summary
     assert "the cuVS probe failed" not in summary  # the reason is the probe's, from build_info / get_backend
     assert run.returncode == 1
@@ -82,6 +84,56 @@ def test_gpu_check_without_cuvs_says_not_run_and_fails_unless_told(tmp_path):
     accepted = _bash("bench/gpu_check.sh", "--no-cuvs", cwd=repo, env=env)
     assert accepted.returncode == 0, accepted.stdout[-2000:]
     assert "NOT RUN: cuvs (" in accepted.stdout and "pass --no-cuvs" not in accepted.stdout
+
+
+def test_gpu_check_steps_fit_the_budget_in_priority_order(tmp_path):
+    """Each step's deadline is cut to the budget left; steps that no longer fit are NOT RUN and fail the check, and
+    the order is the stated priority (smoke, adversarial, memcheck, large, -m gpu)."""
+    repo, env = _stubbed_gpu_check(tmp_path)
+    stub = Path(env["PATH"].split(":")[0])
+    # every check takes 3 s and records the deadline it was given
+    (stub / "timeout").write_text(f'#!/bin/sh\necho "$1" >> {tmp_path}/deadlines\nsleep 3\nexit 0\n')
+    run = _bash("bench/gpu_check.sh", "--no-cuvs", cwd=repo, env=env | {"GPU_CHECK_BUDGET": "22"})
+    summary = run.stdout.split("== summary", 1)[1]
+    assert run.returncode == 1
+    assert "NOT RUN: large-index smoke (bfloat16, n * D > 2^31) (the 22 s budget is spent)" in summary
+    assert "NOT RUN: -m gpu tests (the 22 s budget is spent)" in summary
+    deadlines = [int(line.split()[0]) for line in (tmp_path / "deadlines").read_text().splitlines()]
+    assert deadlines[0] <= 22 and all(later <= 22 - 3 for later in deadlines[1:])  # cut to what was left
+    total = int(summary.split("total seconds: ", 1)[1].split()[0])
+    assert total <= 22 + 3
+    order = [line.split(": ", 1)[1].split(" (")[0] for line in summary.strip().splitlines() if ": " in line][:7]
+    assert order[:3] == ["torch sees a CUDA device", "build", "kernel smoke with the certified-share check"]
+
+
+def test_gpu_check_stops_when_torch_sees_no_gpu(tmp_path):
+    repo, env = _stubbed_gpu_check(tmp_path)
+    stub = Path(env["PATH"].split(":")[0])
+    (stub / "timeout").write_text('#!/bin/sh\nshift\ncase "$*" in *is_available*) exit 1 ;; esac\nexit 0\n')
+    run = _bash("bench/gpu_check.sh", "--no-cuvs", cwd=repo, env=env)
+    assert run.returncode == 1
+    assert "FAILED (exit 1): torch sees a CUDA device" in run.stdout
+    assert "nothing else can be checked" in run.stdout and "== build" not in run.stdout
+
+
+def test_first_run_smoke_rows_are_certified_by_the_emulated_kernel():
+    """The smoke's ordinary rows, in every input dtype, are certified by the host emulation of the kNN kernel at
+    far more than the 99 % the smoke demands (so a failing smoke means the device kernel, not the data)."""
+    import torch
+
+    from dihal_fast import _native
+
+    core = _native.core()
+    if not hasattr(core, "emulate_cuda_knn"):
+        pytest.skip("this build's CPU module has no host emulation of the CUDA kNN")
+    X = _first_run().ordinary_rows(1500, 64)
+    for dtype in ("float32", "float16", "bfloat16", "float64"):
+        if dtype == "bfloat16":
+            rows = torch.from_numpy(X).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            out = core.emulate_cuda_knn(rows, 8, bfloat16=True)
+        else:
+            out = core.emulate_cuda_knn(np.ascontiguousarray(X.astype(dtype)), 8)
+        assert np.mean(out["flags"] == 0) >= 0.999, dtype
 
 
 def _first_run():
@@ -95,6 +147,7 @@ def _first_run():
 def test_first_run_checks_exist_and_refuse_without_a_device():
     first_run = _first_run()
     assert callable(first_run.streams) and callable(first_run.large) and callable(first_run.guard)
+    assert callable(first_run.smoke)
     assert {dtype for _, dtype in first_run.COVARIANCE_ROWS} == {"float16", "float32", "float64"}
     assert max(first_run.LOCAL_EIGEN_K) + 1 == 64  # the block kernel's largest neighbourhood (MAX_LOCAL_POINTS)
     import torch

@@ -1,5 +1,8 @@
 """Checks a first GPU run needs beyond the test suite (bench/gpu_check.sh runs them).
 
+    python tools/gpu_first_run.py smoke     # every kernel once vs the reference; the kNN kernel (cuda, and cuvs
+                                            # where it runs) must itself certify >= 99 % of ordinary rows, each
+                                            # equal to the reference (backend_cuda.last_knn_stats)
     python tools/gpu_first_run.py streams   # multi-tile kNN, covariance (float64 SYRK, float32 / float16 GEMM
                                             # with the float16 block scale) and local eigenvalues (block Jacobi)
                                             # on three side streams at once vs the CPU reference (run it under
@@ -82,6 +85,75 @@ def run_threads(*jobs) -> None:
         t.join()
     if errors:
         raise errors[0]
+
+
+def ordinary_rows(n: int, D: int, seed: int = 3) -> np.ndarray:
+    """Low-rank rows plus noise with a common offset, as hidden states are: the kNN kernel certifies such rows."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 8)) @ rng.standard_normal((8, D)) + 0.05 * rng.standard_normal((n, D))
+    return X + 3.0 * rng.standard_normal(D)
+
+
+def smoke(n: int, D: int, k: int) -> dict:
+    """Each kernel once on its own against the float64 reference, and the certified share of the kNN kernel: the
+    rows it certifies itself (not the float64 / exact fallbacks) must be >= 99 % of ordinary rows and each equal
+    to the reference, for every input dtype and for cuvs where it runs."""
+    import os
+
+    from dihal_fast.geometry import backend_cuda
+    from dihal_fast.geometry.backends import get_backend
+
+    X = ordinary_rows(n, D)
+    problems: list[str] = []
+    shares: dict[str, float] = {}
+    backends = ["cuda"]
+    try:
+        get_backend("cuvs", "cuda")
+        backends.append("cuvs")
+    except df.BackendUnavailable as exc:
+        if os.environ.get("DIHAL_REQUIRE_CUVS") == "1":
+            problems.append(f"cuvs cannot run: {exc}")
+    for backend in backends:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            Xd = torch.from_numpy(X).to(dtype)
+            stored = Xd.double().numpy()  # the reference sees the rows as stored in dtype
+            ref_idx, ref_d2 = ref.knn(stored, k)
+            idx, d2 = df.knn(Xd.cuda(), k, backend=backend)
+            stats = backend_cuda.last_knn_stats()
+            name = f"{backend} {str(dtype).removeprefix('torch.')}"
+            if stats is None or stats.backend != backend:
+                problems.append(f"{name}: no certified-share record of the call")
+                continue
+            shares[name] = round(stats.kernel_share, 4)
+            problems += [f"{name}: {p}" for p in backend_cuda.certified_share_problems(stats, idx, d2, ref_idx, ref_d2)]
+    ops = get_backend("cuda", "cuda")
+    Xc = torch.from_numpy(X).cuda()
+    mean, cov = ops.covariance(Xc)
+    mean_ref, cov_ref = ref.covariance(X)
+    if not np.allclose(cov.cpu().numpy(), cov_ref, rtol=1e-9, atol=1e-12 * np.abs(cov_ref).max()):
+        problems.append("float64 covariance differs from the reference")
+    lam = ops.top_eigenvalue(cov)
+    if not abs(lam - np.linalg.eigvalsh(cov_ref)[-1]) <= 1e-9 * abs(lam):
+        problems.append(f"top eigenvalue {lam} differs from the reference")
+    nbrs = ref.knn(X, k)[0]
+    local = ops.local_top_eigenvalues(Xc, nbrs)
+    local_ref = ref.local_top_eigenvalues(X, nbrs)
+    if not np.allclose(local, local_ref, rtol=1e-9, atol=1e-12 * local_ref.max()):
+        problems.append("local top eigenvalues differ from the reference")
+    pi, pj = np.arange(0, n - 1, 2), np.arange(1, n, 2)
+    quotients = ops.pair_quotients(Xc, mean_ref, cov_ref, 1e-3, pi, pj)
+    quotients_ref = get_backend("reference").pair_quotients(X, mean_ref, cov_ref, 1e-3, pi, pj)
+    if not np.allclose(quotients, quotients_ref, rtol=1e-9):
+        problems.append("pair quotients differ from the reference")
+    return {
+        "check": "smoke",
+        "n": n,
+        "D": D,
+        "k": k,
+        "kernel_certified_share": shares,
+        "problems": problems,
+        "ok": not problems,
+    }
 
 
 def streams(n: int, D: int, k: int) -> dict:
@@ -311,15 +383,17 @@ def guard(k: int = 8) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=["streams", "large", "guard"])
-    parser.add_argument("--n", type=int, default=None, help="rows (streams: 4396, large: 270000)")
-    parser.add_argument("--dim", type=int, default=None, help="columns (streams: 48, large: 8192)")
+    parser.add_argument("check", choices=["smoke", "streams", "large", "guard"])
+    parser.add_argument("--n", type=int, default=None, help="rows (smoke: 6000, streams: 4396, large: 270000)")
+    parser.add_argument("--dim", type=int, default=None, help="columns (smoke: 64, streams: 48, large: 8192)")
     parser.add_argument("--k", type=int, default=8)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(json.dumps({"check": args.check, "ok": False, "reason": "no CUDA device"}))
         return 1
-    if args.check == "streams":
+    if args.check == "smoke":
+        result = smoke(args.n or 6000, args.dim or 64, args.k)
+    elif args.check == "streams":
         result = streams(args.n or 4396, args.dim or 48, args.k)
     elif args.check == "guard":
         result = guard(args.k)
