@@ -209,7 +209,7 @@ def test_streaming_covariance_low_precision_inputs(dtype):
 
 
 def test_streaming_covariance_state_round_trip_and_errors(tmp_path):
-    from safetensors.numpy import load_file, save_file
+    from safetensors.torch import load_file, save_file
 
     X = good(100, 5)
     acc = df.StreamingCovariance(5).update(X)
@@ -229,7 +229,7 @@ def test_streaming_covariance_state_round_trip_and_errors(tmp_path):
         acc.update(good(3, 4))
     with pytest.raises(ValueError, match="expected dim"):
         df.StreamingCovariance(4).load_state_dict(acc.state_dict())
-    bad = acc.state_dict() | {"mean": np.full(5, np.nan)}
+    bad = acc.state_dict() | {"mean": torch.full((5,), float("nan"), dtype=torch.float64)}
     with pytest.raises(ValueError, match="corrupt"):
         df.StreamingCovariance(5).load_state_dict(bad)
     with pytest.raises(ValueError, match="no rows"):
@@ -238,6 +238,11 @@ def test_streaming_covariance_state_round_trip_and_errors(tmp_path):
         df.StreamingCovariance(0)
     empty = df.StreamingCovariance(5).update(np.zeros((0, 5)))
     assert empty.count == 0
+
+
+def numpy_state(acc: df.StreamingCovariance) -> dict[str, np.ndarray]:
+    """The state as NumPy arrays, the form earlier versions saved (still loaded)."""
+    return {name: value.numpy() for name, value in acc.state_dict().items()}
 
 
 def _cuda_reason() -> str:
@@ -294,7 +299,7 @@ def test_streaming_covariance_keeps_cuda_batches_on_the_device():
     ],
 )
 def test_streaming_covariance_refuses_corrupt_states_naming_the_field(change, field):
-    state = df.StreamingCovariance(5).update(good(50, 5)).state_dict()
+    state = numpy_state(df.StreamingCovariance(5).update(good(50, 5)))
     target = df.StreamingCovariance(5).update(good(7, 5))
     before = target.state_dict()
     with pytest.raises(ValueError, match=f"'{field}'"):
@@ -317,7 +322,7 @@ def test_streaming_covariance_refuses_corrupt_states_naming_the_field(change, fi
 def test_streaming_covariance_state_of_any_layout_keeps_updating_exactly(layout, tolerance):
     """A saved state in another layout is converted (issue 21: a Fortran-ordered one was loaded, then never updated)."""
     first, second = good(50, 5), good(70, 5) * 3 + 1
-    state = df.StreamingCovariance(5).update(first).state_dict()
+    state = numpy_state(df.StreamingCovariance(5).update(first))
     state = {k: (layout(v) if v.ndim else v) for k, v in state.items()}
     restored = df.StreamingCovariance(5).load_state_dict(state).update(second)
     want = np.cov(np.vstack([first, second]), rowvar=False, bias=True)
@@ -327,7 +332,7 @@ def test_streaming_covariance_state_of_any_layout_keeps_updating_exactly(layout,
 
 def test_streaming_covariance_loads_whole_float_counts_and_states_without_dim():
     acc = df.StreamingCovariance(5).update(good(50, 5))
-    state = acc.state_dict()
+    state = numpy_state(acc)
     del state["dim"]
     restored = df.StreamingCovariance(5).load_state_dict(state | {"count": np.array(50.0)})
     assert restored.count == 50 and isinstance(restored.count, int)

@@ -1,11 +1,14 @@
 // Streaming covariance: blocks of rows shifted by the running mean, SYRK in a working precision W
 // (the input's for streaming, float64 or float32 for the one-shot proxies), Chan's pairwise merge
-// of (count, mean, co-moment) in float64.
+// of (count, mean, co-moment) in float64. A float32 block is scaled by a power of two to max |x - shift|
+// in [1, 2) before its SYRK (exact; undone exactly in the merge), so that its products neither overflow
+// (rows of 1e19 square to 1e38) nor underflow (rows of 1e-22 square to float32 subnormals).
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "blas.hpp"
@@ -21,9 +24,19 @@ int64_t block_rows(int64_t D, size_t elem) {
   return std::clamp<int64_t>(target, 1024, 16384);
 }
 
-// Writes Y = X - shift (rounded to W) and returns the column sums of Y in float64: one pass.
+// max |x - shift| over the rows of a block (float64).
+template <typename T>
+double max_shifted(const T* X, int64_t rows, int64_t D, const double* shift) {
+  double best = 0.0;
+#pragma omp parallel for schedule(static) reduction(max : best) if(parallel_worth(double(rows) * double(D)))
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < D; ++c) best = std::max(best, std::fabs(double(X[r * D + c]) - shift[c]));
+  return best;
+}
+
+// Writes Y = (X - shift) * scale (rounded to W) and returns the column sums of X - shift in float64: one pass.
 template <typename T, typename W>
-void shift_rows(const T* X, int64_t rows, int64_t D, const double* shift, W* Y, double* sums) {
+void shift_rows(const T* X, int64_t rows, int64_t D, const double* shift, double scale, W* Y, double* sums) {
   std::fill(sums, sums + D, 0.0);
 #pragma omp parallel if(parallel_worth(double(rows) * double(D)))
   {
@@ -34,7 +47,7 @@ void shift_rows(const T* X, int64_t rows, int64_t D, const double* shift, W* Y, 
       W* y = Y + r * D;
       for (int64_t c = 0; c < D; ++c) {
         const double v = double(x[c]) - shift[c];
-        y[c] = W(v);
+        y[c] = W(v * scale);
         local[c] += v;
       }
     }
@@ -44,8 +57,10 @@ void shift_rows(const T* X, int64_t rows, int64_t D, const double* shift, W* Y, 
 }
 
 // assign: M holds no co-moment yet (count 0, contents undefined): the first block writes it.
+// scale_blocks: scale float32 blocks to unit magnitude (the one-shot proxies' rows come pre-scaled).
 template <typename T, typename W>
-void covariance_update_in(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* M, bool assign = false) {
+void covariance_update_in(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* M, bool assign,
+                          bool scale_blocks) {
   if (n <= 0) return;
   const int64_t block = block_rows(D, sizeof(W));
   std::vector<W> shifted(size_t(std::min(block, n)) * size_t(D));
@@ -59,7 +74,10 @@ void covariance_update_in(const T* X, int64_t n, int64_t D, int64_t* count, doub
     // small, centred-ish values; the block co-moment about its own mean is then
     // C_shift - rows * (m_b - shift)(m_b - shift)^T.
     for (int64_t c = 0; c < D; ++c) shift[c] = *count > 0 ? mean[c] : double(Xb[c]);
-    shift_rows(Xb, rows, D, shift.data(), shifted.data(), sums.data());
+    const double largest = std::is_same_v<W, float> && scale_blocks ? max_shifted(Xb, rows, D, shift.data()) : 0.0;
+    const double scale = largest > 0.0 ? std::ldexp(1.0, -std::ilogb(largest)) : 1.0;
+    const double unscale = 1.0 / (scale * scale);  // a power of two: exact
+    shift_rows(Xb, rows, D, shift.data(), scale, shifted.data(), sums.data());
     blas::gram_upper_t(int(D), int(rows), shifted.data(), gram.data());
 
     const double na = double(*count), nb = double(rows), ntot = na + nb;
@@ -76,9 +94,9 @@ void covariance_update_in(const T* X, int64_t n, int64_t D, int64_t* count, doub
       double* Ma = M + a * D;
       const W* Ga = gram.data() + a * D;
       if (assign && r0 == 0)
-        for (int64_t b = a; b < D; ++b) Ma[b] = double(Ga[b]) - oa * offset[b] + da * delta[b];
+        for (int64_t b = a; b < D; ++b) Ma[b] = double(Ga[b]) * unscale - oa * offset[b] + da * delta[b];
       else
-        for (int64_t b = a; b < D; ++b) Ma[b] += double(Ga[b]) - oa * offset[b] + da * delta[b];
+        for (int64_t b = a; b < D; ++b) Ma[b] += double(Ga[b]) * unscale - oa * offset[b] + da * delta[b];
     }
     for (int64_t c = 0; c < D; ++c) mean[c] += delta[c] * (nb / ntot);
     *count += rows;
@@ -90,7 +108,7 @@ void covariance_update_in(const T* X, int64_t n, int64_t D, int64_t* count, doub
 template <typename T>
 void covariance_update(const T* X, int64_t n, int64_t D, int64_t* count, double* mean, double* M) {
   DIHAL_NVTX_RANGE("dihal/covariance");
-  covariance_update_in<T, T>(X, n, D, count, mean, M);
+  covariance_update_in<T, T>(X, n, D, count, mean, M, false, true);
 }
 
 template <typename T>
@@ -99,9 +117,9 @@ void covariance(const T* X, int64_t n, int64_t D, bool float32_work, double* mea
   int64_t count = 0;
   std::fill(mean, mean + D, 0.0);
   if (float32_work)
-    covariance_update_in<T, float>(X, n, D, &count, mean, cov, true);
+    covariance_update_in<T, float>(X, n, D, &count, mean, cov, true, false);
   else
-    covariance_update_in<T, double>(X, n, D, &count, mean, cov, true);
+    covariance_update_in<T, double>(X, n, D, &count, mean, cov, true, false);
   // Divide by n and mirror the upper triangle, by B x B blocks (a cache-friendly transpose).
   constexpr int64_t B = 128;
   const int64_t nb = (D + B - 1) / B;

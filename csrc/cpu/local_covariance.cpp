@@ -28,30 +28,33 @@ void shifted_row(const T* x, const T* xi, int64_t D, W* c) {
 }
 
 // G (ldg columns) = C C^T for the kp x Dp row-major C (kp a multiple of 4, each row zero-padded to a
-// multiple of 64 bytes): 4 x 4 blocks of the upper triangle (diagonal blocks whole), each a 16
-// register accumulation over the columns in W, lanes summed in float64. OpenBLAS's small-matrix
-// GEMM runs this 16 x 16 x D shape far below its GEMM rate (about 15 GFLOP/s at D = 4096 on one
-// core); this is a third of its time.
-template <typename W>
-__attribute__((target("avx512f"))) void gram_upper_avx512(const W* C, int kp, int64_t Dp, double* G, int ldg) {
-  typedef W V __attribute__((vector_size(64)));
-  constexpr int64_t L = 64 / sizeof(W);
-  for (int I = 0; I < kp; I += 4)
-    for (int J = I; J < kp; J += 4) {
-      V acc[4][4];
-      for (int r = 0; r < 4; ++r)
-        for (int s = 0; s < 4; ++s) acc[r][s] = V{};
+// multiple of 64 bytes): R x S blocks of the upper triangle (blocks on the diagonal whole), each an R S
+// register accumulation over the columns in W, lanes summed in float64. OpenBLAS's small-matrix GEMM runs
+// this 16 x 16 x D shape far below its GEMM rate (about 15 GFLOP/s at D = 4096 on one core). Inlined into
+// the per-ISA entry points below, which pick the vector width and a block that fits the register file.
+template <typename W, int VBytes, int R, int S>
+__attribute__((always_inline)) inline void gram_upper_blocked(const W* C, int kp, int64_t Dp, double* G, int ldg) {
+  typedef W V __attribute__((vector_size(VBytes)));
+  // Loads through an element-aligned vector type: one unaligned load each (a memcpy into the array
+  // compiles, for AVX2, to two 16-byte stores and a 32-byte reload: a store-forwarding stall per operand).
+  typedef W VU __attribute__((vector_size(VBytes), aligned(sizeof(W))));
+  constexpr int64_t L = VBytes / sizeof(W);
+  for (int I = 0; I < kp; I += R)
+    for (int J = I; J < kp; J += S) {
+      V acc[R][S];
+      for (int r = 0; r < R; ++r)
+        for (int s = 0; s < S; ++s) acc[r][s] = V{};
       const W* A = C + int64_t(I) * Dp;
       const W* B = C + int64_t(J) * Dp;
       for (int64_t j = 0; j < Dp; j += L) {
-        V a[4], b[4];
-        for (int r = 0; r < 4; ++r) __builtin_memcpy(&a[r], A + r * Dp + j, 64);
-        for (int s = 0; s < 4; ++s) __builtin_memcpy(&b[s], B + s * Dp + j, 64);
-        for (int r = 0; r < 4; ++r)
-          for (int s = 0; s < 4; ++s) acc[r][s] += a[r] * b[s];
+        V a[R], b[S];
+        for (int r = 0; r < R; ++r) a[r] = *reinterpret_cast<const VU*>(A + r * Dp + j);
+        for (int s = 0; s < S; ++s) b[s] = *reinterpret_cast<const VU*>(B + s * Dp + j);
+        for (int r = 0; r < R; ++r)
+          for (int s = 0; s < S; ++s) acc[r][s] += a[r] * b[s];
       }
-      for (int r = 0; r < 4; ++r)
-        for (int s = 0; s < 4; ++s) {
+      for (int r = 0; r < R; ++r)
+        for (int s = 0; s < S; ++s) {
           double sum = 0.0;
           for (int64_t l = 0; l < L; ++l) sum += double(acc[r][s][l]);
           G[(I + r) * ldg + J + s] = sum;
@@ -59,9 +62,25 @@ __attribute__((target("avx512f"))) void gram_upper_avx512(const W* C, int kp, in
     }
 }
 
-bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
+// AVX-512: 32 registers hold a 4 x 4 block (16 accumulators, 8 operands).
+template <typename W>
+__attribute__((target("avx512f"))) void gram_upper_avx512(const W* C, int kp, int64_t Dp, double* G, int ldg) {
+  gram_upper_blocked<W, 64, 4, 4>(C, kp, Dp, G, ldg);
+}
+
+// AVX2 + FMA: 16 registers hold a 4 x 2 block (8 accumulators, 6 operands).
+template <typename W>
+__attribute__((target("avx2,fma"))) void gram_upper_avx2(const W* C, int kp, int64_t Dp, double* G, int ldg) {
+  gram_upper_blocked<W, 32, 4, 2>(C, kp, Dp, G, ldg);
+}
+
+enum class GramIsa { avx512, avx2, blas };
+
+GramIsa gram_isa() {
+  static const GramIsa isa = __builtin_cpu_supports("avx512f")                                     ? GramIsa::avx512
+                             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? GramIsa::avx2
+                                                                                                   : GramIsa::blas;
+  return isa;
 }
 
 // The neighbourhood is shifted by its own point x_i (exact in float64, then rounded to W), so the
@@ -71,7 +90,8 @@ bool has_avx512() {
 template <typename T, typename W>
 void local_top_eigenvalues_in(const T* X, int64_t n, int64_t D, const int64_t* idx, int64_t k, double* out) {
   const int m = int(k + 1);
-  const bool vector_gram = has_avx512();
+  const GramIsa isa = gram_isa();
+  const bool vector_gram = isa != GramIsa::blas;
   const int kp = vector_gram ? int((k + 3) / 4 * 4) : int(k);
   constexpr int64_t lanes = 64 / sizeof(W);
   const int64_t Dp = vector_gram ? (D + lanes - 1) / lanes * lanes : D;
@@ -83,8 +103,10 @@ void local_top_eigenvalues_in(const T* X, int64_t n, int64_t D, const int64_t* i
     for (int64_t i = 0; i < n; ++i) {
       const T* xi = X + i * D;
       for (int64_t a = 0; a < k; ++a) shifted_row(X + idx[i * k + a] * D, xi, D, C.data() + a * Dp);
-      if (vector_gram) {
+      if (isa == GramIsa::avx512) {
         gram_upper_avx512(C.data(), kp, Dp, G.data(), kp);
+      } else if (isa == GramIsa::avx2) {
+        gram_upper_avx2(C.data(), kp, Dp, G.data(), kp);
       } else {
         blas::gemm_abt(int(k), int(k), int(D), C.data(), C.data(), Gw.data(), int(k));
         for (size_t e = 0; e < Gw.size(); ++e) G[e] = double(Gw[e]);

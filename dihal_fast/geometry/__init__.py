@@ -2,6 +2,7 @@
 
 from dihal_fast.geometry.backends import BACKENDS
 from dihal_fast.geometry.covariance import StreamingCovariance
+from dihal_fast.geometry.inputs import MatrixLike
 from dihal_fast.geometry.proxies import (
     curvature_proxy,
     effective_rank,
@@ -13,6 +14,7 @@ from dihal_fast.geometry.selection import selection_scores
 
 __all__ = [
     "BACKENDS",
+    "MatrixLike",
     "StreamingCovariance",
     "curvature_proxy",
     "effective_rank",

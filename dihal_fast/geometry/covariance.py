@@ -1,29 +1,37 @@
-"""Exact, mergeable, serialisable streaming covariance (memory O(D^2), any number of rows)."""
+"""Mergeable, serialisable streaming covariance (memory O(D^2), any number of rows)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dihal_fast.errors import DihalTypeError, DihalValueError
 from dihal_fast.geometry.backends import get_backend, symmetrize_upper
-from dihal_fast.geometry.inputs import as_matrix
+from dihal_fast.geometry.inputs import MAX_ABS_VALUE, MatrixLike, as_matrix
 from dihal_fast.profiling import nvtx_range
 
-# "input": blocks of up to 16k rows multiply in the input precision (float32 for 16/32-bit inputs,
-# about 1e-6 relative, at GEMM speed) and merge in float64; "float64": every product in float64,
-# exact to float64 rounding whatever the batch sizes (about half the speed).
+if TYPE_CHECKING:
+    import torch
+
+# "input": blocks of up to 16k rows multiply in the input precision (float32 for 16/32-bit inputs: each
+# block scaled by a power of two to unit magnitude, float32-accurate, about 5e-7 relative, at any scale a
+# float32 holds) and merge in float64; "float64": every product in float64, equal to np.cov of the
+# input's values up to float64 rounding whatever the batch sizes (about half the speed).
 PRECISIONS = ("input", "float64")
 
 
 class StreamingCovariance:
     """Running count, mean and co-moment of a stream of ``batch x dim`` matrices.
 
-    ``update`` uses Chan's pairwise update (blocks centred at their own mean, float64 merge), so
-    the result equals ``np.cov(all_rows, bias=True)`` up to float64 rounding whatever the batch
-    sizes; ``merge`` combines accumulators from other batches, processes or machines weighted by
-    their counts; ``state_dict``/``load_state_dict`` serialise the exact state.
+    ``update`` uses Chan's pairwise update (blocks centred at their own mean, float64 merge), whatever
+    the batch sizes. Precision: float64 batches, or any batch with ``precision="float64"``, give
+    ``np.cov(all_rows, bias=True)`` of the batches' values up to float64 rounding; float16 / bfloat16 /
+    float32 batches at the default ``precision="input"`` multiply in float32 and are float32-accurate
+    (about 5e-7 relative to the largest entry), not exact. ``merge`` combines accumulators from other
+    batches, processes or machines weighted by their counts; ``state_dict``/``load_state_dict``
+    serialise the state exactly (float64).
 
     Batches that are CUDA tensors are accumulated on their GPU (the state moves there on the first
     such batch and stays, so activations never leave the device); results are NumPy arrays.
@@ -75,11 +83,12 @@ class StreamingCovariance:
         elif device == "cpu" and on_device:
             self._mean, self._comoment = self._host(self._mean).copy(), self._host(self._comoment).copy()
 
-    def update(self, X: Any) -> StreamingCovariance:
+    def update(self, X: MatrixLike) -> StreamingCovariance:
         """Add the rows of ``X`` (``batch x dim``; a batch of zero rows is a no-op)."""
-        if getattr(X, "ndim", None) == 2 and X.shape[0] == 0:
-            if X.shape[1] != self.dim:
-                raise DihalValueError(f"X has {X.shape[1]} columns, this accumulator has dim {self.dim}")
+        shape: Any = getattr(X, "shape", None)
+        if getattr(X, "ndim", None) == 2 and shape[0] == 0:
+            if shape[1] != self.dim:
+                raise DihalValueError(f"X has {shape[1]} columns, this accumulator has dim {self.dim}")
             return self
         matrix = as_matrix(X, "X", min_rows=1, allow_cuda=self.backend in ("auto", "cuda", "cuvs"))
         if matrix.shape[1] != self.dim:
@@ -115,17 +124,25 @@ class StreamingCovariance:
         self._count = total
         return self
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """The exact state as arrays (safe for safetensors / torch.save / np.savez)."""
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The exact state as CPU tensors (int64 ``dim`` and ``count``, float64 ``mean`` and ``comoment``): safe
+        for ``torch.save`` + ``torch.load(weights_only=True)``, ``safetensors.torch`` and ``np.savez``."""
+        import torch
+
         return {
-            "dim": np.array(self.dim, dtype=np.int64),
-            "count": np.array(self._count, dtype=np.int64),
-            "mean": self._host(self._mean).copy(),
-            "comoment": symmetrize_upper(self._host(self._comoment)),
+            "dim": torch.tensor(self.dim, dtype=torch.int64),
+            "count": torch.tensor(self._count, dtype=torch.int64),
+            "mean": torch.from_numpy(self._host(self._mean).copy()),
+            "comoment": torch.from_numpy(symmetrize_upper(self._host(self._comoment))),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> StreamingCovariance:
-        """Restore a state produced by :meth:`state_dict`; a corrupt one is a ``ValueError`` naming the field."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> StreamingCovariance:
+        """Restore a state produced by :meth:`state_dict` (tensors, or the NumPy arrays of earlier versions);
+        a corrupt one is a ``ValueError`` naming the field, and leaves this accumulator unchanged."""
+        if not isinstance(state, Mapping):
+            raise DihalTypeError(
+                f"a covariance state is a mapping of field names to arrays, got {type(state).__name__}"
+            )
         self._count, self._mean, self._comoment = _checked_state(state, self.dim)
         return self
 
@@ -140,9 +157,21 @@ class StreamingCovariance:
         )
 
 
-def _state_field(state: dict[str, Any], name: str, shape: tuple[int, ...], dim: int) -> np.ndarray:
+def _as_array(value: Any, name: str) -> np.ndarray:
+    """A field as a NumPy array: tensors (any device holding values) are copied to the host."""
+    if hasattr(value, "detach") and type(value).__module__.startswith("torch"):
+        if value.device.type == "meta":
+            raise DihalValueError(f"covariance state field {name!r} is a meta tensor (it holds no values)")
+        value = value.detach().cpu().numpy()
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise DihalValueError(f"covariance state is corrupt: field {name!r} is not an array ({exc})") from None
+
+
+def _state_field(state: Mapping[str, Any], name: str, shape: tuple[int, ...], dim: int) -> np.ndarray:
     """Field ``name`` as a finite real array of ``shape`` (its own dtype), or a ``ValueError`` naming it."""
-    value = np.asarray(state[name])
+    value = _as_array(state[name], name)
     if value.dtype.kind not in "iuf":
         raise DihalValueError(
             f"covariance state is corrupt: field {name!r} has dtype {value.dtype}, expected real numbers"
@@ -156,7 +185,7 @@ def _state_field(state: dict[str, Any], name: str, shape: tuple[int, ...], dim: 
     return value
 
 
-def _checked_state(state: dict[str, Any], dim: int) -> tuple[int, np.ndarray, np.ndarray]:
+def _checked_state(state: Mapping[str, Any], dim: int) -> tuple[int, np.ndarray, np.ndarray]:
     """``(count, mean, comoment)`` of a saved state after every consistency check a real state passes."""
     missing = {"count", "mean", "comoment"} - set(state)
     if missing:
@@ -174,6 +203,11 @@ def _checked_state(state: dict[str, Any], dim: int) -> tuple[int, np.ndarray, np
     # Own, C-ordered float64 copies whatever the saved layout (the kernels update the state in place).
     mean = np.array(_state_field(state, "mean", (dim,), dim), dtype=np.float64, order="C", copy=True)
     comoment = np.array(_state_field(state, "comoment", (dim, dim), dim), dtype=np.float64, order="C", copy=True)
+    if np.abs(mean).max(initial=0.0) > MAX_ABS_VALUE:
+        raise DihalValueError(
+            f"covariance state is corrupt: field 'mean' has values up to {np.abs(mean).max():.3g}, above the "
+            f"{MAX_ABS_VALUE:g} no batch can have"
+        )
     if count == 0 and (mean.any() or comoment.any()):
         raise DihalValueError("covariance state is corrupt: field 'count' is 0 but 'mean' or 'comoment' is non-zero")
     if count == 1 and comoment.any():

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Union, overload
 
 import numpy as np
+import numpy.typing as npt
 
 from dihal_fast.errors import DihalTypeError, DihalValueError
 
+if TYPE_CHECKING:
+    import torch
+
+#: What the geometry functions take as ``X``: anything NumPy turns into a 2-D float array (lists, NumPy
+#: arrays of float16 / float32 / float64 or ml_dtypes bfloat16) or a torch tensor (CPU or CUDA).
+MatrixLike = Union[npt.ArrayLike, "torch.Tensor"]
+
 _FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+# Largest seed and pair count (NumPy's generators and the kernels take int64).
+MAX_INT64 = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,7 @@ def as_matrix(
     """
     if _is_torch(X):
         dtype = _dtype_name(X)
+        _check_tensor_kind(X, name)
         if dtype not in _FLOAT_NAMES:
             raise DihalTypeError(f"{name} must have a floating dtype ({', '.join(_FLOAT_NAMES)}), got torch.{dtype}")
         _check_shape(tuple(X.shape), name, min_rows)
@@ -77,11 +89,27 @@ def as_matrix(
                 f"{name} must be a 2-D float array; could not convert {type(X).__name__}: {exc}"
             ) from None
     dtype = X.dtype.name
-    if X.dtype.kind != "f" or dtype not in _FLOAT_NAMES:
+    # ml_dtypes' bfloat16 is a NumPy dtype of kind "V" (its own type, not a subclass of np.floating).
+    if dtype not in _FLOAT_NAMES or (X.dtype.kind != "f" and dtype != "bfloat16"):
         raise DihalTypeError(f"{name} must have a floating dtype ({', '.join(_FLOAT_NAMES)}), got {X.dtype}")
     _check_shape(X.shape, name, min_rows)
-    work = np.ascontiguousarray(X.astype(np.float32) if dtype == "float16" else X)
+    work = np.ascontiguousarray(X.astype(np.float32) if dtype in ("float16", "bfloat16") else X)
     return Matrix(work, "cpu", dtype, _check_values(work, name, max_abs))
+
+
+def _check_tensor_kind(X: Any, name: str) -> None:
+    """A dense tensor on the CPU or a CUDA device, or a ``DihalValueError`` naming what it is."""
+    device = getattr(X.device, "type", str(X.device))
+    if device not in ("cpu", "cuda"):
+        raise DihalValueError(
+            f"{name} is a tensor on the {device!r} device, which holds no values the kernels can read; "
+            "pass a CPU or CUDA tensor"
+        )
+    layout = str(getattr(X, "layout", "torch.strided"))
+    if layout != "torch.strided":
+        raise DihalValueError(
+            f"{name} is a {layout.replace('torch.', '')} tensor; pass a dense one (e.g. {name}.to_dense())"
+        )
 
 
 def _max_abs(X: np.ndarray) -> float:
@@ -138,6 +166,22 @@ def check_k(k: Any, n: int) -> int:
     return int(k)
 
 
+def check_seed(seed: Any) -> int:
+    """A seed is an integer in ``[0, 2^63)`` (a float, bool or string seed would silently mean another one)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise DihalTypeError(f"seed must be an integer, got {seed!r}")
+    if not 0 <= int(seed) <= MAX_INT64:
+        raise DihalValueError(f"seed must satisfy 0 <= seed < 2**63, got {seed}")
+    return int(seed)
+
+
+def check_real(value: Any, name: str) -> float:
+    """A real number (Python or NumPy; not a bool or a string) as a float."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise DihalTypeError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
 @overload
 def check_positive(value: Any, name: str, integer: Literal[False] = False) -> float: ...
 @overload
@@ -150,4 +194,6 @@ def check_positive(value: Any, name: str, integer: bool = False) -> float:
         raise DihalTypeError(f"{name} must be an integer, got {value!r}")
     if not np.isfinite(value) or value <= 0:
         raise DihalValueError(f"{name} must be finite and > 0, got {value!r}")
+    if integer and value > MAX_INT64:
+        raise DihalValueError(f"{name} must be below 2**63, got {value!r}")
     return int(value) if integer else float(value)

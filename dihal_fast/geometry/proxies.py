@@ -11,7 +11,7 @@ import numpy as np
 
 from dihal_fast.errors import DihalValueError
 from dihal_fast.geometry.backends import PRECISIONS, GeometryOps, GramOps, get_backend
-from dihal_fast.geometry.inputs import Matrix, as_matrix, check_k, check_positive
+from dihal_fast.geometry.inputs import Matrix, MatrixLike, as_matrix, check_k, check_positive, check_seed
 from dihal_fast.profiling import nvtx_range
 from dihal_fast.reference import draw_pairs, weighted_median
 
@@ -19,6 +19,9 @@ DEFAULT_K = 16
 DEFAULT_RIDGE = 1e-3
 DEFAULT_PAIRS = 10000
 DEFAULT_PRECISION = "float64"
+# The ridges m_mono is defined for: below, (Sigma + lam I) of rank-deficient rows is too ill-conditioned for any
+# float64 factorisation (the reference's included) to give the quotients; above, lam leaves float64's range.
+RIDGE_RANGE = (1e-6, 1e300)
 
 
 # Rows whose largest |x| lies within 2^+-this go to the kernels unchanged: their 8th powers (float64) or 4th
@@ -30,7 +33,7 @@ SAFE_EXPONENT, SAFE_EXPONENT_LOW_PRECISION = 64, 16
 
 
 def _prepare(
-    X: Any, backend: str, min_rows: int = 2, precision: str = DEFAULT_PRECISION
+    X: MatrixLike, backend: str, min_rows: int = 2, precision: str = DEFAULT_PRECISION
 ) -> tuple[Matrix, GeometryOps, int]:
     """The checked matrix (rescaled by ``2^shift`` when its magnitude is extreme), its backend, and ``shift``."""
     if precision not in PRECISIONS:
@@ -76,20 +79,23 @@ def _unscaled(name: str, value: float, shift: int) -> float:
     return result
 
 
-def knn(X: Any, k: int = DEFAULT_K, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+def knn(X: MatrixLike, k: int = DEFAULT_K, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
     """Exact k nearest rows of ``X`` (self excluded, ties to the lower index).
 
-    Returns ``(indices, sqdist)``: int64 ``n x k`` and squared Euclidean distances ``n x k``
-    (float64 for float64 input, float32 otherwise), each row sorted by distance.
+    Returns ``(indices, sqdist)``: int64 ``n x k`` and float64 squared Euclidean distances ``n x k``, each row
+    sorted by distance. On the CPU the distances are the float64 ones of the input's values (whatever its
+    dtype, so float32 rows of magnitude 1e-30 or 1e19 neither underflow nor overflow); the CUDA backend's
+    low-precision distances carry the input precision's rounding.
     """
     matrix, ops, shift = _prepare(X, backend)
     k = check_k(k, matrix.shape[0])
     with nvtx_range("knn"):
         idx, d2 = ops.knn(matrix.data, k)
-    idx, d2 = np.asarray(idx), np.ldexp(np.asarray(d2, dtype=np.float64), -2 * shift)  # distances scale as s^2
+    with np.errstate(over="ignore"):  # an overflow to inf is refused below
+        idx, d2 = np.asarray(idx), np.ldexp(np.asarray(d2, dtype=np.float64), -2 * shift)  # distances scale as s^2
     if not np.isfinite(d2).all():
         raise DihalValueError("squared distances between these rows overflow float64; rescale X")
-    return idx, d2 if matrix.source_dtype == "float64" else d2.astype(np.float32)
+    return idx, d2
 
 
 @dataclass(frozen=True)
@@ -131,8 +137,12 @@ def _m_mono(
     matrix: Matrix, ops: GeometryOps, moments: _Moments, ridge: float, n_pairs: int, seed: int, precision: str
 ) -> float:
     n, D = matrix.shape
-    pi, pj, counts = draw_pairs(n, n_pairs, seed)
     lam = ridge * moments.trace / D
+    if not (sys.float_info.min <= lam and math.isfinite(n * lam)):
+        raise DihalValueError(
+            f"ridge={ridge:g} puts lam = ridge * tr(Sigma) / D outside float64's range for these rows; rescale X"
+        )
+    pi, pj, counts = draw_pairs(n, n_pairs, seed)
     with nvtx_range("pairs"):
         if moments.gram:
             q = cast(GramOps, ops).gram_pair_quotients(matrix.data, moments.matrix, lam, pi, pj)
@@ -168,7 +178,7 @@ def _representable(name: str, value: float, variance: float) -> float:
     return value
 
 
-def effective_rank(X: Any, backend: str = "auto", precision: str = DEFAULT_PRECISION) -> float:
+def effective_rank(X: MatrixLike, backend: str = "auto", precision: str = DEFAULT_PRECISION) -> float:
     """``k_eff = tr(Sigma) / lambda_max(Sigma)`` of the population covariance of ``X`` (``precision``: see
     :func:`geometry_proxies`)."""
     matrix, ops, _ = _prepare(X, backend, precision=precision)  # k_eff is scale-free
@@ -176,7 +186,7 @@ def effective_rank(X: Any, backend: str = "auto", precision: str = DEFAULT_PRECI
 
 
 def monotonicity_proxy(
-    X: Any,
+    X: MatrixLike,
     ridge: float = DEFAULT_RIDGE,
     n_pairs: int = DEFAULT_PAIRS,
     seed: int = 0,
@@ -188,17 +198,27 @@ def monotonicity_proxy(
     Memory does not grow with ``n_pairs``: up to 2^22 pairs are drawn one by one; above that the
     count of each distinct pair is drawn instead (same distribution, O(n^2) memory and time), which
     needs ``n (n - 1) / 2 <= 2^23`` (about n <= 4096 rows), else ``ValueError``. See
-    :func:`dihal_fast.reference.draw_pairs`. ``precision``: see :func:`geometry_proxies`.
+    :func:`dihal_fast.reference.draw_pairs`. ``ridge`` must lie in :data:`RIDGE_RANGE` (``[1e-6, 1e300]``);
+    ``seed`` is an integer in ``[0, 2^63)``. ``precision``: see :func:`geometry_proxies`.
     """
-    ridge = check_positive(ridge, "ridge")
-    n_pairs = check_positive(n_pairs, "n_pairs", integer=True)
+    ridge, n_pairs, seed = _pair_arguments(ridge, n_pairs, seed)
     matrix, ops, shift = _prepare(X, backend, precision=precision)
     return _unscaled(
-        "m_mono", _m_mono(matrix, ops, _moments(matrix, ops, precision), ridge, n_pairs, int(seed), precision), shift
+        "m_mono", _m_mono(matrix, ops, _moments(matrix, ops, precision), ridge, n_pairs, seed, precision), shift
     )
 
 
-def curvature_proxy(X: Any, k: int = DEFAULT_K, backend: str = "auto", precision: str = DEFAULT_PRECISION) -> float:
+def _pair_arguments(ridge: Any, n_pairs: Any, seed: Any) -> tuple[float, int, int]:
+    """The checked ``(ridge, n_pairs, seed)`` of m_mono, before any work."""
+    ridge = check_positive(ridge, "ridge")
+    if not RIDGE_RANGE[0] <= ridge <= RIDGE_RANGE[1]:
+        raise DihalValueError(f"ridge must lie in [{RIDGE_RANGE[0]:g}, {RIDGE_RANGE[1]:g}], got {ridge:g}")
+    return ridge, check_positive(n_pairs, "n_pairs", integer=True), check_seed(seed)
+
+
+def curvature_proxy(
+    X: MatrixLike, k: int = DEFAULT_K, backend: str = "auto", precision: str = DEFAULT_PRECISION
+) -> float:
     """``m_curv``: median over rows of ``1 / lambda_max`` of the k-NN local covariance (``precision``: see
     :func:`geometry_proxies`)."""
     matrix, ops, shift = _prepare(X, backend, precision=precision)
@@ -207,7 +227,7 @@ def curvature_proxy(X: Any, k: int = DEFAULT_K, backend: str = "auto", precision
 
 
 def geometry_proxies(
-    X: Any,
+    X: MatrixLike,
     k: int = DEFAULT_K,
     ridge: float = DEFAULT_RIDGE,
     n_pairs: int = DEFAULT_PAIRS,
@@ -217,21 +237,22 @@ def geometry_proxies(
 ) -> dict[str, float]:
     """All three proxies of one layer's hidden states, sharing one covariance: ``m_curv, m_mono, k_eff``.
 
-    ``n_pairs`` is bounded as in :func:`monotonicity_proxy`. ``precision="float64"`` (the default)
-    computes every product in float64: the exact path, equal to :mod:`dihal_fast.reference` up to
-    float64 rounding. ``"float32"`` rounds the centred data to float32 and runs the covariance SYRK,
-    the whitening solves and the local Gram matrices in float32, with sums, centring, the Cholesky
-    factor and the eigenvalues in float64: faster, with a relative error far below the spread
-    between repeated subsamples (both measured by bench/bench_proxies.py; figures in bench/README.md). The kNN
-    is exact in both. The CUDA backend always takes the float64 path.
+    ``ridge``, ``n_pairs`` and ``seed`` are bounded as in :func:`monotonicity_proxy`.
+
+    Precision: ``"float64"`` (the default) computes every product in float64 from the input's values, whatever
+    its dtype: equal to :mod:`dihal_fast.reference` on those values up to float64 rounding (relative
+    differences about 1e-12). ``"float32"`` rounds the centred data to float32 and runs the covariance SYRK,
+    the whitening solves and the local Gram matrices in float32, with sums, centring, the Cholesky factor and
+    the eigenvalues in float64: faster, and float32-accurate (relative errors about 1e-8 on ``k_eff`` and
+    ``m_curv``, 1e-5 on ``m_mono``, far below the spread between repeated subsamples; measured by
+    bench/bench_proxies.py). The kNN is exact in both. The CUDA backend always takes the float64 path.
     """
-    ridge = check_positive(ridge, "ridge")
-    n_pairs = check_positive(n_pairs, "n_pairs", integer=True)
+    ridge, n_pairs, seed = _pair_arguments(ridge, n_pairs, seed)
     matrix, ops, shift = _prepare(X, backend, precision=precision)
     k = check_k(k, matrix.shape[0])
     moments = _moments(matrix, ops, precision)
     return {
         "m_curv": _unscaled("m_curv", _m_curv(matrix, ops, moments, k, precision), shift),
-        "m_mono": _unscaled("m_mono", _m_mono(matrix, ops, moments, ridge, n_pairs, int(seed), precision), shift),
+        "m_mono": _unscaled("m_mono", _m_mono(matrix, ops, moments, ridge, n_pairs, seed, precision), shift),
         "k_eff": _k_eff(ops, moments, precision),
     }

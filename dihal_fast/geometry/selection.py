@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from dihal_fast.errors import DihalTypeError, DihalValueError
+from dihal_fast.geometry.inputs import check_real
 
 PROXY_NAMES = ("m_curv", "m_mono", "k_eff")
 
@@ -24,7 +25,7 @@ def selection_scores(proxies_by_layer: Mapping[int, Mapping[str, float]]) -> tup
     """``score(l) = z(log m_curv) + z(log m_mono) - z(log k_eff)``; returns ``({layer: score}, l*)``.
 
     ``l*`` is the argmax, ties to the shallower layer. Layers are integer keys, at least two; every proxy must
-    be finite and > 0.
+    be a real number (not a string or a bool), finite and > 0.
     """
     if not isinstance(proxies_by_layer, Mapping):
         raise DihalTypeError(
@@ -41,9 +42,11 @@ def selection_scores(proxies_by_layer: Mapping[int, Mapping[str, float]]) -> tup
         column = []
         for layer in layers:
             entry = proxies_by_layer[layer]
+            if not isinstance(entry, Mapping):
+                raise DihalTypeError(f"layer {layer}: the proxies must be a mapping of names to numbers, got {entry!r}")
             if name not in entry:
                 raise DihalValueError(f"layer {layer} has no {name!r} (expected keys {PROXY_NAMES})")
-            value = float(entry[name])
+            value = check_real(entry[name], f"layer {layer}: {name}")
             if not (math.isfinite(value) and value > 0):
                 raise DihalValueError(f"layer {layer}: {name} must be finite and > 0, got {value!r}")
             column.append(math.log(value))
