@@ -119,7 +119,7 @@ def test_moved_directory_loads_and_generates_without_its_backbone(tiny_checkpoin
     assert "tokens/s (hybrid)" in capsys.readouterr().out
     assert main(["evaluate", "--hybrid", moved, "--out", str(tmp_path / "eval")]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert len(errors) == 1 and errors[0].endswith("pass --backbone DIR (the checkpoint the hybrid was cut from)")
+    assert len(errors) == 1 and "pass --backbone DIR" in errors[0]
 
 
 def test_the_checkpoint_dtype_is_kept_and_the_bridge_stays_float32(tiny_checkpoints, tmp_path):
@@ -174,7 +174,7 @@ def test_earlier_layout_is_refused_with_the_conversion_and_converts(saved, tmp_p
             call()
     with pytest.raises(ValueError, match=f"python -m dihal_fast.hybrid.legacy {old}$"):
         HybridLM.from_pretrained(old)
-    assert main(["generate", "--model", str(old.parent), "--max-new-tokens", "2"]) == 2
+    assert main(["generate", "--model", str(old), "--max-new-tokens", "2"]) == 2
     assert "python -m dihal_fast.hybrid.legacy" in capsys.readouterr().err
     assert convert([str(old)]) == 0
     converted = HybridLM.from_pretrained(old)

@@ -1,20 +1,166 @@
-"""Loading local Hugging Face causal-LM checkpoints with errors a user can act on."""
+"""Loading local Hugging Face causal-LM checkpoints whole, with errors a user can act on.
+
+Every load (a backbone, a hybrid, an evaluator) is checked before and after transformers builds the model: the
+config's layer count against the layers the safetensors headers hold (read without loading a tensor, so a
+``num_hidden_layers`` of a million is refused before anything is allocated), then transformers' own loading
+report (``output_loading_info``): a tensor the architecture needs and the checkpoint lacks, one it holds that
+the architecture has no place for, or one of another shape is refused in one line naming the tensors, instead of
+a model with made-up weights. Errors are translated once, here, where the files enter, and chained.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
 
 from dihal_fast.common.assets import model_location
-from dihal_fast.errors import DihalValueError
+from dihal_fast.errors import DihalError, DihalValueError
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+# What transformers, safetensors and torch raise for a checkpoint or an option they cannot use (user input).
+LOAD_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, RuntimeError, KeyError, TypeError, ImportError)
+_LAYER_KEY = re.compile(r"^((?:.*\.)?(?:layers|h))\.(\d+)\.")  # model.layers.3.mlp..., transformer.h.0.attn...
+_HEADER_LIMIT = 100 * 2**20  # a safetensors header larger than this is not one
+_FLASH = {"flash_attention_2": "is_flash_attn_2_available", "flash_attention_3": "is_flash_attn_3_available"}
+
+
+def load_failure(path: str | os.PathLike, exc: BaseException) -> DihalValueError:
+    """The one-line error for a load of ``path`` that transformers (or safetensors, torch) refused."""
+    return DihalValueError(f"could not load a causal LM from {path}: {type(exc).__name__}: {exc}".splitlines()[0])
+
+
+def _safetensors_files(directory: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: those its index names, else ``model.safetensors``, else none."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            return sorted({directory / name for name in weight_map.values()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DihalValueError(f"{index} is corrupt: no readable weight_map ({exc})") from exc
+    single = directory / "model.safetensors"
+    return [single] if single.is_file() else []
+
+
+def stored_tensor_names(directory: str | os.PathLike) -> list[str] | None:
+    """The tensor names a checkpoint's safetensors files hold, read from their headers alone (no tensor is
+    loaded); ``None`` for a checkpoint without safetensors files (``pytorch_model.bin``)."""
+    files = _safetensors_files(Path(directory))
+    if not files:
+        return None
+    names: list[str] = []
+    for file in files:
+        try:
+            with file.open("rb") as handle:
+                size = int.from_bytes(handle.read(8), "little")
+                if not 2 <= size <= min(_HEADER_LIMIT, file.stat().st_size - 8):
+                    raise DihalValueError(f"{file} is corrupt: not a safetensors file (header length {size})")
+                header = json.loads(handle.read(size))
+        except DihalError:
+            raise
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise DihalValueError(f"{file} is corrupt: not a safetensors file ({exc})") from exc
+        if not isinstance(header, dict):
+            raise DihalValueError(f"{file} is corrupt: not a safetensors file (its header is not a JSON object)")
+        names.extend(name for name in header if name != "__metadata__")
+    return names
+
+
+def check_layer_count(
+    directory: str | os.PathLike, layers: object, names: Iterable[str] | None = None, field: str = "num_hidden_layers"
+) -> None:
+    """Refuse a config whose ``layers`` (``num_hidden_layers``) exceed the decoder layers the checkpoint's
+    weights hold (the largest ``...layers.N`` / ``...h.N`` list in ``names``, default: the safetensors headers)
+    before any model is built; a checkpoint whose weights name no layer list is left to the loading report."""
+    names = stored_tensor_names(directory) if names is None else names
+    if names is None or not isinstance(layers, int) or isinstance(layers, bool):
+        return
+    stacks: dict[str, set[int]] = {}
+    for name in names:
+        match = _LAYER_KEY.match(name)
+        if match:
+            stacks.setdefault(match.group(1), set()).add(int(match.group(2)))
+    if not stacks:
+        return
+    stack, indices = max(stacks.items(), key=lambda item: len(item[1]))
+    if layers > len(indices):
+        raise DihalValueError(
+            f"{directory}/config.json says {field} = {layers}, but its weights hold {len(indices)} "
+            f"layers ({stack}.0..{max(indices)}); refusing to make up the others"
+        )
+
+
+def _listed(items: Iterable[str], limit: int = 5) -> str:
+    items = sorted(items)
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def check_loading_info(directory: str | os.PathLike, info: Mapping) -> None:
+    """Refuse a load whose transformers report (``output_loading_info=True``) lists tensors the checkpoint
+    lacks, holds without a place, or holds in another shape: one line naming them."""
+    problems = []
+    if info.get("missing_keys"):
+        problems.append(f"missing {_listed(info['missing_keys'])}")
+    if info.get("unexpected_keys"):
+        problems.append(f"unexpected {_listed(info['unexpected_keys'])}")
+    if info.get("mismatched_keys"):
+        shapes = [
+            f"{key} (stored {list(stored)}, expected {list(wanted)})" for key, stored, wanted in info["mismatched_keys"]
+        ]
+        problems.append(f"of another shape {_listed(shapes, 3)}")
+    if problems:
+        raise DihalValueError(
+            f"the weights in {directory} do not fit the architecture its config.json describes: tensors "
+            + "; ".join(problems)
+            + " (refused rather than filled with random values)"
+        )
+
+
+def check_device_map(device_map: object) -> None:
+    """Refuse a ``from_pretrained(device_map=...)`` naming a device torch cannot use here (a CUDA device on a
+    machine without one, a GPU index beyond the count), as :func:`~dihal_fast.common.devices.resolve_device` does."""
+    from dihal_fast.common.devices import DEVICE_MAP_CHOICES, resolve_device
+
+    if device_map is None or device_map in DEVICE_MAP_CHOICES:
+        return
+    values = device_map.values() if isinstance(device_map, Mapping) else [device_map]
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, str, torch.device)):
+            raise DihalValueError(f"device_map {device_map!r}: {value!r} is neither a device name nor a GPU index")
+        name = f"cuda:{value}" if isinstance(value, int) else str(value)
+        if name in ("cpu", "disk", "meta"):
+            continue
+        try:
+            resolve_device(name)
+        except DihalError as exc:
+            raise DihalValueError(f"device_map {device_map!r}: {exc}") from exc
+
+
+def check_attn_implementation(name: object) -> None:
+    """Refuse a FlashAttention ``attn_implementation`` where it cannot run (no CUDA device, or the package is
+    missing), saying which; other names are transformers' to check."""
+    from transformers import utils
+
+    if name not in _FLASH:
+        return
+    if not torch.cuda.is_available():
+        reason = "torch sees no CUDA device here"
+    elif not getattr(utils, _FLASH[str(name)])():
+        reason = "the flash-attn package for it is not installed"
+    else:
+        return
+    raise DihalValueError(
+        f"attn_implementation={name!r} needs a CUDA GPU and flash-attn ({reason}); use 'sdpa' or 'eager'"
+    )
 
 
 def resolve_model_dir(path: str | os.PathLike | None) -> Path:
@@ -105,6 +251,31 @@ def input_device(model) -> torch.device:
     return model.get_input_embeddings().weight.device
 
 
+def load_whole(loader, path: str | os.PathLike, **kwargs):
+    """``loader.from_pretrained(path, **kwargs)`` (an Auto class or a model class) checked to have found every
+    tensor it needed (:func:`check_layer_count` first, then :func:`check_loading_info`); one error otherwise."""
+    from transformers import AutoConfig
+
+    check_device_map(kwargs.get("device_map"))
+    check_attn_implementation(kwargs.get("attn_implementation"))
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except DihalError:
+        raise
+    except LOAD_ERRORS as exc:
+        raise load_failure(path, exc) from exc
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    check_layer_count(path, getattr(text_config, "num_hidden_layers", None))
+    try:
+        model, info = loader.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+    except DihalError:
+        raise
+    except LOAD_ERRORS as exc:
+        raise load_failure(path, exc) from exc
+    check_loading_info(path, info)
+    return model
+
+
 def load_causal_lm(
     path: str | os.PathLike | None, dtype: str = "float32", device: str = "cpu", device_map: str = "none"
 ):
@@ -120,10 +291,7 @@ def load_causal_lm(
     device = resolve_device(str(device))
     where = placement(device, device_map)
     path = resolve_model_dir(path)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, path), **where)
-    except Exception as exc:  # transformers/safetensors raise many types for a bad checkpoint
-        raise DihalValueError(f"could not load a causal LM from {path}: {type(exc).__name__}: {exc}") from None
+    model = load_whole(AutoModelForCausalLM, path, dtype=resolve_dtype(dtype, path), **where)
     tokenizer = load_tokenizer(path)
     if device_map == "none":
         model = model.to(device)

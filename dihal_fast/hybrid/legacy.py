@@ -12,25 +12,13 @@ import sys
 from pathlib import Path
 
 from dihal_fast.errors import DihalValueError
+from dihal_fast.hybrid.config import LEGACY_MARKER, check_not_legacy, is_legacy
 
-LEGACY_MARKER = "hybrid_config.json"
+__all__ = ["check_not_legacy", "convert_legacy_hybrid", "is_legacy", "main"]
+
 LEGACY_FORMAT = "dihal_fast.hybrid"
 _TABLE_PREFIX = "condition_position_table."
 _LEGACY_FILES = ("hybrid_config.json", "bridge.safetensors", "backbone_config.json")
-
-
-def is_legacy(directory: Path) -> bool:
-    """Whether ``directory`` holds a hybrid in the earlier layout (and no transformers ``config.json``)."""
-    return (directory / LEGACY_MARKER).is_file() and not (directory / "config.json").is_file()
-
-
-def check_not_legacy(directory: Path) -> None:
-    """ValueError with the conversion command for a hybrid directory in the earlier layout."""
-    if is_legacy(directory):
-        raise DihalValueError(
-            f"{directory} holds a hybrid in the layout of dihal_fast before the transformers model "
-            f"(hybrid_config.json); convert it once with: python -m dihal_fast.hybrid.legacy {directory}"
-        )
 
 
 def convert_legacy_hybrid(source: str | Path, target: str | Path | None = None) -> Path:
@@ -46,7 +34,7 @@ def convert_legacy_hybrid(source: str | Path, target: str | Path | None = None) 
     from dihal_fast.bridge import BridgeConfig
     from dihal_fast.common import read_json
     from dihal_fast.hybrid.config import HybridConfig
-    from dihal_fast.hybrid.model import HybridLM
+    from dihal_fast.hybrid.model import HybridLM  # the converter sits above the model (no import back)
 
     source = Path(source)
     target = Path(target) if target is not None else source
@@ -93,7 +81,7 @@ def convert_legacy_hybrid(source: str | Path, target: str | Path | None = None) 
     if (source / "tokenizer_config.json").is_file():
         model.tokenizer = AutoTokenizer.from_pretrained(source)
     model.save_pretrained(target)
-    if target == source:  # save_pretrained replaces the folder whole: whatever of the old layout is left goes
+    if target == source:  # save_pretrained leaves the files it does not write: the old layout's go here
         for name in _LEGACY_FILES:
             (source / name).unlink(missing_ok=True)
         shutil.rmtree(source / "upper", ignore_errors=True)

@@ -6,12 +6,15 @@ A saved hybrid directory is self-contained and loads with the Auto classes::
     config.json             HybridConfig (model_type "dihal_hybrid", auto_map, bridge + retained-part configs)
     model.safetensors       bridge.*, upper.* (the retained causal LM), condition_position_table.* (GPT-2)
     generation_config.json  the backbone's generation defaults (eos / pad / bos ids, ...)
-    dihal_hybrid.py         the auto_map module: imports the installed dihal_fast classes
+    dihal_hybrid.py         the auto_map module: names the dihal_fast version that wrote it, imports the installed
+                            dihal_fast classes
     tokenizer files         the backbone's tokenizer
 
 ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)`` loads it in any process where
 ``dihal_fast`` is installed; after ``import dihal_fast.hybrid`` the Auto classes know the model type without
-``trust_remote_code``. The backbone is not needed to load, score or generate.
+``trust_remote_code``. The backbone is not needed to load, score or generate. A load is whole or refused
+(:func:`dihal_fast.common.hf_loading.load_whole`'s checks), and ``save_pretrained`` writes into a folder as
+transformers does: file by file, each atomically, leaving what it does not write.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,14 +36,34 @@ from transformers import (
     GenerationMixin,
     PreTrainedModel,
 )
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from dihal_fast._version import __version__
 from dihal_fast.bridge import Bridge, position_noise
-from dihal_fast.common.io import atomic_directory
-from dihal_fast.errors import DihalTypeError, DihalValueError
+from dihal_fast.common.devices import resolve_device
+from dihal_fast.common.hf_loading import (
+    LOAD_ERRORS,
+    check_attn_implementation,
+    check_device_map,
+    check_layer_count,
+    check_loading_info,
+    load_failure,
+    stored_tensor_names,
+)
+from dihal_fast.common.io import write_into
+from dihal_fast.errors import DihalError, DihalTypeError, DihalValueError
 from dihal_fast.hybrid import slicing
 from dihal_fast.hybrid.cache import HybridCache
-from dihal_fast.hybrid.config import MODEL_TYPE, REMOTE_MODULE, HybridConfig
+from dihal_fast.hybrid.config import (
+    FORMAT,
+    MODEL_TYPE,
+    REMOTE_MODULE,
+    HybridConfig,
+    check_nfe,
+    check_not_legacy,
+    check_seed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +78,15 @@ class HybridCausalLMOutput(CausalLMOutputWithPast):
 
 _REMOTE_CODE = '''"""Loads a dihal_fast hybrid with transformers' Auto classes (trust_remote_code=True).
 
-The model code is the installed package's (pip install dihal_fast); this file only names it.
+Written by dihal_fast {version} (directory format {format}). The model code is the installed package's
+(pip install dihal_fast); this file only names it. Loading under another release series of dihal_fast says
+so in one line (config.json's package_version).
 """
+WRITTEN_BY = "{version}"
 from dihal_fast.hybrid.model import HybridConfig, HybridLM  # noqa: F401
 '''
+# The weight files transformers' save_pretrained writes (one file, or shards + index): ours to replace.
+_WEIGHT_FILE = re.compile(r"^model(-\d+-of-\d+)?\.safetensors$|^model\.safetensors\.index\.json$")
 
 
 class HybridLM(PreTrainedModel, GenerationMixin):
@@ -75,15 +104,20 @@ class HybridLM(PreTrainedModel, GenerationMixin):
     _no_split_modules = ["Bridge"]  # noqa: RUF012  (transformers declares these as plain lists)
     # The bridge was trained and validated in float32 and is small: a bf16/fp16 load keeps it float32 (README, dtype).
     _keep_in_fp32_modules_strict = ["bridge"]  # noqa: RUF012
+    # attn_implementation applies to the retained layers (the bridge's attention is its own).
     _supports_sdpa = True
+    _supports_flash_attn = True
+    supports_gradient_checkpointing = True
 
     def __init__(self, config: HybridConfig):
+        attention = config._attn_implementation  # what the caller asked for (None: each part's own default)
         super().__init__(config)
         self.loss_type = "ForCausalLM"
+        self.gradient_checkpointing = False  # the bridge as one segment; the retained layers are transformers'
         # The retained part first: .dtype (first floating parameter) is then the checkpoint's dtype.
         dtype = config.dtype if isinstance(config.dtype, torch.dtype) else None  # from_pretrained sets the load dtype
         self.upper = AutoModelForCausalLM.from_config(
-            config.upper_model_config(), dtype=dtype
+            config.upper_model_config(), dtype=dtype, **({"attn_implementation": attention} if attention else {})
         ).eval()  # eval: see train()
         self.bridge = Bridge(config.bridge_config)
         self.condition_position_table = (
@@ -98,6 +132,28 @@ class HybridLM(PreTrainedModel, GenerationMixin):
     def get_input_embeddings(self) -> nn.Module:
         """The backbone's token embedding (the retained part's), which also makes the bridge's condition."""
         return self.upper.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.upper.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        """The retained part's LM head."""
+        return self.upper.get_output_embeddings()
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.upper.set_output_embeddings(value)
+
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        """Resize the retained part's embedding and head (transformers' rules, ties kept) and the configs'
+        ``vocab_size``; embeddings and head stay frozen as before (:meth:`set_upper_trainable`)."""
+        embeddings = self.upper.resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        size = int(embeddings.weight.shape[0])
+        self.config.vocab_size = size
+        self.config.upper = {**self.config.upper, "vocab_size": size}
+        self.set_upper_trainable(not self.config.freeze_upper)
+        return embeddings
 
     def _init_weights(self, module: nn.Module) -> None:
         """Nothing: the bridge initialises itself and the retained part comes from the backbone or the file."""
@@ -236,9 +292,15 @@ class HybridLM(PreTrainedModel, GenerationMixin):
                 )
 
     def train(self, mode: bool = True) -> HybridLM:
-        """Train mode for the bridge only: the retained layers keep eval behaviour (no dropout), as the teacher."""
+        """Train mode for the bridge only: the retained layers keep eval behaviour (no dropout), as the teacher.
+
+        The retained decoder blocks themselves (not their attention or MLP) follow ``mode``, so that transformers'
+        gradient checkpointing, which runs only in training, recomputes them; nothing else in a block reads it."""
         super().train(mode)
         self.upper.eval()
+        for module in self.upper.modules():
+            if isinstance(module, GradientCheckpointingLayer):
+                module.training = mode
         return self
 
     # ----------------------------------------------------------------- forward
@@ -263,7 +325,7 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         """``(seed, shared_rows)`` of the bridge's noise: an explicit ``seed`` (per-row draws); else the config's
         fixed ``noise_seed`` shared by all rows, or, with ``stochastic_noise``, a seed from torch's global RNG."""
         if seed is not None:
-            return int(seed), False
+            return check_seed(seed, "seed"), False
         if self.config.stochastic_noise:
             return int(torch.randint(0, 2**62, (1,)).item()), False
         return int(self.config.noise_seed), True
@@ -294,13 +356,21 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
     ) -> HybridCausalLMOutput | tuple:
         """Logits ``(B, T, V)`` for ``input_ids`` ``(B, T)`` (continuing ``cache`` when given), the shifted-label
-        loss with ``labels`` (ignore index -100), and the cache with ``use_cache``."""
+        loss with ``labels`` (ignore index -100), and the cache with ``use_cache``.
+
+        ``output_hidden_states``: the bridge's ``h_l`` (as the retained part's dtype) then each retained layer's
+        output, the retained model's own tuple; ``output_attentions``: the retained layers' attention weights
+        (they need ``attn_implementation="eager"``)."""
         if input_ids is None or inputs_embeds is not None:
             raise DihalValueError(
                 "the hybrid takes input_ids (its condition is the token embedding), not inputs_embeds"
             )
-        if output_attentions or output_hidden_states:
-            raise DihalValueError("the hybrid does not return attentions or hidden states")
+        attention = self.upper.config._attn_implementation
+        if output_attentions and attention != "eager":
+            raise DihalValueError(
+                f"output_attentions needs the retained layers on eager attention (they run {attention}): load "
+                "with attn_implementation='eager'"
+            )
         cache = cache if cache is not None else past_key_values
         if cache is not None and not isinstance(cache, HybridCache):
             raise DihalTypeError(f"cache must be a HybridCache (model.new_cache()), got {type(cache).__name__}")
@@ -324,85 +394,151 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         bridge_cache = cache.bridge if cache is not None else None
         if hidden_state_oracle is None:
             noise_seed, shared = (cache.seed, cache.shared_noise) if cache is not None else self.noise_definition(seed)
-            context = self.bridge.encode(condition, positions, key_mask, bridge_cache)
-            steps = nfe or self.bridge.config.nfe
+            steps = self.bridge.config.nfe if nfe is None else check_nfe(nfe)
             noise = position_noise(noise_seed, positions, steps, self.bridge.config.hidden_size, shared_rows=shared)
-            hidden = self.bridge.denormalize(
-                self.bridge.sample(context, noise.to(positions.device), steps, sampler, bridge_cache)
-            )
+            arguments = (condition, positions, key_mask, noise.to(positions.device), steps, sampler, bridge_cache)
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled() and bridge_cache is None:
+                hidden = self._gradient_checkpointing_func(self.bridge_hidden_state, *arguments)
+            else:
+                hidden = self.bridge_hidden_state(*arguments)
         else:
             hidden = hidden_state_oracle
             if cache is not None:  # keep the bridge cache in step with the retained layers
                 self.bridge.encode(condition, positions, key_mask, bridge_cache)
-        logits = self.decode(hidden, attention_mask, positions, cache, logits_to_keep)
+        upper = self.retained_output(
+            hidden,
+            attention_mask,
+            positions,
+            cache,
+            logits_to_keep,
+            bool(output_hidden_states),
+            bool(output_attentions),
+        )
+        logits = upper.logits
         loss = self.loss_function(logits, labels, self.config.vocab_size) if labels is not None else None
         out = HybridCausalLMOutput(
             loss=loss,
             logits=logits,
             cache=cache if use_cache or cache is not None else None,
+            hidden_states=upper.hidden_states if output_hidden_states else None,
+            attentions=upper.attentions if output_attentions else None,
             bridge_hidden_state=hidden,
         )
         return out if return_dict is not False else out.to_tuple()
 
-    def decode(
+    def bridge_hidden_state(
+        self,
+        condition: Tensor,
+        positions: Tensor,
+        key_mask: Tensor | None,
+        noise: Tensor,
+        steps: int,
+        sampler: str | None,
+        bridge_cache=None,
+    ) -> Tensor:
+        """The bridge's ``h_l`` ``(B, T, D)``: context encoding of ``c(x)``, then ``steps`` denoising steps from
+        ``noise`` (one segment of gradient checkpointing)."""
+        context = self.bridge.encode(condition, positions, key_mask, bridge_cache)
+        return self.bridge.denormalize(self.bridge.sample(context, noise, steps, sampler, bridge_cache))
+
+    def decode(self, *args, **kwargs) -> Tensor:
+        """Logits ``(B, T, V)`` of the retained layers + norm + head applied to hidden state ``h_l``
+        (:meth:`retained_output`'s arguments)."""
+        return self.retained_output(*args, **kwargs).logits
+
+    def retained_output(
         self,
         hidden: Tensor,
         attention_mask: Tensor | None,
         positions: Tensor,
         upper_cache=None,
         logits_to_keep: int = 0,
-    ) -> Tensor:
-        """Logits ``(B, T, V)`` of the retained layers + norm + head applied to hidden state ``h_l``."""
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> CausalLMOutputWithPast:
+        """The retained model's output for hidden state ``h_l`` (logits, and its hidden states / attentions when
+        asked)."""
         dtype = self.upper.get_input_embeddings().weight.dtype
-        out = self.upper(
+        return self.upper(
             inputs_embeds=hidden.to(dtype),
             attention_mask=attention_mask,
             position_ids=positions,
             cache=upper_cache,
             use_cache=upper_cache is not None,
             logits_to_keep=logits_to_keep,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
         )
-        return out.logits
 
     # ----------------------------------------------------------------- persistence
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> Path:
-        """The transformers layout (see the module docstring) plus the ``auto_map`` module and the tokenizer,
-        written whole into a fresh folder that then replaces ``save_directory``: complete or absent, and never
-        through a symbolic link (:func:`dihal_fast.common.io.atomic_directory`)."""
+        """The transformers layout (see the module docstring) plus the ``auto_map`` module and the tokenizer
+        (when :attr:`tokenizer` is set), written into ``save_directory`` as transformers does: each file replaced
+        atomically, the folder's other files left alone (a tokenizer saved there before, a Trainer's
+        ``checkpoint-N`` folders), only weight files of an earlier save that this one does not write removed;
+        never through a symbolic link (:func:`dihal_fast.common.io.write_into`)."""
         directory = Path(save_directory)
         self.config.bridge = self.bridge.config.to_dict()  # target statistics may have been set on the module
-        with atomic_directory(directory) as tmp:
-            super().save_pretrained(tmp, **kwargs)
-            (tmp / f"{REMOTE_MODULE}.py").write_text(_REMOTE_CODE)
+        self.config.package_version = __version__
+        written: set[str] = set()
+
+        def write(folder: Path) -> None:
+            super(HybridLM, self).save_pretrained(folder, **kwargs)
+            (folder / f"{REMOTE_MODULE}.py").write_text(_REMOTE_CODE.format(version=__version__, format=FORMAT))
             if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(folder)
+            written.update(path.name for path in folder.iterdir())
+
+        write_into(directory, write)
+        for stale in directory.iterdir():
+            if _WEIGHT_FILE.match(stale.name) and stale.name not in written and stale.is_file():
+                stale.unlink()
         return directory
 
     @classmethod
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, *args, device: str | None = None, **kwargs
-    ) -> HybridLM:
-        """Load a saved hybrid (``device`` is a shortcut for ``.to(device)``); a directory in the layout of
-        earlier versions (``hybrid_config.json``) is refused with the one-line conversion."""
-        from dihal_fast.hybrid.legacy import check_not_legacy
-
+    ) -> HybridLM | tuple[HybridLM, dict]:
+        """Load a saved hybrid whole (``device`` is a shortcut for ``.to(device)``), or refuse in one line: a
+        directory in the layout of earlier versions (with the conversion command), a config out of range or
+        naming more retained layers than the weights hold (before anything is allocated), tensors missing,
+        unexpected or of another shape, a device or attention implementation that cannot run here."""
         path = Path(pretrained_model_name_or_path)
-        if path.is_absolute() or path.exists() or str(path).startswith("."):
+        local = path.is_absolute() or path.exists() or str(path).startswith(".")
+        if local:
             if not path.is_dir():
                 raise FileNotFoundError(f"hybrid directory does not exist: {path}")
             check_not_legacy(path)
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"hybrid directory {path} lacks config.json")
+        check_device_map(kwargs.get("device_map"))
+        given = kwargs.get("config")  # the Auto classes pass the config, attn_implementation moved into it
+        check_attn_implementation(kwargs.get("attn_implementation", getattr(given, "_attn_implementation", None)))
+        if device is not None:
+            resolve_device(str(device))
+        with_info = kwargs.pop("output_loading_info", False)
+        kwargs.setdefault("ignore_mismatched_sizes", True)  # a tensor of another shape is refused below, by name
         try:
-            model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        except Exception as exc:  # noqa: BLE001  (safetensors / transformers raise many types for a damaged file)
-            raise DihalValueError(f"hybrid directory {path} is corrupt: {type(exc).__name__}: {exc}") from None
+            if local:
+                config = HybridConfig.from_pretrained(path)
+                upper = [name for name in stored_tensor_names(path) or [] if name.startswith("upper.")]
+                retained = config.upper_model_config().num_hidden_layers
+                check_layer_count(path, retained, upper, "upper.num_hidden_layers")
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs
+            )
+        except DihalError:
+            raise
+        except LOAD_ERRORS as exc:
+            raise load_failure(path, exc) from exc
+        check_loading_info(path, info)
         if path.is_dir() and (path / "tokenizer_config.json").is_file():
             from transformers import AutoTokenizer
 
             model.tokenizer = AutoTokenizer.from_pretrained(path)
         model = model.eval()
-        return model.to(device) if device is not None else model
+        model = model.to(device) if device is not None else model
+        return (model, info) if with_info else model
 
 
 AutoConfig.register(MODEL_TYPE, HybridConfig, exist_ok=True)

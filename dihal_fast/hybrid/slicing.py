@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from dihal_fast.errors import DihalValueError
+from dihal_fast.hybrid.config import MODEL_TYPE
 
 # The families the tests cut and run (tiny random checkpoints); others are accepted when they pass the checks.
 TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2", "gpt_neox")
@@ -47,7 +48,9 @@ def check_family(config) -> str:
     )
 
     family = getattr(config, "model_type", None)
-    if getattr(config, "is_encoder_decoder", False):
+    if family == MODEL_TYPE:
+        reason = "it is a hybrid already; cut the backbone it was cut from (its config.json's backbone_dir)"
+    elif getattr(config, "is_encoder_decoder", False):
         reason = "it is an encoder-decoder model (the hybrid replaces the first layers of a decoder-only LM)"
     elif family in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
         reason = "it is a bidirectional encoder (is_decoder = False), not a causal LM"
