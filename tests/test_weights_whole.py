@@ -197,3 +197,14 @@ def test_the_cli_refuses_incomplete_weights_in_one_line(hybrid_dir, tmp_path, ca
     assert main(["generate", "--model", str(path), "--prompt", "Once", "--max-new-tokens", "2"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and "missing upper.model.norm.weight" in errors[0]
+
+
+def test_the_evaluators_are_loaded_whole(tiny_checkpoints, tmp_path, monkeypatch):
+    from dihal_fast.evaluate.loaded_lm import load_lm
+    from dihal_fast.hcdlm import scoring
+
+    path = _copy(tiny_checkpoints["llama"], tmp_path)
+    _edit_weights(path, lambda tensors: tensors.pop("model.norm.weight"))
+    _refused(lambda: load_lm(path), "missing model.norm.weight")  # dihal evaluate's --evaluator, --backbone
+    monkeypatch.setattr(scoring, "sample_targets", lambda *args: ([], 0.0))  # no HC-DLM run needed to get there
+    _refused(lambda: scoring.evaluate_text(None, 0, None, path), "missing model.norm.weight")

@@ -188,13 +188,14 @@ def evaluate_text(
     with ``reference`` texts, the same numbers for real data as a yardstick."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from dihal_fast.common.hf_loading import load_whole
     from dihal_fast.common.metrics import mean_unigram_entropy
     from dihal_fast.evaluate.scoring import generative_perplexity
 
     contexts = torch.zeros(n_samples, 0, dtype=torch.long)
     targets, seconds = sample_targets(run, contexts, cfg, seed)
     texts = [run.task.render(t) for t in targets]
-    evaluator = AutoModelForCausalLM.from_pretrained(evaluator_dir, dtype=torch.float32).eval()
+    evaluator = load_whole(AutoModelForCausalLM, evaluator_dir, dtype=torch.float32).eval()  # whole or refused
     tokenizer = AutoTokenizer.from_pretrained(evaluator_dir)
 
     def score(samples: list[str]) -> dict:
