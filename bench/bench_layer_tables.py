@@ -281,8 +281,10 @@ def _final_table(
 ) -> tuple[str, dict, list]:
     """Table 4: the geometry, oracle and worst layers trained for ``--final-steps`` and evaluated together."""
     from dihal_fast.common import seed_everything
+    from dihal_fast.common.hf_loading import resolve_model_dir
     from dihal_fast.common.rundir import run_directory
     from dihal_fast.evaluate.harness import EvalProtocolConfig
+    from dihal_fast.evaluate.models import resolve_models
     from dihal_fast.evaluate.run import evaluate_hybrid
     from dihal_fast.pipeline.reuse import ensure_replace
     from dihal_fast.replace.config import BridgeTrainConfig
@@ -304,7 +306,8 @@ def _final_table(
     controls = {f"layer {layer}": hybrids[layer] for layer in hybrids if layer != geometry}
     seed_everything(settings.seed)
     with run_directory(out / "evaluate", "bench_layer_tables evaluate"):
-        evaluation = evaluate_hybrid(hybrids[geometry], corpus, out / "evaluate", settings, controls=controls)
+        models = resolve_models(hybrids[geometry], resolve_model_dir(model), controls=controls)
+        evaluation = evaluate_hybrid(models, corpus, out / "evaluate", settings)
     final_s = time.perf_counter() - start
     roles: dict[int, list[str]] = {}
     for layer, role in ((geometry, "geometry (l*)"), (oracle, "oracle"), (worst, "worst")):

@@ -87,6 +87,7 @@ def test_evaluate_stage_with_a_device_map_reports_the_same(checkpoints, tmp_path
         config = EvaluateConfig(
             hybrid=str(checkpoints["hybrid"]),
             corpus=[str(corpus)],
+            backbone=str(checkpoints["backbone"]),
             evaluator=str(checkpoints["backbone"]),
             device="cpu",
             device_map=device_map,

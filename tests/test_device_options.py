@@ -125,7 +125,7 @@ def test_device_cuda_without_a_gpu_is_one_line(words, tmp_path, capsys, hcdlm_ru
         ("device", "gpu0", "not a torch device"),
         ("dtype", "int8", "--dtype must be one of"),
         ("device_map", "everywhere", "--device-map must be one of"),
-        ("evaluator_dtype", "auto", "--evaluator-dtype must be one of"),
+        ("evaluator_dtype", "int8", "--evaluator-dtype must be one of"),
         ("task_limit", 0, "--task-limit must be >= 1"),
     ],
 )

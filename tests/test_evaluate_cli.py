@@ -106,11 +106,12 @@ def tiny_hybrid(tiny_checkpoints, tmp_path_factory):
     return hybrid.save_pretrained(tmp_path_factory.mktemp("hybrid") / "hybrid")
 
 
-def _evaluate_argv(hybrid, corpus, out, evaluator):
+def _evaluate_argv(hybrid, corpus, out, evaluator, backbone=None):
     return [
         "evaluate",
         "--hybrid",
         str(hybrid),
+        *(["--backbone", str(backbone)] if backbone is not None else []),
         "--corpus",
         str(corpus),
         "--out",
@@ -137,7 +138,7 @@ def test_evaluate_cli_writes_every_section_and_resumes(tiny_hybrid, tiny_checkpo
     from dihal_fast.common import read_json
 
     out = tmp_path / "run"
-    assert main(_evaluate_argv(tiny_hybrid, corpus, out, tiny_checkpoints["llama"])) == 0
+    assert main(_evaluate_argv(tiny_hybrid, corpus, out, *[tiny_checkpoints["llama"]] * 2)) == 0
     report = read_json(out / "evaluate.json")
     for name in ("backbone", "hybrid"):
         for key in ("nll", "ppl", "kl", "gen_ppl", "entropy", "diversity_dihal", "diversity_ld4lg", "tokens_per_s"):
@@ -147,7 +148,7 @@ def test_evaluate_cli_writes_every_section_and_resumes(tiny_hybrid, tiny_checkpo
     assert set(report["samples"]) == {"backbone", "hybrid", "diffusion_lm"} and len(report["samples"]["hybrid"]) == 3
     assert "first token" in report["protocol"]["nll"] and report["evaluator"]["dtype"] == "float32"
     stamps = {p.name: p.stat().st_mtime_ns for p in (out / "sections").iterdir()}
-    assert main(_evaluate_argv(tiny_hybrid, corpus, out, tiny_checkpoints["llama"])) == 0
+    assert main(_evaluate_argv(tiny_hybrid, corpus, out, *[tiny_checkpoints["llama"]] * 2)) == 0
     assert {p.name: p.stat().st_mtime_ns for p in (out / "sections").iterdir()} == stamps  # reused, not recomputed
     assert read_json(out / "evaluate.json")["hybrid"] == report["hybrid"]
 
@@ -157,7 +158,80 @@ def test_evaluate_cli_bad_input(tiny_hybrid, tiny_checkpoints, corpus, tmp_path,
     from dihal_fast.testing import make_tiny_checkpoint
 
     other = make_tiny_checkpoint(tmp_path / "other", "llama", vocab_size=300)
-    assert main(_evaluate_argv(tiny_hybrid, corpus, tmp_path / "a", other)) == 2
+    assert main(_evaluate_argv(tiny_hybrid, corpus, tmp_path / "a", other, tiny_checkpoints["llama"])) == 2
     assert "tokenizer differs" in capsys.readouterr().err
     assert main(_evaluate_argv(tiny_checkpoints["llama"], corpus, tmp_path / "b", tiny_checkpoints["llama"])) == 2
     assert "not a hybrid" in capsys.readouterr().err
+
+
+def _replace_run(tmp_path, hybrid, result):
+    """A run directory whose result.json is ``result`` (``hybrid_dir`` pointing at ``hybrid`` when given)."""
+    from dihal_fast.common import atomic_write_json
+
+    run = tmp_path / "replace_run"
+    run.mkdir()
+    atomic_write_json(run / "result.json", result)
+    return run
+
+
+def test_a_replace_run_names_its_hybrid_and_backbone(tiny_hybrid, tiny_checkpoints, tmp_path):
+    from dihal_fast.evaluate.models import resolve_models
+
+    backbone = tiny_checkpoints["llama"]
+    run = _replace_run(tmp_path, tiny_hybrid, {"hybrid_dir": str(tiny_hybrid), "model": str(backbone)})
+    models = resolve_models(run)
+    assert (models.hybrid, models.backbone) == (tiny_hybrid, backbone)
+    assert resolve_models(run, backbone=tiny_checkpoints["qwen3"]).backbone == tiny_checkpoints["qwen3"]
+    assert resolve_models(tiny_hybrid, backbone).hybrid == tiny_hybrid
+
+
+def test_the_backbone_is_never_the_provenance_path(tiny_hybrid, tiny_checkpoints, tmp_path):
+    """A hybrid directory alone, or a run written before result.json named its model, is one line asking for
+    --backbone; a run without a hybrid_dir or whose hybrid moved is one line too."""
+    from dihal_fast.evaluate.models import resolve_models
+
+    with pytest.raises(ValueError, match="pass --backbone"):
+        resolve_models(tiny_hybrid)
+    old = _replace_run(tmp_path, tiny_hybrid, {"hybrid_dir": str(tiny_hybrid)})
+    with pytest.raises(ValueError, match="pass --backbone"):
+        resolve_models(old)
+    (old / "result.json").write_text('{"layer": 2}')
+    with pytest.raises(ValueError, match="names no hybrid"):
+        resolve_models(old)
+    (old / "result.json").write_text('{"hybrid_dir": "moved"}')
+    with pytest.raises(ValueError, match="holds no saved hybrid"):
+        resolve_models(old)
+
+
+def test_the_hybrid_is_built_on_the_one_loaded_backbone(tiny_hybrid, tiny_checkpoints):
+    """No second copy of the backbone: the hybrid's frozen tensors are the backbone's own storage, the only
+    new parameters are the bridge's, the logits equal the self-contained hybrid's, and an evaluator that is
+    the backbone in its dtype is the same loaded model."""
+    from dihal_fast.evaluate.loaded_lm import load_lm
+    from dihal_fast.evaluate.models import load_backbone_and_evaluator, load_hybrid_on, resolve_models
+
+    models = resolve_models(tiny_hybrid, tiny_checkpoints["llama"], evaluator=tiny_checkpoints["llama"])
+    backbone, evaluator = load_backbone_and_evaluator(models)
+    assert evaluator is backbone
+    hybrid = load_hybrid_on(backbone, models.hybrid)
+    shared = {p.data_ptr() for p in backbone.model.parameters()}
+    new = [(n, p) for n, p in hybrid.model.named_parameters() if p.data_ptr() not in shared]
+    assert new and all(n.startswith("bridge.") for n, _ in new)
+    alone = load_lm(tiny_hybrid)
+    ids = torch.arange(3, 19)[None]
+    torch.testing.assert_close(hybrid.logits(ids, torch.ones_like(ids)), alone.logits(ids, torch.ones_like(ids)))
+    _, other = load_backbone_and_evaluator(
+        resolve_models(tiny_hybrid, tiny_checkpoints["llama"], tiny_checkpoints["llama"], evaluator_dtype="float64")
+    )
+    assert other is not backbone and other.model.dtype == torch.float64
+
+
+def test_a_hybrid_on_another_backbone_is_refused(tiny_hybrid, tiny_checkpoints):
+    from dihal_fast.evaluate.loaded_lm import load_lm
+    from dihal_fast.evaluate.models import load_hybrid_on
+
+    other = load_lm(tiny_checkpoints["llama"])
+    with torch.no_grad():
+        other.model.model.norm.weight.add_(1.0)  # a retained tensor the hybrid holds a copy of
+    with pytest.raises(ValueError, match="differs from the one the hybrid"):
+        load_hybrid_on(other, tiny_hybrid)

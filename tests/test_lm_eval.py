@@ -163,6 +163,8 @@ def test_dihal_evaluate_tasks_scores_hybrid_and_backbone_the_same_way(
         str(corpus),
         "--out",
         str(tmp_path / "run"),
+        "--backbone",
+        str(tiny_checkpoints["llama"]),
         "--evaluator",
         str(tiny_checkpoints["llama"]),
         "--seq-len",

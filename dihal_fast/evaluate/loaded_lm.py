@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from dihal_fast.common import read_json
 from dihal_fast.common.hf_loading import input_device, load_causal_lm, resolve_model_dir
 from dihal_fast.errors import DihalValueError
 from dihal_fast.evaluate.generation import Generation, check_generation_request
@@ -21,6 +22,7 @@ from dihal_fast.evaluate.scoring import evaluator_context
 logger = logging.getLogger(__name__)
 
 HYBRID_MODEL_TYPE = "dihal_hybrid"
+RESULT_NAME = "result.json"  # the summary `dihal replace` writes in its run directory
 
 
 @dataclass
@@ -90,18 +92,33 @@ class LoadedLM:
         return Generation(out[:, prompt_ids.shape[1] :], time.perf_counter() - start)
 
 
-def find_hybrid_dir(path: Path) -> Path | None:
-    """``path`` or ``path/hybrid`` (a ``dihal replace`` run) when it holds a saved hybrid, else None."""
-    from dihal_fast.common import read_json
+def is_hybrid_dir(path: Path) -> bool:
+    """Whether ``path`` holds a saved hybrid (a ``config.json`` of model type ``dihal_hybrid``)."""
     from dihal_fast.hybrid.legacy import check_not_legacy
 
-    for candidate in (path, path / "hybrid"):
-        if candidate.is_dir():
-            check_not_legacy(candidate)
-        config = candidate / "config.json"
-        if config.is_file() and read_json(config, "model config").get("model_type") == HYBRID_MODEL_TYPE:
-            return candidate
-    return None
+    if path.is_dir():
+        check_not_legacy(path)
+    config = path / "config.json"
+    return config.is_file() and read_json(config, "model config").get("model_type") == HYBRID_MODEL_TYPE
+
+
+def replace_run(path: Path) -> tuple[Path, Path | None]:
+    """``(hybrid directory, backbone or None)`` of a ``dihal replace`` run directory, from its ``result.json``
+    (a relative ``hybrid_dir`` is relative to the run); refused in one line when it names no existing hybrid."""
+    result = read_json(path / RESULT_NAME, "bridge training summary (dihal replace)")
+    named = result.get("hybrid_dir") if isinstance(result, dict) else None
+    if not isinstance(named, str) or not named:
+        raise DihalValueError(
+            f"{path / RESULT_NAME} names no hybrid (no 'hybrid_dir'): pass the hybrid directory itself as --hybrid"
+        )
+    hybrid = path / named
+    if not is_hybrid_dir(hybrid):
+        raise DihalValueError(
+            f"{path / RESULT_NAME} names the hybrid {hybrid}, which holds no saved hybrid (was the run moved? pass "
+            "the hybrid directory itself as --hybrid)"
+        )
+    backbone = result.get("model")
+    return hybrid, Path(backbone) if isinstance(backbone, str) and backbone else None
 
 
 def set_denoising_steps(model: torch.nn.Module, nfe: int | None) -> None:
@@ -129,7 +146,9 @@ def load_lm(
     steps."""
     import dihal_fast.hybrid  # noqa: F401  (registers the hybrid with the Auto classes)
 
-    model_dir = resolve_model_dir(path if path is None else (find_hybrid_dir(Path(path)) or path))
+    if path is not None and not is_hybrid_dir(Path(path)) and (Path(path) / RESULT_NAME).is_file():
+        path = replace_run(Path(path))[0]
+    model_dir = resolve_model_dir(path)
     model, tokenizer = load_causal_lm(model_dir, dtype=dtype, device=device, device_map=device_map)
     set_denoising_steps(model, nfe)
     kind = "hybrid" if model.config.model_type == HYBRID_MODEL_TYPE else "backbone"

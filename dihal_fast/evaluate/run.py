@@ -17,12 +17,8 @@ from dihal_fast.evaluate.harness import (
     report_header,
     sample_metrics,
 )
-from dihal_fast.evaluate.loaded_lm import (
-    LoadedLM,
-    load_lm,
-    same_tokenizer,
-    set_denoising_steps,
-)
+from dihal_fast.evaluate.loaded_lm import LoadedLM, same_tokenizer
+from dihal_fast.evaluate.models import EvaluatedModels, load_backbone_and_evaluator, load_hybrid_on
 
 logger = logging.getLogger(__name__)
 
@@ -35,19 +31,6 @@ def check_compatible(lm: LoadedLM, evaluator: LoadedLM, retokenise: bool) -> Non
             f"evaluator's ({evaluator.path}); pass --evaluator {lm.backbone_dir} (or another model with the same "
             "tokenizer), or --retokenise to score decoded text under a different tokenizer on purpose"
         )
-
-
-def find_backbone(hybrid: LoadedLM, explicit: str | Path | None) -> Path:
-    """The hybrid's backbone: ``explicit``, else the directory recorded in the hybrid (provenance), checked to exist."""
-    if explicit is not None:
-        return Path(explicit)
-    recorded = hybrid.model.config.backbone_dir
-    if not recorded or not Path(recorded).is_dir():
-        raise FileNotFoundError(
-            f"the backbone recorded in {hybrid.path} ({recorded or 'none'}) is not here; pass "
-            "--backbone DIR (the checkpoint the hybrid was cut from)"
-        )
-    return Path(recorded)
 
 
 class SectionStore:
@@ -74,45 +57,31 @@ class SectionStore:
 
 
 def evaluate_hybrid(
-    hybrid_path: str | Path,
+    models: EvaluatedModels,
     corpus,
     out_dir: str | Path,
     settings: EvalProtocolConfig,
-    evaluator_path: str | Path | None = None,
+    *,
     retokenise: bool = False,
-    controls: dict[str, str | Path] | None = None,
     diffusion_lm_steps: int | None = None,
-    evaluator_dtype: str = "float32",
-    backbone_path: str | Path | None = None,
     tasks: list[str] | None = None,
     task_limit: int | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
-    device_map: str = "none",
 ) -> dict:
-    """Evaluate a hybrid and its backbone (and optional controls) and write ``out_dir/evaluate.json``.
+    """Evaluate ``models`` (:func:`~dihal_fast.evaluate.models.resolve_models`: the hybrid, its backbone, the
+    evaluator, the controls and their placement) and write ``out_dir/evaluate.json``.
 
-    ``controls`` maps a name (``oracle``, ``worst``, ...) to another hybrid directory evaluated in the same
-    harness; ``diffusion_lm_steps`` trains the Diffusion-LM-like control for that many steps;
-    ``evaluator_dtype`` is the evaluator LM's dtype (recorded in the report); ``backbone_path`` is the checkpoint
-    the hybrid was cut from (default: the one its config records); ``tasks`` are lm-evaluation-harness tasks run
-    on every scored model (``report["downstream"]``, :func:`dihal_fast.evaluate.downstream.downstream_report`),
-    ``task_limit`` keeps their first N examples. Every model loads on ``device`` (``auto``: cuda when torch sees
-    one) or spread by ``device_map``, the hybrid, its backbone and the controls in ``dtype`` (``auto``: each
-    checkpoint's own; a hybrid's bridge stays float32), the evaluator in ``evaluator_dtype``; samples are drawn in
-    float64 from a CPU generator (the draws do not depend on the device).
+    The backbone loads once in the placement's dtype (``auto``: its own) and the hybrid is built on it
+    (:func:`~dihal_fast.evaluate.models.load_hybrid_on`: one copy of the shared weights; a hybrid's bridge stays
+    float32); the evaluator is that same model when it is the backbone in that dtype. The controls (``oracle``,
+    ``worst``, ...: other hybrid directories) are scored in the same harness; ``diffusion_lm_steps`` trains the
+    Diffusion-LM-like control for that many steps; ``tasks`` are lm-evaluation-harness tasks run on every scored
+    model (``report["downstream"]``, :func:`dihal_fast.evaluate.downstream.downstream_report`), ``task_limit``
+    keeps their first N examples. Samples are drawn in float64 from a CPU generator (the draws do not depend on
+    the device).
     """
     out_dir = Path(out_dir)
-    place = {"device": device, "device_map": device_map}
-    hybrid = load_lm(hybrid_path, dtype, **place)
-    if hybrid.kind != "hybrid":
-        raise DihalValueError(
-            f"--hybrid {hybrid_path} is not a hybrid directory (it is a plain {hybrid.kind} checkpoint)"
-        )
-    set_denoising_steps(hybrid.model, settings.nfe)
-    backbone = load_lm(find_backbone(hybrid, backbone_path), dtype, **place)
-    hybrid.model.check_backbone(backbone.model)
-    evaluator = load_lm(evaluator_path, evaluator_dtype, **place)
+    backbone, evaluator = load_backbone_and_evaluator(models)
+    hybrid = load_hybrid_on(backbone, models.hybrid, settings.nfe)
     check_compatible(hybrid, evaluator, retokenise)
     if not same_tokenizer(hybrid.tokenizer, backbone.tokenizer):
         raise DihalValueError(f"the hybrid at {hybrid.path} does not share its backbone's ({backbone.path}) tokenizer")
@@ -134,8 +103,8 @@ def evaluate_hybrid(
     report["hybrid"] = section("hybrid", lambda: evaluate_lm(hybrid, blocks, settings, evaluator, reference=backbone))
     report["controls"] = {}
     scored = {"backbone": backbone, "hybrid": hybrid}
-    for name, path in (controls or {}).items():
-        control = load_lm(path, dtype, nfe=settings.nfe, **place)
+    for name, path in models.controls.items():
+        control = models.placement.load(path, nfe=settings.nfe)
         check_compatible(control, backbone, retokenise=False)
         scored[name] = control
         report["controls"][name] = section(

@@ -161,7 +161,7 @@ def _demo(config: DemoConfig, corpus: list[str], out: Path) -> dict:
         (out / "replace" / "result.json").is_file(),
     )
     evaluation_config = EvaluateConfig(
-        hybrid=train["hybrid_dir"],
+        hybrid=str(out / "replace"),  # the run's result.json names the hybrid and its backbone
         corpus=corpus,
         evaluator=model,
         settings=settings.evaluation,

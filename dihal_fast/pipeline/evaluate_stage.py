@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dihal_fast.common.assets import corpus_option, corpus_or_default
-from dihal_fast.common.checkpoint_config import check_checkpoint_config
-from dihal_fast.common.devices import DTYPE_NAMES, device_map_option, device_option, dtype_option
+from dihal_fast.common.devices import DTYPE_CHOICES, device_map_option, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.evaluate.harness import EvalProtocolConfig
@@ -24,7 +23,10 @@ class EvaluateConfig(CheckedConfig):
     """The hybrid, the corpus, the evaluator LM, the controls, the devices and the :class:`EvalProtocolConfig`
     (every field checked when the config is built, before any work)."""
 
-    hybrid: str = option(help="hybrid directory or `dihal replace` run directory")
+    hybrid: str = option(
+        help="`dihal replace` run directory (its result.json names the hybrid and its backbone) or hybrid directory "
+        "(then with --backbone)"
+    )
     corpus: list[str] | None = corpus_option()
     sweep: str | None = option(
         None, "a `dihal sweep` run: also evaluate its lowest- and highest-bridge-loss layers (oracle, worst)"
@@ -33,13 +35,14 @@ class EvaluateConfig(CheckedConfig):
         0, "train the Diffusion-LM-like control for this many steps (0 = skip; use the hybrid's budget)"
     )
     backbone: str | None = option(
-        None, "the checkpoint the hybrid was cut from (default: the path recorded in the hybrid's config)"
+        None, "the checkpoint the hybrid was cut from (default: the model in the replace run's result.json)"
     )
     evaluator: str | None = option(None, "causal LM scoring the samples (Gen PPL); default: the shipped backbone")
     evaluator_dtype: str = option(
-        "float32",
-        "dtype of the evaluator LM (recorded in the report)",
-        choices=DTYPE_NAMES,
+        "auto",
+        "dtype of the evaluator LM (recorded in the report): auto (its checkpoint's own) or a dtype; the backbone "
+        "as evaluator in the backbone's dtype is the same loaded model",
+        choices=DTYPE_CHOICES,
     )
     retokenise: bool = option(
         False, "allow an evaluator whose tokenizer differs from the hybrid's (samples are decoded and retokenised)"
@@ -73,9 +76,8 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
     from dihal_fast.common import resolve_device, seed_everything
     from dihal_fast.common.hf_loading import placement
     from dihal_fast.common.rundir import run_directory
-    from dihal_fast.evaluate.loaded_lm import find_hybrid_dir
+    from dihal_fast.evaluate.models import Placement, resolve_models, sweep_controls
     from dihal_fast.evaluate.run import evaluate_hybrid
-    from dihal_fast.pipeline.sweep_stage import sweep_controls
 
     tasks = None
     if config.tasks is not None:  # refused before any model loads: no harness, an unknown task, a bad limit
@@ -84,25 +86,26 @@ def evaluate(config: EvaluateConfig, out: str | Path) -> EvaluateReport:
         tasks, _ = check_tasks(config.tasks)
     # A strategy with a pinned GPU, without accelerate or with no ranks-per-node under a launcher: refused now.
     placement(resolve_device(config.device), config.device_map)
-    seed_everything(config.settings.seed)
     controls = sweep_controls(config.sweep) if config.sweep else None
+    seed_everything(config.settings.seed)
     with run_directory(out, "dihal evaluate"):
-        check_checkpoint_config(find_hybrid_dir(Path(config.hybrid)) or config.hybrid, config.settings.seq_len)
-        report = evaluate_hybrid(
+        models = resolve_models(
             config.hybrid,
+            config.backbone,
+            config.evaluator,
+            config.evaluator_dtype,
+            Placement(config.device, config.dtype, config.device_map),
+            controls,
+            seq_len=config.settings.seq_len,
+        )
+        report = evaluate_hybrid(
+            models,
             corpus_or_default(config.corpus),
             out,
             config.settings,
-            config.evaluator,
-            config.retokenise,
-            controls,
-            config.diffusion_lm_steps,
-            config.evaluator_dtype,
-            config.backbone,
-            tasks,
-            config.task_limit,
-            config.device,
-            config.dtype,
-            config.device_map,
+            retokenise=config.retokenise,
+            diffusion_lm_steps=config.diffusion_lm_steps,
+            tasks=tasks,
+            task_limit=config.task_limit,
         )
     return EvaluateReport(Path(out), report)

@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.common import atomic_write_json
 from dihal_fast.common.assets import backbone_option, corpus_option, corpus_or_default
 from dihal_fast.common.deprecation import renamed_attributes
 from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
-from dihal_fast.errors import DihalValueError
 from dihal_fast.evaluate.correlation import plot_sweep, score_loss_correlations
 from dihal_fast.pipeline.locate_stage import LocateConfig
 from dihal_fast.pipeline.reports import SweepReport
@@ -202,19 +201,6 @@ def bridge_workers(requested: int, device: str, layers: int) -> int:
 
         requested = pinned_threads() or poll_threads() or torch.get_num_threads()
     return max(1, min(requested, layers))
-
-
-def sweep_controls(sweep_dir: str | Path) -> dict[str, str]:
-    """The oracle (lowest bridge loss) and worst (highest) layers' hybrid directories of a finished sweep."""
-    report = read_json(Path(sweep_dir) / "sweep.json", "sweep report (from `dihal sweep`)")
-    rows = report.get("layers") or []
-    if not rows or any("hybrid_dir" not in r or "bridge_loss" not in r for r in rows):
-        raise DihalValueError(f"{sweep_dir}/sweep.json lists no layers with hybrid_dir and bridge_loss")
-    ordered = sorted(rows, key=lambda r: r["bridge_loss"])
-    return {
-        f"oracle_layer_{ordered[0]['layer']}": ordered[0]["hybrid_dir"],
-        f"worst_layer_{ordered[-1]['layer']}": ordered[-1]["hybrid_dir"],
-    }
 
 
 RENAMED = {"SweepSettings": "SweepBudgetConfig"}  # old public name -> new, until 0.4

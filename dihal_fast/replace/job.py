@@ -132,8 +132,9 @@ def train_bridge(
     """Train a bridge for hidden state ``layer`` of ``model_dir`` (None = shipped backbone) on ``corpus``.
 
     Returns the summary also written to ``out_dir/result.json``: ``bridge_loss`` (validation, EMA weights),
-    the validation report, ``hybrid_dir`` and timings. With ``deepspeed_config`` the DeepSpeed engine is
-    used (launch several processes with torchrun); otherwise one process with plain torch, where ``device_map``
+    the validation report, ``hybrid_dir``, ``model`` (the backbone's directory: ``dihal evaluate`` reads both)
+    and timings. With ``deepspeed_config`` the DeepSpeed engine is used (launch several processes with
+    torchrun); otherwise one process with plain torch, where ``device_map``
     (``--device-map``: a strategy or a JSON map) spreads the frozen teacher and the retained layers over the
     process's GPUs and the bridge trains on the device of the input embedding (:mod:`dihal_fast.replace.placement`).
     """
@@ -193,6 +194,7 @@ def bridge_job(
         rank,
         callback,
         teacher,
+        model_dir,
     )
 
 
@@ -213,7 +215,9 @@ class BridgeJob(TrainingJob):
         rank: int,
         callback: Callable[[StepInfo], None] | None,
         teacher: Teacher | None = None,
+        model_dir: Path | None = None,
     ):
+        self.model_dir = model_dir  # the backbone, named in result.json for dihal evaluate
         self.objective, self.config, self.backbone, self.blocks, self.export = (
             objective,
             config,
@@ -324,6 +328,7 @@ class BridgeJob(TrainingJob):
             "bridge_loss": final["bridge_loss"],
             "validation": final,
             "hybrid_dir": str(out_dir / "hybrid"),
+            "model": None if self.model_dir is None else str(Path(self.model_dir).resolve()),
             "engine": run.engine.kind,
             "world_size": run.engine.world_size,
             "train_seconds_this_run": seconds,

@@ -1,0 +1,286 @@
+"""What does the pipeline cost at a real model's size? The rehearsal, random weights.
+
+Runs ``dihal locate`` (every layer), ``dihal replace`` (plain torch, then DeepSpeed ZeRO-2 and ZeRO-3 with two
+CPU ranks under ``torchrun``), ``dihal evaluate`` and ``dihal generate`` as a user would, each in its own niced
+process, on the random-weight checkpoints of ``bench/make_rehearsal_model.py`` (Llama-3.2-1B's and Qwen3-0.6B's
+shapes, bfloat16). Per stage: wall and CPU seconds and peak RSS (``os.wait4`` of the stage's process; under
+``torchrun`` the largest rank), the bytes the stage wrote, and the memory the design accounts for
+(docs/DESIGN.md, "Memory at size"): the weights in their dtype, the states the stage keeps, the runtime's own
+RSS (torch + transformers + dihal_fast imported, measured), and the ratio of the peak to that sum. The GEMM
+rate of float32 and bfloat16 at the model's width on one thread is measured in the same run.
+
+Each stage's figures are saved in ``RUNS/<shape>/stages.json`` as soon as it finishes; a rerun skips finished
+stages (``--redo`` reruns them) and ``--report`` writes ``bench/results/rehearsal.json`` from what is there.
+
+    python bench/make_rehearsal_model.py --out /work/runs/rehearsal/models llama-1b qwen3-0.6b
+    python bench/bench_rehearsal.py --models /work/runs/rehearsal/models --runs /work/runs/rehearsal/runs \\
+        --shapes qwen3-0.6b llama-1b --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import report, rows_figure, table
+
+STAGES = ("locate", "replace", "zero2", "zero3", "evaluate", "generate")
+TEXT = Path("/work/shared/data/text")
+RUNTIME = "import torch, transformers, dihal_fast.hybrid, dihal_fast.evaluate.models"
+
+
+def dihal_command(dihal: str) -> list[str]:
+    """The ``dihal`` entry point as a command (a script run by this Python when it is one)."""
+    return [sys.executable, dihal] if Path(dihal).is_file() else [dihal]
+
+
+def measured(command: list[str], log: Path, threads: int) -> dict:
+    """Run ``command`` niced with ``threads`` threads per process; wall, CPU and peak RSS from ``os.wait4``."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "DIHAL_NUM_THREADS": str(threads)}
+    env["DIHAL_PROGRESS"] = "plain"
+    start = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(["nice", "-n", "10", *command], stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(command)} failed (exit {os.waitstatus_to_exitcode(status)}); see {log}")
+    return {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,
+    }
+
+
+def bytes_under(path: Path) -> int:
+    """Bytes of every file under ``path``."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+def model_facts(model: Path) -> dict:
+    """Layers, width, weight bytes and dtype of a checkpoint (from its files, nothing loaded)."""
+    config = json.loads((model / "config.json").read_text())
+    return {
+        "layers": config["num_hidden_layers"],
+        "hidden": config["hidden_size"],
+        "dtype": config.get("dtype") or config.get("torch_dtype"),
+        "weight_bytes": sum(p.stat().st_size for p in model.glob("*.safetensors")),
+    }
+
+
+def bridge_bytes(hybrid: Path) -> int:
+    """Bytes of the bridge's float32 tensors in a saved hybrid."""
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(hybrid / "model.safetensors"), framework="pt") as handle:
+        for key in handle.keys():  # noqa: SIM118
+            if key.startswith("bridge."):
+                t = handle.get_slice(key)
+                n = 1
+                for d in t.get_shape():
+                    n *= d
+                total += 4 * n
+    return total
+
+
+def stage_command(stage: str, dihal: list[str], model: Path, run: Path, args: argparse.Namespace) -> list[str]:
+    """The user's command for ``stage`` of the rehearsal of ``model`` in run directory ``run``."""
+    common = ["--corpus", str(args.text), "--dtype", args.dtype]
+    train = ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--val-blocks", "2",
+             "--stats-blocks", "2", "--eval-every", "0", "--from-locate", str(run / "locate")]  # fmt: skip
+    if stage == "locate":
+        return [*dihal, "locate", "--model", str(model), *common, "--max-tokens", str(args.max_tokens),
+                "--batch-size", str(args.batch_size), "--sample-size", str(args.sample_size),
+                "--repeats", str(args.repeats), "--out", str(run / "locate")]  # fmt: skip
+    if stage == "replace":
+        return [*dihal, "replace", "--model", str(model), *common, *train, "--out", str(run / "replace")]
+    if stage in ("zero2", "zero3"):
+        examples = Path(__file__).resolve().parents[1] / "dihal_fast" / "assets" / "examples"
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        return [*torchrun, dihal[-1], "replace", "--model", str(model), *common, *train,
+                "--deepspeed", str(examples / f"ds_{stage}.json"), "--out", str(run / f"replace_{stage}")]  # fmt: skip
+    if stage == "evaluate":
+        return [*dihal, "evaluate", "--hybrid", str(run / "replace"), "--evaluator", str(model), *common,
+                "--evaluator-dtype", args.dtype, "--seq-len", "128", "--eval-blocks", "2", "--batch-size", "2",
+                "--n-samples", "2", "--max-new-tokens", str(args.new_tokens),
+                "--out", str(run / "evaluate")]  # fmt: skip
+    return [*dihal, "generate", "--model", str(run / "replace"), "--prompt", "Once upon a time", "--dtype",
+            args.dtype, "--n-samples", "2", "--max-new-tokens", str(args.new_tokens),
+            "--out", str(run / "generate.json")]  # fmt: skip
+
+
+def run_shape(name: str, args: argparse.Namespace) -> dict:
+    """Every stage of ``args.stages`` not yet finished for shape ``name``; returns the saved stage figures."""
+    model, run = args.models / name, args.runs / name
+    run.mkdir(parents=True, exist_ok=True)
+    saved_path = run / "stages.json"
+    saved = json.loads(saved_path.read_text()) if saved_path.is_file() else {}
+    dihal = dihal_command(args.dihal)
+    for stage in args.stages:
+        if stage in saved and not args.redo:
+            continue
+        out = run / {"locate": "locate", "replace": "replace", "evaluate": "evaluate"}.get(stage, f"replace_{stage}")
+        if stage == "generate":
+            out = run / "generate.json"
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        threads = 1 if stage in ("zero2", "zero3") else args.threads
+        print(f"{name}: {stage} ...", file=sys.stderr, flush=True)
+        figures = measured(stage_command(stage, dihal, model, run, args), run / f"{stage}.log", threads)
+        figures["bytes_written"] = bytes_under(out)
+        figures["checkpoint_bytes"] = bytes_under(out / "checkpoints") if out.is_dir() else 0
+        saved[stage] = figures
+        saved_path.write_text(json.dumps(saved, indent=1))
+    return saved
+
+
+def runtime_rss_gb(threads: int) -> float:
+    """Peak RSS of a process that only imports torch, transformers and dihal_fast (the runtime's share)."""
+    code = f"import os, resource; {RUNTIME}; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return int(out.stdout.strip().splitlines()[-1]) * 1024 / 1e9
+
+
+def gemm_rates(width: int) -> dict:
+    """GFLOP/s of a (1,024 x width) @ (width x width) matrix product in float32 and bfloat16 on one thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    rates = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(1024, width, dtype=dtype), torch.randn(width, width, dtype=dtype)
+        a @ b
+        best = min(_timed(lambda: a @ b) for _ in range(3))
+        rates[str(dtype).replace("torch.", "")] = 2 * 1024 * width * width / best / 1e9
+    return rates
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def accounted(stage: str, facts: dict, runtime_gb: float, bridge_gb: float, locate_states_gb: float) -> dict:
+    """The memory the design accounts for in ``stage`` (GB): weights in their dtype, the kept states, runtime.
+
+    locate: weights + (L + 1) D^2 float64 covariances and the reservoir; replace: teacher + bridge with its
+    gradient, two Adam moments and the EMA (5 float32 copies); ZeRO: the same per rank (the teacher is whole on
+    every rank); evaluate: one backbone + the bridge; generate: the self-contained hybrid (<= the weights)."""
+    weights = facts["weight_bytes"] / 1e9
+    states = {
+        "locate": locate_states_gb,
+        "replace": 5 * bridge_gb,
+        "zero2": 5 * bridge_gb,
+        "zero3": 5 * bridge_gb,
+        "evaluate": bridge_gb,
+        "generate": bridge_gb,
+    }[stage]
+    return {"weights_gb": weights, "states_gb": states, "runtime_gb": runtime_gb}
+
+
+def locate_states(run: Path, facts: dict) -> float:
+    """GB of locate's kept states: (L + 1) float64 D x D covariances plus the reservoir rows it filled."""
+    report_path = run / "locate" / "locate.json"
+    tokens = 0
+    if report_path.is_file():
+        report_data = json.loads(report_path.read_text())
+        tokens = int(report_data.get("n_tokens") or report_data.get("tokens") or 0)
+    d, layers = facts["hidden"], facts["layers"] + 1
+    return (layers * d * d * 8 + layers * min(tokens or 30000, 30000) * d * 2) / 1e9
+
+
+def write_report(args: argparse.Namespace) -> None:
+    """``bench/results/rehearsal.json`` from every shape's saved stages."""
+    runtime = runtime_rss_gb(args.threads)
+    rows, figures, body = [], {}, []
+    for name in args.shapes:
+        run, facts = args.runs / name, model_facts(args.models / name)
+        saved_path = run / "stages.json"
+        if not saved_path.is_file():
+            continue
+        saved = json.loads(saved_path.read_text())
+        hybrid = run / "replace" / "hybrid"
+        bridge_gb = bridge_bytes(hybrid) / 1e9 if hybrid.is_dir() else 0.0
+        states = locate_states(run, facts)
+        rates = gemm_rates(facts["hidden"])
+        figures[name] = {"facts": facts, "stages": saved, "gemm_gflops_1thread": rates, "runtime_gb": runtime}
+        for stage in STAGES:
+            if stage not in saved:
+                continue
+            s, acc = saved[stage], accounted(stage, facts, runtime, bridge_gb, states)
+            total = sum(acc.values())
+            s["accounted"] = {**acc, "ratio": s["peak_rss_gb"] / total}
+            rows.append(
+                [
+                    name,
+                    stage,
+                    f"{s['wall_s']:.0f}",
+                    f"{s['cpu_s']:.0f}",
+                    f"{s['peak_rss_gb']:.2f}",
+                    f"{acc['weights_gb']:.2f}",
+                    f"{acc['states_gb']:.2f}",
+                    f"{acc['runtime_gb']:.2f}",
+                    f"{s['peak_rss_gb'] / total:.2f}",
+                    f"{s['bytes_written'] / 1e9:.3f}",
+                ]
+            )
+        body.append(
+            f"{name}: {facts['layers']} layers x {facts['hidden']}, {facts['weight_bytes'] / 1e9:.2f} GB of "
+            f"{facts['dtype']} weights; one-thread GEMM at width {facts['hidden']}: float32 "
+            f"{rates['float32']:.1f} GFLOP/s, bfloat16 {rates['bfloat16']:.1f} GFLOP/s."
+        )
+    header = ["shape", "stage", "wall s", "CPU s", "peak RSS GB", "weights GB", "states GB", "runtime GB",
+              "peak / accounted", "written GB"]  # fmt: skip
+    figures["stages"] = rows_figure(header, rows)
+    text = (
+        "Rehearsal, random weights (bench/make_rehearsal_model.py): the pipeline as a user runs it, each stage "
+        f"in its own niced process ({args.threads} thread(s); ZeRO: 2 ranks x 1 thread), on a shared 2-core "
+        "machine, so wall seconds include other jobs' load and CPU seconds are the load-robust figure.\n\n"
+        + table(header, rows)
+        + "\n\n"
+        + "\n".join(body)
+        + "\n\naccounted = weights in their dtype + the states the stage keeps (docs/DESIGN.md, 'Memory at size') "
+        "+ the runtime (torch, transformers and dihal_fast imported)."
+    )
+    report("The pipeline at a real model's size (rehearsal, random weights)", text, question="rehearsal",
+           figures=figures)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", type=Path, required=True, help="make_rehearsal_model.py's --out")
+    parser.add_argument("--runs", type=Path, required=True, help="where the run directories go (outside the repo)")
+    parser.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "llama-1b"])
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    parser.add_argument("--text", type=Path, default=TEXT)
+    parser.add_argument("--max-tokens", type=int, default=8192, help="tokens dihal locate reads")
+    parser.add_argument("--sample-size", type=int, default=3000, help="locate's tokens per subsample")
+    parser.add_argument("--repeats", type=int, default=10, help="locate's subsamples per layer")
+    parser.add_argument("--steps", type=int, default=4, help="bridge training steps")
+    parser.add_argument("--batch-size", type=int, default=8, help="blocks per forward pass (locate, replace)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per sample")
+    parser.add_argument("--dtype", default="auto", help="every stage's --dtype (auto: the checkpoint's)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dihal", default=shutil.which("dihal") or str(Path(sys.executable).with_name("dihal")))
+    parser.add_argument("--redo", action="store_true", help="rerun stages already finished")
+    parser.add_argument("--report", action="store_true", help="write bench/results/rehearsal.json at the end")
+    parser.add_argument("--no-run", action="store_true", help="only write the report from the saved stages")
+    args = parser.parse_args()
+    if not args.no_run:
+        for name in args.shapes:
+            run_shape(name, args)
+    if args.report or args.no_run:
+        write_report(args)
+
+
+if __name__ == "__main__":
+    main()
