@@ -39,7 +39,7 @@ def _argv(model, corpus, out):
     ]
 
 
-def test_demo_runs_end_to_end_and_resumes(tiny_checkpoints, tmp_path):
+def test_demo_runs_end_to_end_and_resumes(tiny_checkpoints, tmp_path, capsys):
     corpus = tmp_path / "text.txt"
     corpus.write_text(
         "\n\n".join(f"Story {i}: a fox and a dog went to the river {i % 7} and read books." for i in range(60))
@@ -62,3 +62,9 @@ def test_demo_runs_end_to_end_and_resumes(tiny_checkpoints, tmp_path):
     assert main(_argv(tiny_checkpoints["llama"], corpus, out)) == 0  # everything reused
     assert read_json(out / "timings.json") == first
     assert read_json(out / "report.json")["evaluate"]["hybrid"] == report["evaluate"]["hybrid"]
+    summary = (out / "report.json").read_bytes()
+    for extra, field in [(["--train-steps", "4"], "train.steps 3 -> 4"), (["--seed", "1"], "seed 0 -> 1")]:
+        assert main([*_argv(tiny_checkpoints["llama"], corpus, out), *extra]) == 2  # refused, never relabelled
+        err = capsys.readouterr().err
+        assert field in err and "--overwrite" in err and "Traceback" not in err, err
+    assert (out / "report.json").read_bytes() == summary and read_json(out / "timings.json") == first

@@ -222,3 +222,105 @@ def test_a_hybrid_is_saved_whole_and_never_through_a_link(tmp_path, precious, ti
     assert not (out / "model.safetensors").is_symlink() and not (out / "stale.txt").exists()
     assert not list(tmp_path.glob(".tmp_*")) and not list(tmp_path.glob(".old_*"))
     assert HybridLM.from_pretrained(out).config.layer == 1
+
+
+def _hcdlm_argv(out, steps: int = 4) -> list[str]:
+    return [
+        "hcdlm",
+        "train",
+        "--task",
+        "sudoku",
+        "--sudoku-box",
+        "2x2",
+        "--sudoku-pool",
+        "20",
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--checkpoint-every",
+        "2",
+        *HCDLM_TINY_ARGS,
+    ]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "[enforce fail at inline_container.cc:626] . unexpected pos 3008 vs 2942",
+        "basic_ios::clear: iostream error",
+    ],
+)
+def test_a_failed_torch_save_is_one_line_naming_the_file_and_keeps_the_previous_checkpoint(
+    tmp_path, monkeypatch, capsys, message
+):
+    import torch
+
+    from dihal_fast.train import engines
+
+    real = torch.save
+
+    def fails_at_step_four(obj, path, *args, **kwargs):
+        if "step_00000004" in str(path):
+            raise RuntimeError(message)
+        real(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(engines.torch, "save", fails_at_step_four)
+    run = tmp_path / "run"
+    assert main(_hcdlm_argv(run)) == 1
+    line = _one_line(capsys)
+    assert "cannot write" in line and "optimizer.pt" in line and "step_00000004" in line
+    assert (run / "checkpoints" / "latest").read_text() == "step_00000002"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_00000002"]
+    assert not (run / LOCK_NAME).exists()
+
+
+def test_a_failed_safetensors_write_is_one_dihal_io_error_naming_the_target(tmp_path):
+    from safetensors import SafetensorError
+
+    from dihal_fast.common.io import writing
+    from dihal_fast.errors import DihalIOError
+
+    full = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+    with pytest.raises(DihalIOError, match=f"cannot write {tmp_path / 'hybrid'}: .*No space left") as info:
+        with writing(tmp_path / "hybrid"):
+            raise SafetensorError(full)
+    assert "\n" not in str(info.value)
+    with pytest.raises(SafetensorError, match="header too large"), writing(tmp_path / "hybrid"):
+        raise SafetensorError("header too large")  # not a failed write: passes through as the bug it is
+
+
+def _tree_bytes(path) -> int:
+    """What ``path`` takes on a tmpfs: every file rounded up to whole 4 KiB pages."""
+    return sum(-(-p.stat().st_size // 4096) * 4096 for p in path.rglob("*") if p.is_file())
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="mounting a small tmpfs needs root (unprivileged CI runs only the patched cases)"
+)
+def test_a_full_tmpfs_during_a_checkpoint_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, capsys):
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    probe = tmp_path / "probe"
+    assert main(_hcdlm_argv(probe, steps=2)) == 0
+    capsys.readouterr()
+    one_run, checkpoint = _tree_bytes(probe), _tree_bytes(probe / "checkpoints" / "step_00000002")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    size = one_run + checkpoint // 2  # the first checkpoint fits, a second one beside it does not
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here: {mounted.stderr.decode().strip()}")
+    try:
+        run = mount / "run"
+        assert main(_hcdlm_argv(run)) == 1
+        line = _one_line(capsys)
+        assert "cannot write" in line and str(run) in line, line
+        assert any(word in line for word in ("No space left", "file write failed", "unexpected pos")), line
+        assert (run / "checkpoints" / "latest").read_text() == "step_00000002"
+        assert load_file(str(run / "checkpoints" / "step_00000002" / "weights.safetensors"))
+        assert not list(run.rglob(".tmp_*")) and not (run / LOCK_NAME).exists()
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

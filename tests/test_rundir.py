@@ -11,13 +11,15 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from dihal_fast.cli import main
 from dihal_fast.common import atomic_write_json
-from dihal_fast.common.rundir import LOCK_NAME, RunDirectoryBusy, check_output_file, run_directory
+from dihal_fast.common.io import MARKER_NAME, make_directories
+from dihal_fast.common.rundir import LOCK_NAME, RunDirectoryBusy, check_output_file, read_marker, run_directory
 
 # Holds RUN (argv[1]) until its stdin closes; says "locked" once it holds it.
 HOLDER = """
@@ -167,3 +169,176 @@ def test_unwritable_report_file_fails_before_the_work_naming_it(capsys):
     assert code == 2 and "\n" not in err and f"--out {unwritable} cannot be written" in err
     with pytest.raises(OSError, match=f"cannot write {unwritable}"):
         atomic_write_json(unwritable, {})  # a late failure names the file asked for, not its temporary
+
+
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("command", RUN_COMMANDS)
+def test_a_fresh_run_refuses_a_directory_it_did_not_create_and_changes_nothing(tmp_path, capsys, command):
+    run = tmp_path / "x"
+    (run / "hybrid").mkdir(parents=True)
+    (run / "hybrid" / "notes.txt").write_text("mine")
+    (run / "validation.json").write_text('{"mine": 1}')
+    before = _snapshot(run)
+    code = main([*command, "--out", str(run)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "no dihal run created it" in err and "--resume" in err, err
+    assert _snapshot(run) == before  # no marker, no lock, nothing overwritten or appended
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["locate", "--out", ""],
+        ["replace", "--layer", "1", "--out", ""],
+        ["sweep", "--out", " "],
+        ["hcdlm", "train", "--task", "sudoku", "--out", ""],
+        ["locate", "--out", "RUN", "--corpus", ""],
+        ["replace", "--layer", "1", "--out", "RUN", "--model", ""],
+        ["replace", "--from-locate", "", "--out", "RUN"],
+        ["generate", "--prompt", "x", "--out", ""],
+    ],
+)
+def test_an_empty_path_is_refused_in_one_line(tmp_path, capsys, monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # a usage error of argparse (a flag whose type refuses "")
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "empty string" in err, err
+    assert not list(tmp_path.iterdir())  # nothing written into the current directory
+
+
+def test_resume_adopts_an_unmarked_run_and_overwrite_clears_only_its_own_files(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "log.jsonl").write_text("{}\n")  # a run of an earlier version: no marker
+    with pytest.raises(ValueError, match="no dihal run created it"), run_directory(run, "dihal replace"):
+        pytest.fail("entered an unmarked directory")
+    with (
+        pytest.raises(ValueError, match="at most one of --resume"),
+        run_directory(run, "x", resume=True, overwrite=True),
+    ):
+        pytest.fail("entered with both flags")
+    with run_directory(run, "dihal replace", resume=True):
+        atomic_write_json(run / "result.json", {"done": True})
+    assert read_marker(run)["written"] == ["checkpoints", "log.jsonl", "result.json"]
+    (run / "NOTES").write_text("the user's")  # added after the run
+    with run_directory(run, "dihal replace", overwrite=True):
+        assert sorted(p.name for p in run.iterdir()) == [MARKER_NAME, LOCK_NAME, "NOTES"]
+        atomic_write_json(run / "result.json", {"again": True})
+    assert (run / "NOTES").read_text() == "the user's" and read_marker(run)["written"] == ["result.json"]
+    with run_directory(run, "dihal replace"):  # marked: a plain rerun enters (the stage decides about resuming)
+        pass
+
+
+def test_overwrite_never_clears_a_directory_no_run_created(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "thesis.tex").write_text("years of work")
+    with pytest.raises(ValueError, match="only a run's own files"), run_directory(run, "dihal locate", overwrite=True):
+        pytest.fail("entered")
+    assert (run / "thesis.tex").read_text() == "years of work"
+
+
+def test_entries_are_listed_before_they_are_written_and_stage_folders_belong_to_their_run(tmp_path):
+    run = tmp_path / "demo"
+    with run_directory(run, "dihal demo"):
+        with run_directory(run / "locate", "dihal locate"):
+            atomic_write_json(run / "locate" / "locate.json", {})
+        (run / "replace").mkdir()
+        (run / "replace" / "stray.txt").write_text("a folder of the run, made by hand")
+        with run_directory(run / "replace", "dihal replace"):  # inside the held run: the run's own
+            make_directories(run / "replace" / "checkpoints")
+    assert read_marker(run)["written"] == ["locate", "replace"]
+    assert read_marker(run / "locate")["written"] == ["locate.json"]
+    assert read_marker(run / "replace")["written"] == ["checkpoints", "stray.txt"]
+
+
+def test_a_refused_fresh_run_leaves_no_directory_behind(tmp_path):
+    run = tmp_path / "new"
+    with pytest.raises(RuntimeError), run_directory(run, "dihal locate"):
+        raise RuntimeError("refused before writing")
+    assert not run.exists()
+
+
+def test_sigterm_inside_a_run_stops_it_in_one_line_naming_resume_and_releases_the_lock(tmp_path, capsys, monkeypatch):
+    import dihal_fast.replace
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        pytest.fail("SIGTERM did not stop the command")
+
+    monkeypatch.setattr(dihal_fast.replace, "train_bridge", terminated)
+    run = tmp_path / "run"
+    assert main(["replace", "--layer", "1", "--out", str(run)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("dihal replace: interrupted;") and "--resume" in err and str(run) in err
+    assert not (run / LOCK_NAME).exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is the block's only
+
+
+def test_a_rerun_waits_for_the_helpers_of_a_killed_run_then_refuses(tmp_path, monkeypatch):
+    from dihal_fast.common import rundir
+
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {"pid": dead.pid, "host": socket.gethostname(), "command": "dihal sweep", "writers": [helper.pid]}
+    (run / LOCK_NAME).write_text(json.dumps(record))
+    monkeypatch.setattr(rundir, "WRITERS_GRACE_S", 0.3)
+    try:
+        with pytest.raises(RunDirectoryBusy, match=f"still written by pid\\(s\\) \\[{helper.pid}\\]"):
+            with run_directory(run, "dihal sweep"):
+                pytest.fail("shared the directory with a live writer")
+    finally:
+        helper.kill()
+        helper.wait()
+    with run_directory(run, "dihal sweep"):  # the helper is gone: taken over
+        pass
+
+
+# Starts a helper that dies with this process (argv[1]: where to write its pid), then waits.
+PARENT = """
+import multiprocessing, sys, time
+from dihal_fast.common.rundir import die_with_parent
+
+def helper(parent):
+    die_with_parent(parent)
+    time.sleep(60)
+
+if __name__ == "__main__":
+    import os
+    child = multiprocessing.get_context("spawn").Process(target=helper, args=(os.getpid(),))
+    child.start()
+    time.sleep(1.0)
+    open(sys.argv[1], "w").write(str(child.pid))
+    time.sleep(60)
+"""
+
+
+def test_a_helper_process_dies_with_its_parent(tmp_path):
+    script, pid_file = tmp_path / "parent.py", tmp_path / "pid"
+    script.write_text(PARENT)
+    parent = subprocess.Popen([sys.executable, str(script), str(pid_file)])
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the helper did not start"
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{child}").exists(), "the helper outlived its parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -108,3 +108,39 @@ def test_sweep_cli_end_to_end_and_resume(tiny_checkpoints, tmp_path, capsys):
     assert (out / "layer_02" / "result.json").stat().st_mtime_ns == stamp
     assert main(_sweep_argv(tiny_checkpoints["llama"], corpus, tmp_path / "bad", "--layers", "1", "9")) == 2
     assert "out of range" in capsys.readouterr().err
+
+
+def _one_error(capsys) -> str:
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def test_a_sweep_rerun_with_other_inputs_is_refused_never_relabelled(tiny_checkpoints, tmp_path, capsys):
+    from dihal_fast.cli import main
+    from dihal_fast.common import read_json
+
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("\n\n".join(f"Story {i}: a fox and a dog went to the river {i % 7}." for i in range(60)))
+    other = tmp_path / "other.txt"
+    other.write_text(corpus.read_text().replace("fox", "cat"))
+    out, model = tmp_path / "sweep", tiny_checkpoints["llama"]
+    assert main(_sweep_argv(model, corpus, out, "--layers", "1", "2", "3")) == 0
+    report = (out / "sweep.json").read_bytes()
+    for extra, field in [
+        (["--budget-steps", "3"], "train.steps 2 -> 3"),
+        (["--seed", "1"], "seed 0 -> 1"),
+        (["--score-repeats", "4"], "locate.repeats 3 -> 4"),
+    ]:
+        assert main(_sweep_argv(model, corpus, out, "--layers", "1", "2", "3", *extra)) == 2
+        line = _one_error(capsys)
+        assert field in line and "--overwrite" in line, line
+    assert main(_sweep_argv(model, other, out, "--layers", "1", "2", "3")) == 2
+    assert "corpus" in _one_error(capsys)
+    assert (out / "sweep.json").read_bytes() == report  # nothing relabelled
+    assert main(_sweep_argv(model, corpus, out, "--layers", "1", "2", "3", "--budget-steps", "3", "--overwrite")) == 0
+    assert read_json(out / "sweep.json")["settings"]["budget_steps"] == 3
+    for layer in (1, 2, 3):
+        assert read_json(out / f"layer_{layer:02d}" / "train_config.json")["steps"] == 3
+        assert read_json(out / f"layer_{layer:02d}" / "result.json")["steps"] == 3

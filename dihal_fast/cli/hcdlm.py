@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from dihal_fast.common.options import HelpFormatter, add_dataclass_options, dataclass_from_options
+from dihal_fast.common.rundir import path_argument
 from dihal_fast.errors import DihalValueError
 
 logger = logging.getLogger(__name__)
@@ -24,7 +25,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "checkpoint. Several processes with DeepSpeed ZeRO: torchrun --nproc_per_node N "
         "$(which dihal) hcdlm train --deepspeed CFG ...",
     )
-    p.add_argument("--out", type=Path, required=True, help="run directory (checkpoints/, config.json, log.jsonl)")
+    p.add_argument(
+        "--out", type=path_argument, required=True, help="run directory (checkpoints/, config.json, log.jsonl)"
+    )
     p.add_argument("--deepspeed", default=None, metavar="CFG", help=DEEPSPEED_HELP)
     add_dataclass_options(p, RunConfig)
     p.set_defaults(func=run_train)
@@ -40,7 +43,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
         description="Accuracy on a Sudoku CSV (puzzle,solution) or Countdown JSONL (nums,target), detected "
         "from the file, with an accuracy-vs-steps plot; Gen PPL and entropy for text runs.",
     )
-    p.add_argument("--out", type=Path, required=True, help="JSON report to write")
+    p.add_argument("--out", type=path_argument, required=True, help="JSON report to write")
     add_dataclass_options(p, HCDLMEvalConfig)
     p.set_defaults(func=run_eval)
 

@@ -55,7 +55,7 @@ from dihal_fast.common.io import (
     run_root,
 )
 from dihal_fast.common.launch import launcher_env
-from dihal_fast.errors import DihalValueError
+from dihal_fast.errors import DihalError, DihalIOError, DihalValueError
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,16 @@ def refuse_empty_path(path: str | os.PathLike, option: str) -> None:
 def _nearest_existing(path: Path) -> Path:
     """``path`` itself or its closest existing parent."""
     return next(p for p in (path, *path.absolute().parents) if p.exists())
+
+
+def path_argument(text: str) -> Path:
+    """An argparse ``type`` for path flags: the path, refusing the empty string (which would mean the current
+    directory) as a usage error."""
+    if not text.strip():
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"expected a path, got the empty string {text!r}")
+    return Path(text)
 
 
 def check_run_directory(path: str | os.PathLike) -> Path:
@@ -160,7 +170,7 @@ def run_directory(
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DihalValueError(f"run directory {path} cannot be created ({exc.strerror})") from None
+        raise _os_refusal(exc)(f"run directory {path} cannot be created ({exc.strerror})") from exc
     if launcher_env().rank != 0:  # RANK, or SLURM_PROCID under srun without torchrun
         with run_root(path):
             yield path
@@ -293,6 +303,16 @@ def check_outputs(run_dir: Path, files: tuple[str, ...], folders: tuple[str, ...
         check_directory_target(run_dir / name)
 
 
+# What the environment refuses (the ``dihal`` command exits 1 on these); other errors name a bad path (exit 2).
+_ENVIRONMENT_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EIO}
+
+
+def _os_refusal(exc: OSError) -> type[DihalError]:
+    """:class:`DihalIOError` for a refusal by the environment (read-only file system, no permission, no
+    space), else :class:`DihalValueError` (a path that cannot be one: a file in the way, no such parent)."""
+    return DihalIOError if exc.errno in _ENVIRONMENT_ERRNOS else DihalValueError
+
+
 def _acquire(lock_path: Path, command: str) -> int:
     """Open, lock and claim ``lock_path`` (never through a symbolic link); returns the descriptor that keeps the
     lock."""
@@ -306,7 +326,7 @@ def _acquire(lock_path: Path, command: str) -> int:
                     f"lock file {lock_path} is a symbolic link (to {os.readlink(lock_path)}); refusing to "
                     "follow it out of the run directory: remove the link"
                 ) from None
-            raise DihalValueError(f"run directory {run_dir} is not writable ({exc.strerror})") from None
+            raise _os_refusal(exc)(f"run directory {run_dir} is not writable ({exc.strerror})") from exc
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise DihalValueError(f"lock file {lock_path} is not a regular file; remove it")
