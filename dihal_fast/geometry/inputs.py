@@ -51,10 +51,11 @@ def as_matrix(
     """Check that ``X`` is a finite 2-D float matrix with at least ``min_rows`` rows and ``D >= 1``, and
     (unless ``max_abs`` is given: ``inf`` for callers that rescale) no value above :data:`MAX_ABS_VALUE`.
 
-    NumPy arrays and CPU tensors become C-contiguous float32 (from float16/bfloat16/float32) or
-    float64 NumPy arrays; CUDA tensors are kept on the device when ``allow_cuda``.
-    Raises ``TypeError`` for non-float, object or ragged input and ``ValueError`` for wrong shapes,
-    too few rows or non-finite values, naming the argument and the value.
+    NumPy arrays (ml_dtypes' bfloat16 included) and CPU tensors become C-contiguous float32 (from
+    float16/bfloat16/float32) or float64 NumPy arrays; CUDA tensors are kept on the device when ``allow_cuda``.
+    Raises ``TypeError`` for non-float, object or ragged input and ``ValueError`` for wrong shapes, too few
+    rows, non-finite values or tensors the kernels cannot read (meta, other devices, sparse), naming the
+    argument and the value.
     """
     if _is_torch(X):
         dtype = _dtype_name(X)
@@ -101,9 +102,9 @@ def _check_tensor_kind(X: Any, name: str) -> None:
     """A dense tensor on the CPU or a CUDA device, or a ``DihalValueError`` naming what it is."""
     device = getattr(X.device, "type", str(X.device))
     if device not in ("cpu", "cuda"):
+        hint = "a meta tensor holds no values" if device == "meta" else f"move it with {name}.cpu()"
         raise DihalValueError(
-            f"{name} is a tensor on the {device!r} device, which holds no values the kernels can read; "
-            "pass a CPU or CUDA tensor"
+            f"{name} is a tensor on the {device!r} device; the geometry kernels read CPU and CUDA tensors ({hint})"
         )
     layout = str(getattr(X, "layout", "torch.strided"))
     if layout != "torch.strided":
