@@ -202,9 +202,9 @@ def test_covariance_block_scale_refuses_what_no_block_has(bad):
 
 
 def _device_covariance(Y: np.ndarray, block: int = 1500) -> tuple[np.ndarray, np.ndarray]:
-    """Host model of csrc/cuda/covariance.cu for float16/float32 rows fed ``block`` rows per update: float64 block
-    mean, the power-of-two scale past 2^15, centred values rounded to the input type, float32 products, float64
-    merge (Chan) with the scale undone."""
+    """Host model of csrc/cuda/covariance.cu for float16 / bfloat16 / float32 rows (``Y`` as float64 values of the
+    stored rows) fed ``block`` rows per update: float64 block mean, the power-of-two scale past 2^15, centred values
+    rounded once to float32, float32 products, float64 merge (Chan) with the scale undone."""
     D = Y.shape[1]
     count, mean, M = 0, np.zeros(D), np.zeros((D, D))
     for r0 in range(0, len(Y), block):
@@ -213,7 +213,7 @@ def _device_covariance(Y: np.ndarray, block: int = 1500) -> tuple[np.ndarray, np
         max_abs = np.abs(Xb - block_mean).max()
         scale = _model_block_scale(max_abs)
         with np.errstate(over="raise"):
-            centred = ((Xb - block_mean) * scale).astype(Y.dtype).astype(np.float32)
+            centred = ((Xb - block_mean) * scale).astype(np.float32)
         gram = (centred.T @ centred).astype(np.float64) / scale**2
         delta = block_mean - mean
         total = count + len(Xb)
@@ -242,6 +242,46 @@ def test_first_run_covariance_tolerances_hold_for_the_device_arithmetic(name):
             assert np.abs(centred).max() >= 32768.0
             with np.errstate(over="ignore"):
                 assert not np.isfinite(centred.astype(np.float16)).all()
+
+
+def bfloat16_rows(n: int, dim: int = 16, seed: int = 4):
+    """bfloat16 rows with a large common offset (as hidden states), as a torch tensor, and their float64 values."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    Y = torch.from_numpy(rng.standard_normal((n, dim)) * 3.0 + 40.0 * rng.standard_normal(dim)).to(torch.bfloat16)
+    return Y, Y.double().numpy()
+
+
+def test_bfloat16_covariance_model_meets_the_tolerance_and_rounding_to_bfloat16_would_not():
+    """The GPU's 16-bit covariance arithmetic (centred values in float32) against the float64 covariance of the rows
+    as stored, at the documented tolerance; centring in bfloat16 itself (8 bits) would miss it by far."""
+    first_run = _first_run()
+    _, Y = bfloat16_rows(4396)
+    tolerance = first_run.COVARIANCE_TOLERANCE["bfloat16"]
+    mean, sigma = _device_covariance(Y)
+    assert first_run.covariance_error(Y, mean, sigma) <= tolerance / 10
+    import torch
+
+    def centred_in_bfloat16(block: np.ndarray) -> np.ndarray:
+        return torch.from_numpy(block - block.mean(axis=0)).to(torch.bfloat16).double().numpy()
+
+    M = sum(c.T @ c for c in (centred_in_bfloat16(Y[r0 : r0 + 1500]) for r0 in range(0, len(Y), 1500)))
+    assert first_run.covariance_error(Y, Y.mean(axis=0), M / len(Y)) > 10 * tolerance
+
+
+@pytest.mark.gpu
+def test_gpu_bfloat16_covariance_meets_the_documented_tolerance():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    first_run = _first_run()
+    Yt, Y = bfloat16_rows(20000, dim=96)
+    cov = df.StreamingCovariance(Y.shape[1], backend="cuda")
+    for block in Yt.cuda().split(3000):
+        cov.update(block)
+    assert first_run.covariance_error(Y, cov.mean, cov.covariance) <= first_run.COVARIANCE_TOLERANCE["bfloat16"]
 
 
 def test_first_run_local_eigen_tolerance_holds_for_the_jacobi_routine():

@@ -1,10 +1,10 @@
 // Streaming covariance on the GPU: blocks of rows centred at their own float64 mean, co-moment of
-// the block by cuBLAS (float32 accumulation of float16/bfloat16/float32, or a float64 SYRK), and
+// the block by cuBLAS (float16 / bfloat16 / float32 rows: centred values rounded once to float32, float32
+// products and sums in PEDANTIC mode, as the CPU does; float64 rows or exact=true: a float64 SYRK), and
 // Chan's pairwise merge of (count, mean, co-moment) in float64 - the CPU algorithm of
-// csrc/cpu/covariance.cpp with the block products on the GPU. A low-precision block whose centred
+// csrc/cpu/covariance.cpp with the block products on the GPU. A non-float64 block whose centred
 // values reach 2^15 is scaled by a power of two first (exact; the rule is csrc/covariance_scale.hpp),
-// so that float16 centred values never overflow 65504 and the float32 sums never overflow; the merge
-// undoes the scale in float64.
+// so that the float32 sums never overflow; the merge undoes the scale in float64.
 #include <algorithm>
 #include <string>
 #include <type_traits>
@@ -24,7 +24,7 @@ constexpr int64_t kGramBlockColumns = 1024;
 
 template <typename C>
 struct GramOf {
-  using type = float;  // float32 accumulation of float16 / bfloat16 / float32 blocks
+  using type = float;  // float32 accumulation of the float32 centred values
 };
 template <>
 struct GramOf<double> {
@@ -33,10 +33,6 @@ struct GramOf<double> {
 
 template <typename C>
 cudaDataType data_type();
-template <>
-cudaDataType data_type<__half>() { return CUDA_R_16F; }
-template <>
-cudaDataType data_type<__nv_bfloat16>() { return CUDA_R_16BF; }
 template <>
 cudaDataType data_type<float>() { return CUDA_R_32F; }
 
@@ -187,7 +183,7 @@ size_t covariance_workspace(int64_t n, int64_t D, DType dtype, bool exact) {
   } else {
     dispatch_dtype(dtype, [&](auto t) {
       using T = decltype(t);
-      if constexpr (!std::is_same_v<T, double>) carve<T>(ws, n, D);
+      if constexpr (!std::is_same_v<T, double>) carve<float>(ws, n, D);
     });
   }
   return ws.used();
@@ -208,7 +204,7 @@ int64_t covariance_update(const void* X, DType dtype, int64_t n, int64_t D, int6
       result = update<T, double>(x, n, D, count, mean, comoment, ws, device, stream);
     } else {
       result = exact ? update<T, double>(x, n, D, count, mean, comoment, ws, device, stream)
-                     : update<T, T>(x, n, D, count, mean, comoment, ws, device, stream);
+                     : update<T, float>(x, n, D, count, mean, comoment, ws, device, stream);
     }
   });
   return result;

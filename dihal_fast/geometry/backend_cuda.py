@@ -359,7 +359,8 @@ class CudaBackend:
         return mean, (torch.triu(M) + torch.triu(M, 1).T) / n
 
     def covariance_update(self, X: Any, count: int, mean: Any, comoment: Any) -> int:
-        """Streaming update in place: blocks in the input precision with float32 accumulation.
+        """Streaming update in place: float16 / bfloat16 / float32 blocks centred in float32 (as on the CPU), float32
+        products and sums; float64 blocks in float64.
 
         ``mean`` / ``comoment`` may be float64 CUDA tensors (kept on the GPU, the fast path) or NumPy
         arrays, which are copied to the device and back around the update (O(D^2) per call).
