@@ -1,9 +1,9 @@
-"""Resume after a kill at any moment: a run SIGKILLed at a named point (``DIHAL_TEST_KILL_AT``, the test hook of
-:mod:`dihal_fast.common.io`) and resumed gives every file of the uninterrupted run, timing fields aside; a sweep's
-worker processes die with their parent; SIGTERM stops a command in one line naming ``--resume``.
+"""Resume after a crash or a kill at any moment: a run that raised, or was SIGKILLed at a named point
+(``DIHAL_TEST_KILL_AT``, the test hook of :mod:`dihal_fast.common.io`), and resumed gives every file of the
+uninterrupted run, timing fields aside; a sweep's worker processes die with their parent.
 
-The default suite kills ``replace`` at three points; the grid over every point of ``replace``, ``hcdlm train``
-and ``locate`` is ``slow``."""
+The default suite kills ``replace`` at three points and a sweep's parent once; the grid over every point of
+``replace``, ``hcdlm train`` and ``locate`` is ``slow``."""
 
 from __future__ import annotations
 
@@ -146,6 +146,28 @@ def test_replace_killed_at_a_point_resumes_to_the_uninterrupted_run(
 )
 def test_replace_killed_anywhere_resumes_to_the_uninterrupted_run(tiny_checkpoints, corpus, straight, tmp_path, point):
     _kill_and_resume(tiny_checkpoints, corpus, straight, tmp_path, point)
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.slow  # two more bridge trainings
+def test_a_crashed_and_resumed_replace_run_equals_the_uninterrupted_one(tiny_checkpoints, corpus, straight, tmp_path):
+    def crash(info):
+        if info.step == 3:  # after the step-2 checkpoint and validation: step 3's row is lost, as in a kill
+            raise _Crash
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.raises(_Crash):
+            train_bridge(tiny_checkpoints["llama"], 1, corpus, tmp_path, BridgeTrainConfig(**CONFIG), callback=crash)
+    finally:
+        torch.set_num_threads(threads)
+    _train_here(tiny_checkpoints["llama"], corpus, tmp_path)
+    assert [h["step"] for h in json.loads((straight / "validation.json").read_text())["history"]] == [2, 4]
+    assert_same_run(straight, tmp_path)
 
 
 def _hcdlm(out: Path, kill_at: str | None = None) -> subprocess.CompletedProcess:

@@ -392,6 +392,12 @@ def test_replace_cli_trains_from_a_locate_report_and_reports_bad_input(tiny_chec
     assert summary["layer"] == 2 and summary["bridge_loss"] > 0
     hybrid = HybridLM.from_pretrained(tmp_path / "run" / "hybrid")
     assert hybrid.config.layer == 2 and hybrid.config.backbone_dir == str(tiny_checkpoints["llama"].resolve())
+    other = tmp_path / "other.txt"
+    other.write_text(corpus.read_text()[::-1])
+    run = ["replace", "--from-locate", str(locate), "--out", str(tmp_path / "run"), "--resume", *options]
+    assert main([*run, "--corpus", str(other)]) == 2  # the last --corpus wins: resumed on another corpus
+    err = capsys.readouterr().err
+    assert "was made with other inputs" in err and "corpus" in err and "Traceback" not in err, err
     assert (
         main(
             [

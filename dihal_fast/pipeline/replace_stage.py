@@ -58,8 +58,8 @@ def _from_locate(run: str) -> tuple[int, str | None]:
 
     report = read_json(Path(run) / "locate.json", "locate report (dihal locate --out RUN)")
     layer = report.get("selected_layer") if isinstance(report, dict) else None
-    if not isinstance(layer, int):
-        raise DihalValueError(f"{Path(run) / 'locate.json'} has no integer 'selected_layer'")
+    if isinstance(layer, bool) or not isinstance(layer, int):  # true would mean layer 1
+        raise DihalValueError(f"{Path(run) / 'locate.json'} has no integer 'selected_layer' (got {layer!r})")
     return layer, report.get("model")
 
 
@@ -68,7 +68,9 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
     hybrid; every process of a DeepSpeed job calls this and gets the summary."""
     from dihal_fast.common.hf_loading import resolve_model_dir
     from dihal_fast.common.rundir import RESUME_HINT, run_directory
+    from dihal_fast.pipeline.reuse import check_inputs, replace_inputs
     from dihal_fast.replace import train_bridge
+    from dihal_fast.replace.job import RESUMABLE_CHANGES
     from dihal_fast.replace.placement import check_replace_placement
 
     layer, model = config.layer, config.model
@@ -82,6 +84,8 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
     check_replace_placement(model, config.train.device, config.device_map, config.deepspeed)  # before the run dir
     with run_directory(out, "dihal replace", resume=config.resume, overwrite=config.overwrite, resume_hint=RESUME_HINT):
         check_checkpoint_config(model, config.train.seq_len)  # a bad config.json, a too long --seq-len
+        inputs = replace_inputs(model, layer, corpus_or_default(config.corpus), config.train, RESUMABLE_CHANGES)
+        check_inputs(Path(out), "", {**inputs, "val_corpus": config.val_corpus})  # --resume with another corpus
         result = train_bridge(
             model,
             layer,

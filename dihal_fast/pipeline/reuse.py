@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +57,8 @@ def _differences(saved: Any, wanted: Any, prefix: str = "") -> list[str]:
 
 
 def check_inputs(run: Path, part: str, inputs: Mapping[str, Any]) -> None:
-    """Record ``inputs`` of ``part`` of run directory ``run`` (held by this process), or refuse in one line when
-    the run recorded other inputs for it (see the module doc)."""
+    """Record ``inputs`` of ``part`` of run directory ``run`` (held by this process; ``part`` ``""``: the run
+    itself), or refuse in one line when the run recorded other inputs for it (see the module doc)."""
     wanted = {key: _plain(value) for key, value in inputs.items()}
     recorded = read_marker(run).get("inputs")
     recorded = recorded if isinstance(recorded, dict) else {}
@@ -69,14 +69,18 @@ def check_inputs(run: Path, part: str, inputs: Mapping[str, Any]) -> None:
     if changed:
         shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")
         raise DihalValueError(
-            f"{run / part} was made with other inputs than this run asks ({shown}); rerun with --overwrite to "
+            f"{Path(run) / part} was made with other inputs than this run asks ({shown}); rerun with --overwrite to "
             "compute the run again (only its own files are removed) or choose a new --out"
         )
 
 
-def replace_inputs(model: str | Path | None, layer: int, corpus: list[str], config) -> dict:
-    """What a bridge training's result depends on: the model, the layer, the corpus, its training config."""
-    return {"model": None if model is None else str(model), "layer": layer, "corpus": list(corpus), "train": config}
+def replace_inputs(
+    model: str | Path | None, layer: int, corpus: list[str], config, ignore: Collection[str] = ()
+) -> dict:
+    """What a bridge training's result depends on: the model, the layer, the corpus, its training config (less the
+    fields in ``ignore``)."""
+    train = {k: v for k, v in _plain(config).items() if k not in ignore}
+    return {"model": None if model is None else str(model), "layer": layer, "corpus": list(corpus), "train": train}
 
 
 def ensure_locate(out: Path, config) -> dict:

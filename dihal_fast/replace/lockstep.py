@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -234,17 +235,19 @@ def _register_workers(pool: ProcessPoolExecutor, runs: LayerRuns) -> None:
 
 
 def _stop_workers(pool: ProcessPoolExecutor, grace_s: float = 10.0) -> None:
-    """Stop the pool's workers (an interrupt or an error left them training): SIGTERM, which stops them as it stops
-    ``dihal replace`` (every write is atomic), SIGKILL after ``grace_s``; then shut the pool down."""
+    """Stop the pool's workers (an interrupt or an error left them training): SIGTERM, which stops a training
+    worker as it stops ``dihal replace`` (every write is atomic), repeated until they are gone (an idle worker
+    ends at the first), SIGKILL after ``grace_s``; then shut the pool down."""
     processes = list((pool._processes or {}).values())  # noqa: SLF001  (the pool keeps no public handle)
-    for process in processes:
-        if process.is_alive():
+    deadline = time.monotonic() + grace_s
+    while (alive := [process for process in processes if process.is_alive()]) and time.monotonic() < deadline:
+        for process in alive:
             process.terminate()
+        time.sleep(0.2)
     for process in processes:
-        process.join(grace_s)
         if process.is_alive():
             process.kill()
-            process.join()
+        process.join()
     pool.shutdown(wait=True, cancel_futures=True)
 
 
