@@ -93,6 +93,15 @@ if [[ ${#variants[@]} -gt 0 ]]; then
   [[ -f $stubs/libc.so ]] || { echo "no glibc stubs in $stubs (packaging/glibc_stubs.sh makes them)" >&2; exit 1; }
 fi
 
+# cuobjdump lists the architectures of the CUDA wheels (CUOBJDUMP=PATH where the toolkit on PATH lacks it; any
+# CUDA 12.4+ cuobjdump reads sm_100 / sm_120).
+cuobjdump=${CUOBJDUMP:-$(command -v cuobjdump || true)}
+for variant in "${variants[@]}"; do
+  if [[ $variant != cpu && ! -x $cuobjdump ]]; then
+    echo "cuobjdump is not on PATH (the $variant wheel's architecture list needs it): set CUOBJDUMP=PATH" >&2; exit 1
+  fi
+done
+
 for variant in "${variants[@]}"; do
   raw=$(mktemp -d)
   echo "== $variant: $(command -v nvcc >/dev/null && nvcc --version | tail -n 1 || echo 'no nvcc')"
@@ -158,8 +167,8 @@ if glibc is None or int(glibc.group(1)) > 28 or external:
     unzip -q -o "$repaired" 'dihal_fast/_cuda*.so' -d "$ext"
     so=$(ls "$ext"/dihal_fast/_cuda*.so)
     { echo "$(basename "$repaired"): $(nvcc --version | tail -n 1)"
-      cuobjdump --list-elf "$so" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' | sort | uniq -c
-      cuobjdump --list-ptx "$so" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/ptx \1/' | sort | uniq -c
+      "$cuobjdump" --list-elf "$so" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' | sort | uniq -c
+      "$cuobjdump" --list-ptx "$so" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/ptx \1/' | sort | uniq -c
     } | tee "$OUT/$(basename "$repaired").arch.txt"
     rm -rf "$ext"
   fi
