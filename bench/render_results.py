@@ -37,22 +37,6 @@ class Question:
 GEOMETRY, PIPELINE, HCDLM, PACKAGING = "Geometry kernels and locate", "DiHAL pipeline", "HC-DLM", "Packaging"
 
 
-def den12_default_test(seed: int, run: str, steps: str, how: str, six_blocks: float) -> Question:
-    """The test split of a 12-block 9x9 run of ``hcdlm_sudoku9_seeds`` (issue 23; 12 blocks became the default)."""
-    return Question(
-        f"HC-DLM on 9x9 Sudoku with the 12-block denoiser default and best-of-K, training seed {seed}, {steps} steps "
-        "(issue 23)",
-        HCDLM,
-        "The 9x9 command line defaults to a 12-block denoiser: at equal steps it solved more of the 350 validation "
-        "boards than 6 blocks on all four training seeds, and took seed 2 to 26.0 % of easy test boards. Does "
-        f"training seed {seed} reach the >= 20 % target on the test split (with 6 blocks: {six_blocks} %)?",
-        f"The run `{run}` of `hcdlm_sudoku9_seeds` (bench_hcdlm_variants.py with `--set train.seed={seed} --set "
-        f"model.denoiser_blocks=12`, {how}), scored by bench_hcdlm.py with `--blocks 1,12,1 --seeds {seed}` (the "
-        f"run linked as hcdlm-seed{seed} under --out); K among 1 / 4 / 8 at 50 steps chosen on 50 validation boards "
-        "per group; test 150 boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
-    )
-
-
 # Display order. A script that writes a new question key adds its entry here (the test fails on a record
 # whose key is missing).
 QUESTIONS: dict[str, Question] = {
@@ -146,6 +130,17 @@ QUESTIONS: dict[str, Question] = {
         "shallow at twice the depth?",
         "As for tiny-llama-8l: the shipped corpus, the sweep's protocol, 1 thread on a shared 2-core CPU.",
     ),
+    "rehearsal": Question(
+        "The pipeline at a real model's size: Llama-3.2-1B and Qwen3-0.6B shapes, random weights",
+        PIPELINE,
+        "What do `dihal locate`, `replace` (plain torch, DeepSpeed ZeRO-2 and ZeRO-3 on two CPU ranks), `evaluate` "
+        "and `generate` cost per stage at a real model's size (wall and CPU seconds, peak RSS, bytes written), and "
+        "how does each stage's peak memory compare with what the design accounts for (weights, kept states, the "
+        "runtime's own RSS)?",
+        "Random-weight bfloat16 checkpoints with Llama-3.2-1B's and Qwen3-0.6B's shapes "
+        "(`bench/make_rehearsal_model.py`), the shared text corpora; each stage in its own niced process, as a "
+        "user runs it.",
+    ),
     "allocator": Question(
         "CPU training: glibc's allocator defaults against the dihal command's setting",
         PIPELINE,
@@ -225,64 +220,6 @@ QUESTIONS: dict[str, Question] = {
         "The four shared text corpora, train splits for training, `*.valid.txt` never trained on; every token after "
         "the first of each split scored once.",
     ),
-    "hcdlm_sudoku": Question(
-        "HC-DLM vs MDM / Latent DM / AR: 6x6 Sudoku at 10 CPU-minutes",
-        HCDLM,
-        "At the same training time, which model solves more held-out 6x6 Sudoku boards (easy = singles-only, "
-        "the training grade; hard = needs strategies absent from training), and what does sampling cost?",
-        "Fresh generated 6x6 puzzles: 300 easy + 300 hard test boards (generator seed 123), 150 + 150 "
-        "validation boards (seed 7) on which sampler settings are chosen per run; 10 process-CPU-minutes per "
-        "model on one thread, width 64.",
-    ),
-    "hcdlm_sudoku_budget": Question(
-        "HC-DLM vs MDM: 6x6 Sudoku accuracy against the training budget",
-        HCDLM,
-        "Does HC-DLM catch up with MDM on the hard split as the CPU budget grows from 5 to 60 minutes?",
-        "The same 6x6 test and validation puzzles as above; lr 1e-3, one seed, 50 sampling steps.",
-    ),
-    "hcdlm_lr_search": Question(
-        "HC-DLM vs MDM: learning-rate search on 6x6 Sudoku",
-        HCDLM,
-        "Which learning rate does each model prefer at a 5-CPU-minute budget, chosen on the validation split?",
-        "The same 6x6 test and validation puzzles; lr in {3e-4, 1e-3, 3e-3}, one seed each, 50 sampling steps.",
-    ),
-    "hcdlm_sudoku9": Question(
-        "HC-DLM vs MDM: 9x9 Sudoku at 30 CPU-minutes",
-        HCDLM,
-        "Does the comparison hold on 9x9 boards, including the real Kaggle puzzles per rated level?",
-        "Training pool: 3,000 generated singles-grade 9x9 puzzles; test: 150 boards per group (generated easy and "
-        "hard, and the first 150 of each level of `sudoku_kaggle3m_curated5000.csv`), 50 validation boards per group.",
-    ),
-    "hcdlm_countdown": Question(
-        "HC-DLM vs MDM / AR: Countdown CD3 / CD4",
-        HCDLM,
-        "Do the models learn Countdown arithmetic (strict: every number used once; loose; share of true "
-        "equation steps) at CPU budgets?",
-        "`countdown.jsonl` from the shared data: the first 256 CD3 and first 300 CD4 problems as test.",
-    ),
-    "hcdlm_text": Question(
-        "HC-DLM vs MDM / Latent DM / AR: text at 2 CPU-minutes",
-        HCDLM,
-        "Does the text path run end to end, and what do the generative perplexity and entropy look like at a "
-        "tiny budget?",
-        "The first 400k characters of `tinystories.train`; 64 samples of 64 tokens scored under the shipped backbone.",
-    ),
-    "hcdlm_variants": Question(
-        "HC-DLM objective variants on 6x6 Sudoku",
-        HCDLM,
-        "Which objective / architecture choice makes HC-DLM's uniform kernel learn at CPU scale?",
-        "The benchmark's HC-DLM (uniform kernel, width 64, blocks 1/6/1, lr 1e-3, batch 64, 1 thread) per "
-        "variant, scored on the validation split only (150 easy + 150 hard, seed 7), 50 steps, argmax.",
-    ),
-    "hcdlm_ccdd": Question(
-        "CCDD (joint token + embedding chains) on 6x6 Sudoku at 10 CPU-minutes",
-        HCDLM,
-        "How does CCDD, HC-DLM's strongest same-scale baseline in the paper (a masked token chain and a "
-        "token-embedding chain denoised together by one network), fare in the same harness, parameter budget and "
-        "CPU budget as HC-DLM and MDM?",
-        "The 6x6 puzzles of `hcdlm_sudoku` (300 easy + 300 hard test boards, seed 123; 150 + 150 validation boards, "
-        "seed 7, for the sampler order), 10 process-CPU-minutes on one thread, `dihal hcdlm train`'s defaults.",
-    ),
     "rank_memory": Question(
         "Memory per rank of bridge training: shared against copied retained layers",
         PIPELINE,
@@ -310,335 +247,170 @@ QUESTIONS: dict[str, Question] = {
         "unconditional samples x 64 tokens per call, temperature 1, no EOS stop, generator seed 0; fastest of 10 "
         "interleaved rounds, wall and process CPU time, one torch thread.",
     ),
-    "hcdlm_defaults": Question(
-        "HC-DLM defaults chosen on the 6x6 validation split (issue 23)",
+    "hcdlm_sudoku": Question(
+        "HC-DLM vs MDM / Latent DM / AR on 6x6 Sudoku at 10 CPU-minutes (exposure share 1.0, hard variance clamp)",
         HCDLM,
-        "Which defaults should `dihal hcdlm train` use: the old ones (exposure share 1.0, hard log-variance clamp, "
-        "scaffold drop always) or the soft variance without the drop, at exposure 1.0 or 0.5? Does the model use its "
+        "At the same training time, which model solves more held-out 6x6 Sudoku boards (easy = singles-only, "
+        "the training grade; hard = needs strategies absent from training), and what does sampling cost?",
+        "Generated 6x6 puzzles: 300 easy + 300 hard test boards (generator seed 123), 150 + 150 validation boards "
+        "(seed 7) on which sampler settings are chosen per run; 10 process-CPU-minutes per model on one thread, "
+        "width 64. HC-DLM with exposure share 1.0, the hard log-variance clamp and scaffold drop always (the "
+        "configuration `hcdlm_defaults` compares with the command line's).",
+    ),
+    "hcdlm_sudoku_budget": Question(
+        "HC-DLM vs MDM on 6x6 Sudoku against the training budget, 5 to 60 CPU-minutes (exposure share 1.0)",
+        HCDLM,
+        "Does HC-DLM catch up with MDM on the hard split as the CPU budget grows from 5 to 60 minutes?",
+        "The 6x6 test and validation puzzles and the HC-DLM configuration of `hcdlm_sudoku`; lr 1e-3, one seed, 50 "
+        "sampling steps.",
+    ),
+    "hcdlm_lr_search": Question(
+        "HC-DLM vs MDM: learning rate chosen on the 6x6 validation split (exposure share 1.0)",
+        HCDLM,
+        "Which learning rate does each model prefer at a 5-CPU-minute budget, chosen on the validation split?",
+        "The 6x6 puzzles and HC-DLM configuration of `hcdlm_sudoku`; lr in {3e-4, 1e-3, 3e-3}, one seed each, 50 "
+        "sampling steps.",
+    ),
+    "hcdlm_variants": Question(
+        "HC-DLM objective variants on 6x6 Sudoku",
+        HCDLM,
+        "Which objective / architecture choice makes HC-DLM's uniform kernel learn at CPU scale?",
+        "The benchmark's HC-DLM (uniform kernel, width 64, blocks 1/6/1, lr 1e-3, batch 64, 1 thread) per "
+        "variant, scored on the validation split only (150 easy + 150 hard, seed 7), 50 steps, argmax.",
+    ),
+    "hcdlm_defaults": Question(
+        "HC-DLM: the command line's 6x6 defaults, chosen on the validation split",
+        HCDLM,
+        "Which defaults should `dihal hcdlm train` use: exposure share 1.0, the hard log-variance clamp and scaffold "
+        "drop always, or the soft variance bound without the drop, at exposure 1.0 or 0.5? Does the model use its "
         "latent (x_t -> noise) and its scaffold (true - random)?",
         "bench_hcdlm_variants.py --quick at equal process-CPU budget and seed 0, one thread, scored on the validation "
         "split only (150 easy + 150 hard, seed 7), 50 steps, argmax, EMA weights; ablations at s = 0.05 / 0.5 / 0.95.",
     ),
-    "hcdlm_defaults9": Question(
-        "HC-DLM latent width on 9x9 Sudoku, chosen on validation (issue 23)",
+    "hcdlm_latent6": Question(
+        "HC-DLM: training changes meant to make the latent carry information, 6x6 validation split",
         HCDLM,
-        "With the current defaults (exposure share 0.5, soft variance bound), which latent width d lets the 9x9 "
-        "HC-DLM learn within 30 CPU-minutes, and does it use its latent and its scaffold?",
+        "Which training change makes the one-step read-out depend on x_t (it falls by >= 10 points of blank cells "
+        "when x_t becomes noise at s <= 0.5), and what does it do to the boards solved: the latent less noisy than "
+        "the scaffold (`--latent-schedule-power`), all-[MASK] scaffolds in training (`--scaffold-blind`), a stronger "
+        "entropy term with a variance floor? (A read-out that depends on x_t does not show that the sampler's latent "
+        "carries more than its tokens: x_t here is the encoder mean of the true answer, noised.)",
+        "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5 at 4 process-CPU-minutes on one thread, 6x6 benchmark "
+        "configuration (lr 1e-3), seed 0 unless the name says otherwise; validation split only (150 easy + 150 hard, "
+        "seed 7), 50 steps, argmax, EMA weights.",
+    ),
+    "hcdlm_sudoku_fresh": Question(
+        "HC-DLM vs MDM on fresh 6x6 puzzles at 10 CPU-minutes: one chain against the sampling steps",
+        HCDLM,
+        "With the command line's defaults and one sampling chain, does HC-DLM match MDM on the hard split of puzzles "
+        "from a generator seed used nowhere else, at the paper's 50 steps and with the steps (50-400) chosen on "
+        "validation, and for what sampling compute?",
+        "Generated 6x6 puzzles: 300 easy + 300 hard test boards (generator seed 20261201), 150 + 150 validation "
+        "boards (seed 7) for the sampler; 10 process-CPU-minutes per model on one thread, training seed 0.",
+    ),
+    "hcdlm_sudoku_best_of": Question(
+        "HC-DLM vs MDM on fresh 6x6 puzzles at 10 CPU-minutes: best-of-K chains, two training seeds",
+        HCDLM,
+        "When K chains per puzzle are sampled and the one the model itself finds most likely is kept (`--best-of "
+        "K`, K chosen on validation with the other sampler settings), how do HC-DLM and MDM compare on the hard "
+        "split at 10 CPU-minutes of training with the command line's defaults?",
+        "Runs with the command line's defaults (10 process-CPU-minutes each, one thread, training seeds 0 and 1); "
+        "300 easy + 300 hard test boards of generator seed 20261202, 150 + 150 validation boards (seed 7) choose K "
+        "among 1 / 4 / 8 and MDM's order; 50 sampling steps.",
+    ),
+    "hcdlm_best_of_scaling": Question(
+        "HC-DLM vs MDM on 6x6 Sudoku: accuracy against the number of chains K, test split",
+        HCDLM,
+        "How does accuracy grow with K, the chains sampled per puzzle of which the model keeps the one it finds most "
+        "likely, for HC-DLM (argmax) and for MDM (temperature 1 for K > 1), and at what sampling cost?",
+        "bench_hcdlm_best_of.py on the training-seed-0 runs and test puzzles of `hcdlm_sudoku_best_of` (300 easy + "
+        "300 hard, generator seed 20261202), 50 steps per chain, every K scored on the test split (no choice is made "
+        "here); process CPU seconds per puzzle on one thread.",
+    ),
+    "hcdlm_ccdd": Question(
+        "CCDD (joint token + embedding chains) on 6x6 Sudoku at 10 CPU-minutes",
+        HCDLM,
+        "How does CCDD, HC-DLM's strongest same-scale baseline in the paper (a masked token chain and a "
+        "token-embedding chain denoised together by one network), fare in the same harness, parameter budget and "
+        "CPU budget as HC-DLM and MDM?",
+        "The 6x6 puzzles of `hcdlm_sudoku` (300 easy + 300 hard test boards, seed 123; 150 + 150 validation boards, "
+        "seed 7, for the sampler order), 10 process-CPU-minutes on one thread, `dihal hcdlm train`'s defaults.",
+    ),
+    "hcdlm_sudoku9": Question(
+        "HC-DLM vs MDM on 9x9 Sudoku at 30 CPU-minutes: best-of-K and one chain, seeds as rows",
+        HCDLM,
+        "With the command line's 9x9 defaults (12-block denoiser), how many 9x9 boards does HC-DLM solve in 30 "
+        "CPU-minutes over five training seeds, with K chains chosen on validation and with one chain, against the "
+        "18-block MDM (and the 6-block denoiser it replaced)?",
+        "bench_hcdlm.py's 9x9 configuration (latent 256, --latent-schedule-power 3, lr 3e-3, width 64; 3,000 "
+        "generated singles-grade training puzzles per seed), about 30 process-CPU-minutes per run on one thread; K "
+        "(and MDM's order) chosen on 50 validation boards per group at 50 steps; test 150 boards per group "
+        "(generated easy / hard, seed 123, and the first 150 of each level of `sudoku_kaggle3m_curated5000.csv`).",
+    ),
+    "hcdlm_sudoku9_budget": Question(
+        "HC-DLM vs MDM on 9x9 Sudoku against the training budget: 10, 30, 60 CPU-minutes",
+        HCDLM,
+        "Do HC-DLM and MDM cross as the CPU budget grows on 9x9 boards, and where, with one chain and with best-of-K?",
+        "bench_hcdlm.py's 9x9 configuration (lr 3e-3, width 64; HC-DLM with latent 256 and --latent-schedule-power "
+        "3), one thread; 60 minutes = 30-minute runs resumed; 50 sampling steps (the paper's), the rest of the "
+        "sampler chosen on 50 validation boards per group; test 150 boards per group.",
+    ),
+    "hcdlm_defaults9": Question(
+        "HC-DLM: the command line's 9x9 latent width and latent schedule power, chosen on validation",
+        HCDLM,
+        "Which latent width d and latent schedule power p let the 9x9 HC-DLM learn within 30 CPU-minutes, and does "
+        "its one-step read-out use x_t and the scaffold?",
         "bench_hcdlm_variants.py --quick on the 9x9 benchmark configuration (lr 3e-3, width 64, blocks 1/6/1, 3,000 "
         "generated singles puzzles), 30 process-CPU-minutes on one thread, seed 0; scored on the validation split "
         "only (50 boards per group: generated easy and hard, seed 7, and Kaggle levels 150-199), 50 steps, argmax, "
         "EMA.",
     ),
-    "hcdlm_mechanism9": Question(
-        "HC-DLM mechanism on 9x9 Sudoku: ablations, trajectory and steps against MDM (issue 23)",
-        HCDLM,
-        "Does the 9x9 HC-DLM's hierarchy carry the solution: does its read-out change when x_t is noise or the "
-        "scaffold is random, does its decoded answer improve over the sampling trajectory (against MDM's, paper "
-        "Fig. 3a), and how does accuracy change with the number of steps (Fig. 3b)?",
-        "`dihal hcdlm eval --compare` (through `evaluate_run`) on the 150 easy + 150 hard generated 9x9 test puzzles "
-        "of `hcdlm_sudoku9` (seed 123): the HC-DLM run of `hcdlm_sudoku9_latent` (--latent-schedule-power 3) against "
-        "the MDM run of `hcdlm_sudoku9`, both 30 process-CPU-minutes.",
-    ),
-    "hcdlm_sudoku_fresh": Question(
-        "HC-DLM vs MDM: 6x6 Sudoku on fresh puzzles at 10 CPU-minutes, with test-time scaling (issue 23)",
-        HCDLM,
-        "With the CLI defaults of `dihal hcdlm train`, does HC-DLM match MDM on the hard split of puzzles from a "
-        "generator seed the project never used, and how does accuracy grow with the sampling steps (50-400) for "
-        "what extra sampling compute?",
-        "Fresh generated 6x6 puzzles: 300 easy + 300 hard test boards (generator seed 20261201, never used before), "
-        "150 + 150 validation boards (seed 7) for the sampler; 10 process-CPU-minutes per model on one thread.",
-    ),
-    "hcdlm_latent6": Question(
-        "HC-DLM: training changes that make the latent carry information, 6x6 validation (issue 23)",
-        HCDLM,
-        "Which training change makes x_t carry what the scaffold does not (the one-step read-out falls by >= 10 "
-        "points of blank cells when x_t becomes noise at s <= 0.5), and what does it do to the boards solved: the "
-        "latent less noisy than the scaffold (`--latent-schedule-power`), all-[MASK] scaffolds in training "
-        "(`--scaffold-blind`), a stronger entropy term with a variance floor?",
-        "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5 at 4 process-CPU-minutes on one thread, 6x6 benchmark "
-        "configuration (lr 1e-3), seed 0 unless the name says otherwise; validation split only (150 easy + 150 hard, "
-        "seed 7), 50 steps, argmax, EMA weights.",
-    ),
-    "hcdlm_latent9": Question(
-        "HC-DLM on 9x9 Sudoku with the latent-use change, validation split (issue 23)",
-        HCDLM,
-        "Does the 6x6 winner of `hcdlm_latent6` make the 9x9 HC-DLM read its latent (x_t -> noise drop at s = 0.1 / "
-        "0.3 / 0.5) and solve more validation boards than the run without it?",
-        "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5 on the 9x9 benchmark configuration of `hcdlm_sudoku9` "
-        "(lr 3e-3, width 64, latent 256, blocks 1/6/1), 30 process-CPU-minutes on one thread, seed 0; validation "
-        "split only (50 boards per group), 50 steps, argmax, EMA.",
-    ),
     "hcdlm_sudoku9_seeds": Question(
-        "HC-DLM on 9x9 Sudoku with the command line's defaults: four training seeds, one-change training runs on "
-        "the weak seeds and 60 CPU-minutes, validation split (issue 23)",
+        "HC-DLM on 9x9 Sudoku: why some training seeds learn, one-change runs and the 12-block denoiser, validation "
+        "split",
         HCDLM,
-        "Why does one 30-CPU-minute 9x9 run with the defaults solve boards and another none: how do the runs of "
-        "training seeds 1 / 2 / 3 differ in the input ablations, and does ramping the exposure share up over the "
-        "first 1,000 steps (`--exposure-ramp-steps 1000`) make the failing seed 2 learn? Does seed 1 keep improving "
-        "from 30 to 60 CPU-minutes? Does a deeper denoiser (12 blocks), blinding x_t for a quarter of the examples "
-        "(`--latent-drop 0.25`), the absorbing kernel or half the learning rate make seeds 2 and 3 learn? Is seed 2 "
-        "weak because of its training pool (seed 1's pool, a 4x larger pool) or its small sigma (a stronger entropy "
-        "term; a floor that pins sigma at 0.29, near the strong seeds' medians), and how often does a new seed (4) "
-        "learn? Does the 12-block denoiser also rescue seed 3, at equal steps?",
-        "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5,0.9 on bench_hcdlm.py's 9x9 defaults (latent 256, "
-        "--latent-schedule-power 3, lr 3e-3), 30 process-CPU-minutes on one thread; seeds 1-3 are the trained runs "
-        "of `hcdlm_sudoku9_best_of`, `hcdlm_sudoku9_defaults` and `hcdlm_sudoku9_defaults_seed3` (scored, not "
-        "retrained); seed2_1550steps the seed-2 run resumed to seed 1's 1,550 steps (32.7 CPU-minutes); "
-        "seed2_ramp1000_1600steps the ramp run's checkpoint at 1,600 steps (it ran alone on the machine and so took "
-        "more steps per CPU-minute: compare at equal steps); seed1_60min the seed-1 run resumed to 60 CPU-minutes (the "
-        "second 30 with one other process on the machine); seed2_ldrop25, seed2_den12, seed2_absorbing, "
-        "seed3_absorbing and seed2_lr15 (lr 1.5e-3) new 30-minute runs of the same defaults with one change each "
-        "(two or three processes on the 2 cores; the absorbing runs `--model hcdlm_absorbing`); seed2_pool_of_seed1 "
-        "seed 2 trained on seed 1's 3,000-puzzle pool (its puzzle_pool.json copied into the new run directory before "
-        "training; the pool's generator seed is the training seed), seed2_pool12k on a 12,000-puzzle pool, "
-        "seed2_ent05 with lambda_ent 0.05, seed4 a fourth seed with the defaults; seed2_floor25 / seed3_floor25 "
-        "with `--set model.logvar_min=-2.5` (sigma >= 0.29); seed3_den12 the 12-block denoiser on seed 3 (1,074 "
-        "steps: it trained beside a best-of-8 evaluation, 1.7 CPU-seconds per step), seed3_den12_1482steps a copy "
-        "resumed to seed2_den12's 1,482 steps without a time limit (about 41 CPU-minutes); seed1_den12 the 12-block "
-        "denoiser on seed 1 (1,171 steps beside an evaluation); seed5 the trained run of "
-        "`hcdlm_sudoku9_default_seed5` (the 12-block default, 30 CPU-minutes; scored, not retrained); validation "
-        "split only "
-        "(50 boards per group: easy, hard and the five Kaggle levels, 350 in all), 50 steps, one chain, argmax, EMA.",
+        "How do the 30-CPU-minute 9x9 runs that solve boards differ from those that do not in the input ablations, "
+        "and which one-change training run (exposure ramp, latent drop, absorbing kernel, half the learning rate, "
+        "another or a larger training pool, a stronger entropy term, a variance floor, a 12-block denoiser, more "
+        "steps) makes the weak seeds learn?",
+        "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5,0.9 on bench_hcdlm.py's 9x9 configuration (latent 256, "
+        "--latent-schedule-power 3, lr 3e-3), 30 process-CPU-minutes on one thread unless the row says otherwise; "
+        "seed1 ... seed5 are the trained runs of `hcdlm_sudoku9` (scored, not retrained); seed2_1550steps the seed-2 "
+        "run resumed to seed 1's 1,550 steps; seed2_ramp1000_1600steps the ramp run's checkpoint at 1,600 steps (it "
+        "ran alone on the machine and so took more steps per CPU-minute: compare at equal steps); seed1_60min the "
+        "seed-1 run resumed to 60 CPU-minutes; seed2_ldrop25, seed2_den12, seed2_absorbing, seed3_absorbing and "
+        "seed2_lr15 (lr 1.5e-3) 30-minute runs with one change each (the absorbing runs `--model hcdlm_absorbing`); "
+        "seed2_pool_of_seed1 seed 2 trained on seed 1's 3,000-puzzle pool, seed2_pool12k on a 12,000-puzzle pool, "
+        "seed2_ent05 with lambda_ent 0.05; seed2_floor25 / seed3_floor25 with `--set model.logvar_min=-2.5` (sigma "
+        ">= 0.29); seed3_den12 / seed1_den12 the 12-block denoiser beside an evaluation (1,074 / 1,171 steps), "
+        "seed3_den12_1482steps and seed1_den12_1550steps copies resumed to the 6-block runs' step counts; validation "
+        "split only (50 boards per group: easy, hard and the five Kaggle levels, 350 in all), 50 steps, one chain, "
+        "argmax, EMA.",
     ),
-    "hcdlm_sudoku9_latent": Question(
-        "HC-DLM on 9x9 Sudoku with the latent-use change, 30 CPU-minutes (issue 23)",
+    "hcdlm_mechanism9": Question(
+        "HC-DLM on 9x9 Sudoku: input ablations, decoded trajectory and steps against MDM",
         HCDLM,
-        "With the 6x6 winner of `hcdlm_latent6`, does the 9x9 HC-DLM use its latent and solve >= 20 % of easy boards "
-        "within 30 CPU-minutes?",
-        "bench_hcdlm.py's 9x9 configuration of `hcdlm_sudoku9` (lr 3e-3, width 64, latent 256, blocks 1/6/1), 30 "
-        "process-CPU-minutes on one thread, seed 0; sampler settings on 50 validation boards per group; test 150 "
-        "boards per group (generated easy / hard, seed 123, and the Kaggle levels). MDM: the `hcdlm_sudoku9` run.",
+        "Does the 9x9 HC-DLM's one-step read-out change when x_t is noise or the scaffold is random, does its "
+        "decoded answer improve over the sampling trajectory (against MDM's, the paper's Fig. 3a), and how does "
+        "accuracy change with the number of steps (Fig. 3b)? The x_t ablation feeds the noised encoder mean of the "
+        "true answer, so it does not show what the sampler's own latent carries.",
+        "`dihal hcdlm eval --compare` (through `evaluate_run`) on the 150 easy + 150 hard generated 9x9 test puzzles "
+        "(seed 123): the 30-minute HC-DLM of `hcdlm_sudoku9_budget` (6-block denoiser, --latent-schedule-power 3) "
+        "against that record's 30-minute MDM.",
     ),
-    "hcdlm_sudoku9_absorbing": Question(
-        "HC-DLM with the absorbing kernel on 9x9 Sudoku, 30 CPU-minutes (issue 23)",
+    "hcdlm_countdown": Question(
+        "HC-DLM vs MDM / AR: Countdown CD3 / CD4",
         HCDLM,
-        "The absorbing kernel solved more 6x6 boards than the uniform one; does it learn 9x9 within 30 CPU-minutes?",
-        "bench_hcdlm.py's 9x9 configuration of `hcdlm_sudoku9` (lr 3e-3, width 64, latent 256, blocks 1/6/1) with "
-        "`--kernel absorbing` (confidence re-masking), 30 process-CPU-minutes on one thread, seed 0; sampler on 50 "
-        "validation boards per group; test 150 boards per group.",
+        "Do the models learn Countdown arithmetic (strict: every number used once; loose; share of true "
+        "equation steps) at CPU budgets?",
+        "`countdown.jsonl` from the shared data: the first 256 CD3 and first 300 CD4 problems as test.",
     ),
-    "hcdlm_sudoku_fresh_steps": Question(
-        "HC-DLM vs MDM on fresh 6x6 puzzles with the sampling steps chosen on validation (issue 23)",
+    "hcdlm_text": Question(
+        "HC-DLM vs MDM / Latent DM / AR: text at 2 CPU-minutes",
         HCDLM,
-        "When the number of sampling steps (50-400) is chosen on the validation split like the other sampler "
-        "settings, does HC-DLM match MDM on the hard split at 10 CPU-minutes of training with the CLI defaults, "
-        "and at what sampling cost?",
-        "The runs and puzzles of `hcdlm_sudoku_fresh` (10 process-CPU-minutes each, one thread; 300 easy + 300 hard "
-        "test boards of generator seed 20261201, 150 + 150 validation boards of seed 7); no clamp candidates.",
-    ),
-    "hcdlm_sudoku9_steps": Question(
-        "HC-DLM on 9x9 Sudoku with the sampling steps chosen on validation, 30 CPU-minutes (issue 23)",
-        HCDLM,
-        "Does test-time scaling (more sampling steps, chosen on validation) bring the 30-CPU-minute 9x9 HC-DLM to "
-        ">= 20 % of easy boards, and at what sampling cost?",
-        "The HC-DLM run of `hcdlm_sudoku9_latent` (--latent-schedule-power 3, latent 256, 30 process-CPU-minutes); "
-        "sampling steps among 50 / 400 chosen on 50 validation boards per group (no clamp candidates); test 150 "
-        "boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
-    ),
-    "hcdlm_sudoku_best_of": Question(
-        "HC-DLM vs MDM on fresh 6x6 puzzles with best-of-K chains chosen by the model's own likelihood (issue 23)",
-        HCDLM,
-        "HC-DLM's chains differ even at argmax (random scaffold re-noising, random x_T): when K chains per puzzle are "
-        "sampled and the one whose answer the model itself finds most likely is kept (`--best-of K`, chosen on "
-        "validation with the other sampler settings), does HC-DLM reach MDM on the hard split at 10 CPU-minutes of "
-        "training with the CLI defaults, and does MDM gain the same way (its K chains drawn at temperature 1)?",
-        "New runs with the CLI defaults (10 process-CPU-minutes each, one thread, seed 0); 300 easy + 300 hard test "
-        "boards of generator seed 20261202 (never used before), 150 + 150 validation boards (seed 7) choose K among "
-        "1 / 4 / 8 and MDM's order; 50 sampling steps (the paper's).",
-    ),
-    "hcdlm_best_of_scaling": Question(
-        "HC-DLM vs MDM: accuracy against best-of-K chains on the test split (issue 23)",
-        HCDLM,
-        "How does accuracy grow with K, the chains sampled per puzzle of which the model keeps the one it finds most "
-        "likely, for HC-DLM (argmax) and for MDM (temperature 1 for K > 1), and at what sampling cost? Test-time "
-        "scaling along K, beside the sampling steps.",
-        "bench_hcdlm_best_of.py on the runs and test puzzles of `hcdlm_sudoku_best_of` (300 easy + 300 hard, "
-        "generator seed 20261202), 50 steps per chain, every K scored on the test split (no choice is made here); "
-        "process CPU seconds per puzzle on one thread.",
-    ),
-    "hcdlm_sudoku9_best_of": Question(
-        "HC-DLM on 9x9 Sudoku with best-of-K chains, 30 CPU-minutes (issue 23)",
-        HCDLM,
-        "Does best-of-K sampling (the chain whose answer the model finds most likely) bring the 30-CPU-minute 9x9 "
-        "HC-DLM to >= 20 % of easy boards, and at what sampling cost?",
-        "bench_hcdlm.py's 9x9 configuration of `hcdlm_sudoku9_latent` (--latent-schedule-power 3, latent 256, lr "
-        "3e-3), a new run with training seed 1, 30 process-CPU-minutes on one thread; K among 1 / 4 / 8 at 50 steps "
-        "chosen on 50 validation boards per group; test 150 boards per group (generated easy / hard, seed 123, and "
-        "the Kaggle levels).",
-    ),
-    "hcdlm_sudoku_best_of_seed1": Question(
-        "HC-DLM vs MDM on fresh 6x6 puzzles with best-of-K chains: a second training seed (issue 23)",
-        HCDLM,
-        "Does the `hcdlm_sudoku_best_of` result (HC-DLM with best-of-K ahead of MDM on the hard split at 10 "
-        "CPU-minutes with the CLI defaults) hold for another training seed?",
-        "As `hcdlm_sudoku_best_of` (the same validation and test boards, generator seeds 7 and 20261202), with new "
-        "runs of training seed 1 (10 process-CPU-minutes each, one thread).",
-    ),
-    "hcdlm_sudoku9_defaults": Question(
-        "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults and best-of-K, 30 CPU-minutes (issue 23)",
-        HCDLM,
-        "With the defaults that `dihal hcdlm train --sudoku-box 3x3` now takes (latent 256, --latent-schedule-power "
-        "3, lr 3e-3) and no other option, does HC-DLM solve >= 20 % of easy 9x9 boards in 30 CPU-minutes (a new "
-        "training seed), with K chosen on validation?",
-        "bench_hcdlm.py with no --lr / --latent-dim / --set (the task's defaults), training seed 2, 30 "
-        "process-CPU-minutes on one thread; K among 1 / 4 / 8 at 50 steps chosen on 50 validation boards per group; "
-        "test 150 boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
-    ),
-    "hcdlm_sudoku9_defaults_seed3": Question(
-        "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults and best-of-K: a third training seed, 30 "
-        "CPU-minutes (issue 23)",
-        HCDLM,
-        "Seed 1 of the 9x9 configuration solved >= 20 % of easy boards and seed 2 of the same defaults none: how "
-        "often does a 30-CPU-minute 9x9 run with the defaults learn to solve?",
-        "As `hcdlm_sudoku9_defaults` with training seed 3 (2-3 processes on 2 cores); K among 1 / 4 / 8 at 50 steps "
-        "chosen on 50 validation boards per group; test 150 boards per group (generated easy / hard, seed 123, and "
-        "the Kaggle levels).",
-    ),
-    "hcdlm_sudoku9_defaults_seed4": Question(
-        "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults and best-of-K: a fourth training seed, 30 "
-        "CPU-minutes (issue 23)",
-        HCDLM,
-        "Seeds 1 / 2 / 3 of the 9x9 defaults solved 27.3 / 2.0 / 8.7 % of easy test boards: does a fourth seed, "
-        "whose validation probes look like seed 1's (x_t -> noise costs little, a 90 %-noised read-out near 60 % of "
-        "cells), also reach the >= 20 % target?",
-        "The run `seed4` of `hcdlm_sudoku9_seeds` (bench_hcdlm_variants.py with `--set train.seed=4`, 1,594 steps, "
-        "two processes on 2 cores), scored by bench_hcdlm.py with `--seeds 4` (the run linked as hcdlm-seed4 "
-        "under --out); K among 1 / 4 / 8 at 50 steps chosen on 50 validation boards per group; test 150 boards per "
-        "group (generated easy / hard, seed 123, and the Kaggle levels).",
-    ),
-    "hcdlm_sudoku9_den12": Question(
-        "HC-DLM on 9x9 Sudoku with a 12-block denoiser and best-of-K, on the weak training seed 2, 30 CPU-minutes "
-        "(issue 23)",
-        HCDLM,
-        "With the 9x9 defaults' 6-block denoiser, training seeds 2 / 3 solved 2.0 / 8.7 % of easy test boards "
-        "(seeds 1 / 4: 27.3 / 25.3 %). On the 350 validation boards a 12-block denoiser on seed 2 solved as many as "
-        "seeds 1 / 4 (3.1 % against 4.0 / 3.1 %, one chain): does it reach the >= 20 % target on the test split?",
-        "The run `seed2_den12` of `hcdlm_sudoku9_seeds` (bench_hcdlm_variants.py with `--set train.seed=2 --set "
-        "model.denoiser_blocks=12`, 1,482 steps), scored by bench_hcdlm.py with `--blocks 1,12,1 --seeds 2` (the "
-        "run linked as hcdlm-seed2 under --out); K among 1 / 4 / 8 at 50 steps chosen on 50 validation boards per "
-        "group; test 150 boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
-    ),
-    "hcdlm_sudoku9_den12_seed3": den12_default_test(
-        3,
-        "seed3_den12_1482steps",
-        "1,482",
-        "1,074 steps in 30 CPU-minutes beside an evaluation; a copy resumed to seed2_den12's 1,482 steps",
-        8.7,
-    ),
-    "hcdlm_sudoku9_den12_seed4": den12_default_test(
-        4,
-        "seed4_den12_1594steps",
-        "1,594",
-        "with `--set train.steps=1594 --set train.max_minutes=0`: the step count of the 6-block run `seed4`, in 26.6 "
-        "CPU-minutes; scored with `--minutes 26`, below that, so the benchmark does not train it further",
-        25.3,
-    ),
-    "hcdlm_sudoku9_den12_seed1": den12_default_test(
-        1,
-        "seed1_den12_1550steps",
-        "1,550",
-        "1,171 steps in 30 CPU-minutes beside an evaluation; a copy resumed to the 1,550 steps of the 6-block run "
-        "`seed1`",
-        27.3,
-    ),
-    "hcdlm_sudoku9_default_seed5": Question(
-        "HC-DLM on 9x9 Sudoku with the command line's defaults (12-block denoiser), a fresh seed at 30 CPU-minutes "
-        "(issue 23)",
-        HCDLM,
-        "The 12-block runs of seeds 1-4 were scored at the step counts of the 6-block runs, two of them resumed under "
-        "load. Does a fresh training seed (5), trained with the 9x9 defaults for exactly 30 process-CPU-minutes, "
-        "solve >= 20 % of easy test boards, and how does it compare with an 18-block MDM of the same seed, budget, "
-        "load and sampling choices (`hcdlm_sudoku9_mdm18_seed5`)?",
-        "bench_hcdlm.py with the 9x9 defaults (latent 256, --latent-schedule-power 3, lr 3e-3, blocks 1/12/1), "
-        "training seed 5, 30 process-CPU-minutes on one thread, beside the MDM run on the other core; K among 1 / 4 / "
-        "8 at 50 steps chosen on 50 validation boards per group; test 150 boards per group (generated easy / hard, "
-        "seed 123, and the Kaggle levels).",
-    ),
-    "hcdlm_sudoku9_default_seed5_60min": Question(
-        "HC-DLM on 9x9 Sudoku with the command line's defaults (12-block denoiser), seed 5 at 60 CPU-minutes, one "
-        "chain (issue 23)",
-        HCDLM,
-        "The 60-minute point of the 12-block default, for the budget curve of `hcdlm_sudoku9_budget` (one chain for "
-        "every model there): does HC-DLM keep improving from 30 to 60 CPU-minutes, and where does it stand against "
-        "the MDM of that table at 60 minutes (68.0 / 33.3 %, one chain)?",
-        "A copy of the run of `hcdlm_sudoku9_default_seed5` (training seed 5, 30 process-CPU-minutes) resumed to 60 "
-        "process-CPU-minutes with two other processes sharing the 2 cores; one chain at 50 steps (K = 1 only: the "
-        "CPU time left for this session did not allow best-of-8), scored on 50 validation boards per group; test "
-        "150 boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
-    ),
-    "hcdlm_sudoku9_mdm18_seed5": Question(
-        "MDM on 9x9 Sudoku, 18 blocks, the fresh seed 5 at 30 CPU-minutes with best-of-K up to 8 (issue 23)",
-        HCDLM,
-        "The baseline of `hcdlm_sudoku9_default_seed5`: the same training seed, budget and load, and the same K "
-        "candidates (1 / 4 / 8), so that the two differ only in the model.",
-        "bench_hcdlm.py --models mdm --baseline-blocks 18 (0.91 M parameters), training seed 5, 30 "
-        "process-CPU-minutes on one thread, beside the HC-DLM run on the other core; order and K among 1 / 4 / 8 at "
-        "temperature 1 and 50 steps chosen on 50 validation boards per group; test 150 boards per group (generated "
-        "easy / hard, seed 123, and the Kaggle levels).",
-    ),
-    "hcdlm_sudoku9_seed1_60min": Question(
-        "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults, seed 1 at 60 CPU-minutes, one chain (issue 23)",
-        HCDLM,
-        "The seed-1 run of `hcdlm_sudoku9_best_of` keeps improving on validation from 30 to 60 CPU-minutes: how many "
-        "test boards does it solve with one chain at 60 minutes?",
-        "The run `seed1_60min` of `hcdlm_sudoku9_seeds` (4,205 steps), one chain at 50 steps; test 150 boards per "
-        "group (generated easy / hard, seed 123, and the Kaggle levels).",
-    ),
-    "hcdlm_sudoku9_seed1_60min_best_of": Question(
-        "HC-DLM on 9x9 Sudoku with the command line's 9x9 defaults, seed 1 at 60 CPU-minutes, best-of-K (issue 23)",
-        HCDLM,
-        "At 60 CPU-minutes MDM solved 68.0 / 33.3 % of easy / hard test boards and HC-DLM's seed 1 with one chain "
-        "16.7 / 8.0 %: how far does best-of-K (K chosen on validation) close that gap?",
-        "The run `seed1_60min` of `hcdlm_sudoku9_seeds` (4,205 steps); K among 1 / 4 at 50 steps chosen on 50 "
-        "validation boards per group; test 150 boards per group (generated easy / hard, seed 123, and the Kaggle "
-        "levels).",
-    ),
-    "hcdlm_sudoku9_mdm_matched": Question(
-        "MDM on 9x9 Sudoku with the command line's 9x9 defaults (parameters matched to the 256-wide HC-DLM), "
-        "30 CPU-minutes (issue 23)",
-        HCDLM,
-        "How does the MDM baseline that `dihal hcdlm train --model mdm --sudoku-box 3x3` now builds (39 blocks, "
-        "matched to the parameter count of the 256-wide HC-DLM) do at the same CPU budget?",
-        "bench_hcdlm.py with the task's defaults, training seed 2, 30 process-CPU-minutes on one thread; order "
-        "chosen on 50 validation boards per group, one chain at 50 steps; the test boards of "
-        "`hcdlm_sudoku9_defaults`.",
-    ),
-    "hcdlm_sudoku9_mdm18": Question(
-        "MDM on 9x9 Sudoku with 18 blocks (the size that trains at this budget), 30 CPU-minutes, a new seed (issue 23)",
-        HCDLM,
-        "How does MDM in the size of `hcdlm_sudoku9` (18 blocks, matched to a 64-wide HC-DLM) do with a new training "
-        "seed on the test boards of `hcdlm_sudoku9_defaults`, where the 39-block MDM matched to the 256-wide HC-DLM "
-        "trains too few steps in 30 CPU-minutes?",
-        "bench_hcdlm.py with --baseline-blocks 18, training seed 2, 30 process-CPU-minutes on one thread (3-5 "
-        "processes on 2 cores); order chosen on 50 validation boards per group, one chain at 50 steps; test 150 "
-        "boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
-    ),
-    "hcdlm_sudoku9_mdm18_best_of": Question(
-        "MDM on 9x9 Sudoku with best-of-K chains, 18 blocks, 30 CPU-minutes (issue 23)",
-        HCDLM,
-        "Does best-of-K sampling (K chains at temperature 1, the answer MDM itself finds most likely) lift the "
-        "18-block 9x9 MDM of `hcdlm_sudoku9_mdm18` as it lifts HC-DLM, and at what sampling cost?",
-        "The trained run of `hcdlm_sudoku9_mdm18` (18 blocks, training seed 2, 30 process-CPU-minutes); order and "
-        "K among 1 / 4 chosen on 50 validation boards per group at 50 steps; test 150 boards per group (generated "
-        "easy / hard, seed 123, and the Kaggle levels).",
-    ),
-    "hcdlm_sudoku9_mdm18_60min_best_of": Question(
-        "MDM on 9x9 Sudoku with best-of-K chains, 18 blocks, 60 CPU-minutes (issue 23)",
-        HCDLM,
-        "HC-DLM's seed 1 at 60 CPU-minutes with best-of-4 solved 49.3 / 30.0 % of easy / hard test boards: where "
-        "does the 18-block MDM stand at the same budget with the same sampling choice (K among 1 / 4 on "
-        "validation)?",
-        "The trained run of `hcdlm_sudoku9_mdm18` (18 blocks, training seed 2) copied and resumed to 60 "
-        "process-CPU-minutes on one thread; order and K among 1 / 4 chosen on 50 validation boards per group at 50 "
-        "steps; test 150 boards per group (generated easy / hard, seed 123, and the Kaggle levels).",
-    ),
-    "hcdlm_sudoku9_budget": Question(
-        "HC-DLM vs MDM on 9x9 Sudoku against the training budget: 10, 30, 60 CPU-minutes (issue 23)",
-        HCDLM,
-        "Do HC-DLM and MDM cross as the CPU budget grows on 9x9 boards, and where?",
-        "bench_hcdlm.py's 9x9 configuration (lr 3e-3, width 64, blocks 1/6/1; HC-DLM with latent 256 and "
-        "--latent-schedule-power 3), one thread, seed 0; 60 minutes = the 30-minute runs resumed; 50 sampling steps "
-        "(the paper's), the rest of the sampler chosen on 50 validation boards per group; test 150 boards per group.",
+        "Does the text path run end to end, and what do the generative perplexity and entropy look like at a "
+        "tiny budget?",
+        "The first 400k characters of `tinystories.train`; 64 samples of 64 tokens scored under the shipped backbone.",
     ),
     "wheels": Question(
         "Wheels: CPU and CUDA builds, repaired and checked",
@@ -666,6 +438,8 @@ record, `bench/results/<question>.json`: the command, the commit (`git rev-parse
 package, kernels or bench differed from it), the machine (CPU, cores, torch threads, load average), the
 date, the figures as data (scalars and tables), the stated targets with their status, and the markdown
 body the script printed. A new run of the same question replaces its record; earlier runs stay in git.
+A question answered by several runs (training seeds, variants) is one record: its table has a row per run
+with the mean and an interval over seeds, and its runs table gives each run's date, commit and command.
 This document is generated from the records by `python bench/render_results.py` (tests fail when it
 is edited by hand or not re-rendered after a record changes: `python bench/render_results.py --check`).
 
@@ -711,23 +485,32 @@ def _section(key: str, record: dict[str, Any] | None) -> str:
         lines += [f"**Measures.** Not described yet: add `{key}` to `QUESTIONS` in `bench/render_results.py`.", ""]
     if record is None:
         return "\n".join(lines + ["**Latest figures.** No record yet.", ""])
-    lines += [
-        f"**Command.** `{record['command']}`",
-        "",
-        (
-            f"**Latest run.** {record['date']}; {record['machine']}; commit {record['commit']}; "
-            f"record [`results/{key}.json`](results/{key}.json)."
-        ),
-        "",
-        record["body"],
-        "",
-    ]
+    link = f"record [`results/{key}.json`](results/{key}.json)"
+    if record.get("runs"):
+        lines += [f"**Runs.** {len(record['runs'])} runs, {record['date']}; {record['machine']}; {link}.", ""]
+    else:
+        lines += [
+            f"**Command.** `{record['command']}`",
+            "",
+            f"**Latest run.** {record['date']}; {record['machine']}; commit {record['commit']}; {link}.",
+            "",
+        ]
+    lines += [record["body"], ""]
     if record["targets"]:
         lines += ["**Targets.**", "", "| target | measured | status |", "|---|---|---|"]
         lines += [f"| {t['target']} | {t['measured']} | {t['status']} |" for t in record["targets"]]
     else:
         lines += ["**Targets.** None stated: the figures are reported."]
+    if record.get("runs"):
+        lines += ["", _runs_table(record["runs"])]
     return "\n".join(lines + [""])
+
+
+def _runs_table(runs: list[dict[str, str]]) -> str:
+    """The runs a record merges (seeds, variants of one question): each with its date, commit and command."""
+    lines = ["**Runs in this record.**", "", "| run | date | commit | machine | command |", "|---|---|---|---|---|"]
+    lines += [f"| {r['run']} | {r['date']} | {r['commit'][:12]} | {r['machine']} | `{r['command']}` |" for r in runs]
+    return "\n".join(lines)
 
 
 def _glance(order: list[str], records: dict[str, dict[str, Any]]) -> str:

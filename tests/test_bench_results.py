@@ -145,7 +145,38 @@ def test_render_is_deterministic_and_sectioned(tmp_path):
     assert "add `zz_new_question` to `QUESTIONS`" in text
 
 
-# The checked-in records and document.
+def test_a_record_of_several_runs_renders_its_runs_table(tmp_path):
+    runs = [
+        {
+            "run": f"seed {s}",
+            "record": f"r{s}",
+            "command": f"python bench/x.py --seeds {s}",
+            "commit": "c" * 40,
+            "date": "2026-12-01 11:00",
+            "machine": "m",
+        }
+        for s in (1, 2)
+    ]
+    write(tmp_path, "demo", body="seeds table", runs=runs, command="one command per run: see the runs table")
+    text = render_results.render(render_results.load_records(tmp_path))
+    section = text[text.index("### dihal demo") :]
+    assert "**Runs.** 2 runs, 2026-12-01 11:00; m;" in section
+    assert "**Command.**" not in section  # each run's command is in its row instead
+    assert "| seed 2 | 2026-12-01 11:00 | cccccccccccc | m | `python bench/x.py --seeds 2` |" in section
+    assert section.index("seeds table") < section.index("**Runs in this record.**")
+
+
+# The checked-in records and documents.
+
+DOCUMENTS = [BENCH / "README.md", BENCH.parent / "README.md", *sorted((BENCH.parent / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: str(path.relative_to(BENCH.parent)))
+def test_documents_describe_what_is_without_issue_numbers(document):
+    """The README, docs/ and bench/README.md are current documents: history lives in git and CHANGELOG.md."""
+    found = re.findall(r"[^\n]{0,40}\bissues? #?\d+[^\n]{0,20}", document.read_text(), flags=re.IGNORECASE)
+    assert not found, f"{document.name} names issue numbers: {found[:3]}"
+
 
 RECORDS = sorted((BENCH / "results").glob("*.json"))
 
