@@ -8,7 +8,7 @@ demo's budget (200 steps, 8 x 128 tokens, seed 0), then for each hybrid and the 
   ``--rounds`` rounds, fastest call of each; as wall time and as the process's CPU time on one thread
   (the CPU-time ratio is the one a busy shared machine distorts least).
 
-Target (issue 14): hybrid tokens/s >= 0.9x the backbone with the PPL ratio <= 1.15.
+Target: hybrid tokens/s >= 0.9x the backbone with the PPL ratio <= 1.15.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ process (``python -c 'while True: pass'``) started by this script. Thread settin
 libgomp's own default, the behaviour before the spin-wait was bounded). Each row also gives the CPU that *other*
 processes of the machine used during the run (busy CPU time from ``/proc/stat`` minus the workload's
 and the neighbour's own), so that a polluted row can be seen as such; ratios within one run count.
-Targets (issue 14): beside one busy process the default is at most 1.2x the idle 1-thread time, and
+Targets: beside one busy process the default is at most 1.2x the idle 1-thread time, and
 the idle default is no slower than the idle 2-thread time.
 """
 

@@ -1,6 +1,6 @@
 """Sudoku accuracy against best-of-K on the test split: HC-DLM's K chains against MDM's, with the sampling cost.
 
-Question (issue 23): how does accuracy grow when K chains per puzzle are sampled and the one whose answer the model
+Question: how does accuracy grow when K chains per puzzle are sampled and the one whose answer the model
 itself finds most likely is kept (``--best-of K``), for HC-DLM (its chains differ at argmax: random scaffold
 re-noising and x_T) and for MDM (its K > 1 chains drawn at ``--compare-temperature``; at argmax they are one), and
 what does it cost in sampling passes and CPU seconds? Test-time scaling along K, beside bench_hcdlm's steps.

@@ -1,6 +1,6 @@
 """Sudoku accuracy against training budget: one table from several ``bench_hcdlm`` results, as a record.
 
-Question (issue 23): do HC-DLM and MDM cross, and where, as the CPU budget grows? Each budget point is a
+Question: do HC-DLM and MDM cross, and where, as the CPU budget grows? Each budget point is a
 ``bench_hcdlm.py`` output folder (its ``sudoku_results.json``; the runs are trained with ``--minutes M``, a
 longer point by resuming a copy of the shorter run's folder with a larger ``--minutes``, which continues the
 same trajectory: the learning rate is constant after the warm-up). A point may list several folders; each

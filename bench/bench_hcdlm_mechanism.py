@@ -1,6 +1,6 @@
 """Does HC-DLM's hierarchy carry the solution? `dihal hcdlm eval --compare` on a finished run, as a record.
 
-Question (issue 23, the paper's Fig. 3a/3b and the audit's probes): on the same fresh Sudoku test puzzles as
+Question (the paper's Fig. 3a/3b and the input probes): on the same fresh Sudoku test puzzles as
 ``bench_hcdlm`` (generated easy + hard, generator seed ``--eval-seed``), how does the decoded answer evolve per
 normalised sampling step for HC-DLM and for ``--compare`` (MDM), how does final accuracy change with the number
 of steps, and what happens to HC-DLM's one-step read-out when x_t is replaced by noise, or the scaffold by the

@@ -70,7 +70,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--question",
         default="hcdlm_variants",
-        help="bench/results/ record the variants of --out become (hcdlm_defaults: issue 23's choice of defaults)",
+        help="bench/results/ record the variants of --out become (hcdlm_defaults: the choice of the 6x6 defaults)",
     )
     return p.parse_args()
 
