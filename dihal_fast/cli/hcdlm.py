@@ -105,6 +105,11 @@ def run_eval(args: argparse.Namespace) -> int:
         print(f"{report['model']} on {Path(args.data).name}: accuracy {report['accuracy']:.4f} (n={report['n']})")
         if "compare" in report:
             print(f"{report['compare']['model']} (--compare) on the same: accuracy {report['compare']['accuracy']:.4f}")
+        for row in report.get("protocol", {}).get("rows", []):
+            print(
+                f"  {row['mode']:8s} K={row['k']}: accuracy {row['accuracy']:.4f}, {row['passes']:.0f} passes / "
+                f"{row['block_passes']:.0f} block passes per puzzle ({row['settings']})"
+            )
         if "interventions" in report:
             found = report["interventions"]
             variants = ", ".join(f"{k} {100 * v['accuracy']:.1f}" for k, v in found["variants"].items())

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dihal_fast.common import atomic_write_json
+from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.assets import default_model_dir, model_location
 from dihal_fast.common.reports import StageReport
 from dihal_fast.common.rundir import check_output_file
@@ -26,6 +27,7 @@ from dihal_fast.hcdlm.mechanism import (
 )
 from dihal_fast.hcdlm.models import kind_of
 from dihal_fast.hcdlm.plots import plot_ablations, plot_accuracy_vs_steps, plot_readout_by_step, plot_trajectories
+from dihal_fast.hcdlm.protocol import evaluate_protocol
 from dihal_fast.hcdlm.scoring import (
     LoadedRun,
     accuracy_vs_steps,
@@ -36,6 +38,8 @@ from dihal_fast.hcdlm.scoring import (
     readout_by_step,
     sample_targets,
 )
+from dihal_fast.tasks.registry import POOL_FILE
+from dihal_fast.tasks.sudoku_splits import check_disjoint
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +93,13 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path) -> StageReport:
             "evaluating %s (step %d) on %d examples from %s", run.config.model.kind, run.step, len(examples), data
         )
         report = evaluate_examples(run, examples, sample, seed)
+        if config.protocol_k:
+            validation = examples_from_file(run.task, config.validation)
+            splits = _check_splits(run, Path(run_dir), validation, examples)
+            report["protocol"] = evaluate_protocol(
+                run, examples, validation, sample, config.protocol_k, tuple(config.steps_choices), seed
+            )
+            report["protocol"].update({"splits": splits, "validation_sha256": file_sha256(config.validation)})
         curves = {_label(run): _steps_curve(run, examples, steps_sweep, sample, seed, report)}
         if other is not None:
             other_report = evaluate_examples(other, examples, sample, seed, show=0)
@@ -112,9 +123,36 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path) -> StageReport:
             report.update(
                 _mechanism(run, other, examples, sample, out, seed, noise_levels, report.get("readout_by_step"))
             )
-    report.update({"run": str(run_dir), "step": run.step, "data": str(data), "model": run.config.model.kind})
+    report.update(
+        {
+            "run": str(run_dir),
+            "step": run.step,
+            "data": str(data),
+            "data_sha256": file_sha256(data),
+            "model": run.config.model.kind,
+        }
+    )
     atomic_write_json(out, report)
     return StageReport(out, report)
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 (hex) of a data file's bytes: the name a record gives the set it was scored on."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _check_splits(run: LoadedRun, run_dir: Path, validation: list, examples: list) -> dict[str, int] | None:
+    """Sudoku: refuse a validation set, data set and the run's training pool (when saved in the run) that share a
+    puzzle up to the training symmetries (:func:`~dihal_fast.tasks.sudoku_splits.check_disjoint`); their sizes."""
+    if run.config.task.name != "sudoku":
+        return None
+    splits: dict[str, list] = {}
+    pool = run_dir / POOL_FILE
+    if pool.is_file():
+        splits["training pool"] = [tuple(map(tuple, pair)) for pair in read_json(pool, "puzzle pool")]
+    splits["validation"] = [ex.payload for ex in validation]
+    splits["data"] = [ex.payload for ex in examples]
+    return check_disjoint(splits, run.task.geo)
 
 
 def _label(run: LoadedRun) -> str:

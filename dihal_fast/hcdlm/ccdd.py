@@ -46,7 +46,7 @@ from dihal_fast.hcdlm.layers import Block, TimeEmbedding, run_blocks
 from dihal_fast.hcdlm.networks import TokenSlots
 from dihal_fast.hcdlm.noise import LATENT_FLOW
 from dihal_fast.hcdlm.objective import continuous_weight, token_term
-from dihal_fast.hcdlm.sampler import reveal_confident
+from dihal_fast.hcdlm.sampler import reveal_confident, reveal_counts, start_tokens
 from dihal_fast.tasks.base import TaskSpec
 
 CODE_SEED = 0  # the fixed token code is drawn from its own generator: the same table in every run and process
@@ -175,15 +175,17 @@ def sample_ccdd(
     """
     check_ccdd_sampler(cfg)
     batch, length, device = context.shape[0], model.spec.target_len, context.device
-    tokens = torch.full((batch, length), model.mask_id, dtype=torch.long, device=device)
+    tokens = start_tokens(model, context, cfg)
+    blanks = (tokens == model.mask_id).sum(dim=1)
     z = torch.randn((batch, length, model.cfg.latent_dim), generator=generator, device=device)
     for i in range(1, cfg.steps + 1):
         t = cfg.steps - i + 1
         logits, z_hat = model(z, tokens, torch.full((batch,), t / cfg.steps, device=device), context)
         logits = logits.to(torch.float64)
         masked = tokens == model.mask_id
-        n_new = int(masked.sum(dim=1).max()) - int(round(length * (cfg.steps - i) / cfg.steps))
-        tokens = reveal_confident(tokens, logits, masked, n_new, cfg, generator, log_prob)
+        tokens = reveal_confident(
+            tokens, logits, masked, reveal_counts(masked, blanks, i, cfg), cfg, generator, log_prob
+        )
         z = LATENT_FLOW.euler_step(z, z_hat, t)
         if on_step is not None:
             on_step(i, torch.where(tokens == model.mask_id, logits.argmax(-1), tokens))

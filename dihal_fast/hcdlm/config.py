@@ -284,6 +284,11 @@ class SampleConfig(CheckedConfig):
         "AR its exact likelihood); see dihal_fast.hcdlm.models",
         choices=VERIFIERS,
     )
+    givens: bool = option(
+        False,
+        "MDM / CCDD on Sudoku: start the token chain with the given digits in place (as a user would) and reveal "
+        "only the blanks on the step schedule; off = every cell starts [MASK]",
+    )
     reveal_noise: float = option(
         0.0,
         "MDM / CCDD: Gumbel noise of this scale added to each slot's confidence before the reveals are chosen, "

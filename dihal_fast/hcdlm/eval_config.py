@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from dihal_fast.common.devices import device_option
 from dihal_fast.common.options import comma_floats, comma_integers, option
 from dihal_fast.common.validation import CheckedConfig
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.mechanism import ABLATION_LEVELS
 
@@ -71,6 +72,28 @@ class HCDLMEvalConfig(ReadoutConfig):
         gt=0.0,
         max=1.0,
     )
+    protocol_k: int = option(
+        0,
+        "the evaluation protocol (puzzles): single chain, best-of-K and oracle@K side by side with their cost in "
+        "forward passes, the step count, diversity source and verifier chosen on --validation first (0 = off)",
+        min=0,
+    )
+    validation: str | None = option(
+        None, "with --protocol-k: the validation file the protocol's settings are chosen on", metavar="FILE"
+    )
+    steps_choices: list[int] = option(
+        default_factory=list,
+        help="with --protocol-k: the single chain's candidate step counts, comma-separated (empty = --steps)",
+        type=comma_integers,
+        min=1,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.protocol_k == 1:
+            raise DihalValueError("--protocol-k compares best-of-K with one chain: give K >= 2 (or 0 for off)")
+        if self.protocol_k and self.validation is None:
+            raise DihalValueError("--protocol-k chooses its settings on a validation set: give --validation FILE")
 
 
 @dataclass(kw_only=True)

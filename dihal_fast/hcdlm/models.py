@@ -27,6 +27,7 @@ from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss
 from dihal_fast.hcdlm.sampler import answer_log_prob, sample_ar, sample_hcdlm, sample_mdm
 from dihal_fast.tasks.base import TaskSpec
 
+REVEALING = ("mdm", "ccdd")  # kinds whose token chain reveals slots that then stay (SampleConfig.reveal_noise, givens)
 PSEUDO_LIKELIHOOD_GROUPS = 4  # slots masked together per pass of the final-state pseudo-likelihood (cost: 4 passes)
 
 Loss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
@@ -229,62 +230,81 @@ def check_sample(model: nn.Module, cfg: SampleConfig) -> None:
             f"--best-of {cfg.best_of} needs chains that differ, and {type(model).__name__} at temperature 0 gives "
             "the same one every time: set --temperature > 0, --reveal-noise > 0 (MDM) or --best-of 1"
         )
-    if cfg.reveal_noise and kind.name not in ("mdm", "ccdd"):
-        raise DihalValueError(f"--reveal-noise {cfg.reveal_noise} is for MDM and CCDD, not {kind.name}")
+    if (cfg.reveal_noise or cfg.givens) and kind.name not in REVEALING:
+        raise DihalValueError(
+            f"--reveal-noise ({cfg.reveal_noise}) and --givens ({cfg.givens}) are for the kinds that reveal tokens "
+            f"({', '.join(REVEALING)}), not {kind.name}"
+        )
 
 
 def sample_chains(
     model: nn.Module, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(tokens[B, L], scores[B] or None)``: one chain per row of ``context``, scored by ``cfg.verifier`` when
-    ``cfg.best_of > 1`` (``"chain"``: the sampler's own log-probability; ``"final"``: the kind's final-state
-    verifier)."""
-    kind = kind_of(model)
-    if cfg.best_of == 1:  # one chain: nothing to choose, so no scoring work in the sampling loop
-        return kind.sample(model, kernel, context, cfg, generator, None), None
+    """``(tokens[B, L], chain scores[B] or None)``: one chain per row of ``context``; the sampler's own
+    log-probability of its tokens when best-of-K will choose by it (``cfg.verifier == "chain"``, ``best_of > 1``)."""
+    if cfg.best_of == 1 or cfg.verifier != "chain":  # no scoring work in the sampling loop
+        return kind_of(model).sample(model, kernel, context, cfg, generator, None), None
     log_prob = torch.zeros(context.shape[0], dtype=torch.float64, device=context.device)
-    tokens = kind.sample(model, kernel, context, cfg, generator, log_prob if cfg.verifier == "chain" else None)
-    if cfg.verifier == "final":
-        log_prob = kind.verify(model, context, tokens, generator)
-    return tokens, log_prob
+    return kind_of(model).sample(model, kernel, context, cfg, generator, log_prob), log_prob
 
 
-def generate_all(
-    model: nn.Module, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(chosen[B, L], chains[B, K, L])``: ``K = cfg.best_of`` chains per row (one batch of ``B * K`` rows) and,
-    per row, the one the verifier scores highest (ties: the first)."""
-    check_sample(model, cfg)
-    k = cfg.best_of
-    rows = context.repeat_interleave(k, dim=0) if k > 1 else context
-    tokens, scores = sample_chains(model, kernel, rows, cfg, generator)
-    chains = tokens.view(context.shape[0], k, -1)
-    if scores is None:
-        return chains[:, 0], chains
-    best = scores.view(-1, k).argmax(dim=1)
-    return chains[torch.arange(context.shape[0], device=tokens.device), best], chains
+def verify_chains(
+    model: nn.Module,
+    context: torch.Tensor,
+    tokens: torch.Tensor,
+    chain_scores: torch.Tensor | None,
+    cfg: SampleConfig,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """``[B]`` float64 scores of finished chains by ``cfg.verifier``: the chain's own (``"chain"``) or the kind's
+    final-state verifier (``"final"``)."""
+    if cfg.verifier == "chain" and chain_scores is not None:
+        return chain_scores
+    return kind_of(model).verify(model, context, tokens, generator)
+
+
+def choose(tokens: torch.Tensor, scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Per problem (``k`` consecutive rows each), the chain with the highest score (ties: the first)."""
+    chains = tokens.view(-1, k, tokens.shape[-1])
+    return chains[torch.arange(chains.shape[0], device=tokens.device), scores.view(-1, k).argmax(dim=1)]
 
 
 def generate(
     model: nn.Module, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """Target tokens ``[B, L]`` from whichever model this is (best-of-K by :func:`generate_all`)."""
-    return generate_all(model, kernel, context, cfg, generator)[0]
+    """Target tokens ``[B, L]`` from whichever model this is; with ``cfg.best_of`` K > 1, K chains per row (run as
+    one batch of ``B * K`` rows) and, per row, the one ``cfg.verifier`` scores highest (ties: the first)."""
+    check_sample(model, cfg)
+    k = cfg.best_of
+    if k == 1:
+        return sample_chains(model, kernel, context, cfg, generator)[0]
+    rows = context.repeat_interleave(k, dim=0)
+    tokens, chain_scores = sample_chains(model, kernel, rows, cfg, generator)
+    return choose(tokens, verify_chains(model, rows, tokens, chain_scores, cfg, generator), k)
 
 
 class PassCounter:
-    """Counts the forward calls of a model's main module (:attr:`ModelKind.main`) while in use: ``with
-    PassCounter(model) as counter: ...; counter.calls``."""
+    """Sampling cost while in use (``with PassCounter(model) as cost: ...``), in rows: ``passes``, the rows through
+    the kind's main network (:attr:`ModelKind.main`: HC-DLM's denoiser, a baseline's whole network), and
+    ``block_passes``, the rows through any transformer block of the model (encoder, predictor and verifier too)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.module, self.calls, self._handle = kind_of(model).main(model), 0, None
+        self.main, self.model = kind_of(model).main(model), model
+        self.passes, self.block_passes, self._handles = 0, 0, []
 
     def __enter__(self) -> PassCounter:
-        self._handle = self.module.register_forward_hook(self._count)
+        self._handles.append(self.main.register_forward_hook(self._count_main))
+        self._handles += [
+            m.register_forward_hook(self._count_block) for m in self.model.modules() if isinstance(m, Block)
+        ]
         return self
 
-    def _count(self, *_) -> None:
-        self.calls += 1
+    def _count_main(self, module, args, output) -> None:
+        self.passes += args[0].shape[0]
+
+    def _count_block(self, module, args, output) -> None:
+        self.block_passes += args[0].shape[0]
 
     def __exit__(self, *_) -> None:
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()

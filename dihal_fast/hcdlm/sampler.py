@@ -129,6 +129,27 @@ def sample_hcdlm(
     return tokens
 
 
+def start_tokens(model, context: torch.Tensor, cfg: SampleConfig) -> torch.Tensor:
+    """The token chain's start (MDM, CCDD): all [MASK], or with ``cfg.givens`` on Sudoku the given digits in place
+    (an aligned context holds digit ``v`` as ``v``, blank as 0; the target holds ``v - 1``), as a user would start."""
+    batch, length = context.shape[0], model.spec.target_len
+    tokens = torch.full((batch, length), model.mask_id, dtype=torch.long, device=context.device)
+    if cfg.givens and model.spec.name == "sudoku":
+        tokens = torch.where(context > 0, context - 1, tokens)
+    return tokens
+
+
+def reveal_counts(masked: torch.Tensor, blanks: torch.Tensor, step: int, cfg: SampleConfig) -> int | torch.Tensor:
+    """Slots to reveal at step ``step`` of ``cfg.steps`` so that ``round(b (N - step) / N)`` of a row's ``b`` blank
+    slots stay masked: one count for every row when every row starts with all slots blank (the batch's largest), one
+    per row with ``cfg.givens``."""
+    if not cfg.givens:
+        keep_masked = int(round(masked.shape[1] * (cfg.steps - step) / cfg.steps))
+        return int(masked.sum(dim=1).max()) - keep_masked
+    keep = torch.round(blanks.double() * (cfg.steps - step) / cfg.steps).long()
+    return masked.sum(dim=1) - keep
+
+
 def _confidence(probs: torch.Tensor, chosen: torch.Tensor, order: str) -> torch.Tensor:
     """Top-probability: ``p(chosen)``; margin: ``p(top1) - p(top2)``. ``probs[B, L, V]`` float64."""
     if order == "prob":
@@ -141,16 +162,17 @@ def reveal_confident(
     tokens: torch.Tensor,
     logits: torch.Tensor,
     masked: torch.Tensor,
-    n_new: int,
+    n_new: int | torch.Tensor,
     cfg: SampleConfig,
     generator: torch.Generator | None,
     log_prob: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``tokens`` with the ``n_new`` most confident ``masked`` slots of each row set to a draw of ``logits``
+    """``tokens`` with the ``n_new`` (one count, or ``[B]`` per row) most confident ``masked`` slots of each row set
+    to a draw of ``logits``
     (float64, ``cfg.temperature``; confidence by ``cfg.order``, plus ``cfg.reveal_noise`` times a Gumbel(0, 1) draw
     per slot: the reveal-order noise that makes argmax chains differ); revealed slots stay (MDM, CCDD's token
     chain). ``log_prob`` gains the log-probability of the revealed tokens under ``logits``."""
-    if n_new <= 0:
+    if isinstance(n_new, int) and n_new <= 0:
         return tokens
     chosen = sample_categorical(logits, cfg.temperature, generator=generator)
     confidence = _confidence(torch.softmax(logits, dim=-1), chosen, cfg.order)
@@ -158,8 +180,15 @@ def reveal_confident(
         uniform = torch.rand(confidence.shape, generator=generator, dtype=torch.float64, device=confidence.device)
         confidence = confidence - cfg.reveal_noise * torch.log(-torch.log(uniform.clamp_min(1e-300)))
     confidence = confidence.masked_fill(~masked, -torch.inf)
-    picked = confidence.topk(n_new, dim=1).indices
-    reveal = torch.zeros_like(masked).scatter(1, picked, True) & masked
+    if isinstance(n_new, int):
+        picked = confidence.topk(n_new, dim=1).indices
+        reveal = torch.zeros_like(masked).scatter(1, picked, True) & masked
+    else:  # a count per row: the slots ranked below it
+        order = confidence.argsort(dim=1, descending=True, stable=True)
+        ranks = torch.empty_like(order).scatter_(
+            1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
+        )
+        reveal = (ranks < n_new[:, None]) & masked
     if log_prob is not None:
         log_prob += answer_log_prob(logits, chosen, reveal)
     return torch.where(reveal, chosen, tokens)
@@ -181,13 +210,12 @@ def sample_mdm(
     still-masked slot filled by its argmax (a diagnostic read-out; steps that reveal nothing then cost a
     forward pass too). ``log_prob`` gains each token's log-probability at its reveal.
     """
-    batch, length = context.shape[0], model.spec.target_len
-    tokens = torch.full((batch, length), model.mask_id, dtype=torch.long, device=context.device)
+    tokens = start_tokens(model, context, cfg)
+    blanks = (tokens == model.mask_id).sum(dim=1)
     for i in range(1, cfg.steps + 1):
         masked = tokens == model.mask_id
-        keep_masked = int(round(length * (cfg.steps - i) / cfg.steps))
-        n_new = int(masked.sum(dim=1).max()) - keep_masked
-        if n_new <= 0 and on_step is None:
+        n_new = reveal_counts(masked, blanks, i, cfg)
+        if not int(torch.as_tensor(n_new).max()) > 0 and on_step is None:
             continue
         logits = model(tokens, context).to(torch.float64)
         tokens = reveal_confident(tokens, logits, masked, n_new, cfg, generator, log_prob)

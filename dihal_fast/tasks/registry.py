@@ -18,6 +18,7 @@ from dihal_fast.tasks.text_task import TextTask, tokenize_files
 
 logger = logging.getLogger(__name__)
 TASKS = ("sudoku", "countdown", "text")
+POOL_FILE = "puzzle_pool.json"  # a Sudoku run's training pool, in its run directory
 
 
 @dataclass
@@ -77,7 +78,7 @@ def build_task(cfg: TaskConfig, run_dir: Path | None = None, seed: int = 0, for_
         rows, cols = parse_box(cfg.sudoku_box)
         task = SudokuTask(rows, cols)
         if for_training:
-            cache = run_dir / "puzzle_pool.json" if run_dir is not None else None
+            cache = run_dir / POOL_FILE if run_dir is not None else None
             task.pool = generate_pool(task.geo, cfg.sudoku_pool, cfg.sudoku_train_difficulty, seed, cache)
         return task
     if cfg.name == "countdown":

@@ -1,0 +1,200 @@
+"""One evaluation protocol for every model kind: a single chain, best-of-K and oracle@K side by side, each row with
+the sampling cost it took, and the settings each kind is scored with chosen on a validation set first.
+
+- *single chain*: one chain per puzzle at argmax (MDM / CCDD on Sudoku with the givens in place), the step count
+  chosen on validation among ``steps_choices``;
+- *best-of-K*: K chains per puzzle from the kind's own diversity source (:data:`DIVERSITY`: temperature, reveal-order
+  noise) and the answer its verifier (``SampleConfig.verifier``: the chain's own log-probability or the final-state
+  verifier of :mod:`dihal_fast.hcdlm.models`) scores highest; source and verifier chosen on validation;
+- *oracle@K*: the same K chains, counted correct when any one is (an upper bound no verifier reaches; its cost is
+  the chains' without the verifier).
+
+Cost per row, per puzzle: ``passes`` (rows through the kind's main network) and ``block_passes`` (rows through
+every transformer block, verifier included), measured by :class:`~dihal_fast.hcdlm.models.PassCounter`, so rows of
+different kinds compare at stated, not assumed, cost.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+
+from dihal_fast.errors import DihalValueError
+from dihal_fast.hcdlm.config import VERIFIERS, SampleConfig
+from dihal_fast.hcdlm.models import REVEALING, PassCounter, check_sample, choose, kind_of, sample_chains, verify_chains
+from dihal_fast.hcdlm.scoring import LoadedRun, example_contexts, mean_scores
+from dihal_fast.hcdlm.stats import paired_bootstrap
+from dihal_fast.tasks.base import EvalExample
+
+logger = logging.getLogger(__name__)
+
+# Each kind's candidate diversity sources for best-of-K (SampleConfig fields). HC-DLM's and Latent DM's chains differ
+# at argmax already (x_T, the scaffold's re-noising), CCDD's too (z_1); MDM and AR need noise to differ at all.
+_LATENT = ({"temperature": 0.0}, {"temperature": 0.5}, {"temperature": 1.0})
+DIVERSITY: dict[str, tuple[dict, ...]] = {
+    "hcdlm": _LATENT,
+    "latent": _LATENT,
+    "mdm": ({"reveal_noise": 0.1}, {"reveal_noise": 0.3}, {"temperature": 0.5}, {"temperature": 1.0}),
+    "ccdd": ({"temperature": 0.0}, {"reveal_noise": 0.1}, {"temperature": 1.0}),
+    "ar": ({"temperature": 0.5}, {"temperature": 1.0}),
+}
+
+
+def single_chain(run: LoadedRun, sample: SampleConfig, steps: int) -> SampleConfig:
+    """The single-chain settings: argmax, no reveal noise, one chain; givens in place for revealing kinds on Sudoku."""
+    givens = kind_of(run.model).name in REVEALING and run.config.task.name == "sudoku"
+    return replace(sample, steps=steps, temperature=0.0, reveal_noise=0.0, best_of=1, givens=givens)
+
+
+def _chains(
+    run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int
+) -> tuple[list[list[list[int]]], list[list[int]], dict[str, float]]:
+    """``(chains per example [K][L], chosen per example, cost per example)`` of ``cfg`` (K = ``cfg.best_of``)."""
+    check_sample(run.model, cfg)
+    k, generator = cfg.best_of, torch.Generator(run.device).manual_seed(seed)
+    chains: list[list[list[int]]] = []
+    chosen: list[list[int]] = []
+    verifier = {"passes": 0, "block_passes": 0}
+    with PassCounter(run.model) as total:
+        for start in range(0, len(examples), cfg.batch_size):
+            rows = example_contexts(examples[start : start + cfg.batch_size], run.device).repeat_interleave(k, dim=0)
+            tokens, chain_scores = sample_chains(run.model, run.kernel, rows, cfg, generator)
+            picked = tokens
+            if k > 1:
+                with PassCounter(run.model) as verifying:
+                    scores = verify_chains(run.model, rows, tokens, chain_scores, cfg, generator)
+                verifier["passes"] += verifying.passes
+                verifier["block_passes"] += verifying.block_passes
+                picked = choose(tokens, scores, k)
+            chains.extend(tokens.view(-1, k, tokens.shape[-1]).tolist())
+            chosen.extend(picked.tolist())
+    n = len(examples)
+    cost = {
+        "chain_passes": (total.passes - verifier["passes"]) / n,
+        "chain_block_passes": (total.block_passes - verifier["block_passes"]) / n,
+        "verifier_passes": verifier["passes"] / n,
+        "verifier_block_passes": verifier["block_passes"] / n,
+    }
+    return chains, chosen, cost
+
+
+def _row(run: LoadedRun, examples: list[EvalExample], answers: list[list[int]], **fields) -> tuple[dict, list[float]]:
+    scored = [run.task.score(ex, answer) for ex, answer in zip(examples, answers)]
+    groups = {
+        g: mean_scores([s for ex, s in zip(examples, scored) if ex.group == g])
+        for g in dict.fromkeys(ex.group for ex in examples)
+    }
+    return {**fields, **mean_scores(scored), "groups": groups}, [float(s["correct"]) for s in scored]
+
+
+def _oracle(run: LoadedRun, examples: list[EvalExample], chains: list[list[list[int]]]) -> list[list[int]]:
+    """Per example, a correct chain if any is (else the first): oracle@K's answers."""
+    return [
+        next((c for c in options if run.task.score(ex, c)["correct"]), options[0])
+        for ex, options in zip(examples, chains)
+    ]
+
+
+def protocol_rows(
+    run: LoadedRun, examples: list[EvalExample], single: SampleConfig, diverse: SampleConfig, seed: int = 0
+) -> list[dict]:
+    """The three rows (``single``, ``best_of``, ``oracle``) on ``examples``, each with its ``settings`` and cost per
+    puzzle; ``best_of`` also carries the paired bootstrap of its per-puzzle ``correct`` minus the single chain's."""
+    _, answers, cost = _chains(run, examples, single, seed)
+    single_row, single_correct = _row(
+        run, examples, answers, mode="single", k=1, passes=cost["chain_passes"], block_passes=cost["chain_block_passes"]
+    )
+    single_row["settings"] = _settings(single)
+    chains, chosen, cost = _chains(run, examples, diverse, seed)
+    best_row, best_correct = _row(
+        run,
+        examples,
+        chosen,
+        mode="best_of",
+        k=diverse.best_of,
+        passes=cost["chain_passes"] + cost["verifier_passes"],
+        block_passes=cost["chain_block_passes"] + cost["verifier_block_passes"],
+    )
+    best_row["settings"] = _settings(diverse)
+    best_row["minus_single"] = paired_bootstrap(best_correct, single_correct, seed=seed)
+    oracle_row, _ = _row(
+        run,
+        examples,
+        _oracle(run, examples, chains),
+        mode="oracle",
+        k=diverse.best_of,
+        passes=cost["chain_passes"],
+        block_passes=cost["chain_block_passes"],
+    )
+    oracle_row["settings"] = _settings(diverse)
+    return [single_row, best_row, oracle_row]
+
+
+def _settings(cfg: SampleConfig) -> dict:
+    return {
+        name: getattr(cfg, name) for name in ("steps", "temperature", "reveal_noise", "givens", "verifier", "best_of")
+    }
+
+
+def choose_on_validation(
+    run: LoadedRun,
+    validation: list[EvalExample],
+    sample: SampleConfig,
+    k: int,
+    steps_choices: tuple[int, ...],
+    seed: int = 0,
+) -> tuple[SampleConfig, SampleConfig, list[dict]]:
+    """``(single, diverse, table)``: the single chain's step count (the most accurate on ``validation``, ties: the
+    fewest), then at that count the diversity source x verifier whose best-of-``k`` is the most accurate (ties: the
+    first of :data:`DIVERSITY` / :data:`~dihal_fast.hcdlm.config.VERIFIERS`); ``table`` has every candidate's row."""
+    kind = kind_of(run.model)
+    table: list[dict] = []
+    steps_list = (sample.steps,) if kind.trace is None else tuple(steps_choices or (sample.steps,))
+    best_single: tuple[float, SampleConfig] | None = None
+    for steps in steps_list:
+        cfg = single_chain(run, sample, steps)
+        _, answers, cost = _chains(run, validation, cfg, seed)
+        row, _ = _row(run, validation, answers, mode="single", k=1, passes=cost["chain_passes"])
+        table.append({**row, "settings": _settings(cfg)})
+        if best_single is None or row["accuracy"] > best_single[0]:
+            best_single = (row["accuracy"], cfg)
+    assert best_single is not None
+    single = best_single[1]
+    best_diverse: tuple[float, SampleConfig] | None = None
+    for source in DIVERSITY[kind.name]:
+        for verifier in VERIFIERS:
+            cfg = replace(single, best_of=k, verifier=verifier, **source)
+            _, chosen, cost = _chains(run, validation, cfg, seed)
+            row, _ = _row(
+                run, validation, chosen, mode="best_of", k=k, passes=cost["chain_passes"] + cost["verifier_passes"]
+            )
+            table.append({**row, "settings": _settings(cfg)})
+            if best_diverse is None or row["accuracy"] > best_diverse[0]:
+                best_diverse = (row["accuracy"], cfg)
+    assert best_diverse is not None
+    logger.info("chosen on validation: single %s, best-of %s", _settings(single), _settings(best_diverse[1]))
+    return single, best_diverse[1], table
+
+
+def evaluate_protocol(
+    run: LoadedRun,
+    examples: list[EvalExample],
+    validation: list[EvalExample],
+    sample: SampleConfig,
+    k: int,
+    steps_choices: tuple[int, ...] = (),
+    seed: int = 0,
+) -> dict:
+    """``{chosen: {single, best_of}, validation: table, rows: [single, best_of, oracle]}``: settings chosen on
+    ``validation`` (:func:`choose_on_validation`), then scored once on ``examples``."""
+    if k < 2:
+        raise DihalValueError(f"the protocol compares best-of-K with one chain: K must be >= 2, got {k}")
+    single, diverse, table = choose_on_validation(run, validation, sample, k, steps_choices, seed)
+    return {
+        "chosen": {"single": _settings(single), "best_of": _settings(diverse)},
+        "validation": table,
+        "validation_n": len(validation),
+        "rows": protocol_rows(run, examples, single, diverse, seed),
+    }

@@ -1,0 +1,204 @@
+"""The table of model kinds (:mod:`dihal_fast.hcdlm.models`): every kind registered once, the final-state verifiers
+against float64 references, MDM's givens and reveal-order noise, the pass counter, and the evaluation protocol
+(:mod:`dihal_fast.hcdlm.protocol`) through ``dihal hcdlm eval --protocol-k``."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from dihal_fast.hcdlm import models
+from dihal_fast.hcdlm.config import MODEL_KINDS, HCDLMModelConfig, SampleConfig
+from dihal_fast.hcdlm.models import (
+    KINDS,
+    PassCounter,
+    build_model,
+    choose,
+    generate,
+    kind_of,
+    mask_groups,
+    sample_chains,
+    verify_chains,
+)
+from dihal_fast.hcdlm.noise import make_kernel
+from dihal_fast.hcdlm.sampler import answer_log_prob, sample_ar, sample_mdm
+from dihal_fast.tasks.sudoku_splits import fresh_puzzles
+from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
+from dihal_fast.testing.tiny import HCDLM_TINY, hcdlm_tiny_config
+
+
+@pytest.fixture(scope="module")
+def sudoku4():
+    task = SudokuTask(2, 2)
+    task.pool = generate_pool(task.geo, 20, "singles", seed=0)
+    return task
+
+
+def _model(task, kind: str, **fields) -> nn.Module:
+    torch.manual_seed(0)
+    return build_model(task.spec, HCDLMModelConfig(kind=kind, **{**HCDLM_TINY, **fields})).eval()
+
+
+def _context(task, n: int = 5) -> torch.Tensor:
+    return task.train_batch(random.Random(1), n)[0]
+
+
+def test_every_kind_is_registered_once_and_knows_its_network(sudoku4):
+    assert set(KINDS) == set(MODEL_KINDS)
+    for kind in MODEL_KINDS:
+        assert kind_of(_model(sudoku4, kind)) is KINDS[kind]
+    with pytest.raises(TypeError, match="no model kind for Linear"):
+        kind_of(nn.Linear(2, 2))
+
+
+def test_ar_verifier_is_the_chains_own_log_likelihood(sudoku4):
+    model, context = _model(sudoku4, "ar"), _context(sudoku4)
+    chain = torch.zeros(context.shape[0], dtype=torch.float64)
+    tokens = sample_ar(model, context, SampleConfig(temperature=1.0), torch.Generator().manual_seed(2), log_prob=chain)
+    assert torch.allclose(KINDS["ar"].verify(model, context, tokens, None), chain, atol=1e-9)
+
+
+def test_reencoded_verifier_reads_the_answers_own_code(sudoku4):
+    model, context = _model(sudoku4, "hcdlm"), _context(sudoku4)
+    tokens = torch.randint(0, 4, (context.shape[0], 16))
+    with torch.no_grad():
+        expected = answer_log_prob(model.predictor(model.encoder(tokens, context)[0], context), tokens)
+    assert torch.equal(KINDS["hcdlm"].verify(model, context, tokens, None), expected)
+
+
+@pytest.mark.parametrize("kind", ["mdm", "ccdd"])
+def test_pseudo_likelihood_with_one_slot_per_group_is_the_exact_one(sudoku4, kind, monkeypatch):
+    """With as many groups as slots, sum_i log p(k_i | k with slot i masked), each term from its own float64 pass
+    (CCDD: noise at the masked slot, the clean code elsewhere, level 1/L)."""
+    model, context = _model(sudoku4, kind), _context(sudoku4, 3)
+    tokens = torch.randint(0, 4, (3, 16))
+    monkeypatch.setattr(models, "PSEUDO_LIKELIHOOD_GROUPS", 16)
+    got = models.pseudo_log_likelihood(model, context, tokens, torch.Generator().manual_seed(0))
+    expected = torch.zeros(3, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(0)
+    torch.rand((3, 16), generator=generator, dtype=torch.float64)  # the groups' draw: one slot each, random order
+    with torch.no_grad():
+        for hide in mask_groups(16, 16, 3, torch.Generator().manual_seed(0), "cpu"):
+            assert bool((hide.sum(1) == 1).all())
+            masked = tokens.masked_fill(hide, model.mask_id)
+            if kind == "ccdd":
+                noise = torch.randn((3, 16, model.cfg.latent_dim), generator=generator)
+                z = torch.where(hide[..., None], noise, model.embed(tokens))
+                logits = model(z, masked, torch.full((3,), 1 / 16), context)[0]
+            else:
+                logits = model(masked, context)
+            log_probs = torch.log_softmax(logits.double(), dim=-1)
+            expected += (log_probs.gather(-1, tokens[..., None]).squeeze(-1) * hide).sum(1)
+    assert torch.allclose(got, expected, atol=1e-9)
+
+
+@pytest.mark.parametrize(("length", "groups"), [(16, 4), (36, 4), (81, 4), (5, 4), (3, 4)])
+def test_mask_groups_split_every_row_into_near_equal_parts(length, groups):
+    parts = mask_groups(length, groups, 7, torch.Generator().manual_seed(0), "cpu")
+    assert bool((parts.sum(0) == 1).all())  # every slot in exactly one group
+    sizes = parts.sum(-1)
+    assert int(sizes.max() - sizes.min()) <= 1 and parts.shape[0] == min(groups, length)
+
+
+def test_mdm_with_givens_keeps_them_and_reveals_the_blanks_on_schedule(sudoku4, monkeypatch):
+    from dihal_fast.hcdlm import sampler
+
+    model, context, steps = _model(sudoku4, "mdm"), _context(sudoku4), 4
+    revealed: list[torch.Tensor] = []
+    real = sampler.reveal_confident
+    monkeypatch.setattr(sampler, "reveal_confident", lambda *args: revealed.append(real(*args)) or revealed[-1])
+    out = sample_mdm(model, context, SampleConfig(steps=steps, givens=True))
+    given = context > 0
+    assert torch.equal(out[given], (context - 1)[given])  # the givens stay as given
+    blanks = (~given).sum(1)
+    assert len(revealed) == steps
+    for i, state in enumerate(revealed, start=1):  # round(b (N - i) / N) of a row's b blanks still masked
+        masked = (state == model.mask_id).sum(1)
+        assert torch.equal(masked, torch.round(blanks.double() * (steps - i) / steps).long())
+
+
+def test_reveal_noise_makes_argmax_mdm_chains_differ_and_is_refused_elsewhere(sudoku4):
+    model, context = _model(sudoku4, "mdm"), _context(sudoku4)
+    with pytest.raises(ValueError, match="needs chains that differ"):
+        generate(model, None, context, SampleConfig(steps=4, best_of=3))
+    cfg = SampleConfig(steps=4, best_of=3, reveal_noise=0.3)
+    rows = context.repeat_interleave(3, 0)
+    chains, _ = sample_chains(model, None, rows, cfg, torch.Generator().manual_seed(0))
+    assert len({tuple(c) for c in chains.tolist()}) > context.shape[0]  # some problem got different chains
+    for kind in ("hcdlm", "ar"):
+        for bad in (SampleConfig(reveal_noise=0.1), SampleConfig(givens=True)):
+            with pytest.raises(ValueError, match="for the kinds that reveal tokens"):
+                generate(_model(sudoku4, kind), make_kernel("uniform", 4), context, bad)
+
+
+@pytest.mark.parametrize("verifier", ["chain", "final"])
+def test_best_of_picks_the_chain_its_verifier_scores_highest(sudoku4, verifier):
+    model, context = _model(sudoku4, "mdm"), _context(sudoku4)
+    cfg = SampleConfig(steps=4, best_of=3, reveal_noise=0.3, verifier=verifier)
+    got = generate(model, None, context, cfg, torch.Generator().manual_seed(4))
+    generator, rows = torch.Generator().manual_seed(4), context.repeat_interleave(3, 0)
+    tokens, chain_scores = sample_chains(model, None, rows, cfg, generator)
+    assert (chain_scores is None) == (verifier == "final")
+    scores = verify_chains(model, rows, tokens, chain_scores, cfg, generator)
+    assert torch.equal(got, choose(tokens, scores, 3))
+
+
+def test_pass_counter_counts_rows_through_the_main_network_and_every_block(sudoku4):
+    context, steps = _context(sudoku4, 4), 5
+    hcdlm = _model(sudoku4, "hcdlm", denoiser_blocks=2)
+    with PassCounter(hcdlm) as cost:
+        generate(hcdlm, make_kernel("uniform", 4), context, SampleConfig(steps=steps))
+    assert cost.passes == 4 * steps  # one denoiser pass per step and row
+    assert cost.block_passes == 4 * steps * (2 + 1)  # the denoiser's 2 blocks and the predictor's 1, every step
+    mdm = _model(sudoku4, "mdm", baseline_blocks=3)
+    with PassCounter(mdm) as cost:
+        generate(mdm, None, context, SampleConfig(steps=steps))
+    assert (cost.passes, cost.block_passes) == (4 * steps, 4 * steps * 3)
+
+
+def _csv(path, rows) -> None:
+    path.write_text("puzzle,solution\n" + "".join(f"{''.join(map(str, p))},{''.join(map(str, s))}\n" for p, s in rows))
+
+
+def test_eval_protocol_reports_single_best_of_and_oracle_with_their_cost(tmp_path, capsys):
+    from dihal_fast.cli import main
+    from dihal_fast.hcdlm.trainer import train
+    from dihal_fast.tasks.sudoku_grade import generate as generate_sudoku
+
+    train(hcdlm_tiny_config(2, model={"kind": "mdm"}, warmup_steps=1), tmp_path / "mdm")
+    rng, geo = random.Random("protocol-test"), sudoku4_geo()
+    pool = [(tuple(p), tuple(s)) for p, s in json.loads((tmp_path / "mdm" / "puzzle_pool.json").read_text())]
+    fresh = fresh_puzzles(lambda: generate_sudoku(rng, geo, "singles"), 7, geo, exclude=pool)
+    _csv(tmp_path / "val.csv", fresh[:4])  # 4x4 has few puzzles up to symmetry: small splits
+    _csv(tmp_path / "test.csv", fresh[4:])
+    out = tmp_path / "eval.json"
+    args = ["hcdlm", "eval", str(tmp_path / "mdm"), "--data", str(tmp_path / "test.csv"), "--out", str(out)]
+    flags = ["--steps", "2", "--steps-sweep", "", "--no-diagnostics", "--protocol-k", "2"]
+    assert main([*args, *flags, "--validation", str(tmp_path / "val.csv"), "--steps-choices", "2,4"]) == 0
+    printed = capsys.readouterr().out
+    assert "best_of" in printed and "oracle" in printed
+    protocol = json.loads(out.read_text())["protocol"]
+    single, best, oracle = protocol["rows"]
+    assert [r["mode"] for r in protocol["rows"]] == ["single", "best_of", "oracle"]
+    assert protocol["chosen"]["single"]["steps"] in (2, 4) and protocol["chosen"]["single"]["givens"] is True
+    assert best["k"] == oracle["k"] == 2 and best["settings"] == oracle["settings"]
+    assert oracle["accuracy"] >= best["accuracy"] and oracle["passes"] <= best["passes"]
+    assert single["passes"] <= protocol["chosen"]["single"]["steps"]
+    assert len(protocol["validation"]) == 2 + 4 * 2  # two step counts, then MDM's four sources x two verifiers
+    report = json.loads(out.read_text())
+    assert protocol["splits"] == {"training pool": 30, "validation": 4, "data": 3} and len(report["data_sha256"]) == 64
+    assert main([*args, *flags]) == 2  # no --validation: refused in one line, as a usage error
+    assert "--validation" in capsys.readouterr().err
+    _csv(tmp_path / "leak.csv", [*fresh[:3], pool[0]])  # a training puzzle in the validation set
+    assert main([*args, *flags, "--validation", str(tmp_path / "leak.csv")]) == 2
+    assert "may be a symmetric image of one in 'training pool'" in capsys.readouterr().err
+
+
+def sudoku4_geo():
+    from dihal_fast.tasks.sudoku import geometry
+
+    return geometry(2, 2)
