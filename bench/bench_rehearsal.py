@@ -169,13 +169,23 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def accounted(stage: str, facts: dict, runtime_gb: float, bridge_gb: float, locate_states_gb: float) -> dict:
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+
+def loaded_itemsize(facts: dict, dtype: str) -> int:
+    """Bytes per weight as the stages load them (``auto``: the checkpoint's dtype)."""
+    return ITEMSIZE[facts["dtype"] if dtype == "auto" else dtype]
+
+
+def accounted(
+    stage: str, facts: dict, runtime_gb: float, bridge_gb: float, locate_states_gb: float, itemsize: int
+) -> dict:
     """The memory the design accounts for in ``stage`` (GB): weights in their dtype, the kept states, runtime.
 
     locate: weights + (L + 1) D^2 float64 covariances and the reservoir; replace: teacher + bridge with its
     gradient, two Adam moments and the EMA (5 float32 copies); ZeRO: the same per rank (the teacher is whole on
     every rank); evaluate: one backbone + the bridge; generate: the self-contained hybrid (<= the weights)."""
-    weights = facts["weight_bytes"] / 1e9
+    weights = facts["weight_bytes"] / 1e9 * itemsize / ITEMSIZE[facts["dtype"]]
     states = {
         "locate": locate_states_gb,
         "replace": 5 * bridge_gb,
@@ -187,15 +197,113 @@ def accounted(stage: str, facts: dict, runtime_gb: float, bridge_gb: float, loca
     return {"weights_gb": weights, "states_gb": states, "runtime_gb": runtime_gb}
 
 
-def locate_states(run: Path, facts: dict) -> float:
+def locate_states(run: Path, facts: dict, itemsize: int) -> float:
     """GB of locate's kept states: (L + 1) float64 D x D covariances plus the reservoir rows it filled."""
     report_path = run / "locate" / "locate.json"
-    tokens = 0
+    rows = 0
     if report_path.is_file():
-        report_data = json.loads(report_path.read_text())
-        tokens = int(report_data.get("n_tokens") or report_data.get("tokens") or 0)
+        located = json.loads(report_path.read_text())
+        capacity = located["config"]["collect"]["reservoir_size"]
+        rows = min(int(located["n_tokens"]), int(capacity))
     d, layers = facts["hidden"], facts["layers"] + 1
-    return (layers * d * d * 8 + layers * min(tokens or 30000, 30000) * d * 2) / 1e9
+    return (layers * d * d * 8 + layers * rows * d * itemsize) / 1e9
+
+
+def speed_at_width(model: Path, layer: int, threads: int, tokens: int = 128, new_tokens: int = 8) -> dict:
+    """At the model's width, in float32 on ``threads`` threads (CPU seconds, FLOPs counted by torch's
+    FlopCounterMode): one bridge training step (teacher targets, the objective's forward and backward, the
+    optimizer) against the float32 GEMM rate, and the hybrid's prefill and per-token generation against the
+    backbone's own. The hybrid is an untrained cut at ``layer`` (speed does not depend on the weights)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dihal_fast.common.hf_loading import load_causal_lm
+    from dihal_fast.hybrid import HybridLM, backbone_targets
+    from dihal_fast.replace.config import BridgeTrainConfig
+    from dihal_fast.replace.objective import BridgeObjective
+
+    torch.set_num_threads(threads)
+    backbone, tokenizer = load_causal_lm(model, "float32")
+    hybrid = HybridLM.from_backbone(backbone, layer, {}, tokenizer).eval()
+    objective = BridgeObjective(hybrid, BridgeTrainConfig())
+    trainable = [p for p in objective.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4)
+    ids = torch.randint(3, backbone.config.vocab_size, (2, tokens // 2), generator=torch.Generator().manual_seed(0))
+    randoms = objective.random_inputs(*ids.shape, torch.Generator().manual_seed(1))
+
+    def step() -> None:
+        hidden, teacher_logits = backbone_targets(backbone, ids, layer)
+        losses = objective(ids, hidden, teacher_logits, **randoms)
+        losses["loss"].backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # warm-up: allocates the optimizer's moments
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    step_flops = counter.get_total_flops()
+    step_cpu = min(_cpu_timed(step) for _ in range(2))
+    figures = {"bridge_params": sum(p.numel() for p in hybrid.bridge.parameters()), "step_flops": step_flops,
+               "step_cpu_s": step_cpu, "step_gflops": step_flops / step_cpu / 1e9}  # fmt: skip
+    prompt = ids[:1]
+    with torch.inference_mode():
+        for name, lm in (("backbone", backbone), ("hybrid", hybrid)):
+            lm(prompt)
+            prefill = min(_cpu_timed(lambda m=lm: m(prompt)) for _ in range(2))
+            generate = lm.generate if name == "backbone" else hybrid.generate
+            kwargs = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
+            total = min(_cpu_timed(lambda g=generate: g(prompt, attention_mask=torch.ones_like(prompt), **kwargs))
+                        for _ in range(2))  # fmt: skip
+            figures[f"{name}_prefill_tokens_per_cpu_s"] = prompt.shape[1] / prefill
+            figures[f"{name}_decode_tokens_per_cpu_s"] = new_tokens / max(total - prefill, 1e-9)
+    return figures
+
+
+def _cpu_timed(fn) -> float:
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
+# The 8B models users run (their config.json): layers, width, SwiGLU width, vocabulary, KV heads x head dim,
+# tied embeddings.
+TARGETS = {
+    "Llama-3.1-8B": (32, 4096, 14336, 128256, 8 * 128, False),
+    "Qwen3-8B": (36, 4096, 12288, 151936, 8 * 128, False),
+}
+BRIDGE_PER_D2 = 515_829_888 / 4096**2  # the default bridge's float32 parameters over D^2 (counted at D = 4,096)
+
+
+def cluster_plan(tokens: int = 32768, reservoir: int = 30000, ranks: int = 8, batch: int = 8, seq: int = 128):
+    """Memory (GB) and FLOPs of each stage for the 8B targets from docs/DESIGN.md's formula, bf16 weights:
+    GPU holds the weights, the bridge's training states and one batch's logits; the host holds locate's
+    float64 covariances and bf16 reservoir; ZeRO-3 splits the bridge's gradient and Adam moments over ``ranks``
+    (the EMA and the teacher stay whole on every rank)."""
+    rows = []
+    for name, (layers, d, ffn, vocab, kv, tied) in TARGETS.items():
+        per_layer = 2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d
+        params = layers * per_layer + vocab * d * (1 if tied else 2) + d
+        weights = 2 * params / 1e9
+        bridge = BRIDGE_PER_D2 * d * d
+        logits = batch * seq * vocab * 4 / 1e9
+        covariances = (layers + 1) * d * d * 8 / 1e9
+        reservoir_gb = (layers + 1) * reservoir * d * 2 / 1e9
+        states = 5 * 4 * bridge / 1e9
+        zero3 = (4 * bridge + 4 * 4 * bridge / ranks) / 1e9  # EMA whole + (param, grad, 2 moments) / ranks
+        checkpoint = 4 * 4 * bridge / 1e9  # bridge + 2 Adam moments + EMA, float32
+        locate_flops = 2 * params * tokens
+        step_flops = (2 * params + 6 * bridge + 4 * params) * batch * seq  # teacher; bridge fwd+bwd; upper fwd+bwd
+        rows.append({
+            "model": name, "params_b": params / 1e9, "weights_gb": weights, "bridge_params_m": bridge / 1e6,
+            "locate_gpu_gb": weights + logits, "locate_host_gb": covariances + reservoir_gb,
+            "replace_gpu_gb": weights + states + 2 * logits,
+            "replace_zero3_gpu_gb_per_rank": weights + zero3 + 2 * logits,
+            "evaluate_gpu_gb": weights + 4 * bridge / 1e9 + logits, "checkpoint_gb": checkpoint,
+            "hybrid_dir_gb": weights + 4 * bridge / 1e9, "locate_tflop": locate_flops / 1e12,
+            "replace_step_tflop": step_flops / 1e12,
+        })  # fmt: skip
+    return rows
 
 
 def write_report(args: argparse.Namespace) -> None:
@@ -205,18 +313,19 @@ def write_report(args: argparse.Namespace) -> None:
     for name in args.shapes:
         run, facts = args.runs / name, model_facts(args.models / name)
         saved_path = run / "stages.json"
-        if not saved_path.is_file():
+        if not saved_path.is_file() and not (run / "speed.json").is_file():
             continue
-        saved = json.loads(saved_path.read_text())
+        saved = json.loads(saved_path.read_text()) if saved_path.is_file() else {}
         hybrid = run / "replace" / "hybrid"
         bridge_gb = bridge_bytes(hybrid) / 1e9 if hybrid.is_dir() else 0.0
-        states = locate_states(run, facts)
+        itemsize = loaded_itemsize(facts, args.dtype)
+        states = locate_states(run, facts, itemsize)
         rates = gemm_rates(facts["hidden"])
         figures[name] = {"facts": facts, "stages": saved, "gemm_gflops_1thread": rates, "runtime_gb": runtime}
         for stage in STAGES:
             if stage not in saved:
                 continue
-            s, acc = saved[stage], accounted(stage, facts, runtime, bridge_gb, states)
+            s, acc = saved[stage], accounted(stage, facts, runtime, bridge_gb, states, itemsize)
             total = sum(acc.values())
             s["accounted"] = {**acc, "ratio": s["peak_rss_gb"] / total}
             rows.append(
@@ -241,6 +350,23 @@ def write_report(args: argparse.Namespace) -> None:
     header = ["shape", "stage", "wall s", "CPU s", "peak RSS GB", "weights GB", "states GB", "runtime GB",
               "peak / accounted", "written GB"]  # fmt: skip
     figures["stages"] = rows_figure(header, rows)
+    speed_rows = []
+    for name in args.shapes:
+        path = args.runs / name / "speed.json"
+        if not path.is_file():
+            continue
+        sp, rate = json.loads(path.read_text()), figures[name]["gemm_gflops_1thread"]["float32"]
+        figures[name]["speed"] = sp
+        speed_rows.append([
+            name,
+            f"{sp['step_gflops']:.1f} ({sp['step_gflops'] / rate:.0%} of {rate:.1f})",
+            f"{sp['hybrid_prefill_tokens_per_cpu_s'] / sp['backbone_prefill_tokens_per_cpu_s']:.2f}",
+            f"{sp['hybrid_decode_tokens_per_cpu_s'] / sp['backbone_decode_tokens_per_cpu_s']:.2f}",
+        ])  # fmt: skip
+    speed_header = ["shape", "bridge step GFLOP/CPU-s (share of fp32 GEMM)", "prefill hybrid / backbone",
+                    "decode hybrid / backbone"]  # fmt: skip
+    if speed_rows:
+        figures["speed_at_width"] = rows_figure(speed_header, speed_rows)
     text = (
         "Rehearsal, random weights (bench/make_rehearsal_model.py): the pipeline as a user runs it, each stage "
         f"in its own niced process ({args.threads} thread(s); ZeRO: 2 ranks x 1 thread), on a shared 2-core "
@@ -248,6 +374,12 @@ def write_report(args: argparse.Namespace) -> None:
         + table(header, rows)
         + "\n\n"
         + "\n".join(body)
+        + (
+            "\n\nSpeed at width (float32, one thread, CPU seconds, FLOPs counted by torch):\n\n"
+            + table(speed_header, speed_rows)
+            if speed_rows
+            else ""
+        )
         + "\n\naccounted = weights in their dtype + the states the stage keeps (docs/DESIGN.md, 'Memory at size') "
         "+ the runtime (torch, transformers and dihal_fast imported)."
     )
@@ -274,10 +406,19 @@ def main() -> None:
     parser.add_argument("--redo", action="store_true", help="rerun stages already finished")
     parser.add_argument("--report", action="store_true", help="write bench/results/rehearsal.json at the end")
     parser.add_argument("--no-run", action="store_true", help="only write the report from the saved stages")
+    parser.add_argument("--plan", action="store_true", help="print the 8B plan of docs/CLUSTER.md")
+    parser.add_argument("--speed", nargs="*", default=[], help="shapes whose speed at width is measured (float32)")
     args = parser.parse_args()
+    if args.plan:
+        print(json.dumps(cluster_plan(), indent=1))
+        return
     if not args.no_run:
         for name in args.shapes:
             run_shape(name, args)
+    for name in args.speed:
+        (args.runs / name).mkdir(parents=True, exist_ok=True)
+        figures = speed_at_width(args.models / name, 2, args.threads)
+        (args.runs / name / "speed.json").write_text(json.dumps(figures, indent=1))
     if args.report or args.no_run:
         write_report(args)
 

@@ -235,3 +235,19 @@ def test_a_hybrid_on_another_backbone_is_refused(tiny_hybrid, tiny_checkpoints):
         other.model.model.norm.weight.add_(1.0)  # a retained tensor the hybrid holds a copy of
     with pytest.raises(ValueError, match="differs from the one the hybrid"):
         load_hybrid_on(other, tiny_hybrid)
+
+
+def test_saved_tensors_are_read_without_a_memory_map(tiny_hybrid, monkeypatch):
+    """The hybrid's saved copy is read tensor by tensor with plain reads, the same values safetensors loads; a
+    memory map (safe_open) would put the whole file in the process's RSS while it is compared."""
+    import safetensors
+    from safetensors.torch import load_file
+
+    from dihal_fast.evaluate.models import _saved_tensors
+
+    expected = load_file(str(tiny_hybrid / "model.safetensors"))
+    monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: pytest.fail("memory-mapped the hybrid's file"))
+    read = dict(_saved_tensors(tiny_hybrid))
+    assert read.keys() == expected.keys()
+    for name, value in expected.items():
+        assert read[name].dtype == value.dtype and torch.equal(read[name], value), name

@@ -117,19 +117,33 @@ def load_backbone_and_evaluator(models: EvaluatedModels) -> tuple[LoadedLM, Load
     return backbone, models.placement.load(models.evaluator, models.evaluator_dtype)
 
 
-def _saved_tensors(directory: Path):
-    """``(name, tensor)`` of every tensor in a saved model's safetensors files, one at a time."""
-    from safetensors import safe_open
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
+                      "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8, "BOOL": torch.bool}  # fmt: skip
 
+
+def _saved_tensors(directory: Path):
+    """``(name, tensor)`` of every tensor in a saved model's safetensors files, one at a time, read with plain
+    reads (a memory map would count the whole file in the process's RSS while it is open)."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     else:
         files = ["model.safetensors"]
     for name in files:
-        with safe_open(str(directory / name), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118  (safe_open has keys(), not iteration)
-                yield key, handle.get_tensor(key)
+        with open(directory / name, "rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size))
+            for key, entry in header.items():
+                if key == "__metadata__":
+                    continue
+                start, end = entry["data_offsets"]
+                handle.seek(8 + size + start)
+                data = bytearray(handle.read(end - start))
+                dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+                if dtype is None:
+                    raise DihalValueError(f"{directory / name}: tensor {key} has unsupported dtype {entry['dtype']}")
+                flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+                yield key, flat.reshape(entry["shape"])
 
 
 @torch.no_grad()
@@ -138,14 +152,16 @@ def load_hybrid_on(backbone: LoadedLM, hybrid_dir: Path, nfe: int | None = None)
     tensors are the backbone's, refused in one line when they differ from the hybrid's saved copy (a backbone
     overwritten since training, or the wrong one); its bridge and trained layers come from its files."""
     from transformers import AutoConfig
+    from transformers.initialization import no_init_weights
 
     from dihal_fast.hybrid import HybridLM
 
     config = AutoConfig.from_pretrained(hybrid_dir)
     options = {k: v for k, v in config.bridge.items() if k not in ("hidden_size", "condition_size", "layer")}
-    hybrid = HybridLM.from_backbone(
-        backbone.model, config.layer, options, None, config.backbone_dir, freeze_upper=config.freeze_upper
-    )
+    with no_init_weights():  # every tensor is the backbone's or read below: a random init would be thrown away
+        hybrid = HybridLM.from_backbone(
+            backbone.model, config.layer, options, None, config.backbone_dir, freeze_upper=config.freeze_upper
+        )
     hybrid.config = config
     state = hybrid.state_dict(keep_vars=True)
     own = {name for name, p in hybrid.named_parameters() if p.requires_grad} | {
