@@ -190,12 +190,29 @@ def test_eval_protocol_reports_single_best_of_and_oracle_with_their_cost(tmp_pat
     assert single["passes"] <= protocol["chosen"]["single"]["steps"]
     assert len(protocol["validation"]) == 2 + 4 * 2  # two step counts, then MDM's four sources x two verifiers
     report = json.loads(out.read_text())
+    assert report["trained_s"] > 0 and report["budget_clock"] == "wall"
+    assert report["parameters"] == sum(p.numel() for p in build_model(SudokuTask(2, 2).spec, _tiny_mdm()).parameters())
     assert protocol["splits"] == {"training pool": 30, "validation": 4, "data": 3} and len(report["data_sha256"]) == 64
     assert main([*args, *flags]) == 2  # no --validation: refused in one line, as a usage error
     assert "--validation" in capsys.readouterr().err
     _csv(tmp_path / "leak.csv", [*fresh[:3], pool[0]])  # a training puzzle in the validation set
     assert main([*args, *flags, "--validation", str(tmp_path / "leak.csv")]) == 2
     assert "may be a symmetric image of one in 'training pool'" in capsys.readouterr().err
+
+
+def _tiny_mdm() -> HCDLMModelConfig:
+    return hcdlm_tiny_config(2, model={"kind": "mdm"}).model
+
+
+@pytest.mark.parametrize("box", [(2, 3), (3, 3)])
+def test_baselines_are_matched_to_the_hcdlm_of_their_fields_or_say_so(box):
+    spec = SudokuTask(*box).spec
+    for kind in ("mdm", "ccdd", "ar"):
+        match = models.parameter_match(spec, HCDLMModelConfig(kind=kind))
+        assert match["matched"] and abs(match["ratio"] - 1) <= models.PARAMETER_TOLERANCE, (kind, match)
+    small = models.parameter_match(spec, HCDLMModelConfig(kind="mdm", baseline_blocks=1))
+    assert not small["matched"] and small["parameters"] < small["hcdlm_parameters"]
+    assert models.parameter_match(spec, HCDLMModelConfig())["ratio"] == 1.0
 
 
 def sudoku4_geo():

@@ -86,7 +86,9 @@ def run_train(args: argparse.Namespace) -> int:
     summary = train(config, args.out, deepspeed_config=args.deepspeed)
     print(
         f"trained {config.model.kind} on {config.task.name}: step {summary['step']}, "
-        f"loss {summary.get('loss', float('nan')):.4f}, {summary['parameters']} parameters -> {args.out}"
+        f"loss {summary.get('loss', float('nan')):.4f}, {summary['elapsed_s']:.1f} s of {summary['budget_clock']} "
+        f"time, {summary['parameters']} parameters (the HC-DLM of these fields: {summary['hcdlm_parameters']}) "
+        f"-> {args.out}"
     )
     return 0
 

@@ -25,7 +25,7 @@ from dihal_fast.hcdlm.mechanism import (
     in_sampler_interventions,
     readout_trajectory,
 )
-from dihal_fast.hcdlm.models import kind_of
+from dihal_fast.hcdlm.models import kind_of, parameter_match
 from dihal_fast.hcdlm.plots import plot_ablations, plot_accuracy_vs_steps, plot_readout_by_step, plot_trajectories
 from dihal_fast.hcdlm.protocol import evaluate_protocol
 from dihal_fast.hcdlm.scoring import (
@@ -130,6 +130,9 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path) -> StageReport:
             "data": str(data),
             "data_sha256": file_sha256(data),
             "model": run.config.model.kind,
+            "trained_s": run.trained_s,
+            "budget_clock": run.config.train.budget_clock,
+            **parameter_match(run.task.spec, run.config.model),
         }
     )
     atomic_write_json(out, report)

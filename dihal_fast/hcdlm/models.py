@@ -77,6 +77,23 @@ def matched_blocks(spec: TaskSpec, cfg: HCDLMModelConfig, kind: str) -> int:
     return max(1, round((budget - base) / one))
 
 
+PARAMETER_TOLERANCE = 0.10  # a baseline's parameter count may differ from its HC-DLM's by this share
+
+
+def parameter_match(spec: TaskSpec, cfg: HCDLMModelConfig) -> dict[str, float | int | bool]:
+    """``{parameters, hcdlm_parameters, ratio, matched}``: this kind's count against the HC-DLM of the same fields,
+    ``matched`` when within :data:`PARAMETER_TOLERANCE` (a record prints both counts either way)."""
+    count = count_parameters(build_model(spec, cfg))
+    reference = count_parameters(HCDLM(spec, cfg))
+    ratio = count / reference
+    return {
+        "parameters": count,
+        "hcdlm_parameters": reference,
+        "ratio": ratio,
+        "matched": abs(ratio - 1) <= PARAMETER_TOLERANCE,
+    }
+
+
 def _baseline(net: type[nn.Module], kind: str) -> Callable[[TaskSpec, HCDLMModelConfig], nn.Module]:
     return lambda spec, cfg: net(spec, cfg, matched_blocks(spec, cfg, kind))
 

@@ -32,6 +32,7 @@ class LoadedRun:
     kernel: UniformKernel | AbsorbingKernel
     step: int
     device: torch.device
+    trained_s: float = 0.0  # seconds trained on the run's budget clock (train.budget_clock)
 
 
 def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> LoadedRun:
@@ -58,13 +59,15 @@ def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> 
         ) from None
     target = resolve_device(device)
     model.to(target).eval()
+    state = checkpoint_state(folder)
     return LoadedRun(
         config,
         task,
         model,
         make_kernel(config.model.kernel, task.spec.target_vocab),
-        checkpoint_state(folder)["step"],
+        state["step"],
         target,
+        float(state.get("elapsed_s", 0.0)),
     )
 
 

@@ -19,7 +19,7 @@ from dihal_fast.common.rundir import run_directory
 from dihal_fast.errors import DihalTypeError, DihalValueError
 from dihal_fast.hcdlm.config import HCDLMTrainConfig, ObjectiveConfig, RunConfig
 from dihal_fast.hcdlm.layers import count_parameters
-from dihal_fast.hcdlm.models import build_model, kind_of
+from dihal_fast.hcdlm.models import PARAMETER_TOLERANCE, build_model, kind_of, parameter_match
 from dihal_fast.hcdlm.noise import make_kernel
 from dihal_fast.tasks.registry import build_task
 from dihal_fast.train.settings import LoopSettings
@@ -117,7 +117,8 @@ def train(
     config: RunConfig, run_dir: str | os.PathLike, deepspeed_config: str | os.PathLike | None = None
 ) -> StageReport:
     """Train (or resume) the run in ``run_dir``, holding its lock; returns its summary (the final step, the
-    elapsed budget, the parameter count and the last logged losses) as a report on ``run_dir``.
+    seconds trained on the budget's clock beside the budget, the parameter count beside the HC-DLM it is matched to
+    (:func:`~dihal_fast.hcdlm.models.parameter_match`) and the last logged losses) as a report on ``run_dir``.
 
     ``(config, out)`` like every stage's entry point. With ``deepspeed_config`` the DeepSpeed ZeRO engine is used
     (launch several processes with torchrun).
@@ -160,5 +161,22 @@ def train(
                 tc.budget_clock,
                 run.values.get("loss"),
             )
-            summary = {"step": run.step, "elapsed_s": run.elapsed_s, "parameters": job.parameters, **run.values}
+            match = parameter_match(job.task.spec, config.model)
+            if not match["matched"]:
+                logger.warning(
+                    "%s has %d parameters, %.2fx the HC-DLM of the same fields (%d): not matched within %d %%",
+                    config.model.kind,
+                    match["parameters"],
+                    match["ratio"],
+                    match["hcdlm_parameters"],
+                    round(100 * PARAMETER_TOLERANCE),
+                )
+            summary = {
+                "step": run.step,
+                "elapsed_s": run.elapsed_s,
+                "budget_clock": tc.budget_clock,
+                "budget_s": 60 * tc.max_minutes,
+                **match,
+                **run.values,
+            }
             return StageReport(folder, summary)
