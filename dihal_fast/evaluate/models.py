@@ -85,6 +85,8 @@ def resolve_models(
         hybrid_dir, recorded = replace_run(path)
     else:
         resolve_model_dir(path)  # no checkpoint at all: its own one line
+        if seq_len is not None:
+            check_checkpoint_config(path, seq_len)  # a damaged config.json: named before "not a hybrid"
         raise DihalValueError(
             f"--hybrid {hybrid} is not a hybrid directory (it is a plain checkpoint) nor a dihal replace run"
         )
