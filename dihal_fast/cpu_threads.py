@@ -52,8 +52,14 @@ def configure_openmp() -> None:
     if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
         os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
     value = os.environ.get(ENV, "").strip()
-    if value.isdigit() and int(value) > 0:
+    if _positive_int(value):
         os.environ["OMP_NUM_THREADS"] = value
+
+
+def _positive_int(text: str) -> int | None:
+    """``text`` as a positive integer in ASCII digits, else None (``'²'`` and ``'٣'`` are digits to
+    ``str.isdigit`` but not to libgomp, and ``int('²')`` raises)."""
+    return int(text) if text.isascii() and text.isdigit() and int(text) > 0 else None
 
 
 def usable_cores() -> int:
@@ -104,11 +110,11 @@ def pinned_threads() -> int | None:
     """The thread count the user fixed (``DIHAL_NUM_THREADS``, else ``OMP_NUM_THREADS``), or None for auto."""
     value = os.environ.get(ENV, "auto").strip().lower()
     if value in ("", "auto"):
-        value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-        return int(value) if value.isdigit() and int(value) > 0 else None
-    if not value.isdigit() or int(value) < 1:
+        return _positive_int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip())
+    count = _positive_int(value)
+    if count is None:
         raise DihalValueError(f"{ENV} must be a positive integer or 'auto', got {os.environ[ENV]!r}")
-    return int(value)
+    return count
 
 
 def apply_threads(count: int) -> None:

@@ -238,13 +238,31 @@ class _FullDisk:
         raise OSError("no descriptor")
 
 
-@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), BrokenPipeError(32, "Broken pipe")])
-def test_a_full_disk_or_closed_pipe_on_stdout_is_one_line(monkeypatch, capsys, error):
+def test_a_full_disk_on_stdout_is_one_line(monkeypatch, capsys):
     import sys
 
+    error = OSError(28, "No space left on device")
     monkeypatch.setattr(sys, "stdout", _FullDisk(error))
     assert main(["info"]) == 1
     assert error.strerror in error_line(capsys)
+
+
+def test_a_closed_pipe_on_stdout_ends_the_command_quietly(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setattr(sys, "stdout", _FullDisk(BrokenPipeError(32, "Broken pipe")))
+    assert main(["info"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_bug_shows_its_traceback_without_debug(monkeypatch):
+    """Only a refusal (DihalError) or the environment (OSError) is one line; anything else is a bug."""
+    from dihal_fast.cli import info
+
+    monkeypatch.delenv("DIHAL_DEBUG", raising=False)
+    monkeypatch.setattr(info, "run", lambda args: {}["missing"])
+    with pytest.raises(KeyError):
+        main(["info"])
 
 
 def test_debug_shows_the_traceback(monkeypatch):

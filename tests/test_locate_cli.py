@@ -160,8 +160,8 @@ def _broken_config(source: Path, dest: Path) -> Path:
     "case, message",
     [
         ("missing_model", "model directory does not exist"),
-        ("broken_weights", "could not load a causal LM"),
-        ("broken_config", "config.json is corrupt"),
+        ("broken_weights", "could not load a causal LM|model.safetensors is corrupt"),
+        ("broken_config", "config.json (is corrupt|is not valid JSON)"),
         ("no_pad_token", "neither a pad nor an eos token"),
         ("empty_corpus", "contains no text"),
         ("too_few_tokens", r"yields only \d+ tokens"),

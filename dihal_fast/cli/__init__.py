@@ -41,6 +41,33 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
+class _LibraryLogToStderr(logging.Filter):
+    """Sends a library logger's records to stderr instead of its own handlers: DeepSpeed's logger prints to
+    stdout ("Setting accelerator to CPU"), which must hold the command's output alone (``dihal replace``'s
+    JSON line). A logger's filters outlive the handlers the library adds when it is imported later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handler = logging.StreamHandler(sys.stderr)
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.handler.stream = sys.stderr  # the stderr of now (a redirection, a test capture); no flush of the old
+        self.handler.handle(record)
+        return False
+
+
+STDOUT_LOGGERS = ("DeepSpeed",)  # libraries whose logger writes to stdout
+
+
+def keep_stdout_for_output() -> None:
+    """Route the :data:`STDOUT_LOGGERS` to stderr (once per logger)."""
+    for name in STDOUT_LOGGERS:
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _LibraryLogToStderr) for f in target.filters):
+            target.addFilter(_LibraryLogToStderr())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="dihal",
@@ -99,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "dihal"
     try:
         quiet_library_bars()
+        keep_stdout_for_output()
         configure_malloc()  # before the first large tensor
         threads = govern_threads()  # measures the other processes' load while the command loads
         parser = build_parser()

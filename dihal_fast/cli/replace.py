@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from dihal_fast.common.launch import launcher_env
 from dihal_fast.common.options import HelpFormatter, add_dataclass_options, dataclass_from_options
@@ -39,5 +40,5 @@ def run(args: argparse.Namespace) -> int:
     if launcher_env().rank == 0:
         validation = report["validation"]
         print(json.dumps({k: validation[k] for k in ("layer", "bridge_loss", "hybrid_ppl", "backbone_ppl", "kl")}))
-        print(f"hybrid written to {report.hybrid_dir}")
+        print(f"hybrid written to {report.hybrid_dir}", file=sys.stderr)  # stdout is the JSON line alone
     return 0

@@ -68,8 +68,9 @@ class CheckpointStore:
             if diff:
                 raise DihalValueError(f"cannot resume {self.dir}: the configuration changed ({'; '.join(diff)})")
             return
-        existing = (self.config_path,) if self.rank == 0 else (self.manifest_path, self.legacy_path)
-        if any(path.exists() for path in existing):
+        # A config without any checkpoint is a collection that stopped before its first batch (a bad corpus):
+        # nothing to keep, so a corrected command starts afresh.
+        if any(path.exists() for path in (self.manifest_path, self.legacy_path)):
             raise DihalValueError(
                 f"{self.dir} already holds a collection; pass --resume to continue it or choose a new --out"
             )

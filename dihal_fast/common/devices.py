@@ -13,13 +13,13 @@ or an explicit JSON map (:func:`parse_device_map`, :func:`check_map_devices`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from dihal_fast.common.options import option
-from dihal_fast.errors import DihalTypeError, DihalValueError
+from dihal_fast.common.serial import parse_json
+from dihal_fast.errors import DihalError, DihalTypeError, DihalValueError
 
 DEVICE_HELP = "torch device: auto (cuda when torch sees one, else cpu), cpu, cuda or cuda:N"
 DTYPE_HELP = "model dtype: auto (the checkpoint's own, from its config.json), float32, bfloat16, float16 or float64"
@@ -65,13 +65,10 @@ def parse_device_map(text: str) -> str | dict[str, int | str]:
         return text
     expected = f"one of {', '.join(DEVICE_MAP_CHOICES)} or a JSON object of module names to devices"
     if not text.lstrip().startswith("{"):
-        raise DihalValueError(f"--device-map must be {expected}, got {text!r}")
-    try:
-        spec = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DihalValueError(f"--device-map {text!r} is not valid JSON: {exc}") from None
+        raise DihalValueError(f"--device-map must be {expected}, got {_shown(text)}")
+    spec = parse_json(text, f"--device-map {_shown(text)}")
     if not isinstance(spec, dict) or not spec:
-        raise DihalValueError(f"--device-map must be {expected}, got {text!r}")
+        raise DihalValueError(f"--device-map must be {expected}, got {_shown(text)}")
     parsed: dict[str, int | str] = {}
     for name, value in spec.items():
         if value == "cpu":
@@ -86,6 +83,11 @@ def parse_device_map(text: str) -> str | dict[str, int | str]:
                 '"cpu" (disk offload needs an offload folder, which no command sets)'
             )
     return parsed
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``repr(text)``, cut to ``limit`` characters so that a one-line error stays one readable line."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def check_map_devices(spec: Mapping[str, int | str], gpus: list[int] | None) -> None:
@@ -107,8 +109,8 @@ def device_argument(text: str) -> str:
     (one line) while the command line is parsed, before any work."""
     try:
         resolve_device(text)
-    except (TypeError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except DihalError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
     return text
 
 
@@ -125,8 +127,8 @@ def resolve_device(name: str):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
-    except RuntimeError:
-        raise DihalValueError(f"device {name!r} is not a torch device (expected auto, cpu, cuda or cuda:N)") from None
+    except RuntimeError as exc:
+        raise DihalValueError(f"device {name!r} is not a torch device (expected auto, cpu, cuda or cuda:N)") from exc
     if device.type not in ("cpu", "cuda"):
         raise DihalValueError(f"device {name}: only cpu and cuda are supported, got {device.type}")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -143,11 +145,11 @@ def checkpoint_dtype_name(model_dir: str | os.PathLike) -> str:
     """The dtype a checkpoint's ``config.json`` declares (``dtype``, else ``torch_dtype``), float32 if none."""
     path = Path(model_dir) / "config.json"
     try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"--dtype auto reads the checkpoint's dtype, but {path} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DihalValueError(f"{path} is corrupt: {exc}") from None
+        config = parse_json(path.read_bytes(), f"{path} (read for --dtype auto)")
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"--dtype auto reads the checkpoint's dtype, but {path} does not exist") from exc
+    if not isinstance(config, dict):
+        raise DihalValueError(f"{path} holds {type(config).__name__}, expected a JSON object of model settings")
     declared = config.get("dtype") or config.get("torch_dtype") or _CHECKPOINT_DEFAULT
     declared = str(declared).replace("torch.", "")
     if declared not in DTYPE_NAMES:

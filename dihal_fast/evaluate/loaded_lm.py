@@ -99,7 +99,8 @@ def is_hybrid_dir(path: Path) -> bool:
     if path.is_dir():
         check_not_legacy(path)
     config = path / "config.json"
-    return config.is_file() and read_json(config, "model config").get("model_type") == HYBRID_MODEL_TYPE
+    data = read_json(config, "model config") if config.is_file() else None
+    return isinstance(data, dict) and data.get("model_type") == HYBRID_MODEL_TYPE
 
 
 def replace_run(path: Path) -> tuple[Path, Path | None]:
