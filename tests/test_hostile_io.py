@@ -208,7 +208,9 @@ def test_a_checkpoint_interrupted_while_written_keeps_the_previous_one(tmp_path,
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000002"]
 
 
-def test_a_hybrid_is_saved_whole_and_never_through_a_link(tmp_path, precious, tiny_checkpoints):
+def test_a_hybrid_is_never_saved_through_a_link(tmp_path, precious, tiny_checkpoints):
+    """save_pretrained writes file by file into the folder (as transformers does): a weight file replaced by a
+    link is refused in one line before anything is written, the folder's other files stay."""
     from dihal_fast.common.hf_loading import load_causal_lm
     from dihal_fast.hybrid import HybridLM
 
@@ -217,10 +219,13 @@ def test_a_hybrid_is_saved_whole_and_never_through_a_link(tmp_path, precious, ti
     out = tmp_path / "hybrid"
     out.mkdir()
     (out / "model.safetensors").symlink_to(precious)  # an earlier export's file replaced by a link
-    (out / "stale.txt").write_text("from an earlier export")
+    (out / "notes.txt").write_text("the user's")
+    with pytest.raises(ValueError, match="model.safetensors is a symbolic link"):
+        hybrid.save_pretrained(out)
+    assert sorted(path.name for path in out.iterdir()) == ["model.safetensors", "notes.txt"]
+    (out / "model.safetensors").unlink()
     hybrid.save_pretrained(out)
-    assert not (out / "model.safetensors").is_symlink() and not (out / "stale.txt").exists()
-    assert not list(tmp_path.glob(".tmp_*")) and not list(tmp_path.glob(".old_*"))
+    assert (out / "notes.txt").read_text() == "the user's" and not list(out.glob(".*"))
     assert HybridLM.from_pretrained(out).config.layer == 1
 
 

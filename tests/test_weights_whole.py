@@ -87,6 +87,41 @@ def test_more_layers_than_the_weights_hold_are_refused_before_allocation(
     assert time.perf_counter() - start < 30
 
 
+def test_a_config_wider_than_its_weights_is_refused_before_allocation(tiny_checkpoints, tmp_path, monkeypatch):
+    path = _copy(tiny_checkpoints["llama"], tmp_path)
+    _edit_config(path, lambda config: config.update(intermediate_size=1_000_000))
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *args, **kwargs: pytest.fail("allocated"))
+    _refused(
+        lambda: load_causal_lm(path),
+        "refused before allocating",
+        "model.layers.0.mlp.down_proj.weight (stored [32, 64], expected [32, 1000000])",
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fragment"),
+    [
+        ("bridge.context_layers", 1_000_000, "bridge.context_layers = 1000000, but its weights hold 2 context blocks"),
+        ("bridge.width", 4096, "bridge.condition_in.weight (stored [32, 32], expected [4096, 32])"),
+        ("upper.intermediate_size", 10**6, "upper.model.layers.0.mlp.down_proj.weight (stored [32, 64], expected"),
+    ],
+)
+def test_a_hybrid_config_larger_than_its_weights_is_refused_before_allocation(
+    hybrid_dir, tmp_path, monkeypatch, field, value, fragment
+):
+    path = _copy(hybrid_dir, tmp_path)
+    part, name = field.split(".")
+    _edit_config(path, lambda config: config[part].update({name: value}))
+    original = HybridLM.__init__
+
+    def on_meta_only(self, config):
+        assert torch.empty(0).device.type == "meta", "a hybrid was allocated before the check"
+        original(self, config)
+
+    monkeypatch.setattr(HybridLM, "__init__", on_meta_only)
+    _refused(lambda: HybridLM.from_pretrained(path), fragment)
+
+
 def test_a_hybrid_missing_a_bridge_tensor_is_refused(hybrid_dir, tmp_path):
     path = _copy(hybrid_dir, tmp_path)
     _edit_weights(path, lambda tensors: tensors.pop("bridge.out.weight"))

@@ -50,13 +50,13 @@ def _safetensors_files(directory: Path) -> list[Path]:
     return [single] if single.is_file() else []
 
 
-def stored_tensor_names(directory: str | os.PathLike) -> list[str] | None:
-    """The tensor names a checkpoint's safetensors files hold, read from their headers alone (no tensor is
-    loaded); ``None`` for a checkpoint without safetensors files (``pytorch_model.bin``)."""
+def stored_tensor_shapes(directory: str | os.PathLike) -> dict[str, tuple[int, ...]] | None:
+    """The tensors a checkpoint's safetensors files hold, name -> shape, read from their headers alone (no tensor
+    is loaded); ``None`` for a checkpoint without safetensors files (``pytorch_model.bin``)."""
     files = _safetensors_files(Path(directory))
     if not files:
         return None
-    names: list[str] = []
+    shapes: dict[str, tuple[int, ...]] = {}
     for file in files:
         try:
             with file.open("rb") as handle:
@@ -64,14 +64,34 @@ def stored_tensor_names(directory: str | os.PathLike) -> list[str] | None:
                 if not 2 <= size <= min(_HEADER_LIMIT, file.stat().st_size - 8):
                     raise DihalValueError(f"{file} is corrupt: not a safetensors file (header length {size})")
                 header = json.loads(handle.read(size))
+            shapes.update(
+                (name, tuple(int(n) for n in entry["shape"]))
+                for name, entry in header.items()
+                if name != "__metadata__"
+            )
         except DihalError:
             raise
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise DihalValueError(f"{file} is corrupt: not a safetensors file ({exc})") from exc
-        if not isinstance(header, dict):
-            raise DihalValueError(f"{file} is corrupt: not a safetensors file (its header is not a JSON object)")
-        names.extend(name for name in header if name != "__metadata__")
-    return names
+        except (ValueError, UnicodeDecodeError, AttributeError, KeyError, TypeError) as exc:
+            raise DihalValueError(f"{file} is corrupt: not a safetensors file ({type(exc).__name__}: {exc})") from exc
+    return shapes
+
+
+def check_stored_shapes(
+    directory: str | os.PathLike, skeleton: torch.nn.Module, shapes: Mapping, prefix: str = ""
+) -> None:
+    """Refuse tensors the checkpoint holds (``shapes``, from :func:`stored_tensor_shapes`) in another shape than
+    ``skeleton`` (the architecture built on the meta device, which takes no memory) gives them: a config field
+    larger than the weights (``hidden_size``, a width) is caught before the model is allocated."""
+    wrong = [
+        f"{prefix}{name} (stored {list(shapes[prefix + name])}, expected {list(tensor.shape)})"
+        for name, tensor in skeleton.state_dict().items()
+        if prefix + name in shapes and tuple(shapes[prefix + name]) != tuple(tensor.shape)
+    ]
+    if wrong:
+        raise DihalValueError(
+            f"the weights in {directory} do not fit the architecture its config.json describes: tensors of another "
+            f"shape {_listed(wrong, 3)} (refused before allocating the model)"
+        )
 
 
 def check_layer_count(
@@ -80,7 +100,7 @@ def check_layer_count(
     """Refuse a config whose ``layers`` (``num_hidden_layers``) exceed the decoder layers the checkpoint's
     weights hold (the largest ``...layers.N`` / ``...h.N`` list in ``names``, default: the safetensors headers)
     before any model is built; a checkpoint whose weights name no layer list is left to the loading report."""
-    names = stored_tensor_names(directory) if names is None else names
+    names = stored_tensor_shapes(directory) if names is None else names
     if names is None or not isinstance(layers, int) or isinstance(layers, bool):
         return
     stacks: dict[str, set[int]] = {}
@@ -170,10 +190,11 @@ def resolve_model_dir(path: str | os.PathLike | None) -> Path:
     path = model_location(path)
     if not path.is_dir() or not (path / "config.json").is_file():
         raise DihalValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
-    try:
-        json.loads((path / "config.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DihalValueError(f"{path}/config.json is corrupt: {exc}") from None
+    from dihal_fast.common.serial import parse_json
+
+    config = parse_json((path / "config.json").read_bytes(), f"{path}/config.json")
+    if not isinstance(config, dict):
+        raise DihalValueError(f"{path}/config.json holds {type(config).__name__}, expected a JSON object of settings")
     return path
 
 
@@ -254,7 +275,7 @@ def input_device(model) -> torch.device:
 def load_whole(loader, path: str | os.PathLike, **kwargs):
     """``loader.from_pretrained(path, **kwargs)`` (an Auto class or a model class) checked to have found every
     tensor it needed (:func:`check_layer_count` first, then :func:`check_loading_info`); one error otherwise."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     check_device_map(kwargs.get("device_map"))
     check_attn_implementation(kwargs.get("attn_implementation"))
@@ -265,7 +286,15 @@ def load_whole(loader, path: str | os.PathLike, **kwargs):
     except LOAD_ERRORS as exc:
         raise load_failure(path, exc) from exc
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    check_layer_count(path, getattr(text_config, "num_hidden_layers", None))
+    shapes = stored_tensor_shapes(path)
+    if shapes is not None and not getattr(config, "checks_own_weights", False):  # (a hybrid checks its parts)
+        check_layer_count(path, getattr(text_config, "num_hidden_layers", None), shapes)
+        try:
+            with torch.device("meta"):
+                skeleton = AutoModelForCausalLM.from_config(config)
+        except LOAD_ERRORS as exc:
+            raise load_failure(path, exc) from exc
+        check_stored_shapes(path, skeleton, shapes)
     try:
         model, info = loader.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
     except DihalError:

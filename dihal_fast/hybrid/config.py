@@ -84,6 +84,7 @@ class HybridConfig(PretrainedConfig):
     """
 
     model_type = MODEL_TYPE
+    checks_own_weights = True  # HybridLM.from_pretrained checks the stored weights part by part (hf_loading)
 
     family: str = ""
     layer: int = 1

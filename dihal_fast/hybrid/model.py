@@ -48,8 +48,9 @@ from dihal_fast.common.hf_loading import (
     check_device_map,
     check_layer_count,
     check_loading_info,
+    check_stored_shapes,
     load_failure,
-    stored_tensor_names,
+    stored_tensor_shapes,
 )
 from dihal_fast.common.io import write_into
 from dihal_fast.errors import DihalError, DihalTypeError, DihalValueError
@@ -85,6 +86,7 @@ so in one line (config.json's package_version).
 WRITTEN_BY = "{version}"
 from dihal_fast.hybrid.model import HybridConfig, HybridLM  # noqa: F401
 '''
+_CONTEXT_BLOCK = re.compile(r"^bridge\.context\.(\d+)\.")  # the bridge's context-encoder blocks in the weights
 # The weight files transformers' save_pretrained writes (one file, or shards + index): ours to replace.
 _WEIGHT_FILE = re.compile(r"^model(-\d+-of-\d+)?\.safetensors$|^model\.safetensors\.index\.json$")
 
@@ -496,6 +498,27 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         return directory
 
     @classmethod
+    def check_stored_weights(cls, path: Path, config: HybridConfig) -> None:
+        """Before anything is allocated: the retained layers and the bridge's context blocks the config names are
+        in the safetensors headers, and every stored tensor has the shape the config gives it (the hybrid built on
+        the meta device); one line naming what does not fit."""
+        shapes = stored_tensor_shapes(path)
+        if shapes is None:
+            return
+        upper = [name for name in shapes if name.startswith("upper.")]
+        check_layer_count(path, config.upper_model_config().num_hidden_layers, upper, "upper.num_hidden_layers")
+        blocks = {int(match.group(1)) for match in map(_CONTEXT_BLOCK.match, shapes) if match}
+        wanted = config.bridge_config.context_layers
+        if wanted > len(blocks):
+            raise DihalValueError(
+                f"{path}/config.json says bridge.context_layers = {wanted}, but its weights hold {len(blocks)} "
+                "context blocks; refusing to make up the others"
+            )
+        with torch.device("meta"):
+            skeleton = cls(config)
+        check_stored_shapes(path, skeleton, shapes)
+
+    @classmethod
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, *args, device: str | None = None, **kwargs
     ) -> HybridLM | tuple[HybridLM, dict]:
@@ -521,9 +544,7 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         try:
             if local:
                 config = HybridConfig.from_pretrained(path)
-                upper = [name for name in stored_tensor_names(path) or [] if name.startswith("upper.")]
-                retained = config.upper_model_config().num_hidden_layers
-                check_layer_count(path, retained, upper, "upper.num_hidden_layers")
+                cls.check_stored_weights(path, config)
             model, info = super().from_pretrained(
                 pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs
             )
