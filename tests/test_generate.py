@@ -151,7 +151,8 @@ def test_generate_cli_on_hybrid_run_dir_and_backbone(tiny_hybrid_dir, tiny_check
     from dihal_fast.common import read_json
 
     base = ["--prompt", "The quick", "--prompt", "Once", "--n-samples", "2", "--max-new-tokens", "5", "--seed", "3"]
-    # a `dihal replace` run directory (hybrid in RUN/hybrid) is accepted as well as the hybrid directory
+    # a `dihal replace` run directory (its result.json names the hybrid) is accepted as well as the hybrid directory
+    (tiny_hybrid_dir.parent / "result.json").write_text('{"hybrid_dir": "hybrid"}')
     assert (
         main(
             ["generate", "--model", str(tiny_hybrid_dir.parent), *base, "--nfe", "2", "--out", str(tmp_path / "a.json")]
