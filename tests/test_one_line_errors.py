@@ -189,3 +189,27 @@ def test_a_locate_stopped_by_a_bad_corpus_lets_the_corrected_command_run(tmp_pat
     assert "expected an object with a string 'text' field" in error_line(capsys)
     assert run_cli([*common, "--corpus", str(default_corpus())]) == 3  # stopped by --max-batches, as asked
     assert (run / "collect" / "config.json").is_file()
+
+
+GRID, PUZZLE = "1234341221434321", "1030341201434301"
+
+
+@pytest.mark.parametrize(
+    "contents, expected",
+    [
+        (f"puzzle,solution\n{PUZZLE}\n", ":2: expected puzzle and solution columns"),
+        (f'puzzle,solution\n"{PUZZLE},{GRID}\n', ":2: expected puzzle and solution columns"),
+        ("puzzle,solution\n" + "1" * 200_000 + f",{GRID}\n", "not a readable CSV after row 1 (field larger"),
+        (f"level,puzzle\neasy,{PUZZLE}\n", ":2: expected puzzle and solution columns"),
+    ],
+    ids=["no_solution_column", "unterminated_quote", "field_over_the_limit", "wrong_header"],
+)
+def test_a_malformed_sudoku_csv_is_one_line(tmp_path, contents, expected):
+    from dihal_fast.tasks.data import load_sudoku_csv
+
+    path = tmp_path / "boards.csv"
+    path.write_text(contents)
+    with pytest.raises(DihalError, match=expected.replace("(", "[(]")):
+        load_sudoku_csv(path)
+    path.write_text(f"puzzle,solution\n{PUZZLE},{GRID}\n")
+    assert len(load_sudoku_csv(path)) == 1

@@ -35,16 +35,14 @@ import types
 import typing
 from typing import Any
 
-from dihal_fast.errors import DihalValueError
-
 MISSING = dataclasses.MISSING
 
 
 def option(default: Any = MISSING, help: str = "", *, default_factory: Any = MISSING, **metadata: Any) -> Any:
     """A dataclass field with its command-line help (``default`` and ``default_factory`` omitted: a required
     option); ``metadata`` holds the keys listed in the module docstring."""
-    if not help:
-        raise DihalValueError("every option needs a help text")
+    if not help:  # a mistake in the package's own config classes, not the user's input
+        raise ValueError("every option needs a help text")
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"help": help, **metadata})
 
 
@@ -52,16 +50,16 @@ def comma_integers(text: str) -> list[int]:
     """``"3,4"`` -> ``[3, 4]`` (a ``metadata["type"]`` for list fields written with commas; ``""`` -> ``[]``)."""
     try:
         return [int(value) for value in text.split(",") if value.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
 
 
 def comma_floats(text: str) -> list[float]:
     """``"0.05,0.5"`` -> ``[0.05, 0.5]`` (as :func:`comma_integers`, for real numbers)."""
     try:
         return [float(value) for value in text.split(",") if value.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,15 +47,29 @@ def detect_format(path: str | Path) -> str:
     )
 
 
+def _csv_rows(path: str | Path, handle) -> Iterator[tuple[int, dict]]:
+    """``(line number, row)`` of a CSV with a header; a malformed file (an unterminated quote, a field over
+    the csv module's limit, a NUL byte) is one line naming the file and the row."""
+    rows = csv.DictReader(handle)
+    line_no = 1
+    try:
+        for line_no, row in enumerate(rows, start=2):
+            yield line_no, row
+    except csv.Error as exc:
+        raise DihalValueError(f"{path}: not a readable CSV after row {line_no} ({exc})") from exc
+
+
 def load_sudoku_csv(path: str | Path, limit: int | None = None) -> list[SudokuRecord]:
     """Rows of a CSV with ``puzzle`` and ``solution`` columns (``level`` optional); each row is checked."""
     records = []
     with Path(path).open(encoding="utf-8", newline="") as handle:
-        for line_no, row in enumerate(csv.DictReader(handle), start=2):
+        for line_no, row in _csv_rows(path, handle):
+            if not isinstance(row.get("puzzle"), str) or not isinstance(row.get("solution"), str):
+                raise DihalValueError(f"{path}:{line_no}: expected puzzle and solution columns, got {row!r:.200}")
             try:
                 puzzle, solution = parse_grid(row["puzzle"]), parse_grid(row["solution"])
             except ValueError as exc:
-                raise DihalValueError(f"{path}:{line_no}: {exc}") from None
+                raise DihalValueError(f"{path}:{line_no}: {exc}") from exc
             if not is_valid_solution(puzzle, solution, geometry_for_size(len(puzzle))):
                 raise DihalValueError(f"{path}:{line_no}: the solution is not a valid grid agreeing with the puzzle")
             records.append(SudokuRecord(puzzle, solution, row.get("level") or "all"))
