@@ -95,7 +95,7 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path) -> StageReport:
         report = evaluate_examples(run, examples, sample, seed)
         if config.protocol_k:
             validation = examples_from_file(run.task, config.validation)
-            splits = _check_splits(run, Path(run_dir), validation, examples)
+            splits = check_run_splits(run, Path(run_dir), validation, examples)
             report["protocol"] = evaluate_protocol(
                 run, examples, validation, sample, config.protocol_k, tuple(config.steps_choices), seed
             )
@@ -144,7 +144,7 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _check_splits(run: LoadedRun, run_dir: Path, validation: list, examples: list) -> dict[str, int] | None:
+def check_run_splits(run: LoadedRun, run_dir: Path, validation: list, examples: list) -> dict[str, int] | None:
     """Sudoku: refuse a validation set, data set and the run's training pool (when saved in the run) that share a
     puzzle up to the training symmetries (:func:`~dihal_fast.tasks.sudoku_splits.check_disjoint`); their sizes."""
     if run.config.task.name != "sudoku":

@@ -1,0 +1,113 @@
+"""Does HC-DLM solve more Sudoku boards than its baselines under one evaluation protocol, at equal budget?
+
+For every model kind and training seed: train for the same CPU seconds (``--minutes``, process CPU time, one
+thread), then ``dihal_fast.hcdlm.protocol.evaluate_protocol``: settings chosen on the validation file, single chain,
+best-of-K and oracle@K on the test file, each with its passes per puzzle. The record holds one table per mode (seeds
+as rows, then the mean) and, per mode, the paired bootstrap over seeds of each kind's accuracy minus the first
+kind's. The splits are checked disjoint (with every run's training pool) and hashed into the record.
+
+    python bench/bench_hcdlm_protocol.py --val VAL.csv --test TEST.csv --models hcdlm,mdm --seeds 0,1,2 \
+        --minutes 30 --k 8 --steps-choices 36,50,100 --out RUNS [--sudoku-box 2x3] [--question NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import report, rows_figure, table  # noqa: E402
+
+from dihal_fast.hcdlm.api import check_run_splits, file_sha256  # noqa: E402
+from dihal_fast.hcdlm.config import RunConfig, SampleConfig  # noqa: E402
+from dihal_fast.hcdlm.eval_data import examples_from_file  # noqa: E402
+from dihal_fast.hcdlm.protocol import evaluate_protocol  # noqa: E402
+from dihal_fast.hcdlm.scoring import load_run  # noqa: E402
+from dihal_fast.hcdlm.stats import paired_bootstrap  # noqa: E402
+from dihal_fast.hcdlm.trainer import train  # noqa: E402
+
+MODES = ("single", "best_of", "oracle")
+
+
+def run_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
+    """Train (or resume) one run and score it by the protocol; its summary, protocol rows and split sizes."""
+    config = RunConfig.for_task(
+        name="sudoku",
+        sudoku_box=args.sudoku_box,
+        sudoku_pool=args.pool,
+        kind=kind,
+        seed=seed,
+        steps=10**7,
+        max_minutes=args.minutes,
+        budget_clock="cpu",
+        threads=1,
+        checkpoint_every=10**7,
+    )
+    folder = Path(args.out) / f"{kind}_seed{seed}"
+    summary = dict(train(config, folder))
+    run = load_run(folder, device="cpu")
+    validation, test = examples_from_file(run.task, args.val), examples_from_file(run.task, args.test)
+    splits = check_run_splits(run, folder, validation, test)
+    found = evaluate_protocol(
+        run, test, validation, SampleConfig(steps=args.steps_choices[0]), args.k, tuple(args.steps_choices), seed
+    )
+    return {"summary": summary, "protocol": found, "splits": splits}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--val", required=True)
+    parser.add_argument("--test", required=True)
+    parser.add_argument("--models", default="hcdlm,mdm")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--steps-choices", default="36,50,100")
+    parser.add_argument("--sudoku-box", default="2x3")
+    parser.add_argument("--pool", type=int, default=3000, help="generated training puzzles per run")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--question", default="hcdlm_protocol")
+    args = parser.parse_args()
+    args.steps_choices = [int(s) for s in args.steps_choices.split(",")]
+    kinds, seeds = args.models.split(","), [int(s) for s in args.seeds.split(",")]
+    results = {(kind, seed): run_one(kind, seed, args) for kind in kinds for seed in seeds}
+    header = ["model", "seed", "trained s", "parameters", "accuracy %", "passes / puzzle", "settings"]
+    figures: dict = {"test_sha256": file_sha256(args.test), "validation_sha256": file_sha256(args.val)}
+    body = [f"test {figures['test_sha256'][:16]}, validation {figures['validation_sha256'][:16]} (sha256)"]
+    for index, mode in enumerate(MODES):
+        rows, accuracy = [], {kind: [] for kind in kinds}
+        for (kind, seed), found in results.items():
+            row = found["protocol"]["rows"][index]
+            accuracy[kind].append(row["accuracy"])
+            rows.append(
+                [
+                    kind,
+                    seed,
+                    round(found["summary"]["elapsed_s"]),
+                    found["summary"]["parameters"],
+                    round(100 * row["accuracy"], 1),
+                    round(row["passes"]),
+                    row["settings"],
+                ]
+            )
+        for kind in kinds:
+            rows.append([kind, "mean", "", "", round(100 * sum(accuracy[kind]) / len(seeds), 1), "", ""])
+        figures[mode] = rows_figure(header, rows)
+        gaps = {kind: paired_bootstrap(accuracy[kind], accuracy[kinds[0]]) for kind in kinds[1:]}
+        figures[f"{mode}_minus_{kinds[0]}"] = gaps
+        body.append(f"\n{mode} (K = {args.k} for best_of / oracle):\n\n{table(header, rows)}")
+        body += [
+            f"{kind} - {kinds[0]}: {100 * g['difference']:+.1f} points [{100 * g['low']:+.1f}, {100 * g['high']:+.1f}]"
+            for kind, g in gaps.items()
+        ]
+    report(
+        f"Sudoku {args.sudoku_box}: single chain, best-of-{args.k} and oracle@{args.k} at {args.minutes:g} CPU-minutes",
+        "\n".join(body),
+        question=args.question,
+        figures=figures,
+    )
+
+
+if __name__ == "__main__":
+    main()
