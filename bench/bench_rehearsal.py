@@ -149,24 +149,19 @@ def runtime_rss_gb(threads: int) -> float:
     return int(out.stdout.strip().splitlines()[-1]) * 1024 / 1e9
 
 
-def gemm_rates(width: int) -> dict:
-    """GFLOP/s of a (1,024 x width) @ (width x width) matrix product in float32 and bfloat16 on one thread."""
+def gemm_rates(width: int, rows: int = 256) -> dict:
+    """GFLOP per CPU-second of a (rows x width) @ (width x width) matrix product in float32 and bfloat16 on one
+    thread (CPU time, as the speed figures: a shared machine's load does not enter)."""
     import torch
 
     torch.set_num_threads(1)
     rates = {}
     for dtype in (torch.float32, torch.bfloat16):
-        a, b = torch.randn(1024, width, dtype=dtype), torch.randn(width, width, dtype=dtype)
+        a, b = torch.randn(rows, width, dtype=dtype), torch.randn(width, width, dtype=dtype)
         a @ b
-        best = min(_timed(lambda: a @ b) for _ in range(3))
-        rates[str(dtype).replace("torch.", "")] = 2 * 1024 * width * width / best / 1e9
+        best = min(_cpu_timed(lambda a=a, b=b: a @ b) for _ in range(3))
+        rates[str(dtype).replace("torch.", "")] = 2 * rows * width * width / best / 1e9
     return rates
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -344,7 +339,7 @@ def write_report(args: argparse.Namespace) -> None:
             )
         body.append(
             f"{name}: {facts['layers']} layers x {facts['hidden']}, {facts['weight_bytes'] / 1e9:.2f} GB of "
-            f"{facts['dtype']} weights; one-thread GEMM at width {facts['hidden']}: float32 "
+            f"{facts['dtype']} weights; one-thread GEMM (GFLOP per CPU-second) at width {facts['hidden']}: float32 "
             f"{rates['float32']:.1f} GFLOP/s, bfloat16 {rates['bfloat16']:.1f} GFLOP/s."
         )
     header = ["shape", "stage", "wall s", "CPU s", "peak RSS GB", "weights GB", "states GB", "runtime GB",
