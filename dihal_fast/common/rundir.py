@@ -273,15 +273,13 @@ def _clear(path: Path, names: Iterable[str]) -> None:
 @contextlib.contextmanager
 def _interrupts_as_stop(path: Path, resume_hint: str) -> Iterator[None]:
     """SIGTERM raises KeyboardInterrupt while the block runs (the main thread only); an interrupt leaves the block
-    as :class:`RunInterrupted` naming ``path`` and ``resume_hint``."""
+    as :class:`RunInterrupted` naming ``path`` and ``resume_hint`` (an enclosing run's block renames it)."""
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         yield
-    except RunInterrupted:
-        raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # from a stage folder's block too: the outermost run (the user's --out) names itself
         raise RunInterrupted(
             f"interrupted; {path} keeps what was complete (checkpoints, finished stages): {resume_hint}"
         ) from None
