@@ -162,6 +162,11 @@ DIHAL_HOST_DEVICE int rank_of(const double* exact, const IT* cand, int cap, int 
 // gamma_m(u) = m u / (1 - m u) (Higham, Accuracy and Stability, 2nd ed., 3.1).
 //
 // Error model (ErrorModel; u_W, u_64 unit roundoffs, L the accumulation length, here always D):
+//  (0) arithmetic: IEEE operations in W and float64 rounded to nearest, with gradual underflow. Flush-to-zero
+//              (FTZ / DAZ: nvcc -ftz=true or --use_fast_math, -ffast-math's startup code, reduced-precision
+//              or emulated GEMMs such as TF32, bf16x9 or fixed point) is outside the proof: the kernels are
+//              built without it, cuBLAS computes in PEDANTIC mode (cuda/cublas.hpp) and the CUDA backend
+//              refuses cuBLAS's emulation environment variables.
 //  (1) input:  xh_c = y_c (1 + d_c) + e_c, |d_c| <= rho, |e_c| <= half the smallest subnormal of W,
 //              so || xh_i - y_i || <= rho' a + e with rho' = rho / (1 - rho), e = sqrt(D) 2^-emin.
 //              rho = (1 + u_64)(1 + u_W) - 1 (float64 centring, then rounding to W).
