@@ -471,4 +471,5 @@ def test_replace_under_torchrun_with_deepspeed_and_gradient_accumulation(locate_
     result = json.loads((out / "result.json").read_text())
     assert (result["world_size"], result["engine"], result["last_checkpoint_step"]) == (2, "deepspeed", 2)
     assert json.loads((out / "train_config.json").read_text())["grad_accum_steps"] == 2
-    assert proc.stdout.count("hybrid written to") == 1  # rank 0 reports
+    assert proc.stderr.count("hybrid written to") == 1  # rank 0 reports, beside its log
+    assert json.loads(proc.stdout)["layer"] == 1  # stdout is rank 0's JSON line alone, DeepSpeed's log elsewhere
