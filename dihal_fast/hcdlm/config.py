@@ -119,7 +119,7 @@ class ObjectiveConfig(CheckedConfig):
     }
 
     lambda_recon: float = option(1.0, "weight of the token reconstruction CE", min=0.0)
-    lambda_ent: float = option(8e-3, "weight of the encoder's E[log q] (entropy regulariser)")
+    lambda_ent: float = option(8e-3, "weight of the encoder's E[log q] (entropy regulariser)", min=0.0)
     lambda_cont: float = option(0.5, "weight of the latent x0-regression", min=0.0)
     lambda_token: float = option(
         1.0,
