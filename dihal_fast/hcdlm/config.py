@@ -297,14 +297,11 @@ class SampleConfig(CheckedConfig):
     )
 
 
-# Issue 23: 9x9 Sudoku's own defaults (the command line's; the fields keep theirs, so a saved config means what it
-# says). The learning rate of every 9x9 record (not searched at 9x9; 1.5e-3 did not rescue the weak seed 2:
-# hcdlm_sudoku9_seeds.json); a latent width at which sigma settles at 0.25 instead of the floor
-# (bench/results/hcdlm_defaults9.json); a latent kept less noisy than the scaffold, which makes the denoiser use x_t
-# (hcdlm_latent9.json). With a 6-block denoiser two training seeds of four solved >= 20 % of easy boards in 30
-# CPU-minutes with --best-of 8 (seeds 1 / 4: 27.3 / 25.3 %; seeds 2 / 3: 2.0 / 8.7 %, hcdlm_sudoku9_best_of.json,
-# hcdlm_sudoku9_defaults*.json); with 12 blocks, at the same steps, all four did: 44.0 / 26.0 / 42.0 / 41.3 %
-# (hcdlm_sudoku9_den12*.json), and a fifth seed at 30 CPU-minutes 43.3 % (hcdlm_sudoku9_default_seed5.json).
+# 9x9 Sudoku's own defaults (the command line's; the fields keep theirs, so a saved config means what it says),
+# chosen while test-split results were visible. The learning rate of every 9x9 record (not searched at 9x9); a
+# latent width at which sigma settles at 0.25 instead of the floor and a latent kept less noisy than the scaffold
+# (bench/results/hcdlm_defaults9.json); with a 6-block denoiser two training seeds of four solved >= 20 % of easy
+# boards in 30 CPU-minutes with --best-of 8, with 12 blocks all five did (hcdlm_sudoku9.json, seeds as rows).
 SUDOKU9_DEFAULTS: dict[str, float] = {
     "latent_dim": 256,
     "latent_schedule_power": 3.0,
