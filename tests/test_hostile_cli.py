@@ -22,6 +22,7 @@ from dihal_fast.pipeline import LocateConfig, ReplaceConfig
 from dihal_fast.pipeline.generate_stage import GenerateConfig
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.tasks.registry import TaskConfig
+from dihal_fast.testing.cli import error_line, run_cli
 from dihal_fast.testing.tiny import HCDLM_TINY_ARGS
 from dihal_fast.train.settings import LoopSettings
 
@@ -86,22 +87,6 @@ REPLACE_CASES = [
     (["--device", "foo"], "not a torch device"),
     (["--ema-decay", "nan"], "--ema-decay must be a finite number"),
 ]
-
-
-def error_line(capsys) -> str:
-    """The one error line of the command (progress bars aside); no traceback."""
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if ": error: " in line]
-    assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
-
-
-def run_cli(argv: list[str]) -> int:
-    """``dihal argv`` in this process: its exit status (argparse's usage errors exit through SystemExit)."""
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return exc.code
 
 
 def _refused(argv: list[str], expected: str, capsys, run=None) -> None:

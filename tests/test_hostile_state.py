@@ -12,6 +12,7 @@ import pytest
 from dihal_fast.cli import main
 from dihal_fast.tasks.sudoku import geometry
 from dihal_fast.tasks.sudoku_task import generate_pool
+from dihal_fast.testing.cli import error_line
 from dihal_fast.testing.tiny import HCDLM_TINY_ARGS
 from dihal_fast.train.checkpoint import latest_checkpoint
 
@@ -25,14 +26,6 @@ def trained(tmp_path_factory):
     run = tmp_path_factory.mktemp("hcdlm") / "run"
     assert main([*TRAIN, "--out", str(run), "--steps", "2"]) == 0
     return run
-
-
-def error_line(capsys) -> str:
-    """The one error line a command printed (progress bars aside), with no traceback."""
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if ": error: " in line]
-    assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
 
 
 def _edit_json(path, change):

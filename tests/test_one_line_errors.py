@@ -21,22 +21,9 @@ from dihal_fast.common.io import read_json
 from dihal_fast.common.seeding import seed_everything
 from dihal_fast.common.serial import MAX_JSON_DEPTH, json_depth, parse_json
 from dihal_fast.errors import DihalError
+from dihal_fast.testing.cli import error_line, run_cli
 
 DEEP = "[" * 100_000 + "]" * 100_000
-
-
-def error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if ": error: " in line]
-    assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
-
-
-def run_cli(argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as exc:
-        return int(exc.code)
 
 
 @pytest.mark.parametrize(

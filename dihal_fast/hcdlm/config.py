@@ -65,7 +65,7 @@ class HCDLMModelConfig(CheckedConfig):
     logvar_min: float = option(
         -10.0, "lower bound of the encoder's log-variance (sigma >= exp(logvar_min / 2))", min=-30.0, lt=0.0
     )
-    # Issue 23: with one level for both, the re-noised scaffold holds what x_t holds, and the denoiser reads the
+    # With one level for both, the re-noised scaffold holds what x_t holds, and the denoiser reads the
     # tokens (x_t -> noise moved the 9x9 read-out by <= 1.6 points).
     latent_schedule_power: float = option(
         1.0,
@@ -159,7 +159,7 @@ class ObjectiveConfig(CheckedConfig):
     # Without detached latents, small CPU runs collapse the latents to a constant (regression -> 0,
     # reconstruction stuck at copying the givens).
     detach_latents: bool = option(True, "stop the latent regression's gradient into the encoder")
-    # 0.5, not 1.0 (issue 23, 6x6 validation, 5 CPU-minutes: 63.3 / 34.0 % of easy / hard boards, 54.7 / 36.0 % at 1.0,
+    # 0.5, not 1.0 (6x6 validation, 5 CPU-minutes: 63.3 / 34.0 % of easy / hard boards, 54.7 / 36.0 % at 1.0,
     # 44.0 / 20.7 % with all the old defaults; on 9x9 1.0 made "ignore the inputs" a stable optimum):
     # bench/results/hcdlm_defaults.json
     exposure_share: float = option(
