@@ -149,6 +149,33 @@ def test_leaf_utilities_import_no_other_subpackage():
     assert set(edges.get("common", {})) <= {"_version", "errors"}, dict(edges["common"])
 
 
+def module_graph(package: Path = PACKAGE) -> Edges:
+    """Edges between the modules of one subpackage (``dihal_fast.common.io`` -> ``dihal_fast.common.serial``),
+    lazy imports included; a subpackage's ``__init__`` is its facade (it re-exports its modules) and is left out."""
+    edges: Edges = defaultdict(lambda: defaultdict(list))
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        module = _module_name(path, package)
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            for name in _imported(node, module, False, package):
+                source, target = module.split("."), name.split(".")
+                if len(source) < 3 or len(target) < 3 or source[:2] != target[:2] or name == module:
+                    continue
+                edges[module][name].append(f"{path.relative_to(package.parent)}:{node.lineno} imports {name}")
+    return edges
+
+
+def test_no_cycle_between_modules_inside_a_package():
+    """Inside every subpackage, no module imports one that imports it back (the import-linter contracts hold the
+    order of ``hcdlm`` and ``hybrid``; this holds every package to having one)."""
+    edges = module_graph()
+    assert "dihal_fast.common.io" in edges, "the module graph is empty: is PACKAGE right?"
+    cycles = find_cycles(edges)
+    assert not cycles, "import cycles between modules:\n" + "\n".join(describe(c, edges) for c in cycles)
+
+
 def test_only_the_command_line_imports_the_pipeline():
     """The orchestration of the stages (``pipeline``) is the top of the graph; only ``cli`` stands above it."""
     users = {unit for unit, targets in import_graph().items() if "pipeline" in targets}

@@ -18,8 +18,8 @@ from dihal_fast.cli import main
 from dihal_fast.common.assets import default_corpus, default_model_dir
 from dihal_fast.common.devices import parse_device_map
 from dihal_fast.common.io import read_json
+from dihal_fast.common.json_input import MAX_JSON_DEPTH, json_depth, parse_json
 from dihal_fast.common.seeding import seed_everything
-from dihal_fast.common.serial import MAX_JSON_DEPTH, json_depth, parse_json
 from dihal_fast.errors import DihalError
 from dihal_fast.testing.cli import error_line, run_cli
 

@@ -17,8 +17,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from dihal_fast.common.json_input import parse_json
 from dihal_fast.common.options import option
-from dihal_fast.common.serial import parse_json
 from dihal_fast.errors import DihalError, DihalTypeError, DihalValueError
 
 DEVICE_HELP = "torch device: auto (cuda when torch sees one, else cpu), cpu, cuda or cuda:N"

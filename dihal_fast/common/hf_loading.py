@@ -190,7 +190,7 @@ def resolve_model_dir(path: str | os.PathLike | None) -> Path:
     path = model_location(path)
     if not path.is_dir() or not (path / "config.json").is_file():
         raise DihalValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
-    from dihal_fast.common.serial import parse_json
+    from dihal_fast.common.json_input import parse_json
 
     config = parse_json((path / "config.json").read_bytes(), f"{path}/config.json")
     if not isinstance(config, dict):

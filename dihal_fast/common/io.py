@@ -383,6 +383,6 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
-    from dihal_fast.common.serial import parse_json
+    from dihal_fast.common.json_input import parse_json
 
     return parse_json(path.read_bytes(), f"{what} {path}", "; it may be corrupt or half-written")

@@ -14,7 +14,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from dihal_fast.common.serial import parse_json
+from dihal_fast.common.json_input import parse_json
 from dihal_fast.corpus.pieces import END, PieceCutter
 from dihal_fast.errors import DihalValueError
 

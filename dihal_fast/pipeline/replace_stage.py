@@ -68,7 +68,7 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
     hybrid; every process of a DeepSpeed job calls this and gets the summary."""
     from dihal_fast.common.hf_loading import resolve_model_dir
     from dihal_fast.common.rundir import RESUME_HINT, run_directory
-    from dihal_fast.pipeline.reuse import check_inputs, replace_inputs
+    from dihal_fast.pipeline.run_inputs import check_inputs, replace_inputs
     from dihal_fast.replace import train_bridge
     from dihal_fast.replace.job import RESUMABLE_CHANGES
     from dihal_fast.replace.placement import check_replace_placement

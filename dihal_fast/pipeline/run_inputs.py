@@ -1,0 +1,69 @@
+"""The one check that a part of a run is reused only with the inputs it was made from.
+
+:func:`check_inputs` records the inputs of each part of a run (a stage folder, a layer's bridge, a samples
+file) in the run's marker (:mod:`dihal_fast.common.rundir`) before the part is computed; a rerun that asks
+for the same part with other inputs (budget, steps, seed, model, corpus, ...) is refused in one line naming
+each changed field, never relabelled: ``--overwrite`` recomputes the run, or choose a new ``--out``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+from dihal_fast.common.rundir import read_marker, update_marker
+from dihal_fast.errors import DihalValueError
+
+# Fields that say how a stage runs, not what it computes: not compared.
+_HOW = frozenset(
+    {"resume", "overwrite", "max_batches", "checkpoint_every", "save_every", "log_every", "keep_checkpoints"}
+)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as the JSON it is recorded as (dataclass configs as dicts, tuples as lists), without :data:`_HOW`."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = value.to_dict() if hasattr(value, "to_dict") else dataclasses.asdict(value)
+    plain = json.loads(json.dumps(value, default=str))
+    return {k: v for k, v in plain.items() if k not in _HOW} if isinstance(plain, dict) else plain
+
+
+def _differences(saved: Any, wanted: Any, prefix: str = "") -> list[str]:
+    """``field: saved -> wanted`` for every (dotted) field that differs."""
+    if isinstance(saved, dict) and isinstance(wanted, dict):
+        return [
+            line
+            for key in sorted(set(saved) | set(wanted))
+            for line in _differences(saved.get(key), wanted.get(key), f"{prefix}{key}.")
+        ]
+    return [] if saved == wanted else [f"{prefix.rstrip('.') or 'inputs'} {saved!r} -> {wanted!r}"]
+
+
+def check_inputs(run: Path, part: str, inputs: Mapping[str, Any]) -> None:
+    """Record ``inputs`` of ``part`` of run directory ``run`` (held by this process; ``part`` ``""``: the run
+    itself), or refuse in one line when the run recorded other inputs for it (see the module doc)."""
+    wanted = {key: _plain(value) for key, value in inputs.items()}
+    recorded = read_marker(run).get("inputs")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    if part not in recorded:
+        update_marker(run, inputs={**recorded, part: wanted})
+        return
+    changed = _differences(recorded[part], wanted)
+    if changed:
+        shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")
+        raise DihalValueError(
+            f"{Path(run) / part} was made with other inputs than this run asks ({shown}); rerun with --overwrite to "
+            "compute the run again (only its own files are removed) or choose a new --out"
+        )
+
+
+def replace_inputs(
+    model: str | Path | None, layer: int, corpus: list[str], config, ignore: Collection[str] = ()
+) -> dict:
+    """What a bridge training's result depends on: the model, the layer, the corpus, its training config (less the
+    fields in ``ignore``)."""
+    train = {k: v for k, v in _plain(config).items() if k not in ignore}
+    return {"model": None if model is None else str(model), "layer": layer, "corpus": list(corpus), "train": train}
