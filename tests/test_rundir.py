@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import errno
 import fcntl
 import json
@@ -73,6 +74,56 @@ def test_every_command_refuses_a_held_run_directory(holder, capsys, command):
     code = main([*command, "--out", str(run)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and f"pid {proc.pid}" in err and "in use" in err
+
+
+# Runs dihal's main on argv[1:] and prints whether torch was imported by then, then the exit status.
+EARLY = """
+import sys
+from dihal_fast.cli import main
+code = main(sys.argv[1:])
+print("torch" in sys.modules, code)
+"""
+
+
+@pytest.mark.parametrize("command", RUN_COMMANDS)
+def test_a_held_run_directory_is_refused_before_torch_is_imported(holder, command):
+    run, proc = holder
+    done = subprocess.run(
+        [sys.executable, "-c", EARLY, *command, "--out", str(run)], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.split() == ["False", "2"], done.stderr[-2000:]
+    assert f"pid {proc.pid}" in done.stderr and done.stderr.startswith(f"dihal {command[0]}: error: run directory")
+
+
+def test_the_early_check_knows_every_command_whose_out_is_a_run_directory():
+    from dihal_fast.cli import RUN_DIRECTORY_COMMANDS, build_parser
+
+    def walk(parser, prefix):
+        for action in parser._actions:
+            if "--out" in action.option_strings and (action.help or "").startswith("run directory"):
+                yield prefix
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    yield from walk(child, f"{prefix} {name}".strip())
+
+    assert set(walk(build_parser(), "")) == set(RUN_DIRECTORY_COMMANDS)
+
+
+@pytest.mark.parametrize(
+    ("argv", "found"),
+    [
+        (["--local-rank", "0", "sweep", "--out", "S"], ("sweep", "S")),
+        (["-v", "hcdlm", "train", "--task", "sudoku", "--out=R"], ("hcdlm", "R")),
+        (["train", "--layer", "1"], ("train", None)),
+        (["hcdlm", "eval", "R", "--out", "E.json"], None),
+        (["generate", "--out", "S.json"], None),
+        (["replace", "--out", "R", "--help"], None),
+    ],
+)
+def test_run_directory_out_reads_the_command_and_out_from_the_words(argv, found):
+    from dihal_fast.cli import run_directory_out
+
+    assert run_directory_out(argv) == found
 
 
 def test_lock_is_released_when_the_holder_ends(holder):

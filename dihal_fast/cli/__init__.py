@@ -26,6 +26,9 @@ configure_openmp()  # the command's own process, before torch or the compiled co
 
 # Sub-command modules, in the order they appear in --help.
 COMMANDS = ["info", "backbone", "generate", "locate", "replace", "hcdlm", "evaluate", "sweep", "demo"]
+# The (sub-)commands whose --out is a run directory: a busy one is refused before the parser is built, which
+# imports the stages (torch, transformers). tests/test_cli.py keeps this in step with the parsers' --out help.
+RUN_DIRECTORY_COMMANDS = ("replace", "train", "locate", "sweep", "demo", "evaluate", "hcdlm train", "backbone train")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -118,16 +121,43 @@ def _accept_local_rank(parser: argparse.ArgumentParser, seen: set[int] | None = 
                 _accept_local_rank(child, seen)
 
 
+def run_directory_out(argv: list[str]) -> tuple[str, str | None] | None:
+    """``(command, --out)`` when ``argv`` names a command whose ``--out`` is a run directory, else None; read
+    from the words alone, before the parser (and the stages it imports) exists."""
+    if "-h" in argv or "--help" in argv:
+        return None
+    words: list[str] = []
+    out = None
+    tokens = iter(argv)
+    for token in tokens:
+        if token in ("--local-rank", "--local_rank"):
+            next(tokens, None)
+        elif token == "--out":
+            out = next(tokens, None)
+        elif token.startswith("--out="):
+            out = token.removeprefix("--out=")
+        elif not token.startswith("-") and len(words) < 2:
+            words.append(token)
+    named = [" ".join(words[:length]) for length in (1, 2) if len(words) >= length]
+    return (words[0], out) if any(name in RUN_DIRECTORY_COMMANDS for name in named) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``dihal`` command; a refusal or an environment failure is one line on stderr (``DIHAL_DEBUG=1``:
     its traceback too); a closed stdout ends it quietly with status 0."""
     from dihal_fast.common.progress import quiet_library_bars
+    from dihal_fast.common.rundir import refuse_busy
 
     command = "dihal"
     try:
         quiet_library_bars()
         keep_stdout_for_output()
         configure_malloc()  # before the first large tensor
+        early = run_directory_out(sys.argv[1:] if argv is None else argv)
+        if early:  # a second writer stops here, in a fraction of a second, not after the heavy imports
+            command = f"dihal {early[0]}"
+            if early[1]:
+                refuse_busy(early[1])
         threads = govern_threads()  # measures the other processes' load while the command loads
         parser = build_parser()
         args = parser.parse_args(argv)

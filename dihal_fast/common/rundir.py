@@ -5,8 +5,10 @@
 exclusive ``flock`` on an open file, which the kernel drops however the process ends, plus the
 holder's pid, host, command and start time written in the file. A second writer stops at once with
 :class:`RunDirectoryBusy` naming the holder; a lock file left by a killed process is taken over with
-a warning. On a filesystem without ``flock`` (Lustre ``noflock``, some FUSE mounts) the recorded
-holder is still checked: a live process on this host, or any process on another host, keeps it.
+a warning. The ``dihal`` command checks the lock before it imports the stages (:func:`refuse_busy`), so a
+second writer stops in a fraction of a second. On a filesystem without ``flock`` (Lustre ``noflock``, some FUSE
+mounts) the recorded holder is still checked: a live process on this host, or any process on another host,
+keeps it.
 
 Only global rank 0 (``RANK`` unset or 0, as torchrun and DeepSpeed set it) takes the lock: the other
 processes of the same job write into the same directory under its protection.
@@ -334,10 +336,7 @@ def _acquire(lock_path: Path, command: str) -> int:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 holder = _read_holder(fd)
                 os.close(fd)
-                raise RunDirectoryBusy(
-                    f"run directory {run_dir} is in use by {_describe(holder)}; wait for it to "
-                    "finish or choose another --out"
-                ) from None
+                raise _busy(run_dir, holder) from None
             if exc.errno not in _NO_LOCKS:
                 os.close(fd)
                 raise
@@ -360,6 +359,37 @@ def _acquire(lock_path: Path, command: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
     return fd
+
+
+def refuse_busy(path: str | os.PathLike) -> None:
+    """Refuse ``path`` now when a live process holds its lock: the check :func:`run_directory` makes, early and
+    without taking the lock, so that a second writer stops before its heavy imports (torch, transformers: seconds,
+    tens of seconds on a loaded node). Anything this cannot tell (no lock file, no file locks on the filesystem,
+    another rank) is left to :func:`run_directory`."""
+    if launcher_env().rank != 0:
+        return
+    lock_path = Path(path) / LOCK_NAME
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        holder = _read_holder(fd)
+        if holder.get("host") == socket.gethostname() and not _pid_alive(holder.get("pid")):
+            return  # left by a killed process: run_directory takes it over
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise _busy(lock_path.parent, holder) from None
+    finally:
+        os.close(fd)
+
+
+def _busy(run_dir: Path, holder: dict) -> RunDirectoryBusy:
+    return RunDirectoryBusy(
+        f"run directory {run_dir} is in use by {_describe(holder)}; wait for it to finish or choose another --out"
+    )
 
 
 def _wait_for_writers(fd: int, holder: dict, run_dir: Path) -> None:
