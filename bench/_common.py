@@ -4,6 +4,11 @@ Every bench script ends with ``report(title, body, question=..., figures=..., ta
 the body and writes ``bench/results/<question>.json`` (overwritten by each run: the latest figures are
 the current ones, the history stays in git). ``python bench/render_results.py`` regenerates
 ``bench/README.md`` from those records. ``DIHAL_BENCH_RESULTS=DIR`` sends a trial run's record elsewhere.
+
+A question answered by several runs (seeds, variants) is one merged record with a ``runs`` table; each row names
+the record its command wrote (``"record"``), and the merged record keeps that run's figures under the same name.
+``report`` writes a rerun of such a command to ``unmerged/`` beside the records instead of over the merged one,
+and ``merge_run`` (``python bench/render_results.py --merge``) folds it in.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ RESULTS_DIR = Path(os.environ.get("DIHAL_BENCH_RESULTS", BENCH / "results"))  # 
 REQUIRED = ("question", "title", "command", "commit", "machine", "date", "figures", "targets", "body")
 STATUSES = ("met", "missed", "reported")
 NOT_RECORDED = "not recorded"
+RUN_FIELDS = ("run", "record", "command", "commit", "date", "machine")  # one row of a merged record's runs
+UNMERGED = "unmerged"  # the folder, inside the results folder, for reruns of runs that a merged record holds
 
 
 def best_time(fn: Callable[[], object], repeat: int = 3, warmup: int = 1) -> float:
@@ -241,6 +248,9 @@ def validate(record: Mapping[str, Any], where: str) -> None:
     for item in record["targets"]:
         if set(item) != {"target", "measured", "status"} or item["status"] not in STATUSES:
             raise ValueError(f"{where}: target {item!r} needs target/measured/status with status in {STATUSES}")
+    for run in record.get("runs") or ():
+        if not isinstance(run, dict) or set(run) != set(RUN_FIELDS):
+            raise ValueError(f"{where}: run {run!r} needs the fields {', '.join(RUN_FIELDS)}")
 
 
 def write_record(record: Mapping[str, Any], results_dir: Path | None = None) -> Path:
@@ -268,6 +278,53 @@ def read_record(path: Path) -> dict[str, Any]:
     return record
 
 
+def merged_into(question: str, results_dir: Path | None = None) -> str | None:
+    """The key of the merged record under ``results_dir`` holding a run that wrote ``question`` (None: none)."""
+    directory = RESULTS_DIR if results_dir is None else results_dir
+    for path in sorted(directory.glob("*.json")):
+        try:
+            runs = json.loads(path.read_text()).get("runs") or ()
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue  # read_record names a broken record when the document is rendered
+        if any(isinstance(run, dict) and run.get("record") == question for run in runs):
+            return path.stem
+    return None
+
+
+def merge_run(path: Path, into: str, run: str | None = None, results_dir: Path | None = None) -> Path:
+    """Fold the one-run record at ``path`` into the merged record ``into``; return the merged record's path.
+
+    The run's figures go under the key it wrote; its row of the runs table (the row that wrote the same key, or
+    the row named ``run``, else a new row named ``run``) takes its command, commit, date and machine; the
+    merged record's date spans its runs; the file at ``path`` is removed. The merged body's tables and its
+    targets are text written from the figures: they are not recomputed (edit them, then re-render).
+    """
+    directory = RESULTS_DIR if results_dir is None else results_dir
+    new = read_record(Path(path))
+    merged = read_record(directory / f"{into}.json")
+    if new.get("runs"):
+        raise ValueError(f"{path}: a merged record itself; --merge takes the record of one run")
+    if not merged.get("runs"):
+        raise ValueError(f"{directory / f'{into}.json'}: a record of one run (no runs table) takes no merge")
+    rows = merged["runs"]
+    found = [i for i, row in enumerate(rows) if (row["run"] == run if run else row["record"] == new["question"])]
+    if not found and run is None:
+        raise ValueError(f"no run of {into} wrote {new['question']!r}: pass --run NAME to add it as a new row")
+    row = {"run": rows[found[0]]["run"] if found else run, "record": new["question"]}
+    row |= {field: new[field] for field in ("command", "commit", "date", "machine")}
+    if found:
+        rows[found[0]] = row
+    else:
+        rows.append(row)
+    merged["figures"][new["question"]] = new["figures"]
+    dates = sorted(r["date"] for r in rows)
+    merged["date"] = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+    written = write_record(merged, directory)
+    if Path(path).resolve() != written.resolve():
+        Path(path).unlink()
+    return written
+
+
 def report(
     title: str,
     body: str,
@@ -280,10 +337,14 @@ def report(
     """Print ``body`` and write it as the latest record of ``question`` with the command, commit and machine.
 
     ``figures`` holds the numbers as data (scalars and ``rows_figure`` tables), ``targets`` the stated
-    targets (``target(...)``). Without ``question`` the key is derived from ``title``.
+    targets (``target(...)``). Without ``question`` the key is derived from ``title``. A key that a merged
+    record's run wrote goes to ``unmerged/`` inside the results folder, never over the merged record.
     """
+    directory = RESULTS_DIR if results_dir is None else results_dir
+    key = question or question_key(title)
+    into = merged_into(key, directory)
     record = {
-        "question": question or question_key(title),
+        "question": key,
         "title": title,
         "command": command_line(),
         "commit": commit(),
@@ -293,9 +354,15 @@ def report(
         "targets": [dict(t) for t in targets],
         "body": body.strip(),
     }
-    path = write_record(record, results_dir)
+    path = write_record(record, directory / UNMERGED if into else directory)
     print(
         f"\n## {title}\n\n`{record['command']}` ({record['date']}; {record['machine']}; {record['commit']})\n\n{body}\n"
     )
-    print(f"record: {path}  (re-render bench/README.md: python bench/render_results.py)")
+    if into:
+        print(
+            f"record: {path}: {key} is a run of the merged record {into}; fold it in with "
+            f"python bench/render_results.py --merge {path} --into {into}"
+        )
+    else:
+        print(f"record: {path}  (re-render bench/README.md: python bench/render_results.py)")
     return path

@@ -7,6 +7,7 @@ its own history (that stays in git), and the same records always give the same b
 
     python bench/render_results.py           # rewrite bench/README.md
     python bench/render_results.py --check   # exit 1 when bench/README.md is not what the records give
+    python bench/render_results.py --merge bench/results/unmerged/KEY.json --into QUESTION   # fold in a rerun
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import BENCH, RESULTS_DIR, read_record
+from _common import BENCH, RESULTS_DIR, merge_run, read_record
 
 DOCUMENT = BENCH / "README.md"
 
@@ -439,7 +440,12 @@ package, kernels or bench differed from it), the machine (CPU, cores, torch thre
 date, the figures as data (scalars and tables), the stated targets with their status, and the markdown
 body the script printed. A new run of the same question replaces its record; earlier runs stay in git.
 A question answered by several runs (training seeds, variants) is one record: its table has a row per run
-with the mean and an interval over seeds, and its runs table gives each run's date, commit and command.
+with the mean and an interval over seeds, and its runs table gives each run's date, commit and command as it
+was run, with the record that command wrote (*wrote*), whose figures the merged record keeps under that name.
+Rerunning one of those commands never replaces the merged record: `report(...)` writes the run to
+`bench/results/unmerged/<wrote>.json` and prints the command that folds it in, `python
+bench/render_results.py --merge bench/results/unmerged/<wrote>.json --into <record>` (the run's row and its
+figures; the body's tables are written from the figures, so edit them to the new figures, then re-render).
 This document is generated from the records by `python bench/render_results.py` (tests fail when it
 is edited by hand or not re-rendered after a record changes: `python bench/render_results.py --check`).
 
@@ -502,14 +508,25 @@ def _section(key: str, record: dict[str, Any] | None) -> str:
     else:
         lines += ["**Targets.** None stated: the figures are reported."]
     if record.get("runs"):
-        lines += ["", _runs_table(record["runs"])]
+        lines += ["", _runs_table(key, record["runs"])]
     return "\n".join(lines + [""])
 
 
-def _runs_table(runs: list[dict[str, str]]) -> str:
-    """The runs a record merges (seeds, variants of one question): each with its date, commit and command."""
-    lines = ["**Runs in this record.**", "", "| run | date | commit | machine | command |", "|---|---|---|---|---|"]
-    lines += [f"| {r['run']} | {r['date']} | {r['commit'][:12]} | {r['machine']} | `{r['command']}` |" for r in runs]
+def _runs_table(key: str, runs: list[dict[str, str]]) -> str:
+    """The runs a record merges (seeds, variants of one question): each with the record its command wrote,
+    its date, commit and command as it was run."""
+    lines = [
+        f"**Runs in this record.** Each command as it was run; *wrote* is the record it wrote, merged into "
+        f"`{key}` (a rerun goes to `results/unmerged/` and is folded in with `--merge ... --into {key}`, see "
+        "the top of this document).",
+        "",
+        "| run | wrote | date | commit | machine | command as run |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['run']} | `{r['record']}` | {r['date']} | {r['commit'][:12]} | {r['machine']} | `{r['command']}` |"
+        for r in runs
+    ]
     return "\n".join(lines)
 
 
@@ -543,7 +560,23 @@ def render(records: dict[str, dict[str, Any]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when bench/README.md differs from the records")
+    parser.add_argument("--merge", type=Path, metavar="RECORD.json", help="fold this one-run record into --into")
+    parser.add_argument("--into", metavar="QUESTION", help="the merged record that --merge folds a run into")
+    parser.add_argument(
+        "--run",
+        help="with --merge: the runs-table row to replace or add (default: the row whose run wrote the same record)",
+    )
     args = parser.parse_args()
+    if (args.merge is None) != (args.into is None):
+        parser.error("--merge and --into go together")
+    if args.merge is not None:
+        try:
+            merged = merge_run(args.merge, args.into, args.run)
+        except (OSError, ValueError) as error:
+            print(f"render_results: {error}", file=sys.stderr)
+            return 2
+        print(f"merged {args.merge} into {merged}: edit its body's tables to the new figures, then re-render")
+        return 0
     text = render(load_records())
     if args.check:
         if not DOCUMENT.exists() or DOCUMENT.read_text() != text:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -162,8 +164,74 @@ def test_a_record_of_several_runs_renders_its_runs_table(tmp_path):
     section = text[text.index("### dihal demo") :]
     assert "**Runs.** 2 runs, 2026-12-01 11:00; m;" in section
     assert "**Command.**" not in section  # each run's command is in its row instead
-    assert "| seed 2 | 2026-12-01 11:00 | cccccccccccc | m | `python bench/x.py --seeds 2` |" in section
+    assert "| seed 2 | `r2` | 2026-12-01 11:00 | cccccccccccc | m | `python bench/x.py --seeds 2` |" in section
+    assert "*wrote* is the record it wrote, merged into `demo`" in section
     assert section.index("seeds table") < section.index("**Runs in this record.**")
+
+
+def merged_demo(tmp_path: Path) -> Path:
+    """A merged record ``demo`` of two runs: seed 1 wrote ``demo`` itself, seed 2 wrote ``demo_seed2``."""
+    runs = [
+        {"run": "seed 1", "record": "demo", "command": "python bench/x.py --seeds 1", "commit": "a" * 40},
+        {"run": "seed 2", "record": "demo_seed2", "command": "python bench/x.py --seeds 2", "commit": "b" * 40},
+    ]
+    for row, date in zip(runs, ("2026-12-01 11:00", "2026-12-02 12:00")):
+        row |= {"date": date, "machine": "m"}
+    figures = {"demo": {"acc": 1.0}, "demo_seed2": {"acc": 2.0}}
+    return write(tmp_path, "demo", runs=runs, figures=figures, command="one command per run: see the runs table")
+
+
+def unmerged(results_dir: Path) -> Path:
+    (results_dir / "unmerged").mkdir(exist_ok=True)
+    return results_dir / "unmerged"
+
+
+@pytest.mark.parametrize("key", ["demo_seed2", "demo"])
+def test_a_rerun_of_a_merged_run_is_written_beside_the_merged_record_and_folds_back_in(tmp_path, capsys, key):
+    merged_path = merged_demo(tmp_path)
+    before = merged_path.read_text()
+    path = _common.report("t", "new body", question=key, figures={"acc": 3.0}, results_dir=tmp_path)
+    assert path == tmp_path / "unmerged" / f"{key}.json"
+    assert merged_path.read_text() == before and sorted(p.name for p in tmp_path.glob("*.json")) == ["demo.json"]
+    assert f"--merge {path} --into demo" in capsys.readouterr().out
+
+    assert _common.merge_run(path, "demo", results_dir=tmp_path) == merged_path
+    merged = _common.read_record(merged_path)
+    assert not path.exists()
+    assert merged["figures"][key] == {"acc": 3.0} and len(merged["runs"]) == 2
+    other = "demo" if key == "demo_seed2" else "demo_seed2"
+    assert merged["figures"][other] == json.loads(before)["figures"][other]
+    row = next(r for r in merged["runs"] if r["record"] == key)
+    assert row["run"] == ("seed 2" if key == "demo_seed2" else "seed 1")
+    assert row["command"] == _common.command_line() and row["date"] != "2026-12-01 11:00"
+    assert merged["date"] == f"{min(r['date'] for r in merged['runs'])} to {max(r['date'] for r in merged['runs'])}"
+
+
+def test_merge_adds_a_named_run_and_refuses_what_it_cannot_place(tmp_path):
+    merged_path = merged_demo(tmp_path)
+    new = write(unmerged(tmp_path), "demo_seed3")
+    with pytest.raises(ValueError, match="pass --run NAME"):
+        _common.merge_run(new, "demo", results_dir=tmp_path)
+    _common.merge_run(new, "demo", run="seed 3", results_dir=tmp_path)
+    assert [r["run"] for r in _common.read_record(merged_path)["runs"]] == ["seed 1", "seed 2", "seed 3"]
+    single = write(tmp_path, "knn_vs_faiss")
+    with pytest.raises(ValueError, match="no runs table"):
+        _common.merge_run(write(unmerged(tmp_path), "demo_seed4"), "knn_vs_faiss", run="x", results_dir=tmp_path)
+    assert single.exists()
+    with pytest.raises(ValueError, match="needs the fields"):
+        _common.validate({**json.loads(merged_path.read_text()), "runs": [{"run": "x"}]}, "r")
+
+
+def test_render_results_merge_command(tmp_path):
+    merged_demo(tmp_path)
+    new = write(unmerged(tmp_path), "demo_seed2")
+    env = {**os.environ, "DIHAL_BENCH_RESULTS": str(tmp_path)}
+    script = [sys.executable, str(BENCH / "render_results.py")]
+    done = subprocess.run([*script, "--merge", str(new), "--into", "demo"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert not new.exists() and _common.read_record(tmp_path / "demo.json")["runs"][1]["command"] == "python bench/x.py"
+    done = subprocess.run([*script, "--merge", str(new), "--into", "demo"], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "demo_seed2.json" in done.stderr
 
 
 # The checked-in records and documents.
@@ -188,6 +256,17 @@ def test_every_record_is_complete_and_registered():
         for field in ("command", "commit", "machine", "date"):
             assert record[field].strip(), f"{path.name}: empty {field}"
         assert path.stem in render_results.QUESTIONS, f"{path.name}: add its question to render_results.QUESTIONS"
+
+
+def test_merged_records_keep_each_runs_figures_under_the_record_it_wrote():
+    merged = [_common.read_record(path) for path in RECORDS if _common.read_record(path).get("runs")]
+    assert merged, "no checked-in record merges several runs"
+    for record in merged:
+        wrote = [run["record"] for run in record["runs"]]
+        assert len(set(wrote)) == len(wrote), f"{record['question']}: two runs wrote the same record"
+        assert set(wrote) <= set(record["figures"]), f"{record['question']}: runs without figures"
+        for run in record["runs"]:
+            assert _common.merged_into(run["record"], BENCH / "results") == record["question"]
 
 
 def test_bench_readme_is_the_render_of_the_records():
