@@ -342,7 +342,7 @@ QUESTIONS: dict[str, Question] = {
         HCDLM,
         "With the command line's 9x9 defaults (12-block denoiser), how many 9x9 boards does HC-DLM solve in 30 "
         "CPU-minutes over five training seeds, with K chains chosen on validation and with one chain, against the "
-        "18-block MDM (and the 6-block denoiser it replaced)?",
+        "18-block MDM and against a 6-block denoiser?",
         "bench_hcdlm.py's 9x9 configuration (latent 256, --latent-schedule-power 3, lr 3e-3, width 64; 3,000 "
         "generated singles-grade training puzzles per seed), about 30 process-CPU-minutes per run on one thread; K "
         "(and MDM's order) chosen on 50 validation boards per group at 50 steps; test 150 boards per group "
