@@ -121,6 +121,16 @@ def _accept_local_rank(parser: argparse.ArgumentParser, seen: set[int] | None = 
                 _accept_local_rank(child, seen)
 
 
+def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The deepest (sub-)command parser that ``args`` selected (``dihal hcdlm train``'s for ``hcdlm train``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            child = action.choices.get(getattr(args, action.dest, None) or "")
+            if child is not None:
+                return _chosen_parser(child, args)
+    return parser
+
+
 def run_directory_out(argv: list[str]) -> tuple[str, str | None] | None:
     """``(command, --out)`` when ``argv`` names a command whose ``--out`` is a run directory, else None; read
     from the words alone, before the parser (and the stages it imports) exists."""
@@ -160,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                 refuse_busy(early[1])
         threads = govern_threads()  # measures the other processes' load while the command loads
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # refused by the (sub-)command they were given to, so that its --help is the one named
+            _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
         command = f"dihal {args.command}"
         threads.poll()
         logging.basicConfig(
