@@ -2,7 +2,8 @@
 // the host emulation of the CUDA pipeline (cpu/knn_emulation.cpp), so that all three compute the
 // same function with the same proven certificate (the ErrorModel of each path, certify_limit).
 //
-// Pipeline: rows are centred and scaled by a power of two so that |value| <= 1, rounded to the
+// Pipeline (the host preparation is centre_and_scale of cpu/knn.cpp, the device one in cuda/knn.cu): rows are
+// centred and scaled by a power of two so that |value| <= 1, rounded to the
 // working type W (float, or double for float64 input); tiles of dot products come from a GEMM
 // (OpenBLAS or cuBLAS); each query keeps a sorted list of its `cap` smallest approximate distances
 // (on the GPU one list per split of the reference columns, merged afterwards); the candidates are
@@ -16,9 +17,6 @@
 #include "host_device.hpp"
 
 #include <algorithm>
-#ifndef __CUDACC__
-#include <vector>
-#endif
 
 namespace dihal::knn_logic {
 
@@ -278,43 +276,5 @@ DIHAL_HOST_DEVICE double certify_limit(const ErrorModel& m, double kth_scaled, d
 DIHAL_HOST_DEVICE bool certified(bool complete, double threshold, double limit) {
   return complete || (threshold < INFINITY && threshold > limit);
 }
-#ifndef __CUDACC__
-// Host preparation (the CUDA kernels do the same on the device): the rows of X centred in float64,
-// scaled by pow2_scale and rounded to W, their squared norms (rounded to W) and the largest one.
-template <typename W>
-struct Scaled {
-  std::vector<W> centred;  // n x D
-  std::vector<W> norms;    // n
-  double scale;
-  double max_norm2;
-};
-
-template <typename T, typename W>
-Scaled<W> centre_and_scale(const T* X, int64_t n, int64_t D, bool parallel) {
-  std::vector<double> mean(size_t(D), 0.0);
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < D; ++c) mean[size_t(c)] += double(X[r * D + c]);
-  for (double& m : mean) m /= double(n);
-  double max_abs = 0.0;
-#pragma omp parallel for schedule(static) reduction(max : max_abs) if(parallel)
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < D; ++c) max_abs = std::max(max_abs, std::fabs(double(X[r * D + c]) - mean[size_t(c)]));
-  Scaled<W> out{std::vector<W>(size_t(n) * size_t(D)), std::vector<W>(size_t(n)), pow2_scale(max_abs), 0.0};
-  double max_norm2 = 0.0;
-#pragma omp parallel for schedule(static) reduction(max : max_norm2) if(parallel)
-  for (int64_t r = 0; r < n; ++r) {
-    double s = 0.0;
-    for (int64_t c = 0; c < D; ++c) {
-      const W v = W((double(X[r * D + c]) - mean[size_t(c)]) * out.scale);
-      out.centred[size_t(r * D + c)] = v;
-      s += double(v) * double(v);
-    }
-    out.norms[size_t(r)] = W(s);
-    max_norm2 = std::max(max_norm2, s);
-  }
-  out.max_norm2 = max_norm2;
-  return out;
-}
-#endif
 
 }  // namespace dihal::knn_logic

@@ -139,14 +139,37 @@ template void covariance_update<double>(const double*, int64_t, int64_t, int64_t
 template void covariance<float>(const float*, int64_t, int64_t, bool, double*, double*);
 template void covariance<double>(const double*, int64_t, int64_t, bool, double*, double*);
 
+namespace {
+
+// Largest |x| of X[0..size) in T (exact: |x| and the comparisons round nothing), and whether it holds a NaN.
+template <typename T>
+__attribute__((target_clones("avx512f", "avx2", "default")))
+T max_abs_part(const T* X, int64_t size, int* nan) {
+  T best = T(0);
+  int any_nan = 0;
+#pragma omp simd reduction(max : best) reduction(| : any_nan)
+  for (int64_t i = 0; i < size; ++i) {
+    const T v = std::fabs(X[i]);
+    any_nan |= int(v != v);
+    best = v > best ? v : best;
+  }
+  *nan = any_nan;
+  return best;
+}
+
+}  // namespace
+
 template <typename T>
 double max_abs(const T* X, int64_t size) {
   double best = 0.0;
   bool nan = false;
+  constexpr int64_t kPart = int64_t(1) << 16;
+  const int64_t parts = (size + kPart - 1) / kPart;
 #pragma omp parallel for schedule(static) reduction(max : best) reduction(|| : nan) if(parallel_worth(double(size)))
-  for (int64_t i = 0; i < size; ++i) {
-    const double v = std::fabs(double(X[i]));
-    nan = nan || v != v;
+  for (int64_t p = 0; p < parts; ++p) {
+    int part_nan = 0;
+    const double v = double(max_abs_part(X + p * kPart, std::min(kPart, size - p * kPart), &part_nan));
+    nan = nan || part_nan;
     best = v > best ? v : best;
   }
   return nan ? std::numeric_limits<double>::quiet_NaN() : best;
