@@ -11,12 +11,17 @@ between repeated subsamples of the same data (the quantity DESIGN.md reports as 
 from __future__ import annotations
 
 import argparse
+import os
+import time
 
 import numpy as np
 from _common import best_time, report, rows_figure, sgemm_rate, table, target
 
 import dihal_fast as df
+from dihal_fast.profiling import record_ranges
 from dihal_fast.reference import draw_pairs
+
+STAGES = ("knn", "pairs", "covariance", "local_eigen", "top_eigen")
 
 
 def researcher_pipeline(X: np.ndarray, k: int = 16, ridge: float = 1e-3, n_pairs: int = 10000, seed: int = 0) -> dict:
@@ -61,6 +66,19 @@ def subsample_spread(pool: np.ndarray, n: int, repeats: int) -> dict:
     return {key: float(np.std(np.log([r[key] for r in runs]), ddof=1)) for key in runs[0]}
 
 
+def stage_profile(X: np.ndarray, repeat: int) -> tuple[float, dict[str, float]]:
+    """Wall seconds of each ``dihal/<stage>`` range of the float32 path, from its fastest of ``repeat`` calls."""
+    best: tuple[float, dict[str, float]] = (float("inf"), {})
+    for _ in range(repeat):
+        with record_ranges() as timings:
+            start = time.perf_counter()
+            df.geometry_proxies(X, precision="float32")
+            total = time.perf_counter() - start
+        if total < best[0]:
+            best = (total, {name.removeprefix("dihal/"): s for name, s in timings.seconds.items()})
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=3000, help="rows (tokens)")
@@ -69,8 +87,9 @@ def main() -> None:
     parser.add_argument("--subsamples", type=int, default=5, help="subsamples for the spread of the proxies")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     rate = sgemm_rate()
-    rows, accuracy = [], []
+    rows, accuracy, stages = [], [], []
     for D in args.dims:
         pool = data(args.n * args.subsamples, D)
         X = pool[: args.n]
@@ -88,6 +107,17 @@ def main() -> None:
         floor = flops / (rate * 1e9)
         rows.append(
             [f"{args.n} x {D}", t64, t32, t_theirs, t_theirs / t64, t_theirs / t32, floor / t32, f"{max_rel:.1e}"]
+        )
+        total, ranges = stage_profile(X, args.repeat)
+        knn_floor = args.n**2 * D / (rate * 1e9)  # the symmetric distance product: half of 2 n^2 D
+        stages.append(
+            [
+                f"{args.n} x {D}",
+                total,
+                *(ranges.get(name, 0.0) for name in STAGES),
+                knn_floor,
+                ranges["knn"] / knn_floor,
+            ]
         )
         spread = subsample_spread(pool, args.n, args.subsamples)
         for key in exact:
@@ -111,11 +141,16 @@ def main() -> None:
         f"std of log over {args.subsamples} subsamples",
         "spread / float32 error",
     ]
-    body = table(header, rows) + "\n\n" + table(accuracy_header, accuracy)
+    stage_header = ["X", "float32 total s", *(f"{name} s" for name in STAGES), "kNN GEMM floor s", "kNN / its floor"]
+    body = table(header, rows) + "\n\n" + table(accuracy_header, accuracy) + "\n\n" + table(stage_header, stages)
     body += (
         f"\n\nk=16, ridge=1e-3, 10,000 pairs. Machine sgemm rate {rate:.0f} GFLOP/s; GEMM floor: the big products "
         "(n >= D: n^2 D + 2 n D^2; n < D, the float64 Gram route: n^2 D) at that rate. "
-        "Targets: speed-up >= 20x (float32) and >= 10x (float64) at 3,000 x 1,024, >= 20x at 3,000 x 4,096."
+        "Targets: speed-up >= 20x (float32) and >= 10x (float64) at 3,000 x 1,024, >= 20x at 3,000 x 4,096. "
+        "Third table: the float32 path's stages (wall seconds of its dihal/<stage> ranges in its fastest call, same "
+        "run); the kNN's floor is its symmetric distance product, n^2 D flops, at the sgemm rate. "
+        f"1-minute load average {load_before:.2f} before the run (the machine's other jobs; the run itself adds up "
+        "to 2)."
     )
     targets = []
     for row in rows:  # the stated targets: >= 10x float64 and >= 20x float32 at D = 1,024, >= 20x at D = 4,096
@@ -140,6 +175,8 @@ def main() -> None:
         figures={
             "timings": rows_figure(header, rows),
             "float32_error_vs_spread": rows_figure(accuracy_header, accuracy),
+            "float32_stages": rows_figure(stage_header, stages),
+            "load_before": load_before,
             "k": 16,
             "ridge": 1e-3,
             "n_pairs": 10000,
