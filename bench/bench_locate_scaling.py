@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from _common import markdown_tables, report, table
+from _common import markdown_tables, report, table, target
 from bench_contention import busy_cpu_seconds, process_cpu_seconds
 
 from dihal_fast.select import DEFAULT_REPEATS, DEFAULT_SAMPLE_SIZE
@@ -50,6 +50,10 @@ BUILD = (  # a child builds each checkpoint, so that this process's RSS stays be
 LOAD = (  # safetensors weights are mapped lazily: read every parameter so that they are all resident
     "import sys\nfrom dihal_fast.common.hf_loading import load_causal_lm\n"
     "model, _ = load_causal_lm(sys.argv[1])\nsum(float(p.detach().sum()) for p in model.parameters())\n"
+)
+UNIT_COSTS = (  # a child measures the time model's unit costs for a checkpoint's config, on the pinned threads
+    "import json, sys\nsys.path.insert(0, sys.argv[1])\nfrom bench_locate_scaling import unit_costs\n"
+    "print(json.dumps(unit_costs(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:])))\n"
 )
 ANCHOR = (
     "import json, sys, time\nimport numpy as np, dihal_fast as df\n"
@@ -113,6 +117,7 @@ class Point:
     load: ChildRun
     report: dict
     select_cpu: dict[str, float]  # precision -> selection CPU s
+    costs: dict[str, float] = field(default_factory=dict)  # unit_costs of the shape
 
     @property
     def tokens(self) -> int:
@@ -176,6 +181,108 @@ def make_checkpoint(shape: Shape, out: str | Path, seq_len: int, seed: int = 0) 
     return Path(out)
 
 
+def forward_flops(config: dict, seq_len: int) -> float:
+    """Forward flops per token of a decoder-only checkpoint's ``config.json`` without its LM head (``dihal locate``
+    reads hidden states only): 2 x the layers' linear weights, plus causal attention's QK^T and AV (2 seq d_q on
+    average per token and layer)."""
+    D, F, L = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or D // heads
+    kv = config.get("num_key_value_heads") or heads
+    q, k = heads * head_dim, kv * head_dim
+    linear = D * q + 2 * D * k + q * D + 3 * D * F
+    return L * (2.0 * linear + 2.0 * seq_len * q)
+
+
+def _cpu_seconds(fn, repeat: int = 3) -> float:
+    """Least CPU time (this process, all its threads) of ``repeat`` calls of ``fn`` after one warm-up call."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def unit_costs(model_dir: str, batch: int, seq_len: int, sample: int, precisions: list[str]) -> dict[str, float]:
+    """The time model's unit costs for the architecture in ``model_dir``'s config.json, in CPU seconds on this
+    process's threads (float32, random weights and rows): per token, one decoder layer's forward (a 2-layer model
+    minus a 1-layer one, hidden states returned as locate asks for them) and the rest of the forward (embedding,
+    final norm); per token and hidden state, one StreamingCovariance update; one geometry_proxies call on
+    ``sample x D`` rows per precision; and the float32 GEMM rate of the layer's widest product."""
+    import copy
+
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    import dihal_fast as df
+
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(model_dir)
+    D, tokens = int(config.hidden_size), batch * seq_len
+    ids = torch.randint(0, int(config.vocab_size), (batch, seq_len))
+
+    def forward(layers: int) -> float:
+        cut = copy.deepcopy(config)
+        cut.num_hidden_layers = layers
+        if getattr(cut, "layer_types", None):
+            cut.layer_types = cut.layer_types[:layers]
+        model = AutoModel.from_config(cut, dtype=torch.float32).eval()
+        with torch.no_grad():
+            return _cpu_seconds(lambda: model(input_ids=ids, output_hidden_states=True, use_cache=False), 5)
+
+    one, two = forward(1), forward(2)
+    layer = max(two - one, 0.0)
+    x = torch.randn(tokens, D)
+    w = torch.randn(int(config.intermediate_size), D)
+    gemm = 2.0 * tokens * D * w.shape[0] / _cpu_seconds(lambda: torch.nn.functional.linear(x, w)) / 1e9
+    block = np.random.default_rng(0).standard_normal((tokens, D), dtype=np.float32)
+    cov = _cpu_seconds(lambda: df.StreamingCovariance(D).update(block)) / tokens
+    from bench_proxies import data  # the proxies bench's rows: low rank plus noise with an offset, as hidden states
+
+    rows = data(sample, D)
+    proxies = {p: _cpu_seconds(lambda p=p: df.geometry_proxies(rows, precision=p), 2) for p in precisions}
+    return {
+        "layer_s_per_token": layer / tokens,
+        "base_s_per_token": max(one - layer, 0.0) / tokens,
+        "covariance_s_per_token_state": cov,
+        "gemm_gflops": gemm,
+        **{f"proxies_s_{p}": v for p, v in proxies.items()},
+    }
+
+
+def measure_unit_costs(model_dir: Path, args: argparse.Namespace, work: Path) -> dict[str, float]:
+    """:func:`unit_costs` of ``model_dir`` in a child on the pinned threads."""
+    command = [sys.executable, "-c", UNIT_COSTS, str(Path(__file__).parent), str(model_dir), str(args.batch_size)]
+    command += [str(args.seq_len), str(DEFAULT_SAMPLE_SIZE), *args.precisions]
+    child = subprocess.run(command, env=child_env(args.threads), cwd=work, capture_output=True, text=True)
+    if child.returncode != 0:
+        raise RuntimeError(f"unit costs of {model_dir} failed:\n{child.stderr[-2000:]}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class TimePrediction:
+    """CPU seconds of one ``dihal locate`` run from unit costs: the load (measured: imports and reading the
+    weights), the collection (tokens x (L layers' forward + the rest of the forward + (L + 1) covariance
+    updates)) and the selection (calls x one proxies call)."""
+
+    load: float
+    collect: float
+    select: float
+
+    @property
+    def total(self) -> float:
+        return self.load + self.collect + self.select
+
+
+def predict_time(costs: dict[str, float], layers: int, tokens: int, calls: int, precision: str, load: float):
+    per_token = layers * costs["layer_s_per_token"] + costs["base_s_per_token"]
+    per_token += (layers + 1) * costs["covariance_s_per_token_state"]
+    return TimePrediction(load, tokens * per_token, calls * costs[f"proxies_s_{precision}"])
+
+
 def measure(shape: Shape, args: argparse.Namespace, work: Path) -> Point:
     """Build ``shape``, time the model load alone, run ``dihal locate`` (float64) and the reruns."""
     name = f"{shape.layers}x{shape.width}"
@@ -209,6 +316,8 @@ def measure(shape: Shape, args: argparse.Namespace, work: Path) -> Point:
         str(args.max_tokens),
         "--seq-len",
         str(args.seq_len),
+        "--batch-size",
+        str(args.batch_size),
     ]
     locate = run_child(base + ["--precision", "float64"], env, work)
     result = json.loads((run / "locate.json").read_text())
@@ -218,10 +327,11 @@ def measure(shape: Shape, args: argparse.Namespace, work: Path) -> Point:
             rerun = run_child(base + ["--resume", "--precision", precision], env, work)
             seconds = json.loads((run / "locate.json").read_text())["timings"]["select_s"]
             select_cpu[precision] = seconds * rerun.cpu_share("collecting", "proxies:")
+    costs = measure_unit_costs(model, args, work)
     if args.work is None:
         shutil.rmtree(model)
         shutil.rmtree(run)
-    point = Point(shape, locate, load, result, select_cpu)
+    point = Point(shape, locate, load, result, select_cpu, costs)
     print(
         f"{shape}: {point.tokens} tokens, collect {point.collect_cpu:.1f} CPU s, select "
         + ", ".join(f"{p} {s:.1f}" for p, s in select_cpu.items())
@@ -231,6 +341,100 @@ def measure(shape: Shape, args: argparse.Namespace, work: Path) -> Point:
         flush=True,
     )
     return point
+
+
+@dataclass
+class Check:
+    """The --check run: its config, the locate run and the load-only child, the locate report and unit costs."""
+
+    name: str
+    config: dict
+    locate: ChildRun
+    load: ChildRun
+    report: dict
+    costs: dict[str, float]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.report["n_tokens"])
+
+    def measured(self) -> TimePrediction:
+        """The run's own split: load (the load-only child), collection and selection (phase CPU), total as run."""
+        timings = self.report["timings"]
+        collect = timings["collect_s"] * self.locate.cpu_share("collecting", "collect:")
+        select = timings["select_s"] * self.locate.cpu_share("collect", "proxies:")
+        return TimePrediction(self.locate.cpu_s - collect - select, collect, select)
+
+    def predicted(self) -> TimePrediction:
+        layers = int(self.config["num_hidden_layers"])
+        calls = DEFAULT_REPEATS * (layers - 1)
+        return predict_time(self.costs, layers, self.tokens, calls, "float64", self.load.cpu_s)
+
+
+def check_run(model: Path, args: argparse.Namespace, work: Path) -> Check:
+    """``dihal locate`` on ``model`` (float32, float64 selection, the sweep's settings, --check-tokens) with the
+    load-only child and the unit costs of its config."""
+    env, run = child_env(args.threads), work / "run_check"
+    shutil.rmtree(run, ignore_errors=True)
+    load = run_child([sys.executable, "-c", LOAD, str(model)], env, work)
+    command = [args.dihal, "locate", "--model", str(model), "--out", str(run), "--max-tokens", str(args.check_tokens)]
+    command += ["--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size), "--dtype", "float32"]
+    command += ["--precision", "float64"] + (["--corpus", *args.check_corpus] if args.check_corpus else [])
+    locate = run_child(command, env, work)
+    report = json.loads((run / "locate.json").read_text())
+    if args.work is None:
+        shutil.rmtree(run)
+    config = json.loads((model / "config.json").read_text())
+    check = Check(model.name, config, locate, load, report, measure_unit_costs(model, args, work))
+    m, p = check.measured(), check.predicted()
+    print(f"check {model.name}: measured {m.total:.1f} CPU s, predicted {p.total:.1f}", flush=True)
+    return check
+
+
+def time_model_table(points: list[Point], check: Check | None, precisions: list[str]) -> tuple[str, list]:
+    """Predicted / measured CPU seconds of every run (the sweep's and --check's) under the unit-cost model, and
+    the relative error of the total; returns the table and its rows."""
+    rows = []
+
+    def row(name: str, measured: TimePrediction, predicted: TimePrediction, costs: dict[str, float]) -> None:
+        error = predicted.total / measured.total - 1.0
+        rows.append(
+            [
+                name,
+                f"{costs['layer_s_per_token'] * 1e3:.3g}",
+                f"{costs['gemm_gflops']:.0f}",
+                f"{measured.load:.1f} / {predicted.load:.1f}",
+                f"{measured.collect:.1f} / {predicted.collect:.1f}",
+                f"{measured.select:.1f} / {predicted.select:.1f}",
+                f"{measured.total:.1f} / {predicted.total:.1f}",
+                f"{100 * error:+.0f} %",
+            ]
+        )
+
+    for p in points:
+        layers = p.shape.layers
+        select = p.select_cpu["float64"]
+        measured = TimePrediction(p.locate.cpu_s - p.collect_cpu - select, p.collect_cpu, select)
+        predicted = predict_time(p.costs, layers, p.tokens, selection_calls(p.shape), "float64", p.load.cpu_s)
+        row(str(p.shape), measured, predicted, p.costs)
+    if check is not None:
+        row(
+            f"{check.name} ({check.config['num_hidden_layers']} x {check.config['hidden_size']})",
+            check.measured(),
+            check.predicted(),
+            check.costs,
+        )
+    header = [
+        "run",
+        "one layer's forward CPU ms / token",
+        "float32 GEMM GFLOP/CPU-s",
+        "load and start-up CPU s measured / load-only child",
+        "collection CPU s measured / predicted",
+        "selection (float64) CPU s measured / predicted",
+        "locate CPU s measured / predicted",
+        "error of the prediction",
+    ]
+    return table(header, rows), rows
 
 
 def proxy_flops(n: int, width: int, k: int = K) -> float:
@@ -471,6 +675,67 @@ def plot(
     fig.savefig(path, dpi=110)
 
 
+# The 8B models of docs/CLUSTER.md's plan (their config.json values) and the assumptions of its hours.
+PLAN_MODELS = {
+    "Llama-3.1-8B": {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256},
+    "Qwen3-8B": {"num_hidden_layers": 36, "hidden_size": 4096, "intermediate_size": 12288,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936},
+}  # fmt: skip
+H100_BF16_TFLOPS = 989.0  # H100 SXM dense bf16 tensor-core peak (NVIDIA's datasheet, without sparsity)
+H100_FORWARD_MFU = 0.40  # assumed share of that peak for a batched bf16 forward
+H100_TRAIN_MFU = 0.35  # assumed share for the replace step (forward + backward)
+H100_FP64_TFLOPS, H100_FP64_SHARE = 67.0, 0.5  # FP64 tensor-core peak; assumed share for the covariance SYRKs
+NVLINK_GBPS = 350.0  # assumed effective all-gather / reduce-scatter bandwidth per rank (NVLink 4, 8 GPUs)
+
+
+def plan_hours(record: dict, tokens: int = 32768, steps: int = 300, batch: int = 8, seq: int = 128) -> str:
+    """Hours per stage of the 8B plan from the stated assumptions (GPU parts) and this record's measured unit
+    costs (host parts: covariance updates and proxies on one host core, at D = 4,096). EXTRAPOLATED: no GPU
+    run backs the GPU figures."""
+    anchor_s = record["figures"]["anchor_cpu_s"]
+    units = record["figures"]["time_model"]["unit_costs"]
+    widest = max(units, key=lambda shape: int(shape.split(" x ")[1]))
+    width = int(widest.split(" x ")[1])
+    rows = []
+    for name, config in PLAN_MODELS.items():
+        L, D = config["num_hidden_layers"], config["hidden_size"]
+        forward = forward_flops(config, seq) * tokens
+        gpu_locate_s = forward / (H100_BF16_TFLOPS * 1e12 * H100_FORWARD_MFU)
+        # on the GPU for CUDA hidden states: (L + 1) SYRKs of D^2 multiply-adds per token (2 D^2 flops, half kept)
+        covariance_s = tokens * (L + 1) * D * D / (H100_FP64_TFLOPS * 1e12 * H100_FP64_SHARE)
+        host_covariance_s = tokens * (L + 1) * units[widest]["covariance_s_per_token_state"] * (D / width) ** 2
+        calls = DEFAULT_REPEATS * (L - 1)
+        proxies_s = {p: calls * v for p, v in anchor_s.items()}
+        params = forward_flops(config, 0) / 2 + 2 * config["vocab_size"] * D  # layers' weights, embeddings, head
+        bridge = 515_829_888 * (D / 4096) ** 2  # the default bridge's float32 parameters at D = 4,096
+        # bench_rehearsal's count: teacher forward 2 P, bridge forward and backward 6 B, upper layers 4 P
+        step_flops = (6 * params + 6 * bridge) * batch * seq
+        step_s = step_flops / (H100_BF16_TFLOPS * 1e12 * H100_TRAIN_MFU)
+        zero3_s = step_s / 8 + 3 * 4 * bridge / (NVLINK_GBPS * 1e9)  # compute split 8 ways + params / grads moved
+        rows.append(
+            [
+                name,
+                f"{tokens:,}",
+                f"{gpu_locate_s:.1f} s",
+                f"{covariance_s:.1f} s (one host core: {host_covariance_s / 3600:.2f} h)",
+                ", ".join(f"{p} {v / 3600:.2f} h" for p, v in proxies_s.items()),
+                f"{step_s:.2f} s x {steps} = {steps * step_s / 60:.1f} min",
+                f"{zero3_s:.3f} s x {steps} = {steps * zero3_s / 60:.1f} min",
+            ]
+        )
+    header = [
+        "model",
+        "locate tokens",
+        "locate forward, 1 x H100 (EXTRAPOLATED)",
+        "locate covariance updates, 1 x H100 (EXTRAPOLATED)",
+        f"locate proxies ({DEFAULT_REPEATS} x (L - 1) calls at 3,000 x 4,096), 1 host core",
+        f"replace, 1 x H100, {batch} x {seq} tokens per step (EXTRAPOLATED)",
+        "replace, 8 x H100 ZeRO-3, same global batch (EXTRAPOLATED)",
+    ]
+    return table(header, rows)
+
+
 def parse_shape(text: str) -> Shape:
     """``LAYERSxWIDTH`` -> :class:`Shape`."""
     try:
@@ -498,6 +763,17 @@ def main() -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=12288, help="dihal locate --max-tokens (blocks of --seq-len)")
     parser.add_argument("--seq-len", type=int, default=128, help="dihal locate --seq-len (also the models' context)")
+    parser.add_argument("--batch-size", type=int, default=8, help="dihal locate --batch-size (blocks per forward)")
+    parser.add_argument(
+        "--check",
+        type=Path,
+        default=None,
+        metavar="MODEL",
+        help="also run dihal locate on this checkpoint (e.g. bench/make_rehearsal_model.py's qwen3-0.6b) and compare "
+        "its CPU time with the time model's prediction from unit costs measured on its config",
+    )
+    parser.add_argument("--check-tokens", type=int, default=8192, help="dihal locate --max-tokens of the --check run")
+    parser.add_argument("--check-corpus", nargs="+", default=None, help="dihal locate --corpus of the --check run")
     parser.add_argument(
         "--precisions",
         nargs="+",
@@ -530,7 +806,17 @@ def main() -> None:
         action="store_true",
         help="print the tables only; do not write bench/results/locate_scaling.json",
     )
+    parser.add_argument(
+        "--plan-hours",
+        action="store_true",
+        help="print the 8B plan's hours (latest locate_scaling record, stated H100 assumptions) and exit",
+    )
     args = parser.parse_args()
+    if args.plan_hours:
+        from _common import RESULTS_DIR, read_record
+
+        print(plan_hours(read_record(RESULTS_DIR / "locate_scaling.json")))
+        return
     args.predict = Shape(args.predict.layers, args.predict.width, args.predict_vocab)
     if "float64" not in args.precisions:
         args.precisions.insert(0, "float64")  # the collection run
@@ -542,10 +828,12 @@ def main() -> None:
         work = Path(args.work or tmp).resolve()
         work.mkdir(parents=True, exist_ok=True)
         points = [measure(shape, args, work) for shape in shapes]
+        check = check_run(args.check.resolve(), args, work) if args.check else None
         checks = {} if args.no_anchor else anchor(args, work)
     load_after, own_peak = loads(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     models = fit_models(points, args.precisions)
+    time_table, time_rows = time_model_table(points, check, args.precisions)
     predicted = predict(models, args.predict, args.predict_tokens, args.precisions)
     plot(points, models, args.predict, predicted, args.precisions, checks, args.plot)
     setup = (
@@ -562,12 +850,25 @@ def main() -> None:
             fit_table(points, models, predicted, args.predict, args.precisions, checks),
             reading(args, models, predicted, checks),
             f"![locate cost against model size]({Path(args.plot).name})",
+            TIME_MODEL,
+            time_table,
         ]
     )
+    targets = []
+    if check is not None:
+        error = check.predicted().total / check.measured().total - 1.0
+        targets.append(
+            target(
+                f"the unit-cost time model predicts `dihal locate` on {check.name} within 25 %",
+                f"{100 * error:+.0f} % ({check.predicted().total:.0f} predicted, {check.measured().total:.0f} "
+                "measured CPU s)",
+                abs(error) <= 0.25,
+            )
+        )
     if args.no_results:
         print(body)
     else:
-        measured, fitted = markdown_tables(body)
+        measured, fitted = markdown_tables(body)[:2]
         report(
             f"dihal locate cost against model size, extrapolated to {args.predict}",
             body,
@@ -579,8 +880,38 @@ def main() -> None:
                 "anchor_cpu_s": checks,
                 "predict": str(args.predict),
                 "predict_tokens": args.predict_tokens,
+                "time_model": {"rows": time_rows, "unit_costs": {str(p.shape): p.costs for p in points}}
+                | (
+                    {
+                        "check": {
+                            "model": str(args.check),
+                            "unit_costs": check.costs,
+                            "tokens": check.tokens,
+                            "measured_cpu_s": vars(check.measured()),
+                            "predicted_cpu_s": vars(check.predicted()),
+                        }
+                    }
+                    if check
+                    else {}
+                ),
             },
+            targets=targets,
         )
+
+
+TIME_MODEL = (
+    "**The time model, from unit costs** (no fitted constant): locate CPU s = load (imports and reading the weights, "
+    "measured by a child that only loads the model) + tokens x (L x one decoder layer's forward + the rest of the "
+    "forward + (L + 1) x one covariance update) + repeats x (L - 1) x one geometry_proxies call at n = sample size. "
+    "The unit costs are measured on each run's own config.json in a child on the same pinned threads (float32, "
+    "random weights and rows, `unit_costs`): a layer's forward as a 2-layer model minus a 1-layer one at the "
+    "run's batch x sequence length, hidden states returned; one StreamingCovariance update of that many rows; one "
+    "proxies call on the proxies bench's low-rank-plus-noise rows (bench_proxies.data). The GEMM column is the "
+    "float32 rate of the layer's widest product "
+    "(tokens x D times D x F), for comparison with the forward's flops. Measured / predicted; the load is measured "
+    "once per model by the load-only child (the measured column is locate's CPU minus its collection and selection "
+    "phases: imports, loading, the corpus, the report and plot)."
+)
 
 
 def reading(
