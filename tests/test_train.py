@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -484,3 +485,14 @@ def test_backbone_gradient_accumulation_equals_the_large_batch(corpus, tmp_path)
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-5)  # AdamW: float rounding of tiny gradients
     assert accumulated["train_tokens_seen"] == big["train_tokens_seen"] == 3 * 4 * 16
+
+
+def test_a_relative_out_gives_a_result_that_evaluate_reads_from_any_directory(
+    tiny_checkpoints, corpus, tmp_path, monkeypatch
+):
+    from dihal_fast.evaluate.loaded_lm import replace_run
+
+    monkeypatch.chdir(tmp_path)
+    train_bridge(tiny_checkpoints["llama"], 1, corpus, Path("runs") / "replace", _config(steps=1))
+    hybrid, _ = replace_run(Path("runs") / "replace")
+    assert hybrid.resolve() == (tmp_path / "runs" / "replace" / "hybrid").resolve()

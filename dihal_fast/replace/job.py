@@ -327,7 +327,7 @@ class BridgeJob(TrainingJob):
             "steps": self.config.steps,
             "bridge_loss": final["bridge_loss"],
             "validation": final,
-            "hybrid_dir": str(out_dir / "hybrid"),
+            "hybrid_dir": str((out_dir / "hybrid").absolute()),  # a relative --out is relative to the cwd, not the run
             "model": None if self.model_dir is None else str(Path(self.model_dir).resolve()),
             "engine": run.engine.kind,
             "world_size": run.engine.world_size,
