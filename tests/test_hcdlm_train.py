@@ -565,7 +565,9 @@ def test_deepspeed_zero2_step_equals_a_plain_torch_step(tmp_path):
     zero = load_file(latest_checkpoint(tmp_path / "zero") / "weights.safetensors")
     assert plain.keys() == zero.keys() and len(plain) > 10
     for name in plain:
-        torch.testing.assert_close(zero[name], plain[name], rtol=1e-5, atol=1e-6)
+        # ZeRO-2 reduces flattened float32 buckets in another order and Adam's g / sqrt(v) amplifies that rounding
+        # where a gradient is near zero: up to 5.2e-6 after 2 steps on an AVX-512 machine (9 of 96 elements)
+        torch.testing.assert_close(zero[name], plain[name], rtol=1e-4, atol=1e-5)
     assert json.loads((latest_checkpoint(tmp_path / "zero") / "state.json").read_text())["engine"] == "deepspeed"
 
 
