@@ -27,7 +27,7 @@ configure_openmp()  # the command's own process, before torch or the compiled co
 # Sub-command modules, in the order they appear in --help.
 COMMANDS = ["info", "backbone", "generate", "locate", "replace", "hcdlm", "evaluate", "sweep", "demo"]
 # The (sub-)commands whose --out is a run directory: a busy one is refused before the parser is built, which
-# imports the stages (torch, transformers). tests/test_cli.py keeps this in step with the parsers' --out help.
+# imports the stages (torch, transformers). tests/test_rundir.py keeps this in step with the parsers' --out help.
 RUN_DIRECTORY_COMMANDS = ("replace", "train", "locate", "sweep", "demo", "evaluate", "hcdlm train", "backbone train")
 
 
