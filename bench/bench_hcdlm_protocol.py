@@ -7,7 +7,11 @@ as rows, then the mean) and, per mode, the paired bootstrap over seeds of each k
 kind's. The splits are checked disjoint (with every run's training pool) and hashed into the record.
 
     python bench/bench_hcdlm_protocol.py --val VAL.csv --test TEST.csv --models hcdlm,mdm --seeds 0,1,2 \
-        --minutes 30 --k 8 --steps-choices 36,50,100 --out RUNS [--sudoku-box 2x3] [--question NAME]
+        --minutes 30 --k 8 --steps-choices 36,50,100 --out RUNS [--sudoku-box 2x3] [--question NAME] \
+        [--lr hcdlm=3e-3,mdm=1e-3] [--train-only]
+
+``--train-only`` trains (or resumes) the runs and stops: two processes can pretrain disjoint kinds or seeds into
+the same ``--out``, and the full command then resumes each finished run (same config) and scores it.
 """
 
 from __future__ import annotations
@@ -30,8 +34,20 @@ from dihal_fast.hcdlm.trainer import train  # noqa: E402
 MODES = ("single", "best_of", "oracle")
 
 
-def run_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
-    """Train (or resume) one run and score it by the protocol; its summary, protocol rows and split sizes."""
+def parse_lrs(text: str, kinds: list[str]) -> dict[str, float]:
+    """``kind=lr,...`` -> {kind: lr}; a kind not named keeps the task default (absent from the mapping)."""
+    lrs: dict[str, float] = {}
+    for item in filter(None, text.split(",")):
+        kind, sep, value = item.partition("=")
+        if not sep or kind not in kinds:
+            raise SystemExit(f"--lr takes kind=value for the kinds of --models {kinds}, got {item!r}")
+        lrs[kind] = float(value)
+    return lrs
+
+
+def train_one(kind: str, seed: int, args: argparse.Namespace) -> tuple[Path, dict]:
+    """Train (or resume) one run for ``--minutes`` of process CPU time; its folder and summary."""
+    lr = {"lr": args.lrs[kind]} if kind in args.lrs else {}
     config = RunConfig.for_task(
         name="sudoku",
         sudoku_box=args.sudoku_box,
@@ -43,9 +59,15 @@ def run_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
         budget_clock="cpu",
         threads=1,
         checkpoint_every=10**7,
+        **lr,
     )
     folder = Path(args.out) / f"{kind}_seed{seed}"
-    summary = dict(train(config, folder))
+    return folder, dict(train(config, folder))
+
+
+def run_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
+    """Train (or resume) one run and score it by the protocol; its summary, protocol rows and split sizes."""
+    folder, summary = train_one(kind, seed, args)
     run = load_run(folder, device="cpu")
     validation, test = examples_from_file(run.task, args.val), examples_from_file(run.task, args.test)
     splits = check_run_splits(run, folder, validation, test)
@@ -57,8 +79,8 @@ def run_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--val", required=True)
-    parser.add_argument("--test", required=True)
+    parser.add_argument("--val")
+    parser.add_argument("--test")
     parser.add_argument("--models", default="hcdlm,mdm")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -68,9 +90,20 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=3000, help="generated training puzzles per run")
     parser.add_argument("--out", required=True)
     parser.add_argument("--question", default="hcdlm_protocol")
+    parser.add_argument("--lr", default="", help="kind=lr,... (chosen on validation); others keep the default")
+    parser.add_argument("--train-only", action="store_true", help="train or resume the runs, score nothing")
     args = parser.parse_args()
     args.steps_choices = [int(s) for s in args.steps_choices.split(",")]
     kinds, seeds = args.models.split(","), [int(s) for s in args.seeds.split(",")]
+    args.lrs = parse_lrs(args.lr, kinds)
+    if args.train_only:
+        for kind in kinds:
+            for seed in seeds:
+                folder, summary = train_one(kind, seed, args)
+                print(f"{folder}: {summary['step']} steps, {summary['elapsed_s']:.0f} s, {summary['parameters']} p")
+        return
+    if not (args.val and args.test):
+        raise SystemExit("--val and --test are required unless --train-only")
     results = {(kind, seed): run_one(kind, seed, args) for kind in kinds for seed in seeds}
     header = ["model", "seed", "trained s", "parameters", "accuracy %", "passes / puzzle", "settings"]
     figures: dict = {"test_sha256": file_sha256(args.test), "validation_sha256": file_sha256(args.val)}
