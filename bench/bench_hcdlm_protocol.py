@@ -8,26 +8,34 @@ kind's. The splits are checked disjoint (with every run's training pool) and has
 
     python bench/bench_hcdlm_protocol.py --val VAL.csv --test TEST.csv --models hcdlm,mdm --seeds 0,1,2 \
         --minutes 30 --k 8 --steps-choices 36,50,100 --out RUNS [--sudoku-box 2x3] [--question NAME] \
-        [--lr hcdlm=3e-3,mdm=1e-3] [--train-only]
+        [--lr hcdlm=3e-3,mdm=1e-3] [--lr-record hcdlm_lr_search] [--train-only]
 
 ``--train-only`` trains (or resumes) the runs and stops: two processes can pretrain disjoint kinds or seeds into
 the same ``--out``, and the full command then resumes each finished run (same config) and scores it.
+
+``--lr-search 1e-3,3e-3 --val VAL.csv`` scores no test file: for every kind, lr and seed it resumes the run in
+``OUT/lr<LR>/<kind>_seed<S>`` and scores its single chain (argmax) on validation at each of ``--steps-choices``;
+each kind's lr is the one with the most accurate chain (ties: the first listed), and the record (``--question``,
+e.g. hcdlm_lr_search) holds the table, the choice, the validation sha256 and the time it was frozen. The scoring
+command then names it with ``--lr-record``: its ``--lr`` must be the record's choice and its ``--val`` the file the
+choice was made on, and the test record states when the lr was frozen and when the test was scored.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, rows_figure, table  # noqa: E402
+from _common import RESULTS_DIR, read_record, report, rows_figure, table  # noqa: E402
 
 from dihal_fast.hcdlm.api import check_run_splits, file_sha256  # noqa: E402
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file  # noqa: E402
-from dihal_fast.hcdlm.protocol import evaluate_protocol  # noqa: E402
-from dihal_fast.hcdlm.scoring import load_run  # noqa: E402
+from dihal_fast.hcdlm.protocol import evaluate_protocol, single_chain  # noqa: E402
+from dihal_fast.hcdlm.scoring import accuracy_vs_steps, load_run  # noqa: E402
 from dihal_fast.hcdlm.stats import paired_bootstrap  # noqa: E402
 from dihal_fast.hcdlm.trainer import train  # noqa: E402
 
@@ -45,8 +53,13 @@ def parse_lrs(text: str, kinds: list[str]) -> dict[str, float]:
     return lrs
 
 
-def train_one(kind: str, seed: int, args: argparse.Namespace) -> tuple[Path, dict]:
-    """Train (or resume) one run for ``--minutes`` of process CPU time; its folder and summary."""
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def train_one(kind: str, seed: int, args: argparse.Namespace, out: Path | None = None) -> tuple[Path, dict]:
+    """Train (or resume) one run for ``--minutes`` of process CPU time in ``out`` (default ``--out``); its folder
+    and summary."""
     lr = {"lr": args.lrs[kind]} if kind in args.lrs else {}
     config = RunConfig.for_task(
         name="sudoku",
@@ -61,7 +74,7 @@ def train_one(kind: str, seed: int, args: argparse.Namespace) -> tuple[Path, dic
         checkpoint_every=10**7,
         **lr,
     )
-    folder = Path(args.out) / f"{kind}_seed{seed}"
+    folder = Path(out or args.out) / f"{kind}_seed{seed}"
     return folder, dict(train(config, folder))
 
 
@@ -75,6 +88,60 @@ def run_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
         run, test, validation, SampleConfig(steps=args.steps_choices[0]), args.k, tuple(args.steps_choices), seed
     )
     return {"summary": summary, "protocol": found, "splits": splits}
+
+
+def lr_search(kinds: list[str], seeds: list[int], args: argparse.Namespace) -> None:
+    """Each kind's lr chosen on validation by its single chain (see the module docstring); the record."""
+    lrs = [text for text in args.lr_search.split(",") if text]
+    header = ["model", "lr", "seed", "trained s", "steps", "parameters"]
+    header += [f"{steps} steps %" for steps in args.steps_choices] + ["easy / hard % (best)"]
+    rows, best = [], {}
+    for kind in kinds:
+        for text in lrs:
+            args.lrs = {kind: float(text)}
+            accuracies = []
+            for seed in seeds:
+                folder, summary = train_one(kind, seed, args, Path(args.out) / f"lr{text}")
+                run = load_run(folder, device="cpu")
+                validation = examples_from_file(run.task, args.val)
+                check_run_splits(run, folder, validation, [])
+                cfg = single_chain(run, SampleConfig(), args.steps_choices[0])
+                curve = accuracy_vs_steps(run, validation, args.steps_choices, cfg, seed)
+                top = max(curve, key=lambda row: row["accuracy"])
+                accuracies.append(top["accuracy"])
+                groups = " / ".join(f"{100 * g['accuracy']:.1f}" for g in top["groups"].values())
+                trained = [round(summary["elapsed_s"]), summary["step"], summary["parameters"]]
+                rows.append(
+                    [kind, float(text), seed, *trained, *[round(100 * r["accuracy"], 1) for r in curve], groups]
+                )
+            mean = sum(accuracies) / len(accuracies)
+            if kind not in best or mean > best[kind][1]:
+                best[kind] = (float(text), mean)
+    chosen = {kind: lr for kind, (lr, _) in best.items()}
+    figures = {
+        "lr_search": rows_figure(header, rows),
+        "chosen": chosen,
+        "validation_sha256": file_sha256(args.val),
+        "frozen_at": now(),
+    }
+    body = f"validation {figures['validation_sha256'][:16]} (sha256), single chain (argmax)\n\n{table(header, rows)}"
+    body += "\n\nchosen on validation: " + ", ".join(f"{kind} lr {lr:g}" for kind, lr in chosen.items())
+    report(
+        f"Sudoku {args.sudoku_box}: lr chosen on validation at {args.minutes:g} CPU-minutes (single chain)",
+        body,
+        question=args.question,
+        figures=figures,
+    )
+
+
+def frozen_lr(args: argparse.Namespace) -> dict:
+    """The ``--lr-record`` figures that say when the lr was frozen, refused unless ``--lr`` and ``--val`` match."""
+    found = read_record(RESULTS_DIR / f"{args.lr_record}.json")["figures"]
+    if found.get("chosen") != args.lrs:
+        raise SystemExit(f"--lr {args.lrs} is not the lr {args.lr_record} chose on validation: {found.get('chosen')}")
+    if found.get("validation_sha256") != file_sha256(args.val):
+        raise SystemExit(f"--val {args.val} is not the validation file {args.lr_record} chose the lr on")
+    return {"lr_record": args.lr_record, "lr": args.lrs, "lr_frozen_at": found["frozen_at"]}
 
 
 def main() -> None:
@@ -92,6 +159,8 @@ def main() -> None:
     parser.add_argument("--question", default="hcdlm_protocol")
     parser.add_argument("--lr", default="", help="kind=lr,... (chosen on validation); others keep the default")
     parser.add_argument("--train-only", action="store_true", help="train or resume the runs, score nothing")
+    parser.add_argument("--lr-search", default="", help="LR,LR,...: choose each kind's lr on --val (no test)")
+    parser.add_argument("--lr-record", default="", help="the lr-search record the --lr was chosen by")
     args = parser.parse_args()
     args.steps_choices = [int(s) for s in args.steps_choices.split(",")]
     kinds, seeds = args.models.split(","), [int(s) for s in args.seeds.split(",")]
@@ -102,11 +171,17 @@ def main() -> None:
                 folder, summary = train_one(kind, seed, args)
                 print(f"{folder}: {summary['step']} steps, {summary['elapsed_s']:.0f} s, {summary['parameters']} p")
         return
+    if args.lr_search:
+        if not args.val:
+            raise SystemExit("--lr-search needs --val")
+        return lr_search(kinds, seeds, args)
     if not (args.val and args.test):
-        raise SystemExit("--val and --test are required unless --train-only")
+        raise SystemExit("--val and --test are required unless --train-only or --lr-search")
+    figures: dict = frozen_lr(args) if args.lr_record else {}
+    figures["test_scored_at"] = now()
     results = {(kind, seed): run_one(kind, seed, args) for kind in kinds for seed in seeds}
     header = ["model", "seed", "trained s", "parameters", "accuracy %", "passes / puzzle", "settings"]
-    figures: dict = {"test_sha256": file_sha256(args.test), "validation_sha256": file_sha256(args.val)}
+    figures.update(test_sha256=file_sha256(args.test), validation_sha256=file_sha256(args.val))
     body = [f"test {figures['test_sha256'][:16]}, validation {figures['validation_sha256'][:16]} (sha256)"]
     for index, mode in enumerate(MODES):
         rows, accuracy = [], {kind: [] for kind in kinds}

@@ -1,17 +1,33 @@
 """Sudoku splits disjoint up to the training symmetries: the key is invariant under every symmetry training applies,
-tells generated puzzles apart, catches a symmetric copy planted in a split, and fresh draws avoid a pool."""
+tells generated puzzles apart, catches a symmetric copy planted in a split, fresh draws avoid a pool, and the frozen
+6x6 validation / test files keep their hashes and stay apart (from each other; with -m slow, from the pools)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
+from pathlib import Path
 
 import pytest
 
+from dihal_fast.tasks.data import load_sudoku_csv
 from dihal_fast.tasks.sudoku import geometry, random_symmetry
 from dihal_fast.tasks.sudoku_grade import generate
-from dihal_fast.tasks.sudoku_splits import check_disjoint, fresh_puzzles, split_hash, symmetry_key
+from dihal_fast.tasks.sudoku_splits import (
+    SPLIT_NAMES,
+    Pair,
+    check_disjoint,
+    draw_splits,
+    fresh_puzzles,
+    split_hash,
+    symmetry_key,
+    write_split_csv,
+)
+from dihal_fast.tasks.sudoku_task import generate_pool
 
 BOXES = [(2, 2), (2, 3), (3, 3)]
+FROZEN = Path(__file__).resolve().parents[1] / "bench" / "data" / "sudoku6"  # bench/make_sudoku_splits.py wrote it
 
 
 def _puzzles(geo, count: int, seed: str):
@@ -60,3 +76,41 @@ def test_the_split_hash_names_the_puzzles_in_order():
     pairs = _puzzles(geo, 3, "hash")
     assert split_hash(pairs) == split_hash(list(pairs)) and len(split_hash(pairs)) == 64
     assert split_hash(pairs[::-1]) != split_hash(pairs) and split_hash(pairs[:2]) != split_hash(pairs)
+
+
+def test_drawn_splits_avoid_the_pool_and_each_other_and_read_back(tmp_path):
+    geo = geometry(2, 3)
+    rng = random.Random("pool")
+    pool = fresh_puzzles(lambda: generate(rng, geo, "singles"), 40, geo)
+    splits = draw_splits(geo, 7, 4, exclude=pool)
+    assert [level for _, level in splits["validation"]] == ["easy"] * 4 + ["hard"] * 4
+    named = {name: [pair for pair, _ in rows] for name, rows in splits.items()}
+    assert check_disjoint({"pool": pool, **named}, geo) == {"pool": 40, "validation": 8, "test": 8}
+    assert draw_splits(geo, 7, 4, exclude=pool) == splits and draw_splits(geo, 8, 4, exclude=pool) != splits
+    write_split_csv(tmp_path / "test.csv", splits["test"])
+    records = load_sudoku_csv(tmp_path / "test.csv")
+    assert [((r.puzzle, r.solution), r.level) for r in records] == splits["test"]
+
+
+def _frozen(name: str) -> list[Pair]:
+    return [(r.puzzle, r.solution) for r in load_sudoku_csv(FROZEN / f"{name}.csv")]
+
+
+def test_the_frozen_6x6_splits_keep_their_hashes_and_share_no_puzzle():
+    manifest = json.loads((FROZEN / "splits.json").read_text())
+    splits = {name: _frozen(name) for name in SPLIT_NAMES}
+    for name, entry in manifest["splits"].items():
+        assert split_hash(splits[name]) == entry["split_hash"]
+        assert hashlib.sha256((FROZEN / entry["file"]).read_bytes()).hexdigest() == entry["sha256"]
+        assert min(entry["sizes"].values()) >= 150
+    assert check_disjoint(splits, geometry(2, 3)) == {"validation": 300, "test": 300}
+
+
+@pytest.mark.slow
+def test_the_frozen_6x6_splits_share_no_puzzle_with_the_training_pools_of_seeds_0_1_2():
+    geo = geometry(2, 3)
+    manifest = json.loads((FROZEN / "splits.json").read_text())
+    pools = manifest["excluded_pools"]
+    assert pools["train_seeds"] == [0, 1, 2]
+    pooled = [p for seed in pools["train_seeds"] for p in generate_pool(geo, pools["pool"], pools["difficulty"], seed)]
+    check_disjoint({"training pools": pooled, **{name: _frozen(name) for name in SPLIT_NAMES}}, geo)

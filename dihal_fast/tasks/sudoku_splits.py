@@ -9,15 +9,21 @@ equal keys mean "maybe the same puzzle up to symmetry", different keys "certainl
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
+import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 
 from dihal_fast.errors import DihalValueError
-from dihal_fast.tasks.sudoku import Geometry
+from dihal_fast.tasks.sudoku import Geometry, format_grid
+from dihal_fast.tasks.sudoku_grade import generate
 
 Pair = tuple[tuple[int, ...], tuple[int, ...]]
 PATIENCE = 2000  # draws in a row without a new puzzle before fresh_puzzles gives up
+LEVELS = {"easy": "singles", "hard": "hard"}  # a split file's level -> the generator's difficulty
+SPLIT_NAMES = ("validation", "test")
 
 
 def _line_profile(bands: list[list[tuple[int, ...]]]) -> tuple:
@@ -113,3 +119,29 @@ def split_hash(pairs: Iterable[Pair]) -> str:
     for puzzle, solution in pairs:
         digest.update(f"{''.join(map(str, puzzle))},{''.join(map(str, solution))}\n".encode())
     return digest.hexdigest()
+
+
+def draw_splits(
+    geo: Geometry, seed: int, per_level: int, exclude: Iterable[Pair] = (), names: Sequence[str] = SPLIT_NAMES
+) -> dict[str, list[tuple[Pair, str]]]:
+    """``per_level`` fresh puzzles of each :data:`LEVELS` level for each split in ``names``, as ``(pair, level)``
+    rows: drawn by :func:`fresh_puzzles` from a stream named by ``seed``, split and level, apart from ``exclude``
+    (the training pools) and from every earlier split and level, so the splits pass :func:`check_disjoint`."""
+    taken = list(exclude)
+    splits: dict[str, list[tuple[Pair, str]]] = {}
+    for name in names:
+        splits[name] = []
+        for level, difficulty in LEVELS.items():
+            draw = functools.partial(generate, random.Random(f"sudoku-split-{seed}-{name}-{level}"), geo, difficulty)
+            pairs = fresh_puzzles(draw, per_level, geo, exclude=taken)
+            taken += pairs
+            splits[name] += [(pair, level) for pair in pairs]
+    return splits
+
+
+def write_split_csv(path: str | Path, rows: Iterable[tuple[Pair, str]]) -> None:
+    """A ``puzzle,solution,level`` CSV (``.`` for a blank) that :func:`~dihal_fast.tasks.data.load_sudoku_csv`
+    reads back."""
+    with Path(path).open("w", encoding="utf-8", newline="") as handle:
+        handle.write("puzzle,solution,level\n")
+        handle.writelines(f"{format_grid(p)},{format_grid(s)},{level}\n" for (p, s), level in rows)
