@@ -3,9 +3,8 @@ evaluation harness, score/loss correlations and report formatting (the Diffusion
 :mod:`dihal_fast.controls`).
 
 The metrics (pure functions) and the float64 sampler live in the leaf modules
-:mod:`dihal_fast.common.metrics` and :mod:`dihal_fast.common.sampling`, which the models use too; their
-old paths ``dihal_fast.evaluate.metrics`` and ``dihal_fast.evaluate.sampling`` still import, with a
-DeprecationWarning (see those modules). The stages that run this (evaluate, sweep, demo) are in
+:mod:`dihal_fast.common.metrics` and :mod:`dihal_fast.common.sampling`, which the models use too (the
+names below are re-exported from there). The stages that run this (evaluate, sweep, demo) are in
 :mod:`dihal_fast.pipeline`.
 """
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from dihal_fast.common import metrics
-from dihal_fast.common.deprecation import renamed_attributes
 from dihal_fast.common.options import option
 from dihal_fast.common.sampling import PROTOCOL as SAMPLING_PROTOCOL
 from dihal_fast.common.validation import CheckedConfig
@@ -142,6 +141,3 @@ def report_header(settings: EvalProtocolConfig, corpus, evaluator) -> dict:
             "dtype": str(next(evaluator.model.parameters()).dtype).replace("torch.", ""),
         },
     }
-
-
-__getattr__ = renamed_attributes(__name__, globals(), {"EvalSettings": "EvalProtocolConfig"})  # until 0.4

@@ -11,8 +11,6 @@ command is a thin shell over these functions: its flags are generated from the s
     hybrid = replace(ReplaceConfig(from_locate="runs/locate"), "runs/replace").hybrid_dir
 """
 
-from dihal_fast.common.deprecation import renamed_attributes
-from dihal_fast.pipeline import demo_stage, sweep_stage
 from dihal_fast.pipeline.demo_stage import DemoBudgetConfig, DemoConfig, demo
 from dihal_fast.pipeline.evaluate_stage import EvaluateConfig, evaluate
 from dihal_fast.pipeline.generate_stage import GenerateConfig, generate
@@ -52,5 +50,3 @@ __all__ = [
     "replace",
     "sweep",
 ]
-
-__getattr__ = renamed_attributes(__name__, globals(), {**demo_stage.RENAMED, **sweep_stage.RENAMED})  # until 0.4

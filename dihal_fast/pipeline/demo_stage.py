@@ -14,7 +14,6 @@ from pathlib import Path
 
 from dihal_fast.common import atomic_write_json, read_json
 from dihal_fast.common.assets import backbone_option, corpus_option, corpus_or_default
-from dihal_fast.common.deprecation import renamed_attributes
 from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
@@ -279,7 +278,3 @@ def write_markdown(out: Path, summary: dict, evaluation: dict, samples: dict) ->
         ),
     ]
     return md.write_report(out / "report.md", "DiHAL demo: locate, replace, evaluate, generate", sections)
-
-
-RENAMED = {"DemoSettings": "DemoBudgetConfig"}  # old public name -> new, until 0.4
-__getattr__ = renamed_attributes(__name__, globals(), RENAMED)

@@ -21,7 +21,6 @@ import numpy as np
 
 from dihal_fast.common import atomic_write_json
 from dihal_fast.common.assets import backbone_option, corpus_option, corpus_or_default
-from dihal_fast.common.deprecation import renamed_attributes
 from dihal_fast.common.devices import DEVICE_HELP, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
@@ -201,7 +200,3 @@ def bridge_workers(requested: int, device: str, layers: int) -> int:
 
         requested = pinned_threads() or poll_threads() or torch.get_num_threads()
     return max(1, min(requested, layers))
-
-
-RENAMED = {"SweepSettings": "SweepBudgetConfig"}  # old public name -> new, until 0.4
-__getattr__ = renamed_attributes(__name__, globals(), RENAMED)
