@@ -309,6 +309,30 @@ def test_one_deepspeed_zero2_step_equals_one_plain_torch_step(tiny_checkpoints, 
     )
 
 
+def test_zero3_keeps_the_frozen_teacher_tensors_outside_the_engine(tiny_checkpoints, corpus, tmp_path):
+    # ZeRO-3 partitioned every parameter of the engine's module: each frozen retained tensor the hybrid shares with
+    # the teacher got a partition copy (its own data emptied) and was gathered whole again for every forward.
+    config = _config(steps=1)
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    plain, zero, frozen = [], [], []
+
+    def callback(info):
+        _trainable_after_each_step(zero)(info)
+        frozen.extend(info.engine.module.hybrid.upper.parameters())
+
+    train_bridge(
+        tiny_checkpoints["gpt2"], 2, corpus, tmp_path / "plain", config, callback=_trainable_after_each_step(plain)
+    )
+    train_bridge(
+        tiny_checkpoints["gpt2"], 2, corpus, tmp_path / "zero", config, deepspeed_config=tmp_path / "ds.json",
+        callback=callback,
+    )  # fmt: skip
+    assert frozen and all(p.numel() > 0 and not hasattr(p, "ds_id") and not p.requires_grad for p in frozen)
+    assert plain[0].keys() == zero[0].keys() and len(plain[0]) > 10
+    for name in plain[0]:
+        torch.testing.assert_close(zero[0][name], plain[0][name], rtol=1e-6, atol=1e-7)
+
+
 WORKER = """
 import sys, torch
 from dihal_fast.replace import BridgeTrainConfig, train_bridge

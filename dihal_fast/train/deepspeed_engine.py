@@ -1,10 +1,12 @@
 """DeepSpeed ZeRO (stages 0-3) engine: the same interface as :class:`~dihal_fast.train.engines.TorchEngine`.
 
 Only the trainable parameters (the bridge, plus the retained layers with ``train_upper``) go to the
-optimizer, and that optimizer is torch's AdamW, so no DeepSpeed op is ever compiled (the optional
-shared-memory communication op is switched off too; gloo carries CPU collectives). A DeepSpeed config is
-checked before anything starts: asking for a GPU-only feature on a CPU machine, an optimizer or scheduler
-section (this trainer owns both), or batch settings that contradict the loop settings are clear errors.
+optimizer, and frozen submodules (the tensors a hybrid shares with its teacher) stay outside the engine
+(:func:`keep_frozen_outside`): one copy per process, whatever the ZeRO stage. The optimizer is torch's
+AdamW, so no DeepSpeed op is ever compiled (the optional shared-memory communication op is switched off too;
+gloo carries CPU collectives). A DeepSpeed config is checked before anything starts: asking for a GPU-only
+feature on a CPU machine, an optimizer or scheduler section (this trainer owns both), or batch settings that
+contradict the loop settings are clear errors.
 """
 
 from __future__ import annotations
@@ -161,6 +163,32 @@ def _forget_deepspeed_groups() -> None:
             setattr(groups, name, {} if isinstance(value, dict) else None)
 
 
+def keep_frozen_outside(module: nn.Module) -> list[str]:
+    """Take each largest submodule of ``module`` whose parameters are all frozen out of its module tree, kept as a
+    plain attribute (its forward runs as before, autograd still reaches the trainable parts through it); returns
+    their dotted names.
+
+    DeepSpeed then does not own the frozen tensors a hybrid shares with its teacher: ZeRO-3 would partition them
+    (each rank a slice copy beside the teacher's whole tensor, the whole gathered again for every forward), a
+    ``bf16`` section would cast them, and every checkpoint would hold them."""
+    moved: list[str] = []
+
+    def visit(parent: nn.Module, prefix: str) -> None:
+        for name, child in list(parent._modules.items()):
+            if child is None:
+                continue
+            parameters = list(child.parameters())
+            if parameters and not any(p.requires_grad for p in parameters):
+                del parent._modules[name]
+                object.__setattr__(parent, name, child)
+                moved.append(prefix + name)
+            else:
+                visit(child, f"{prefix}{name}.")
+
+    visit(module, "")
+    return moved
+
+
 class DeepSpeedEngine:
     """ZeRO training inside :func:`distributed_session`."""
 
@@ -175,6 +203,7 @@ class DeepSpeedEngine:
         self.device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
         named = trainable_parameters(objective)
         optimizer, scheduler = make_optimizer(named, settings)
+        self.outside = keep_frozen_outside(objective)
         self.engine, _, _, self.scheduler = deepspeed.initialize(
             model=objective,
             optimizer=optimizer,
@@ -228,8 +257,14 @@ class DeepSpeedEngine:
                 "was it written by a plain-torch run?"
             )
         try:
+            # Not strict: a checkpoint of an earlier version also holds the frozen tensors kept outside the engine;
+            # the trainable ones were loaded and checked from the checkpoint's own weights file already.
             path, _ = self.engine.load_checkpoint(
-                str(directory), tag=_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+                str(directory),
+                tag=_TAG,
+                load_module_strict=False,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
             )
         except Exception as exc:  # DeepSpeed raises many types for damaged or mismatched files
             raise DihalValueError(
