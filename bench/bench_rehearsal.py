@@ -69,6 +69,7 @@ def model_facts(model: Path) -> dict:
     return {
         "layers": config["num_hidden_layers"],
         "hidden": config["hidden_size"],
+        "intermediate": config["intermediate_size"],
         "dtype": config.get("dtype") or config.get("torch_dtype"),
         "weight_bytes": sum(p.stat().st_size for p in model.glob("*.safetensors")),
     }
@@ -136,6 +137,7 @@ def run_shape(name: str, args: argparse.Namespace) -> dict:
         figures = measured(stage_command(stage, dihal, model, run, args), run / f"{stage}.log", threads)
         figures["bytes_written"] = bytes_under(out)
         figures["checkpoint_bytes"] = bytes_under(out / "checkpoints") if out.is_dir() else 0
+        figures["batch_size"] = args.batch_size  # per process (per rank under torchrun)
         saved[stage] = figures
         saved_path.write_text(json.dumps(saved, indent=1))
     return saved
@@ -172,14 +174,35 @@ def loaded_itemsize(facts: dict, dtype: str) -> int:
     return ITEMSIZE[facts["dtype"] if dtype == "auto" else dtype]
 
 
+SEQ_LEN = 128  # dihal replace's default --seq-len (the stages do not pass one)
+ACTIVATION_VALUES = 8  # values kept per token, retained layer and unit of D + I (fitted at Qwen3-0.6B's shape)
+
+
+def activations_gb(facts: dict, layer: int, batch: int, itemsize: int) -> float:
+    """GB of the activations a training step keeps for the backward into the bridge: the retained layers
+    ``layer..L-1`` on ``batch`` x ``SEQ_LEN`` tokens, ~8 (D + I) values per token and layer in the weights'
+    dtype (docs/DESIGN.md, "Memory at size"; the head's B T V logits are inside that constant at a 32k
+    vocabulary)."""
+    retained = facts["layers"] - layer
+    return retained * batch * SEQ_LEN * ACTIVATION_VALUES * (facts["hidden"] + facts["intermediate"]) * itemsize / 1e9
+
+
 def accounted(
-    stage: str, facts: dict, runtime_gb: float, bridge_gb: float, locate_states_gb: float, itemsize: int
+    stage: str,
+    facts: dict,
+    runtime_gb: float,
+    bridge_gb: float,
+    locate_states_gb: float,
+    itemsize: int,
+    activation_gb: float = 0.0,
 ) -> dict:
-    """The memory the design accounts for in ``stage`` (GB): weights in their dtype, the kept states, runtime.
+    """The memory the design accounts for in ``stage`` (GB): weights in their dtype, the kept states, the
+    activations of one training step, runtime.
 
     locate: weights + (L + 1) D^2 float64 covariances and the reservoir; replace: teacher + bridge with its
-    gradient, two Adam moments and the EMA (5 float32 copies); ZeRO: the same per rank (the teacher is whole on
-    every rank); evaluate: one backbone + the bridge; generate: the self-contained hybrid (<= the weights)."""
+    gradient, two Adam moments and the EMA (5 float32 copies) + the retained layers' activations; ZeRO: the same
+    per rank (the teacher is whole on every rank, outside the engine; ``activation_gb`` at the per-rank batch);
+    evaluate: one backbone + the bridge; generate: the self-contained hybrid (<= the weights)."""
     weights = facts["weight_bytes"] / 1e9 * itemsize / ITEMSIZE[facts["dtype"]]
     states = {
         "locate": locate_states_gb,
@@ -189,7 +212,14 @@ def accounted(
         "evaluate": bridge_gb,
         "generate": bridge_gb,
     }[stage]
-    return {"weights_gb": weights, "states_gb": states, "runtime_gb": runtime_gb}
+    activations = activation_gb if stage in ("replace", "zero2", "zero3") else 0.0
+    return {"weights_gb": weights, "states_gb": states, "activations_gb": activations, "runtime_gb": runtime_gb}
+
+
+def located_layer(run: Path) -> int | None:
+    """The layer ``dihal locate`` selected in ``run`` (the one the replace stages train a bridge for)."""
+    report_path = run / "locate" / "locate.json"
+    return int(json.loads(report_path.read_text())["selected_layer"]) if report_path.is_file() else None
 
 
 def locate_states(run: Path, facts: dict, itemsize: int) -> float:
@@ -274,7 +304,8 @@ def cluster_plan(tokens: int = 32768, reservoir: int = 30000, ranks: int = 8, ba
     """Memory (GB) and FLOPs of each stage for the 8B targets from docs/DESIGN.md's formula, bf16 weights:
     GPU holds the weights, the bridge's training states and one batch's logits; the host holds locate's
     float64 covariances and bf16 reservoir; ZeRO-3 splits the bridge's gradient and Adam moments over ``ranks``
-    (the EMA and the teacher stay whole on every rank)."""
+    (the EMA and the teacher stay whole on every rank); a training step's activations are taken at the deepest
+    possible cut (bridge for hidden state 1: every layer but one retained), per rank at ``batch``."""
     rows = []
     for name, (layers, d, ffn, vocab, kv, tied) in TARGETS.items():
         per_layer = 2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d
@@ -285,6 +316,7 @@ def cluster_plan(tokens: int = 32768, reservoir: int = 30000, ranks: int = 8, ba
         covariances = (layers + 1) * d * d * 8 / 1e9
         reservoir_gb = (layers + 1) * reservoir * d * 2 / 1e9
         states = 5 * 4 * bridge / 1e9
+        activations = (layers - 1) * batch * seq * ACTIVATION_VALUES * (d + ffn) * 2 / 1e9
         zero3 = (4 * bridge + 4 * 4 * bridge / ranks) / 1e9  # EMA whole + (param, grad, 2 moments) / ranks
         checkpoint = 4 * 4 * bridge / 1e9  # bridge + 2 Adam moments + EMA, float32
         locate_flops = 2 * params * tokens
@@ -292,8 +324,8 @@ def cluster_plan(tokens: int = 32768, reservoir: int = 30000, ranks: int = 8, ba
         rows.append({
             "model": name, "params_b": params / 1e9, "weights_gb": weights, "bridge_params_m": bridge / 1e6,
             "locate_gpu_gb": weights + logits, "locate_host_gb": covariances + reservoir_gb,
-            "replace_gpu_gb": weights + states + 2 * logits,
-            "replace_zero3_gpu_gb_per_rank": weights + zero3 + 2 * logits,
+            "replace_gpu_gb": weights + states + activations + 2 * logits,
+            "replace_zero3_gpu_gb_per_rank": weights + zero3 + activations + 2 * logits,
             "evaluate_gpu_gb": weights + 4 * bridge / 1e9 + logits, "checkpoint_gb": checkpoint,
             "hybrid_dir_gb": weights + 4 * bridge / 1e9, "locate_tflop": locate_flops / 1e12,
             "replace_step_tflop": step_flops / 1e12,
@@ -320,18 +352,23 @@ def write_report(args: argparse.Namespace) -> None:
         for stage in STAGES:
             if stage not in saved:
                 continue
-            s, acc = saved[stage], accounted(stage, facts, runtime, bridge_gb, states, itemsize)
+            s, layer = saved[stage], located_layer(run)
+            batch = int(s.get("batch_size", args.batch_size))
+            step = activations_gb(facts, layer, batch, itemsize) if layer is not None else 0.0
+            acc = accounted(stage, facts, runtime, bridge_gb, states, itemsize, step)
             total = sum(acc.values())
             s["accounted"] = {**acc, "ratio": s["peak_rss_gb"] / total}
             rows.append(
                 [
                     name,
                     stage,
+                    str(batch) if stage in ("replace", "zero2", "zero3") else "",
                     f"{s['wall_s']:.0f}",
                     f"{s['cpu_s']:.0f}",
                     f"{s['peak_rss_gb']:.2f}",
                     f"{acc['weights_gb']:.2f}",
                     f"{acc['states_gb']:.2f}",
+                    f"{acc['activations_gb']:.2f}",
                     f"{acc['runtime_gb']:.2f}",
                     f"{s['peak_rss_gb'] / total:.2f}",
                     f"{s['bytes_written'] / 1e9:.3f}",
@@ -342,8 +379,8 @@ def write_report(args: argparse.Namespace) -> None:
             f"{facts['dtype']} weights; one-thread GEMM (GFLOP per CPU-second) at width {facts['hidden']}: float32 "
             f"{rates['float32']:.1f} GFLOP/s, bfloat16 {rates['bfloat16']:.1f} GFLOP/s."
         )
-    header = ["shape", "stage", "wall s", "CPU s", "peak RSS GB", "weights GB", "states GB", "runtime GB",
-              "peak / accounted", "written GB"]  # fmt: skip
+    header = ["shape", "stage", "batch", "wall s", "CPU s", "peak RSS GB", "weights GB", "states GB",
+              "activations GB", "runtime GB", "peak / accounted", "written GB"]  # fmt: skip
     figures["stages"] = rows_figure(header, rows)
     speed_rows = []
     for name in args.shapes:
@@ -375,8 +412,9 @@ def write_report(args: argparse.Namespace) -> None:
             if speed_rows
             else ""
         )
-        + "\n\naccounted = weights in their dtype + the states the stage keeps (docs/DESIGN.md, 'Memory at size') "
-        "+ the runtime (torch, transformers and dihal_fast imported)."
+        + "\n\naccounted = weights in their dtype + the states the stage keeps + the activations of one training "
+        "step (batch: blocks of 128 tokens per process; docs/DESIGN.md, 'Memory at size') + the runtime (torch, "
+        "transformers and dihal_fast imported)."
     )
     report("The pipeline at a real model's size (rehearsal, random weights)", text, question="rehearsal",
            figures=figures)  # fmt: skip
