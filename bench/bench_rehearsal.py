@@ -175,12 +175,12 @@ def loaded_itemsize(facts: dict, dtype: str) -> int:
 
 
 SEQ_LEN = 128  # dihal replace's default --seq-len (the stages do not pass one)
-ACTIVATION_VALUES = 8  # values kept per token, retained layer and unit of D + I (fitted at Qwen3-0.6B's shape)
+ACTIVATION_VALUES = 11  # values per token, retained layer and unit of D + I at a step's peak (fitted at Qwen3-0.6B)
 
 
 def activations_gb(facts: dict, layer: int, batch: int, itemsize: int) -> float:
     """GB of the activations a training step keeps for the backward into the bridge: the retained layers
-    ``layer..L-1`` on ``batch`` x ``SEQ_LEN`` tokens, ~8 (D + I) values per token and layer in the weights'
+    ``layer..L-1`` on ``batch`` x ``SEQ_LEN`` tokens, ~11 (D + I) values per token and layer in the weights'
     dtype (docs/DESIGN.md, "Memory at size"; the head's B T V logits are inside that constant at a 32k
     vocabulary)."""
     retained = facts["layers"] - layer
