@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 import torch
@@ -181,7 +182,8 @@ def test_a_replace_run_names_its_hybrid_and_backbone(tiny_hybrid, tiny_checkpoin
     run = _replace_run(tmp_path, tiny_hybrid, {"hybrid_dir": str(tiny_hybrid), "model": str(backbone)})
     models = resolve_models(run)
     assert (models.hybrid, models.backbone) == (tiny_hybrid, backbone)
-    assert resolve_models(run, backbone=tiny_checkpoints["qwen3"]).backbone == tiny_checkpoints["qwen3"]
+    copy = shutil.copytree(backbone, tmp_path / "backbone_copy")
+    assert resolve_models(run, backbone=copy).backbone == copy  # explicit wins
     assert resolve_models(tiny_hybrid, backbone).hybrid == tiny_hybrid
 
 
@@ -251,3 +253,20 @@ def test_saved_tensors_are_read_without_a_memory_map(tiny_hybrid, monkeypatch):
     assert read.keys() == expected.keys()
     for name, value in expected.items():
         assert read[name].dtype == value.dtype and torch.equal(read[name], value), name
+
+
+def test_a_backbone_of_another_shape_is_refused_before_loading(tiny_hybrid, tiny_checkpoints, tmp_path):
+    """--backbone, or the model a replace run names, of another shape than the hybrid's recorded backbone: one
+    line naming the fields and --backbone, before any weights load; through the stage (the API) too."""
+    from dihal_fast.evaluate.models import resolve_models
+    from dihal_fast.pipeline import EvaluateConfig, evaluate
+
+    with pytest.raises(ValueError, match=r"--backbone .* was cut from: model_type 'gpt2'.*pass that checkpoint"):
+        resolve_models(tiny_hybrid, tiny_checkpoints["gpt2"])
+    run = _replace_run(tmp_path, tiny_hybrid, {"hybrid_dir": str(tiny_hybrid), "model": str(tiny_checkpoints["qwen3"])})
+    with pytest.raises(ValueError, match=r"result.json names, .*model_type 'qwen3'.* as --backbone"):
+        resolve_models(run)
+    with pytest.raises(ValueError, match="pass --backbone DIR .*its config records /"):
+        evaluate(EvaluateConfig(hybrid=str(tiny_hybrid)), tmp_path / "eval")
+    with pytest.raises(ValueError, match="model_type 'gpt2'"):
+        evaluate(EvaluateConfig(hybrid=str(tiny_hybrid), backbone=str(tiny_checkpoints["gpt2"])), tmp_path / "e2")

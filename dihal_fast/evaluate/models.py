@@ -4,10 +4,12 @@ where they go (:class:`EvaluatedModels`), and the loading that keeps one copy of
 A ``dihal replace`` run directory names its hybrid and the backbone it was trained from in ``result.json``
 (``hybrid_dir``, ``model``); a hybrid directory is taken as is, with its backbone given explicitly (its
 config's ``backbone_dir`` is provenance only, an absolute path that need not exist where the hybrid is
-evaluated). The hybrid is then built on the loaded backbone: its frozen retained layers, embeddings and head
-are the backbone's own tensors (each checked equal to the hybrid's saved copy, one tensor at a time) and only
-its own weights (the bridge, trained layers) are read from its files; an evaluator that is the backbone in the
-backbone's dtype is the same loaded model. Peak memory is then one backbone in its dtype plus the bridge.
+evaluated). Either backbone is checked against the shape the hybrid's config records of it
+(``backbone_config``: family, layers, widths, vocabulary) before any weights load. The hybrid is then built on
+the loaded backbone: its frozen retained layers, embeddings and head are the backbone's own tensors (each
+checked equal to the hybrid's saved copy, one tensor at a time) and only its own weights (the bridge, trained
+layers) are read from its files; an evaluator that is the backbone in the backbone's dtype is the same loaded
+model. Peak memory is then one backbone in its dtype plus the bridge.
 """
 
 from __future__ import annotations
@@ -94,18 +96,54 @@ def resolve_models(
         check_checkpoint_config(hybrid_dir, seq_len)  # a bad config.json, a too long --seq-len
     chosen = backbone if backbone is not None else recorded
     if chosen is None:
+        provenance = _hybrid_config(hybrid_dir).get("backbone_dir") or "no path"
         raise DihalValueError(
             f"the backbone of the hybrid {hybrid_dir} is not known here: pass --backbone DIR (the checkpoint it "
-            "was cut from) or the dihal replace run directory as --hybrid"
+            f"was cut from; its config records {provenance} as provenance) or the dihal replace run directory "
+            "as --hybrid"
         )
+    named_by = "--backbone" if backbone is not None else f"the backbone {path / RESULT_NAME} names,"
     return EvaluatedModels(
         hybrid=hybrid_dir,
-        backbone=resolve_model_dir(chosen),
+        backbone=check_backbone_shape(hybrid_dir, chosen, named_by),
         evaluator=None if evaluator is None else resolve_model_dir(evaluator),
         evaluator_dtype=evaluator_dtype,
         placement=placement or Placement(),
         controls={name: Path(control) for name, control in (controls or {}).items()},
     )
+
+
+# The fields of a backbone's config.json that fix its weights' shapes (GPT-2's names beside the usual ones).
+BACKBONE_SHAPE_FIELDS = ("model_type", "num_hidden_layers", "n_layer", "hidden_size", "n_embd", "intermediate_size",
+                         "n_inner", "num_attention_heads", "n_head", "num_key_value_heads", "vocab_size")  # fmt: skip
+
+
+def _hybrid_config(hybrid_dir: Path) -> dict:
+    config = read_json(hybrid_dir / "config.json", "hybrid config")
+    return config if isinstance(config, dict) else {}
+
+
+def check_backbone_shape(hybrid_dir: Path, backbone: str | Path, named_by: str) -> Path:
+    """``backbone`` checked to be a checkpoint directory whose config has the shape the hybrid's config records
+    of the backbone it was cut from (:data:`BACKBONE_SHAPE_FIELDS`); refused in one line naming the fields that
+    differ and ``--backbone`` otherwise. The weights are compared when the hybrid is built on it
+    (:func:`load_hybrid_on`)."""
+    backbone_dir = resolve_model_dir(backbone)
+    recorded = _hybrid_config(hybrid_dir).get("backbone_config")
+    if not isinstance(recorded, dict) or not recorded:
+        return backbone_dir
+    actual = read_json(backbone_dir / "config.json", "backbone config")
+    differ = [
+        f"{name} {actual.get(name)!r} (the hybrid's backbone: {recorded[name]!r})"
+        for name in BACKBONE_SHAPE_FIELDS
+        if name in recorded and actual.get(name) != recorded[name]
+    ]
+    if differ:
+        raise DihalValueError(
+            f"{named_by} {backbone_dir} is not the checkpoint the hybrid in {hybrid_dir} was cut from: "
+            f"{', '.join(differ)}; pass that checkpoint as --backbone"
+        )
+    return backbone_dir
 
 
 def load_backbone_and_evaluator(models: EvaluatedModels) -> tuple[LoadedLM, LoadedLM]:
