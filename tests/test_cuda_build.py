@@ -63,9 +63,9 @@ def test_asking_for_an_unavailable_gpu_backend_raises(backend):
     if CUDA_INFO["available"]:
         pytest.skip("a CUDA device is usable here")
     X = np.random.default_rng(0).standard_normal((20, 4))
-    with pytest.raises(df.BackendUnavailable, match="CUDA"):
+    with pytest.raises(df.BackendUnavailable, match="CUDA|cuVS"):
         df.knn(X, 3, backend=backend)
-    with pytest.raises(df.BackendUnavailable, match="CUDA"):
+    with pytest.raises(df.BackendUnavailable, match="CUDA|cuVS"):
         get_backend(backend)
 
 
@@ -160,11 +160,28 @@ def test_covariance_workspace_is_one_block_of_rows(dtype, exact, D):
 
 
 def test_cuvs_backend_without_cuvs_says_what_to_install():
-    module = _cuda_module()
-    if module.build_info()["cuvs_compiled"]:
+    """On a build without cuVS, backend="cuvs" says so (and how to get it) before anything about the GPUs."""
+    if _native.build_info()["backends"]["cuvs"]["compiled"]:
         pytest.skip("this build has cuVS")
-    with pytest.raises(df.BackendUnavailable, match="libcuvs"):
-        backend_cuda._load_cuvs(module)
+    X = np.random.default_rng(0).standard_normal((20, 4))
+    for call in (lambda: df.knn(X, 3, backend="cuvs"), lambda: get_backend("cuvs")):
+        with pytest.raises(df.BackendUnavailable, match=r"built without cuVS.*dihal_fast_cu12.*libcuvs-cu13") as err:
+            call()
+        assert "device" not in str(err.value)
+
+
+def test_build_refusal_names_what_the_build_lacks():
+    """A build without CUDA refuses cuda and cuvs naming the CUDA wheels; one with CUDA but no cuVS refuses only
+    cuvs; one with both refuses nothing (the machine's GPUs are checked after)."""
+    no_cuda = {"cuda": {"compiled": False, "reason": "no _cuda module"}, "cuvs": {"compiled": False}}
+    for name in ("cuda", "cuvs"):
+        refusal = backend_cuda.build_refusal(name, no_cuda)
+        assert refusal.startswith(f"backend={name!r}: this dihal_fast was built without CUDA (no _cuda module)")
+        assert "pip install dihal_fast_cu12 or dihal_fast_cu13" in refusal and "DIHAL_CUDA=ON" in refusal
+    no_cuvs = {"cuda": {"compiled": True}, "cuvs": {"compiled": False}}
+    assert backend_cuda.build_refusal("cuda", no_cuvs) == ""
+    assert "built without cuVS" in backend_cuda.build_refusal("cuvs", no_cuvs)
+    assert backend_cuda.build_refusal("cuvs", {"cuda": {"compiled": True}, "cuvs": {"compiled": True}}) == ""
 
 
 def test_cuvs_library_must_be_the_release_of_the_headers():

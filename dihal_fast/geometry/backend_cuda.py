@@ -52,8 +52,33 @@ def cublas_emulation_refusal(environ: dict[str, str] | os._Environ[str]) -> str:
     )
 
 
+def build_refusal(name: str, backends: dict) -> str:
+    """One line saying that this build lacks what backend ``name`` needs, and how to get it ('' when it has it),
+    from ``build_info()["backends"]`` (``backends``): a build without CUDA refuses ``cuda`` and ``cuvs``, one
+    without cuVS refuses ``cuvs``, whatever the machine's GPUs."""
+    cuda, cuvs = backends.get("cuda", {}), backends.get("cuvs", {})
+    if not cuda.get("compiled"):
+        return (
+            f"backend={name!r}: this dihal_fast was built without CUDA ({cuda.get('reason') or 'no CUDA module'}); "
+            "pip install dihal_fast_cu12 or dihal_fast_cu13 (the wheel of your driver's CUDA major, see "
+            "docs/INSTALL.md), or build on a machine with nvcc: DIHAL_CUDA=ON pip install ."
+        )
+    if name == "cuvs" and not cuvs.get("compiled"):
+        return (
+            "backend='cuvs': this dihal_fast was built without cuVS (its headers were not found at build time); "
+            "the dihal_fast_cu12 / dihal_fast_cu13 wheels for Python >= 3.11 have it (with the libcuvs wheel of "
+            "their release, docs/INSTALL.md), or pip install libcuvs-cu13 (or -cu12) and rebuild with DIHAL_CUVS=ON; "
+            "backend='cuda' needs no cuVS"
+        )
+    return ""
+
+
 def create(name: str) -> CudaBackend:
-    """The ``cuda`` (own kNN kernel) or ``cuvs`` (cuVS brute-force candidates) backend."""
+    """The ``cuda`` (own kNN kernel) or ``cuvs`` (cuVS brute-force candidates) backend; what the build lacks is
+    said before what the machine lacks (:func:`build_refusal`)."""
+    refusal = build_refusal(name, _native.build_info()["backends"])
+    if refusal:
+        raise BackendUnavailable(refusal)
     refusal = cublas_emulation_refusal(os.environ)
     if refusal:
         raise DihalValueError(f"backend={name!r}: {refusal}")
@@ -113,12 +138,7 @@ def cuvs_requirement(info: dict) -> str:
 
 
 def _load_cuvs(module: ModuleType) -> None:
-    info = module.build_info()
-    if not info["cuvs_compiled"]:
-        raise BackendUnavailable(
-            "backend='cuvs': this build has no cuVS (its headers were not found at build time). "
-            "pip install libcuvs-cu13 (or libcuvs-cu12) and rebuild with DIHAL_CUVS=ON"
-        )
+    info = module.build_info()  # cuvs_compiled: checked by build_refusal
     candidates = ["libcuvs_c.so"]
     spec = importlib.util.find_spec("libcuvs")
     if spec is not None and spec.submodule_search_locations:
