@@ -418,8 +418,8 @@ QUESTIONS: dict[str, Question] = {
         PACKAGING,
         "Do the sdist and the wheel variants build, repair to a manylinux tag, carry the right compiled modules "
         "(CUDA architectures, no bundled runtime), and pass the tests from a fresh venv without a compiler?",
-        "`packaging/build_wheels.sh` on this machine (glibc 2.36: manylinux_2_34 only; manylinux_2_28 comes from "
-        "`[tool.cibuildwheel]`'s container); a fresh-venv smoke run of a copy of tests/.",
+        "`packaging/build_wheels.sh` on this machine (glibc 2.36; the modules linked against glibc 2.28's stubs, "
+        "repaired to manylinux_2_28); a fresh-venv smoke run of a copy of tests/ per wheel.",
     ),
     "gpu_kernels": Question(
         "CUDA kernels against their floors, torch and cuVS",
