@@ -54,7 +54,7 @@ def parse_lrs(text: str, kinds: list[str]) -> dict[str, float]:
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def train_one(kind: str, seed: int, args: argparse.Namespace, out: Path | None = None) -> tuple[Path, dict]:
@@ -146,17 +146,17 @@ def frozen_lr(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--val")
-    parser.add_argument("--test")
-    parser.add_argument("--models", default="hcdlm,mdm")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--steps-choices", default="36,50,100")
-    parser.add_argument("--sudoku-box", default="2x3")
+    parser.add_argument("--val", help="validation CSV (settings and lr are chosen on it)")
+    parser.add_argument("--test", help="test CSV, scored once every choice is frozen")
+    parser.add_argument("--models", default="hcdlm,mdm", help="model kinds, comma-separated")
+    parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
+    parser.add_argument("--minutes", type=float, default=30.0, help="training budget per run, process CPU minutes")
+    parser.add_argument("--k", type=int, default=8, help="chains per puzzle for best-of-K and oracle@K")
+    parser.add_argument("--steps-choices", default="36,50,100", help="sampling steps to choose from on validation")
+    parser.add_argument("--sudoku-box", default="2x3", help="box shape RxC (2x3: 6x6 boards, 3x3: 9x9)")
     parser.add_argument("--pool", type=int, default=3000, help="generated training puzzles per run")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--question", default="hcdlm_protocol")
+    parser.add_argument("--out", required=True, help="folder of the training runs (KIND_seedS)")
+    parser.add_argument("--question", default="hcdlm_protocol", help="record name in bench/results/")
     parser.add_argument("--lr", default="", help="kind=lr,... (chosen on validation); others keep the default")
     parser.add_argument("--train-only", action="store_true", help="train or resume the runs, score nothing")
     parser.add_argument("--lr-search", default="", help="LR,LR,...: choose each kind's lr on --val (no test)")

@@ -5,7 +5,7 @@
 #   bash packaging/build_wheels.sh [--sdist] VARIANT...    # VARIANT: cpu, cu12, cu13; wheels -> wheelhouse/
 #
 # PYTHONS (default: $PYTHON, else python3) lists the interpreters to build for, e.g.
-# PYTHONS="python3.10 python3.11 python3.12 python3.13"; each must have the build requirements
+# PYTHONS="python3.11 python3.12 python3.13"; each must have the build requirements
 # (scikit-build-core, pybind11, scipy-openblas32); $PYTHON runs the tools (auditwheel, ziglang).
 #
 # glibc floor: the modules are compiled by the machine's GCC (OpenMP stays libgomp's) but linked against

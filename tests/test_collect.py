@@ -285,8 +285,10 @@ def test_resume_checks_the_run_directory(tiny_checkpoints, corpus, tmp_path):
     with pytest.raises(FileNotFoundError, match="collection config to resume"):
         collect(config, tmp_path / "none", resume=True, progress=False)
     collect(config, tmp_path / "run", max_batches=1, progress=False)
-    with pytest.raises(ValueError, match="already holds a collection"):
+    with pytest.raises(ValueError, match="already holds a collection, with this configuration; .*resume=True"):
         collect(config, tmp_path / "run", progress=False)
+    with pytest.raises(ValueError, match=r"already holds a collection, its configuration differs \(.*seq_len"):
+        collect(_config(tiny_checkpoints["llama"], corpus, seq_len=16), tmp_path / "run", progress=False)
     with pytest.raises(ValueError, match="configuration changed.*seq_len"):
         collect(_config(tiny_checkpoints["llama"], corpus, seq_len=16), tmp_path / "run", resume=True, progress=False)
     part = next((tmp_path / "run" / "collect").glob("state-rank0000-of-0001.parts-*/cov-1.safetensors"))

@@ -161,16 +161,3 @@ def test_sampling_draws_float64_uniforms():
     log_probs = torch.log_softmax(logits.double() / 0.7, dim=-1)
     want = (log_probs - torch.log(-torch.log(uniform))).argmax(dim=-1)
     assert torch.equal(got, want)
-
-
-@pytest.mark.parametrize("name", ["metrics", "sampling"])
-def test_old_evaluate_paths_warn_and_give_the_common_objects(name):
-    import importlib
-    import sys
-
-    sys.modules.pop(f"dihal_fast.evaluate.{name}", None)
-    with pytest.warns(DeprecationWarning, match=f"dihal_fast.common.{name}"):
-        old = importlib.import_module(f"dihal_fast.evaluate.{name}")
-    new = importlib.import_module(f"dihal_fast.common.{name}")
-    public = [n for n in dir(new) if not n.startswith("_") and callable(getattr(new, n))]
-    assert public and all(getattr(old, n) is getattr(new, n) for n in public)

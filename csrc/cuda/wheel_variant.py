@@ -9,10 +9,10 @@ module (DIHAL_CUDA=ON), pin the nvidia cuBLAS wheel to the CUDA runtime's major 
 by dihal_fast._cuda, never a library of the other major) and set the architectures the toolkit can
 build: SASS for sm_80 and sm_90, plus sm_100 and sm_120 where nvcc knows them, and PTX of the newest.
 
-GPU variants are built with cuVS (DIHAL_CUVS=ON) for Python >= 3.11 (the libcuvs wheels need it): the build
+GPU variants are built with cuVS (DIHAL_CUVS=ON): the build
 requirements gain libcuvs-cu12/-cu13 of release $CUVS_RELEASE (default 26.10), whose headers and librmm
 (cuVS allocating through torch, csrc/cuda/rmm_torch.cpp) CMake finds in the build environment; the
-DLPack header comes from csrc/third_party/dlpack. CUVS_RELEASE=none, or Python 3.10, builds without cuVS.
+DLPack header comes from csrc/third_party/dlpack. CUVS_RELEASE=none builds without cuVS.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from pathlib import Path
 RUNTIME_WHEELS = {"cu12": ["nvidia-cublas-cu12>=12.1,<13"], "cu13": ["nvidia-cublas>=13.0,<14"]}
 CMAKE_TABLE = "[tool.scikit-build.cmake.define]"
 CUVS_RELEASE = "26.10"  # the cuVS (and RMM) release compiled in; libcuvs_c.so must be this one at run time
-CUVS_MIN_PYTHON = (3, 11)  # libcuvs-cu12/-cu13 26.x: Requires-Python >= 3.11
 
 
 def architectures(supported: set[int]) -> str:
@@ -55,9 +54,9 @@ def _set_define(text: str, key: str, value: str) -> str:
     return text.replace(CMAKE_TABLE + "\n", CMAKE_TABLE + "\n" + line + "\n", 1)
 
 
-def cuvs_build_requirement(variant: str, python: tuple[int, int], release: str) -> str:
-    """The build requirement that brings cuVS's headers and librmm ("" for no cuVS: cpu, release none, old Python)."""
-    if variant == "cpu" or release == "none" or python < CUVS_MIN_PYTHON:
+def cuvs_build_requirement(variant: str, release: str) -> str:
+    """The build requirement that brings cuVS's headers and librmm ("" for no cuVS: cpu or release none)."""
+    if variant == "cpu" or release == "none":
         return ""
     if not re.fullmatch(r"\d+\.\d+", release):
         raise ValueError(f"CUVS_RELEASE must be YY.MM (like {CUVS_RELEASE}) or none, got {release!r}")
@@ -78,10 +77,9 @@ def apply(
     pyproject: str,
     variant: str,
     supported: set[int] | None = None,
-    python: tuple[int, int] = (3, 12),
     cuvs_release: str = CUVS_RELEASE,
 ) -> str:
-    """The pyproject.toml text for ``variant`` (cpu, cu12 or cu13) built by ``python``; ``supported``: nvcc's
+    """The pyproject.toml text for ``variant`` (cpu, cu12 or cu13); ``supported``: nvcc's
     architectures. Re-applicable (cibuildwheel runs it once per Python, on one copy of the project)."""
     if variant == "cpu":
         return _set_define(pyproject, "DIHAL_CUDA", "OFF")
@@ -89,7 +87,7 @@ def apply(
         raise ValueError(f"DIHAL_WHEEL_VARIANT must be cpu, cu12 or cu13, got {variant!r}")
     text = _set_define(pyproject, "DIHAL_CUDA", "ON")
     text = _set_define(text, "DIHAL_CUDA_ARCHITECTURES", architectures(supported or set()))
-    requirement = cuvs_build_requirement(variant, python, cuvs_release)
+    requirement = cuvs_build_requirement(variant, cuvs_release)
     text = _set_define(text, "DIHAL_CUVS", "ON" if requirement else "OFF")
     text = _set_cuvs_requirement(text, requirement)
     if f'name = "dihal_fast_{variant}"' in text:  # already applied (before-build runs per Python)
@@ -112,7 +110,7 @@ def main() -> int:
         print(f"variant {variant}: nvcc is not on the PATH (did before-all install the toolkit?)", file=sys.stderr)
         return 1
     release = os.environ.get("CUVS_RELEASE", CUVS_RELEASE)
-    text = apply(path.read_text(), variant, nvcc_architectures(), sys.version_info[:2], release)
+    text = apply(path.read_text(), variant, nvcc_architectures(), release)
     path.write_text(text)
     if variant != "cpu":
         print(f"variant {variant}, Python {sys.version.split()[0]}: cuVS {'ON' if 'libcuvs-' in text else 'OFF'}")

@@ -68,7 +68,7 @@ def write_training_report(
 
     report = {
         "command": command,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "steps_completed": step,
         "steps_planned": cfg.steps,
         "seed": cfg.seed,

@@ -71,8 +71,12 @@ class CheckpointStore:
         # A config without any checkpoint is a collection that stopped before its first batch (a bad corpus):
         # nothing to keep, so a corrected command starts afresh.
         if any(path.exists() for path in (self.manifest_path, self.legacy_path)):
+            saved = read_json(self.config_path, "collection config") if self.config_path.is_file() else None
+            diff = config.mismatches(saved) if isinstance(saved, dict) else [f"no config in {self.config_path}"]
+            how = f"its configuration differs ({'; '.join(diff)})" if diff else "with this configuration"
             raise DihalValueError(
-                f"{self.dir} already holds a collection; pass --resume to continue it or choose a new --out"
+                f"{self.dir} already holds a collection, {how}; continue it with --resume (resume=True from "
+                "Python) or choose a new --out"
             )
         if self.rank == 0:
             atomic_write_json(self.config_path, config.to_dict())
