@@ -144,8 +144,12 @@ def run_shape(name: str, args: argparse.Namespace) -> dict:
 
 
 def runtime_rss_gb(threads: int) -> float:
-    """Peak RSS of a process that only imports torch, transformers and dihal_fast (the runtime's share)."""
-    code = f"import os, resource; {RUNTIME}; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    """Peak RSS of a process that only imports torch, transformers and dihal_fast (the runtime's share).
+
+    Read as the child's VmHWM: its ``ru_maxrss`` starts at this process's peak (Linux keeps the maximum across
+    fork and exec), so after ``--speed`` had the models loaded it would report theirs."""
+    peak = "next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:'))"
+    code = f"import os; {RUNTIME}; print({peak})"
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     return int(out.stdout.strip().splitlines()[-1]) * 1024 / 1e9
@@ -234,11 +238,16 @@ def locate_states(run: Path, facts: dict, itemsize: int) -> float:
     return (layers * d * d * 8 + layers * rows * d * itemsize) / 1e9
 
 
-def speed_at_width(model: Path, layer: int, threads: int, tokens: int = 128, new_tokens: int = 8) -> dict:
+def speed_at_width(model: Path, layer: int, threads: int, tokens: int = 128, new_tokens: int = 16) -> dict:
     """At the model's width, in float32 on ``threads`` threads (CPU seconds, FLOPs counted by torch's
     FlopCounterMode): one bridge training step (teacher targets, the objective's forward and backward, the
-    optimizer) against the float32 GEMM rate, and the hybrid's prefill and per-token generation against the
-    backbone's own. The hybrid is an untrained cut at ``layer`` (speed does not depend on the weights)."""
+    optimizer) against the float32 GEMM rate (measured in this process), and the hybrid's prefill and
+    per-token generation against the backbone's own. The hybrid is an untrained cut at ``layer`` (speed does
+    not depend on the weights).
+
+    Both go through ``generate`` as a user calls it: prefill is ``generate`` of one new token; a decoded
+    token costs (``generate`` of ``new_tokens`` minus that) / (``new_tokens`` - 1), so the prompt's cost
+    cancels. Best of 3 rounds, the two models interleaved in each."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -271,17 +280,29 @@ def speed_at_width(model: Path, layer: int, threads: int, tokens: int = 128, new
     step_cpu = min(_cpu_timed(step) for _ in range(2))
     figures = {"bridge_params": sum(p.numel() for p in hybrid.bridge.parameters()), "step_flops": step_flops,
                "step_cpu_s": step_cpu, "step_gflops": step_flops / step_cpu / 1e9}  # fmt: skip
+    figures["new_tokens"] = new_tokens
+    figures["gemm_gflops"] = gemm_rates(backbone.config.hidden_size)  # in this process, beside the step
     prompt = ids[:1]
+    models = {"backbone": backbone, "hybrid": hybrid}
+
+    def generate(lm, count: int) -> None:
+        lm.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=count, min_new_tokens=count,
+                    do_sample=False)  # fmt: skip
+
+    times: dict[str, dict[str, list[float]]] = {name: {"prefill": [], "decode": []} for name in models}
     with torch.inference_mode():
-        for name, lm in (("backbone", backbone), ("hybrid", hybrid)):
-            lm(prompt)
-            prefill = min(_cpu_timed(lambda m=lm: m(prompt)) for _ in range(2))
-            generate = lm.generate if name == "backbone" else hybrid.generate
-            kwargs = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
-            total = min(_cpu_timed(lambda g=generate: g(prompt, attention_mask=torch.ones_like(prompt), **kwargs))
-                        for _ in range(2))  # fmt: skip
-            figures[f"{name}_prefill_tokens_per_cpu_s"] = prompt.shape[1] / prefill
-            figures[f"{name}_decode_tokens_per_cpu_s"] = new_tokens / max(total - prefill, 1e-9)
+        for lm in models.values():
+            generate(lm, new_tokens)  # warm-up
+        for _ in range(3):
+            for name, lm in models.items():
+                one = _cpu_timed(lambda lm=lm: generate(lm, 1))
+                whole = _cpu_timed(lambda lm=lm: generate(lm, new_tokens))
+                times[name]["prefill"].append(one)
+                times[name]["decode"].append((whole - one) / (new_tokens - 1))
+    for name in models:
+        figures[f"{name}_prefill_tokens_per_cpu_s"] = prompt.shape[1] / min(times[name]["prefill"])
+        figures[f"{name}_decode_tokens_per_cpu_s"] = 1 / max(min(times[name]["decode"]), 1e-9)
+        figures[f"{name}_decode_cpu_s_rounds"] = times[name]["decode"]
     return figures
 
 
@@ -387,7 +408,8 @@ def write_report(args: argparse.Namespace) -> None:
         path = args.runs / name / "speed.json"
         if not path.is_file():
             continue
-        sp, rate = json.loads(path.read_text()), figures[name]["gemm_gflops_1thread"]["float32"]
+        sp = json.loads(path.read_text())
+        rate = sp["gemm_gflops"]["float32"]  # measured by speed_at_width, in the same process as the step
         figures[name]["speed"] = sp
         speed_rows.append([
             name,

@@ -266,11 +266,13 @@ QUESTIONS: dict[str, Question] = {
         "sampling steps.",
     ),
     "hcdlm_lr_search": Question(
-        "HC-DLM vs MDM: learning rate chosen on the 6x6 validation split (exposure share 1.0)",
+        "HC-DLM vs MDM: learning rate chosen on the frozen 6x6 validation split",
         HCDLM,
-        "Which learning rate does each model prefer at a 5-CPU-minute budget, chosen on the validation split?",
-        "The 6x6 puzzles and HC-DLM configuration of `hcdlm_sudoku`; lr in {3e-4, 1e-3, 3e-3}, one seed each, 50 "
-        "sampling steps.",
+        "Which learning rate does each model prefer at 10 CPU-minutes of training (one thread), chosen on "
+        "validation before any test file is scored?",
+        "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards, generator seed 2026, disjoint from the "
+        "training pools); lr in {1e-3, 3e-3}, seed 0, the CLI's 6x6 defaults otherwise; single chain (argmax) at "
+        "36, 50 and 100 sampling steps, the best of them per row.",
     ),
     "hcdlm_variants": Question(
         "HC-DLM objective variants on 6x6 Sudoku",

@@ -131,7 +131,9 @@ def test_lm_eval_command_line_runs_a_shipped_task_on_a_hybrid_directory(tiny_hyb
         "--output_path",
         str(tmp_path / "out"),
     ]
+    # DISABLE_MULTIPROC: lm-eval's bootstrap stderrs in its own process, not a forked Pool (docs/PIPELINE.md)
     env = {**os.environ, **OFFLINE, "OMP_NUM_THREADS": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    env["DISABLE_MULTIPROC"] = "1"
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     [path] = list((tmp_path / "out").rglob("results_*.json"))
@@ -139,6 +141,23 @@ def test_lm_eval_command_line_runs_a_shipped_task_on_a_hybrid_directory(tiny_hyb
     lm = HFLM(pretrained=str(tiny_hybrid_dir), trust_remote_code=True, device="cpu", batch_size=4)
     ours = downstream.run_tasks(lm.model, lm.tokenizer, "dihal_lambada_local", limit=2, lm=lm)["dihal_lambada_local"]
     assert cli["acc,none"] == ours["acc"] and cli["perplexity,none"] == pytest.approx(ours["perplexity"], rel=1e-6)
+
+
+def test_bootstrap_stderrs_are_drawn_in_this_process(monkeypatch):
+    """lm-eval's bootstrap standard errors fork a multiprocessing Pool from a process with torch's threads (a
+    worker hung forever in CI); run_tasks keeps them in this process, and the switch it sets does not outlive
+    the call."""
+    import multiprocessing
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("lm-eval forked a multiprocessing Pool")
+
+    monkeypatch.setattr(multiprocessing, "Pool", no_pool)
+    monkeypatch.delenv("DISABLE_MULTIPROC", raising=False)
+    lm = HFLM(pretrained=str(DEFAULT_MODEL_DIR), device="cpu", batch_size=4, dtype="float32")
+    got = downstream.run_tasks(lm.model, lm.tokenizer, "dihal_lambada_local", limit=3, lm=lm)
+    assert got["dihal_lambada_local"]["perplexity_stderr"] > 0  # a bootstrapped metric: the Pool's path
+    assert "DISABLE_MULTIPROC" not in os.environ
 
 
 def test_unknown_task_is_one_clear_error_before_any_model_work():

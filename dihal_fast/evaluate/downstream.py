@@ -16,7 +16,9 @@ naming it before any work starts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from dihal_fast.common.assets import ASSETS_DIR
@@ -126,19 +128,8 @@ def run_tasks(
     if limit is not None and limit < 1:
         raise DihalValueError(f"limit must be >= 1 example per task, got {limit}")
     lm = harness_lm(model, tokenizer, batch_size) if lm is None else lm
-    results = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=names,
-        task_manager=manager,
-        limit=limit,
-        num_fewshot=0,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
-        bootstrap_iters=1000,
-        log_samples=per_example,
-    )
+    with _bootstrap_in_this_process():
+        results = _simple_evaluate(lm_eval, lm, names, manager, limit, seed, per_example)
     out = {
         name: {
             **_metrics(results["results"][name]),
@@ -154,6 +145,39 @@ def run_tasks(
                 _PER_EXAMPLE.get(metric, metric): [float(row[metric]) for row in rows] for metric in rows[0]["metrics"]
             }
     return out
+
+
+def _simple_evaluate(lm_eval, lm, names: list[str], manager, limit: int | None, seed: int, per_example: bool):
+    """lm-eval's zero-shot ``simple_evaluate`` with every seed set to ``seed`` and 1,000 bootstrap draws."""
+    return lm_eval.simple_evaluate(
+        model=lm,
+        tasks=names,
+        task_manager=manager,
+        limit=limit,
+        num_fewshot=0,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+        bootstrap_iters=1000,
+        log_samples=per_example,
+    )
+
+
+@contextmanager
+def _bootstrap_in_this_process() -> Iterator[None]:
+    """lm-eval's bootstrap standard errors fork a ``multiprocessing.Pool`` (the fork start method) from this
+    process, whose torch and tokenizers threads may hold locks at the fork: a worker then waits forever.
+    lm-eval's own switch ``DISABLE_MULTIPROC`` makes the same draws (``random.Random(i)`` per chunk) here."""
+    before = os.environ.get("DISABLE_MULTIPROC")
+    os.environ["DISABLE_MULTIPROC"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("DISABLE_MULTIPROC", None)
+        else:
+            os.environ["DISABLE_MULTIPROC"] = before
 
 
 _PER_EXAMPLE = {"perplexity": "loglikelihood"}  # what lm-eval keeps per example under an aggregate's name
