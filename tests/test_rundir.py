@@ -154,6 +154,23 @@ def test_other_ranks_of_a_job_do_not_lock(holder, monkeypatch):
         assert path == run
 
 
+def test_another_rank_that_runs_ahead_leaves_the_fresh_directory_to_rank_0(tmp_path, monkeypatch):
+    """Under torchrun rank 1 reaches the inputs check before rank 0 has claimed a fresh --out: it must write
+    nothing there (its marker, or the marker's temporary file, made rank 0 refuse the directory as foreign)."""
+    from dihal_fast.pipeline.run_inputs import check_inputs
+
+    run = tmp_path / "run"
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with run_directory(run, "dihal replace") as path:
+        check_inputs(path, "", {"layer": 1})
+        assert os.listdir(path) == []
+    monkeypatch.setenv("RANK", "0")
+    with run_directory(run, "dihal replace") as path:  # rank 0 claims it afterwards
+        check_inputs(path, "", {"layer": 1})
+        assert read_marker(path)["inputs"] == {"": {"layer": 1}}
+
+
 def test_without_file_locks_the_recorded_holder_is_checked(holder, monkeypatch, caplog):
     run, proc = holder
 

@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from dihal_fast.common.launch import launcher_env
 from dihal_fast.common.rundir import read_marker, update_marker
 from dihal_fast.errors import DihalValueError
 
@@ -44,7 +45,12 @@ def _differences(saved: Any, wanted: Any, prefix: str = "") -> list[str]:
 
 def check_inputs(run: Path, part: str, inputs: Mapping[str, Any]) -> None:
     """Record ``inputs`` of ``part`` of run directory ``run`` (held by this process; ``part`` ``""``: the run
-    itself), or refuse in one line when the run recorded other inputs for it (see the module doc)."""
+    itself), or refuse in one line when the run recorded other inputs for it (see the module doc).
+
+    Only global rank 0 checks and records: it holds the run (:func:`~dihal_fast.common.rundir.run_directory`),
+    and another rank that ran ahead would write the marker before rank 0 claimed the directory."""
+    if launcher_env().rank != 0:
+        return
     wanted = {key: _plain(value) for key, value in inputs.items()}
     recorded = read_marker(run).get("inputs")
     recorded = recorded if isinstance(recorded, dict) else {}
