@@ -129,7 +129,19 @@ def run_tasks(
         raise DihalValueError(f"limit must be >= 1 example per task, got {limit}")
     lm = harness_lm(model, tokenizer, batch_size) if lm is None else lm
     with _bootstrap_in_this_process():
-        results = _simple_evaluate(lm_eval, lm, names, manager, limit, seed, per_example)
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=names,
+            task_manager=manager,
+            limit=limit,
+            num_fewshot=0,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+            bootstrap_iters=1000,
+            log_samples=per_example,
+        )
     out = {
         name: {
             **_metrics(results["results"][name]),
@@ -145,23 +157,6 @@ def run_tasks(
                 _PER_EXAMPLE.get(metric, metric): [float(row[metric]) for row in rows] for metric in rows[0]["metrics"]
             }
     return out
-
-
-def _simple_evaluate(lm_eval, lm, names: list[str], manager, limit: int | None, seed: int, per_example: bool):
-    """lm-eval's zero-shot ``simple_evaluate`` with every seed set to ``seed`` and 1,000 bootstrap draws."""
-    return lm_eval.simple_evaluate(
-        model=lm,
-        tasks=names,
-        task_manager=manager,
-        limit=limit,
-        num_fewshot=0,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
-        bootstrap_iters=1000,
-        log_samples=per_example,
-    )
 
 
 @contextmanager
