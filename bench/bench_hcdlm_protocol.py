@@ -13,6 +13,12 @@ kind's. The splits are checked disjoint (with every run's training pool) and has
 ``--train-only`` trains (or resumes) the runs and stops: two processes can pretrain disjoint kinds or seeds into
 the same ``--out``, and the full command then resumes each finished run (same config) and scores it.
 
+Each run's protocol result is kept beside the runs (``OUT/protocol/KIND_seedS.json``, with the test and
+validation sha256, K, the step choices, the seed and the trained step it was scored at) and reused when all of
+those match, so a killed scoring loses at most the run in progress. ``--no-record`` trains and scores the named
+runs and writes no record: two processes can score disjoint kinds, then the full command reads their results and
+writes the record.
+
 ``--lr-search 1e-3,3e-3 --val VAL.csv`` scores no test file: for every kind, lr and seed it resumes the run in
 ``OUT/lr<LR>/<kind>_seed<S>`` and scores its single chain (argmax) on validation at each of ``--steps-choices``;
 each kind's lr is the one with the most accurate chain (ties: the first listed), and the record (``--question``,
@@ -31,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, read_record, report, rows_figure, table  # noqa: E402
 
+from dihal_fast.common.io import atomic_write_json, read_json  # noqa: E402
 from dihal_fast.hcdlm.api import check_run_splits, file_sha256  # noqa: E402
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file  # noqa: E402
@@ -79,15 +86,34 @@ def train_one(kind: str, seed: int, args: argparse.Namespace, out: Path | None =
 
 
 def run_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
-    """Train (or resume) one run and score it by the protocol; its summary, protocol rows and split sizes."""
+    """Train (or resume) one run and score it by the protocol, or read the score kept in
+    ``OUT/protocol/KIND_seedS.json`` when it was made with the same files, K, step choices, seed and trained step;
+    the run's summary, protocol rows and split sizes."""
     folder, summary = train_one(kind, seed, args)
+    key = {
+        "test_sha256": file_sha256(args.test),
+        "validation_sha256": file_sha256(args.val),
+        "k": args.k,
+        "steps_choices": args.steps_choices,
+        "seed": seed,
+        "trained_step": summary["step"],
+    }
+    cached = Path(args.out) / "protocol" / f"{kind}_seed{seed}.json"
+    if cached.is_file():
+        found = read_json(cached, "protocol result")
+        if found.get("key") == key:
+            print(f"{cached}: scored before with the same inputs, reused")
+            return found["result"]
     run = load_run(folder, device="cpu")
     validation, test = examples_from_file(run.task, args.val), examples_from_file(run.task, args.test)
     splits = check_run_splits(run, folder, validation, test)
-    found = evaluate_protocol(
+    scored = evaluate_protocol(
         run, test, validation, SampleConfig(steps=args.steps_choices[0]), args.k, tuple(args.steps_choices), seed
     )
-    return {"summary": summary, "protocol": found, "splits": splits}
+    result = {"summary": summary, "protocol": scored, "splits": splits, "scored_at": now()}
+    cached.parent.mkdir(exist_ok=True)
+    atomic_write_json(cached, {"key": key, "result": result})
+    return result
 
 
 def lr_search(kinds: list[str], seeds: list[int], args: argparse.Namespace) -> None:
@@ -159,6 +185,7 @@ def main() -> None:
     parser.add_argument("--question", default="hcdlm_protocol", help="record name in bench/results/")
     parser.add_argument("--lr", default="", help="kind=lr,... (chosen on validation); others keep the default")
     parser.add_argument("--train-only", action="store_true", help="train or resume the runs, score nothing")
+    parser.add_argument("--no-record", action="store_true", help="train and score the runs, write no record")
     parser.add_argument("--lr-search", default="", help="LR,LR,...: choose each kind's lr on --val (no test)")
     parser.add_argument("--lr-record", default="", help="the lr-search record the --lr was chosen by")
     args = parser.parse_args()
@@ -178,8 +205,10 @@ def main() -> None:
     if not (args.val and args.test):
         raise SystemExit("--val and --test are required unless --train-only or --lr-search")
     figures: dict = frozen_lr(args) if args.lr_record else {}
-    figures["test_scored_at"] = now()
     results = {(kind, seed): run_one(kind, seed, args) for kind in kinds for seed in seeds}
+    if args.no_record:
+        return
+    figures["test_scored_at"] = min(found["scored_at"] for found in results.values())
     header = ["model", "seed", "trained s", "parameters", "accuracy %", "passes / puzzle", "settings"]
     figures.update(test_sha256=file_sha256(args.test), validation_sha256=file_sha256(args.val))
     body = [f"test {figures['test_sha256'][:16]}, validation {figures['validation_sha256'][:16]} (sha256)"]
