@@ -41,6 +41,8 @@ from dihal_fast.common.io import atomic_write_json, read_json  # noqa: E402
 from dihal_fast.hcdlm.api import check_run_splits, file_sha256  # noqa: E402
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file  # noqa: E402
+from dihal_fast.hcdlm.mechanism import in_sampler_interventions  # noqa: E402
+from dihal_fast.hcdlm.models import kind_of  # noqa: E402
 from dihal_fast.hcdlm.protocol import evaluate_protocol, single_chain  # noqa: E402
 from dihal_fast.hcdlm.scoring import accuracy_vs_steps, load_run  # noqa: E402
 from dihal_fast.hcdlm.stats import paired_bootstrap  # noqa: E402
@@ -86,9 +88,9 @@ def train_one(kind: str, seed: int, args: argparse.Namespace, out: Path | None =
 
 
 def run_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
-    """Train (or resume) one run and score it by the protocol, or read the score kept in
-    ``OUT/protocol/KIND_seedS.json`` when it was made with the same files, K, step choices, seed and trained step;
-    the run's summary, protocol rows and split sizes."""
+    """Train (or resume) one run and score it by the protocol (a latent kind also by the in-sampler interventions at
+    its single-chain settings), or read the score kept in ``OUT/protocol/KIND_seedS.json`` when it was made with the
+    same files, K, step choices, seed and trained step; the run's summary, protocol rows and split sizes."""
     folder, summary = train_one(kind, seed, args)
     key = {
         "test_sha256": file_sha256(args.test),
@@ -111,9 +113,53 @@ def run_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
         run, test, validation, SampleConfig(steps=args.steps_choices[0]), args.k, tuple(args.steps_choices), seed
     )
     result = {"summary": summary, "protocol": scored, "splits": splits, "scored_at": now()}
+    if kind_of(run.model).latent:
+        result["interventions"] = in_sampler_interventions(run, test, SampleConfig(**scored["chosen"]["single"]), seed)
     cached.parent.mkdir(exist_ok=True)
     atomic_write_json(cached, {"key": key, "result": result})
     return result
+
+
+def settings_text(settings: dict) -> str:
+    """A row's sampler settings in a few words: ``50 steps, T 0, reveal noise 0.1, givens, final verifier``."""
+    words = [f"{settings['steps']} steps", f"T {settings['temperature']:g}"]
+    words += [f"reveal noise {settings['reveal_noise']:g}"] if settings["reveal_noise"] else []
+    words += ["givens"] if settings["givens"] else []
+    words += [f"{settings['verifier']} verifier"] if settings["best_of"] > 1 else []
+    return ", ".join(words)
+
+
+def percent(interval: dict) -> str:
+    """A paired-bootstrap interval in points: ``+1.2 [-0.5, +3.0]``."""
+    return f"{100 * interval['difference']:+.1f} [{100 * interval['low']:+.1f}, {100 * interval['high']:+.1f}]"
+
+
+def interventions_table(results: dict, kinds: list[str]) -> tuple[dict, str]:
+    """Latent kinds' in-sampler interventions on the test file, seeds as rows: every variant's accuracy and normal
+    minus ``latent_reencoded`` (the information the latent carries beyond the tokens), per seed over the puzzles
+    and pooled over seeds and puzzles (two-stage paired bootstrap)."""
+    figures, body = {}, []
+    for kind in kinds:
+        found = [(seed, r["interventions"]) for (k, seed), r in results.items() if k == kind and "interventions" in r]
+        if not found:
+            continue
+        names = list(found[0][1]["variants"])
+        header = ["seed", *(f"{name} %" for name in names), "normal - latent_reencoded, points"]
+        rows = [
+            [seed, *(round(100 * f["variants"][n]["accuracy"], 1) for n in names), percent(f["latent_beyond_tokens"])]
+            for seed, f in found
+        ]
+        pooled = paired_bootstrap(
+            [f["correct"]["normal"] for _, f in found], [f["correct"]["latent_reencoded"] for _, f in found]
+        )
+        means = [round(100 * sum(f["variants"][n]["accuracy"] for _, f in found) / len(found), 1) for n in names]
+        rows.append(["mean", *means, percent(pooled)])
+        figures[f"interventions_{kind}"] = rows_figure(header, rows)
+        figures[f"latent_beyond_tokens_{kind}"] = pooled
+        body.append(
+            f"\n{kind}: in-sampler interventions at the single chain's settings, test file\n\n{table(header, rows)}"
+        )
+    return figures, "\n".join(body)
 
 
 def lr_search(kinds: list[str], seeds: list[int], args: argparse.Namespace) -> None:
@@ -209,35 +255,34 @@ def main() -> None:
     if args.no_record:
         return
     figures["test_scored_at"] = min(found["scored_at"] for found in results.values())
-    header = ["model", "seed", "trained s", "parameters", "accuracy %", "passes / puzzle", "settings"]
+    header = ["model", "seed", "trained s", "steps", "parameters", "accuracy %", "easy / hard %", "passes / puzzle"]
+    header.append("settings")
     figures.update(test_sha256=file_sha256(args.test), validation_sha256=file_sha256(args.val))
-    body = [f"test {figures['test_sha256'][:16]}, validation {figures['validation_sha256'][:16]} (sha256)"]
+    body = [
+        f"test {figures['test_sha256'][:16]}, validation {figures['validation_sha256'][:16]} (sha256); intervals: "
+        "paired bootstrap over training seeds and test puzzles together (2,000 draws, 95 %), seeds paired by number "
+        "(same training pool)"
+    ]
     for index, mode in enumerate(MODES):
-        rows, accuracy = [], {kind: [] for kind in kinds}
+        rows, correct = [], {kind: [] for kind in kinds}
         for (kind, seed), found in results.items():
             row = found["protocol"]["rows"][index]
-            accuracy[kind].append(row["accuracy"])
-            rows.append(
-                [
-                    kind,
-                    seed,
-                    round(found["summary"]["elapsed_s"]),
-                    found["summary"]["parameters"],
-                    round(100 * row["accuracy"], 1),
-                    round(row["passes"]),
-                    row["settings"],
-                ]
-            )
+            correct[kind].append(row["correct"])
+            groups = " / ".join(f"{100 * g['accuracy']:.1f}" for g in row["groups"].values())
+            trained = [round(found["summary"]["elapsed_s"]), found["summary"]["step"], found["summary"]["parameters"]]
+            scores = [round(100 * row["accuracy"], 1), groups, round(row["passes"]), settings_text(row["settings"])]
+            rows.append([kind, seed, *trained, *scores])
         for kind in kinds:
-            rows.append([kind, "mean", "", "", round(100 * sum(accuracy[kind]) / len(seeds), 1), "", ""])
+            accuracy = sum(map(sum, correct[kind])) / sum(map(len, correct[kind]))
+            rows.append([kind, "mean", "", "", "", round(100 * accuracy, 1), "", "", ""])
         figures[mode] = rows_figure(header, rows)
-        gaps = {kind: paired_bootstrap(accuracy[kind], accuracy[kinds[0]]) for kind in kinds[1:]}
+        gaps = {kind: paired_bootstrap(correct[kind], correct[kinds[0]]) for kind in kinds[1:]}
         figures[f"{mode}_minus_{kinds[0]}"] = gaps
         body.append(f"\n{mode} (K = {args.k} for best_of / oracle):\n\n{table(header, rows)}")
-        body += [
-            f"{kind} - {kinds[0]}: {100 * g['difference']:+.1f} points [{100 * g['low']:+.1f}, {100 * g['high']:+.1f}]"
-            for kind, g in gaps.items()
-        ]
+        body += [f"{kind} - {kinds[0]}: {percent(gap)} points" for kind, gap in gaps.items()]
+    found_interventions, text = interventions_table(results, kinds)
+    figures.update(found_interventions)
+    body.append(text)
     report(
         f"Sudoku {args.sudoku_box}: single chain, best-of-{args.k} and oracle@{args.k} at {args.minutes:g} CPU-minutes",
         "\n".join(body),

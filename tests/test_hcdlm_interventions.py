@@ -137,6 +137,30 @@ def test_paired_bootstrap_against_a_float64_loop():
     assert got["low"] <= got["difference"] <= got["high"] and got["n"] == 40
 
 
+def test_two_stage_paired_bootstrap_against_a_float64_loop():
+    rng = np.random.default_rng(5)
+    a, b = rng.random((3, 25)), rng.random((3, 25))  # 3 training seeds x 25 test puzzles
+    got = paired_bootstrap(a, b, resamples=300, seed=11)
+    draws = np.random.default_rng(11)
+    seeds = draws.integers(0, 3, size=(300, 3))
+    puzzles = draws.integers(0, 25, size=(300, 25))
+    means = [np.mean([a[s, p] - b[s, p] for s in row_s for p in row_p]) for row_s, row_p in zip(seeds, puzzles)]
+    assert got["difference"] == pytest.approx(float(np.mean(a - b)))
+    assert (got["low"], got["high"]) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])))
+    assert (got["n"], got["examples"]) == (3, 25)
+
+
+def test_two_stage_interval_holds_the_seeds_spread():
+    # every puzzle agrees within a seed, seeds disagree: the interval must be as wide as the seeds' spread
+    offsets = np.array([[-0.2], [0.0], [0.2]])
+    wide = paired_bootstrap(offsets + np.zeros((3, 40)), np.zeros((3, 40)), resamples=500)
+    assert wide["low"] < -0.1 and wide["high"] > 0.1
+    one_row = paired_bootstrap(np.full((1, 40), 0.25), np.zeros((1, 40)))
+    assert one_row["low"] == one_row["high"] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="paired bootstrap"):
+        paired_bootstrap(np.zeros((2, 3)), np.zeros((3, 2)))
+
+
 def test_paired_bootstrap_edge_cases_and_coverage():
     same = paired_bootstrap([0.2, 0.5, 0.9], [0.2, 0.5, 0.9])
     assert (same["difference"], same["low"], same["high"]) == (0.0, 0.0, 0.0)

@@ -187,6 +187,9 @@ def test_eval_protocol_reports_single_best_of_and_oracle_with_their_cost(tmp_pat
     assert protocol["chosen"]["single"]["steps"] in (2, 4) and protocol["chosen"]["single"]["givens"] is True
     assert best["k"] == oracle["k"] == 2 and best["settings"] == oracle["settings"]
     assert oracle["accuracy"] >= best["accuracy"] and oracle["passes"] <= best["passes"]
+    for row in (single, best, oracle):  # per-puzzle correctness, in the data file's order, behind the accuracy
+        assert len(row["correct"]) == 3 and sum(row["correct"]) / 3 == pytest.approx(row["accuracy"])
+    assert all(o >= b for o, b in zip(oracle["correct"], best["correct"]))
     assert single["passes"] <= protocol["chosen"]["single"]["steps"]
     assert len(protocol["validation"]) == 2 + 4 * 2  # two step counts, then MDM's four sources x two verifiers
     report = json.loads(out.read_text())

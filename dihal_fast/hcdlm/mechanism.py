@@ -55,9 +55,10 @@ def _batches(count: int, size: int) -> list[range]:
 
 @torch.no_grad()
 def in_sampler_interventions(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0) -> dict:
-    """HC-DLM / Latent DM: ``{variants: {normal | <intervention>: scores}, latent_beyond_tokens: interval}`` - one
-    chain per puzzle (``cfg`` without best-of), every variant from the same seed; ``latent_beyond_tokens`` is the
-    paired bootstrap of the normal chain's minus the ``latent_reencoded`` chain's per-puzzle ``correct``."""
+    """HC-DLM / Latent DM: ``{variants: {normal | <intervention>: scores}, correct: {variant: per puzzle},
+    latent_beyond_tokens: interval}`` - one chain per puzzle (``cfg`` without best-of), every variant from the same
+    seed; ``latent_beyond_tokens`` is the paired bootstrap of the normal chain's minus the ``latent_reencoded``
+    chain's per-puzzle ``correct``."""
     if not kind_of(run.model).latent:
         raise DihalValueError(
             f"the in-sampler interventions probe a latent model (HC-DLM, Latent DM), not {run.config.model.kind}"
@@ -79,6 +80,7 @@ def in_sampler_interventions(run: LoadedRun, examples: list[EvalExample], cfg: S
     correct = {name: [float(r["correct"]) for r in rows] for name, rows in scored.items()}
     return {
         "variants": {name: mean_scores(rows) for name, rows in scored.items()},
+        "correct": correct,
         "latent_beyond_tokens": paired_bootstrap(correct["normal"], correct["latent_reencoded"], seed=seed),
         "steps": cfg.steps,
     }

@@ -81,6 +81,7 @@ def _chains(
 
 
 def _row(run: LoadedRun, examples: list[EvalExample], answers: list[list[int]], **fields) -> tuple[dict, list[float]]:
+    """The row of ``answers`` (mean scores, per group) and its per-example ``correct`` (1.0 / 0.0, in order)."""
     scored = [run.task.score(ex, answer) for ex, answer in zip(examples, answers)]
     groups = {
         g: mean_scores([s for ex, s in zip(examples, scored) if ex.group == g])
@@ -100,13 +101,14 @@ def _oracle(run: LoadedRun, examples: list[EvalExample], chains: list[list[list[
 def protocol_rows(
     run: LoadedRun, examples: list[EvalExample], single: SampleConfig, diverse: SampleConfig, seed: int = 0
 ) -> list[dict]:
-    """The three rows (``single``, ``best_of``, ``oracle``) on ``examples``, each with its ``settings`` and cost per
-    puzzle; ``best_of`` also carries the paired bootstrap of its per-puzzle ``correct`` minus the single chain's."""
+    """The three rows (``single``, ``best_of``, ``oracle``) on ``examples``, each with its ``settings``, cost per
+    puzzle and ``correct`` per example (in order: rows of other runs on the same examples pair with it); ``best_of``
+    also carries the paired bootstrap of its per-puzzle ``correct`` minus the single chain's."""
     _, answers, cost = _chains(run, examples, single, seed)
     single_row, single_correct = _row(
         run, examples, answers, mode="single", k=1, passes=cost["chain_passes"], block_passes=cost["chain_block_passes"]
     )
-    single_row["settings"] = _settings(single)
+    single_row.update(settings=_settings(single), correct=single_correct)
     chains, chosen, cost = _chains(run, examples, diverse, seed)
     best_row, best_correct = _row(
         run,
@@ -117,9 +119,9 @@ def protocol_rows(
         passes=cost["chain_passes"] + cost["verifier_passes"],
         block_passes=cost["chain_block_passes"] + cost["verifier_block_passes"],
     )
-    best_row["settings"] = _settings(diverse)
+    best_row.update(settings=_settings(diverse), correct=best_correct)
     best_row["minus_single"] = paired_bootstrap(best_correct, single_correct, seed=seed)
-    oracle_row, _ = _row(
+    oracle_row, oracle_correct = _row(
         run,
         examples,
         _oracle(run, examples, chains),
@@ -128,7 +130,7 @@ def protocol_rows(
         passes=cost["chain_passes"],
         block_passes=cost["chain_block_passes"],
     )
-    oracle_row["settings"] = _settings(diverse)
+    oracle_row.update(settings=_settings(diverse), correct=oracle_correct)
     return [single_row, best_row, oracle_row]
 
 
