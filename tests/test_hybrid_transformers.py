@@ -22,9 +22,11 @@ PROMPT = "The quick brown fox"
 
 
 def _cut(backbone_dir, layer: int = 2, dtype: torch.dtype = torch.float32) -> HybridLM:
-    model, tokenizer = load_causal_lm(backbone_dir)
+    # loaded in ``dtype`` as the pipeline loads it (its rotary tables stay float32, as in a loaded hybrid; a
+    # model cast with .to(bfloat16) has bf16 ones, which the hybrid would share)
+    model, tokenizer = load_causal_lm(backbone_dir, str(dtype).removeprefix("torch."))
     torch.manual_seed(0)
-    hybrid = HybridLM.from_backbone(model.to(dtype), layer, {"width": 32, "heads": 2}, tokenizer, backbone_dir)
+    hybrid = HybridLM.from_backbone(model, layer, {"width": 32, "heads": 2}, tokenizer, backbone_dir)
     torch.nn.init.normal_(hybrid.bridge.out.weight, std=0.3)  # a fresh bridge outputs the mean: make it depend on x
     return hybrid.eval()
 

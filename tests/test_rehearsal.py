@@ -77,6 +77,51 @@ def test_random_weights_are_allocated_in_bf16_only(monkeypatch):
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
+def allocated_bytes(fn):
+    """``fn()`` and the bytes of every CPU tensor that a factory op (``empty``, ``zeros``, ...) made during it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    made = []
+
+    class Factories(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if torch.Tag.nondeterministic_seeded not in func.tags and func.overloadpacket.__name__.startswith(
+                ("empty", "zeros", "ones", "full")
+            ):
+                if isinstance(out, torch.Tensor) and out.device.type == "cpu":
+                    made.append(out.numel() * out.element_size())
+            return out
+
+    with Factories():
+        result = fn()
+    return result, sum(made)
+
+
+@pytest.mark.parametrize("family", sorted(SMALL))
+def test_building_the_hybrid_allocates_the_bridge_only(small_models, family):
+    """A hybrid with frozen retained layers takes the backbone's tensors: building it allocates the bridge and
+    nothing of the size of the retained layers (their randomly initialised copy, freed at once, raised every
+    training stage's peak by the retained layers' bytes: ZeRO-3 1.51x the accounted memory at Llama-3.2-1B's
+    shape)."""
+    from dihal_fast.common.hf_loading import load_causal_lm
+    from dihal_fast.hybrid import HybridLM, backbone_targets
+
+    backbone, tokenizer = load_causal_lm(small_models[family], "float32")
+    hybrid, made = allocated_bytes(lambda: HybridLM.from_backbone(backbone, 1, {}, tokenizer))
+    bridge = sum(p.numel() * p.element_size() for p in hybrid.bridge.parameters())
+    retained = sum(p.numel() * p.element_size() for p in hybrid.upper.parameters())
+    assert retained > bridge / 2  # the shape makes a copy of the retained part visible
+    assert made < bridge + retained / 2, (made, bridge, retained)
+    backbone_storage = {p.data_ptr() for p in backbone.parameters()} | {b.data_ptr() for b in backbone.buffers()}
+    assert all(p.data_ptr() in backbone_storage for p in hybrid.upper.parameters())
+    assert not any(t.is_meta for t in [*hybrid.parameters(), *hybrid.buffers()])
+    ids = torch.tensor([[3, 5, 7, 11, 13]])
+    hidden, logits = backbone_targets(backbone, ids, 1)  # the retained part fed the true h_1 is the backbone
+    rebuilt = hybrid.decode(hidden, None, torch.arange(5)[None]).to(logits.dtype)
+    torch.testing.assert_close(rebuilt, logits, rtol=1e-4, atol=1e-4)
+
+
 def test_evaluate_holds_one_bf16_backbone(small_models, tmp_path):
     """evaluate on a bf16 backbone: the evaluator (the backbone, default dtype) is the same loaded model,
     nothing is upcast, and the hybrid adds only its float32 bridge."""

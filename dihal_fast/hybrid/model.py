@@ -19,6 +19,8 @@ transformers does: file by file, each atomically, leaving what it does not write
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -67,6 +69,9 @@ from dihal_fast.hybrid.config import (
 )
 
 logger = logging.getLogger(__name__)
+# True while from_backbone builds a hybrid whose retained part it then assigns from the backbone: the retained
+# part is built on the meta device (HybridLM.__init__), the bridge on the CPU as always.
+_UPPER_ON_META: contextvars.ContextVar[bool] = contextvars.ContextVar("_UPPER_ON_META", default=False)
 
 
 @dataclass
@@ -118,9 +123,10 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         self.gradient_checkpointing = False  # the bridge as one segment; the retained layers are transformers'
         # The retained part first: .dtype (first floating parameter) is then the checkpoint's dtype.
         dtype = config.dtype if isinstance(config.dtype, torch.dtype) else None  # from_pretrained sets the load dtype
-        self.upper = AutoModelForCausalLM.from_config(
-            config.upper_model_config(), dtype=dtype, **({"attn_implementation": attention} if attention else {})
-        ).eval()  # eval: see train()
+        with torch.device("meta") if _UPPER_ON_META.get() else contextlib.nullcontext():  # see from_backbone
+            self.upper = AutoModelForCausalLM.from_config(
+                config.upper_model_config(), dtype=dtype, **({"attn_implementation": attention} if attention else {})
+            ).eval()  # eval: see train()
         self.bridge = Bridge(config.bridge_config)
         self.condition_position_table = (
             nn.Embedding(config.max_position_embeddings, config.hidden_size) if config.learned_positions else None
@@ -235,8 +241,14 @@ class HybridLM(PreTrainedModel, GenerationMixin):
             learned_positions=slicing.position_table_key(backbone) is not None,
             **{name: getattr(backbone.config, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")},
         )
-        with torch.device("cpu"):
-            hybrid = cls(config)
+        # Frozen, the retained part is the backbone's own tensors (assigned below): it is built on the meta device,
+        # so no randomly initialised copy of it (as large as the retained layers) is ever allocated.
+        frozen = _UPPER_ON_META.set(freeze_upper)
+        try:
+            with torch.device("cpu"):
+                hybrid = cls(config)
+        finally:
+            _UPPER_ON_META.reset(frozen)
         dtype = next(backbone.parameters()).dtype
         position_key = slicing.position_table_key(backbone)
         # Frozen retained layers reference the backbone's own tensors (assign): the teacher of bridge training and
@@ -244,6 +256,8 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         hybrid.upper.to(dtype).load_state_dict(
             slicing.upper_state_dict(backbone.state_dict(), layer, position_key), strict=True, assign=freeze_upper
         )
+        if freeze_upper:
+            slicing.share_unsaved_buffers(hybrid.upper, backbone, layer)  # rotary tables: in no state dict
         if freeze_upper and getattr(hybrid.upper.config, "tie_word_embeddings", False):
             hybrid.upper.tie_weights()  # assign gave the head its own Parameter object; one again, as saved
         table = slicing.position_table(backbone)

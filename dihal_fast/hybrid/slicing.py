@@ -101,6 +101,22 @@ def upper_config(config, layer: int):
     return upper
 
 
+def share_unsaved_buffers(upper: nn.Module, backbone: nn.Module, layer: int) -> None:
+    """Give a retained part built on the meta device the backbone's buffers that no state dict carries
+    (non-persistent ones: rotary frequency tables, embedding scales), layers renumbered as in
+    :func:`upper_state_dict`, shared and in the backbone's own dtype: the retained layers compute what the
+    backbone's do (a bf16 backbone loaded from its files keeps float32 rotary tables, and so does a saved hybrid
+    when it loads); refuse (ValueError) if any tensor is left on the meta device."""
+    sources = upper_state_dict(dict(backbone.named_buffers()), layer, None)
+    for name, buffer in list(upper.named_buffers()):
+        if buffer.is_meta and name in sources:
+            module_name, _, leaf = name.rpartition(".")
+            upper.get_submodule(module_name)._buffers[leaf] = sources[name]  # constants, shared like the weights
+    left = [name for name, t in [*upper.named_parameters(), *upper.named_buffers()] if t.is_meta]
+    if left:
+        raise DihalValueError(f"the retained part of the cut has tensors the backbone does not give: {left[:4]}")
+
+
 def position_table_key(model: nn.Module) -> str | None:
     """State-dict key of a learned absolute position table added to the input embedding (GPT-2's ``wpe``)."""
     base_prefix = model.base_model_prefix
