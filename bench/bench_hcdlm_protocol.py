@@ -1,10 +1,12 @@
 """Does HC-DLM solve more Sudoku boards than its baselines under one evaluation protocol, at equal budget?
 
 For every model kind and training seed: train for the same CPU seconds (``--minutes``, process CPU time, one
-thread), then ``dihal_fast.hcdlm.protocol.evaluate_protocol``: settings chosen on the validation file, single chain,
-best-of-K and oracle@K on the test file, each with its passes per puzzle. The record holds one table per mode (seeds
-as rows, then the mean) and, per mode, the paired bootstrap over seeds of each kind's accuracy minus the first
-kind's. The splits are checked disjoint (with every run's training pool) and hashed into the record.
+thread), then score by ``dihal_fast.hcdlm.protocol``: a kind's settings (the single chain's steps, the best-of-K
+diversity source and verifier) chosen on the validation file with its first seed's run and frozen for its other
+seeds, then single chain, best-of-K and oracle@K on the test file, each with its passes per puzzle. The record
+holds one table per mode (seeds as rows, then the mean) and, per mode, each kind's accuracy minus the first kind's
+with a paired bootstrap interval over training seeds and test puzzles together; latent kinds add the in-sampler
+interventions. The splits are checked disjoint (with every run's training pool) and hashed into the record.
 
     python bench/bench_hcdlm_protocol.py --val VAL.csv --test TEST.csv --models hcdlm,mdm --seeds 0,1,2 \
         --minutes 30 --k 8 --steps-choices 36,50,100 --out RUNS [--sudoku-box 2x3] [--question NAME] \
@@ -43,7 +45,7 @@ from dihal_fast.hcdlm.config import RunConfig, SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file  # noqa: E402
 from dihal_fast.hcdlm.mechanism import in_sampler_interventions  # noqa: E402
 from dihal_fast.hcdlm.models import kind_of  # noqa: E402
-from dihal_fast.hcdlm.protocol import evaluate_protocol, single_chain  # noqa: E402
+from dihal_fast.hcdlm.protocol import evaluate_protocol, protocol_rows, single_chain  # noqa: E402
 from dihal_fast.hcdlm.scoring import accuracy_vs_steps, load_run  # noqa: E402
 from dihal_fast.hcdlm.stats import paired_bootstrap  # noqa: E402
 from dihal_fast.hcdlm.trainer import train  # noqa: E402
@@ -87,10 +89,14 @@ def train_one(kind: str, seed: int, args: argparse.Namespace, out: Path | None =
     return folder, dict(train(config, folder))
 
 
-def run_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
-    """Train (or resume) one run and score it by the protocol (a latent kind also by the in-sampler interventions at
-    its single-chain settings), or read the score kept in ``OUT/protocol/KIND_seedS.json`` when it was made with the
-    same files, K, step choices, seed and trained step; the run's summary, protocol rows and split sizes."""
+def run_one(kind: str, seed: int, args: argparse.Namespace, chosen: dict | None = None) -> dict:
+    """Train (or resume) one run and score it by the protocol, or read the score kept in
+    ``OUT/protocol/KIND_seedS.json`` when it was made with the same files, K, step choices, seed, trained step and
+    settings; the run's summary, protocol rows and split sizes.
+
+    ``chosen`` (the ``chosen`` settings of the kind's first seed): the run is scored on the test file with those,
+    nothing is chosen again; without it the settings are chosen on validation first. A latent kind is also scored by
+    the in-sampler interventions at its single-chain settings."""
     folder, summary = train_one(kind, seed, args)
     key = {
         "test_sha256": file_sha256(args.test),
@@ -99,6 +105,7 @@ def run_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
         "steps_choices": args.steps_choices,
         "seed": seed,
         "trained_step": summary["step"],
+        **({"chosen": chosen} if chosen else {}),
     }
     cached = Path(args.out) / "protocol" / f"{kind}_seed{seed}.json"
     if cached.is_file():
@@ -109,15 +116,27 @@ def run_one(kind: str, seed: int, args: argparse.Namespace) -> dict:
     run = load_run(folder, device="cpu")
     validation, test = examples_from_file(run.task, args.val), examples_from_file(run.task, args.test)
     splits = check_run_splits(run, folder, validation, test)
-    scored = evaluate_protocol(
-        run, test, validation, SampleConfig(steps=args.steps_choices[0]), args.k, tuple(args.steps_choices), seed
-    )
+    if chosen is None:
+        scored = evaluate_protocol(
+            run, test, validation, SampleConfig(steps=args.steps_choices[0]), args.k, tuple(args.steps_choices), seed
+        )
+    else:
+        single, diverse = SampleConfig(**chosen["single"]), SampleConfig(**chosen["best_of"])
+        scored = {"chosen": chosen, "rows": protocol_rows(run, test, single, diverse, seed)}
     result = {"summary": summary, "protocol": scored, "splits": splits, "scored_at": now()}
     if kind_of(run.model).latent:
         result["interventions"] = in_sampler_interventions(run, test, SampleConfig(**scored["chosen"]["single"]), seed)
     cached.parent.mkdir(exist_ok=True)
     atomic_write_json(cached, {"key": key, "result": result})
     return result
+
+
+def score_kind(kind: str, seeds: list[int], args: argparse.Namespace) -> dict[tuple[str, int], dict]:
+    """Every seed of ``kind`` scored: the settings chosen on validation with the first seed's run, then frozen and
+    used for the others (the kind's protocol, chosen once, not per seed)."""
+    first = run_one(kind, seeds[0], args)
+    chosen = first["protocol"]["chosen"]
+    return {(kind, seeds[0]): first, **{(kind, seed): run_one(kind, seed, args, chosen) for seed in seeds[1:]}}
 
 
 def settings_text(settings: dict) -> str:
@@ -251,7 +270,7 @@ def main() -> None:
     if not (args.val and args.test):
         raise SystemExit("--val and --test are required unless --train-only or --lr-search")
     figures: dict = frozen_lr(args) if args.lr_record else {}
-    results = {(kind, seed): run_one(kind, seed, args) for kind in kinds for seed in seeds}
+    results = {key: found for kind in kinds for key, found in score_kind(kind, seeds, args).items()}
     if args.no_record:
         return
     figures["test_scored_at"] = min(found["scored_at"] for found in results.values())
