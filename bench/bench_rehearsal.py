@@ -238,12 +238,14 @@ def locate_states(run: Path, facts: dict, itemsize: int) -> float:
     return (layers * d * d * 8 + layers * rows * d * itemsize) / 1e9
 
 
-def speed_at_width(model: Path, layer: int, threads: int, tokens: int = 128, new_tokens: int = 16) -> dict:
-    """At the model's width, in float32 on ``threads`` threads (CPU seconds, FLOPs counted by torch's
-    FlopCounterMode): one bridge training step (teacher targets, the objective's forward and backward, the
-    optimizer) against the float32 GEMM rate (measured in this process), and the hybrid's prefill and
-    per-token generation against the backbone's own. The hybrid is an untrained cut at ``layer`` (speed does
-    not depend on the weights).
+def speed_at_width(
+    model: Path, layer: int, threads: int, dtype: str = "float32", tokens: int = 128, new_tokens: int = 16
+) -> dict:
+    """At the model's width, the backbone in ``dtype`` (the bridge is float32 whatever it is), on ``threads``
+    threads (CPU seconds, FLOPs counted by torch's FlopCounterMode): one bridge training step (teacher targets, the
+    objective's forward and backward, the optimizer) against the GEMM rates of float32 and bfloat16 (measured in
+    this process), and the hybrid's prefill and per-token generation against the backbone's own. The hybrid is an
+    untrained cut at ``layer`` (speed does not depend on the weights).
 
     Both go through ``generate`` as a user calls it: prefill is ``generate`` of one new token; a decoded
     token costs (``generate`` of ``new_tokens`` minus that) / (``new_tokens`` - 1), so the prompt's cost
@@ -257,7 +259,7 @@ def speed_at_width(model: Path, layer: int, threads: int, tokens: int = 128, new
     from dihal_fast.replace.objective import BridgeObjective
 
     torch.set_num_threads(threads)
-    backbone, tokenizer = load_causal_lm(model, "float32")
+    backbone, tokenizer = load_causal_lm(model, dtype)
     hybrid = HybridLM.from_backbone(backbone, layer, {}, tokenizer).eval()
     objective = BridgeObjective(hybrid, BridgeTrainConfig())
     trainable = [p for p in objective.parameters() if p.requires_grad]
@@ -280,7 +282,7 @@ def speed_at_width(model: Path, layer: int, threads: int, tokens: int = 128, new
     step_cpu = min(_cpu_timed(step) for _ in range(2))
     figures = {"bridge_params": sum(p.numel() for p in hybrid.bridge.parameters()), "step_flops": step_flops,
                "step_cpu_s": step_cpu, "step_gflops": step_flops / step_cpu / 1e9}  # fmt: skip
-    figures["new_tokens"] = new_tokens
+    figures["new_tokens"], figures["dtype"] = new_tokens, dtype
     figures["gemm_gflops"] = gemm_rates(backbone.config.hidden_size)  # in this process, beside the step
     prompt = ids[:1]
     models = {"backbone": backbone, "hybrid": hybrid}
@@ -304,6 +306,14 @@ def speed_at_width(model: Path, layer: int, threads: int, tokens: int = 128, new
         figures[f"{name}_decode_tokens_per_cpu_s"] = 1 / max(min(times[name]["decode"]), 1e-9)
         figures[f"{name}_decode_cpu_s_rounds"] = times[name]["decode"]
     return figures
+
+
+SPEED_DTYPES = ("float32", "bfloat16")
+
+
+def speed_path(run: Path, dtype: str) -> Path:
+    """Where ``--speed`` keeps a shape's figures for backbone dtype ``dtype`` (float32: ``speed.json``)."""
+    return run / ("speed.json" if dtype == "float32" else f"speed_{dtype}.json")
 
 
 def _cpu_timed(fn) -> float:
@@ -361,7 +371,7 @@ def write_report(args: argparse.Namespace) -> None:
     for name in args.shapes:
         run, facts = args.runs / name, model_facts(args.models / name)
         saved_path = run / "stages.json"
-        if not saved_path.is_file() and not (run / "speed.json").is_file():
+        if not saved_path.is_file() and not any(speed_path(run, d).is_file() for d in SPEED_DTYPES):
             continue
         saved = json.loads(saved_path.read_text()) if saved_path.is_file() else {}
         hybrid = run / "replace" / "hybrid"
@@ -405,19 +415,23 @@ def write_report(args: argparse.Namespace) -> None:
     figures["stages"] = rows_figure(header, rows)
     speed_rows = []
     for name in args.shapes:
-        path = args.runs / name / "speed.json"
-        if not path.is_file():
-            continue
-        sp = json.loads(path.read_text())
-        rate = sp["gemm_gflops"]["float32"]  # measured by speed_at_width, in the same process as the step
-        figures[name]["speed"] = sp
-        speed_rows.append([
-            name,
-            f"{sp['step_gflops']:.1f} ({sp['step_gflops'] / rate:.0%} of {rate:.1f})",
-            f"{sp['hybrid_prefill_tokens_per_cpu_s'] / sp['backbone_prefill_tokens_per_cpu_s']:.2f}",
-            f"{sp['hybrid_decode_tokens_per_cpu_s'] / sp['backbone_decode_tokens_per_cpu_s']:.2f}",
-        ])  # fmt: skip
-    speed_header = ["shape", "bridge step GFLOP/CPU-s (share of fp32 GEMM)", "prefill hybrid / backbone",
+        for dtype in SPEED_DTYPES:
+            path = speed_path(args.runs / name, dtype)
+            if not path.is_file():
+                continue
+            sp = json.loads(path.read_text())
+            rate = sp["gemm_gflops"][dtype]  # measured by speed_at_width, in the same process as the step
+            figures[name]["speed" if dtype == "float32" else f"speed_{dtype}"] = sp
+            speed_rows.append([
+                name,
+                dtype,
+                f"{sp['step_gflops']:.1f} ({sp['step_gflops'] / rate:.0%} of {rate:.1f})",
+                f"{sp['backbone_decode_tokens_per_cpu_s']:.2f}",
+                f"{sp['hybrid_prefill_tokens_per_cpu_s'] / sp['backbone_prefill_tokens_per_cpu_s']:.2f}",
+                f"{sp['hybrid_decode_tokens_per_cpu_s'] / sp['backbone_decode_tokens_per_cpu_s']:.2f}",
+            ])  # fmt: skip
+    speed_header = ["shape", "backbone dtype", "bridge step GFLOP/CPU-s (share of that dtype's GEMM)",
+                    "backbone decode tokens/CPU-s", "prefill hybrid / backbone",
                     "decode hybrid / backbone"]  # fmt: skip
     if speed_rows:
         figures["speed_at_width"] = rows_figure(speed_header, speed_rows)
@@ -429,8 +443,8 @@ def write_report(args: argparse.Namespace) -> None:
         + "\n\n"
         + "\n".join(body)
         + (
-            "\n\nSpeed at width (float32, one thread, CPU seconds, FLOPs counted by torch):\n\n"
-            + table(speed_header, speed_rows)
+            "\n\nSpeed at width (one thread, CPU seconds, FLOPs counted by torch; the bridge trains in float32 "
+            "whatever the backbone's dtype, so a bfloat16 step mixes both rates):\n\n" + table(speed_header, speed_rows)
             if speed_rows
             else ""
         )
@@ -462,7 +476,8 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="write bench/results/rehearsal.json at the end")
     parser.add_argument("--no-run", action="store_true", help="only write the report from the saved stages")
     parser.add_argument("--plan", action="store_true", help="print the 8B plan of docs/CLUSTER.md")
-    parser.add_argument("--speed", nargs="*", default=[], help="shapes whose speed at width is measured (float32)")
+    parser.add_argument("--speed", nargs="*", default=[], help="shapes whose speed at width is measured")
+    parser.add_argument("--speed-dtype", default="float32", choices=SPEED_DTYPES, help="the backbone's, for --speed")
     args = parser.parse_args()
     if args.plan:
         print(json.dumps(cluster_plan(), indent=1))
@@ -472,8 +487,8 @@ def main() -> None:
             run_shape(name, args)
     for name in args.speed:
         (args.runs / name).mkdir(parents=True, exist_ok=True)
-        figures = speed_at_width(args.models / name, 2, args.threads)
-        (args.runs / name / "speed.json").write_text(json.dumps(figures, indent=1))
+        figures = speed_at_width(args.models / name, 2, args.threads, args.speed_dtype)
+        speed_path(args.runs / name, args.speed_dtype).write_text(json.dumps(figures, indent=1))
     if args.report or args.no_run:
         write_report(args)
 

@@ -142,6 +142,15 @@ QUESTIONS: dict[str, Question] = {
         "(`bench/make_rehearsal_model.py`), the shared text corpora; each stage in its own niced process, as a "
         "user runs it.",
     ),
+    "replace_time": Question(
+        "dihal replace: a time model from unit costs, checked on the rehearsal",
+        PIPELINE,
+        "Does a time model of `dihal replace` (a fixed part and a per-step part, each linear in the number of "
+        "layers, unit costs measured on cuts of the same checkpoint) predict the rehearsal's full-size replace "
+        "within 25 %?",
+        "The rehearsal's random-weight checkpoints cut to l + 1 and l + 2 decoder layers, 1 and 3 steps each, the "
+        "rehearsal's replace settings (float32, batch 8 x 128 tokens, 2 validation and statistics blocks).",
+    ),
     "allocator": Question(
         "CPU training: glibc's allocator defaults against the dihal command's setting",
         PIPELINE,
