@@ -148,7 +148,7 @@ QUESTIONS: dict[str, Question] = {
         "Does a time model of `dihal replace` (a fixed part and a per-step part, each linear in the number of "
         "layers, unit costs measured on cuts of the same checkpoint) predict the rehearsal's full-size replace "
         "within 25 %?",
-        "The rehearsal's random-weight checkpoints cut to l + 1 and l + 2 decoder layers, 1 and 3 steps each, the "
+        "The rehearsal's random-weight checkpoints cut to l + 1 and l + 5 decoder layers, 1 and 3 steps each, the "
         "rehearsal's replace settings (float32, batch 8 x 128 tokens, 2 validation and statistics blocks).",
     ),
     "allocator": Question(
