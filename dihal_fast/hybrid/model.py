@@ -74,6 +74,18 @@ logger = logging.getLogger(__name__)
 _UPPER_ON_META: contextvars.ContextVar[bool] = contextvars.ContextVar("_UPPER_ON_META", default=False)
 
 
+def _foldable_head_input(module: nn.Module, args: tuple) -> tuple | None:
+    """The head's ``(B, T, D)`` input as one matrix when its leading dimensions do not fold into one (the last
+    tokens' slice that transformers takes for ``logits_to_keep``, with the whole prompt's strides): torch's matmul
+    folds such an input only when the weight requires grad, so the frozen head went through ``bmm``, which copies
+    the transposed ``(V, D)`` weight at every call (a bf16 prefill on a CPU at 0.4x the backbone's). The copy made
+    here is ``B x T x D`` values."""
+    hidden = args[0] if args else None
+    if not isinstance(hidden, Tensor) or hidden.dim() != 3 or hidden.stride(0) == hidden.stride(1) * hidden.shape[1]:
+        return None
+    return (hidden.clone(memory_format=torch.contiguous_format), *args[1:])
+
+
 @dataclass
 class HybridCausalLMOutput(CausalLMOutputWithPast):
     """``CausalLMOutputWithPast`` plus ``bridge_hidden_state`` ``(B, T, D)``: the ``h_l`` the bridge produced
@@ -475,6 +487,10 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         """The retained model's output for hidden state ``h_l`` (logits, and its hidden states / attentions when
         asked)."""
         dtype = self.upper.get_input_embeddings().weight.dtype
+        head = self.upper.get_output_embeddings()
+        if head is not None and not getattr(head, "_dihal_foldable_input", False):
+            head.register_forward_pre_hook(_foldable_head_input)  # once per head module (resizing replaces it)
+            head._dihal_foldable_input = True
         return self.upper(
             inputs_embeds=hidden.to(dtype),
             attention_mask=attention_mask,
