@@ -275,7 +275,7 @@ def main() -> None:
         return
     figures["test_scored_at"] = min(found["scored_at"] for found in results.values())
     header = ["model", "seed", "trained s", "steps", "parameters", "accuracy %", "easy / hard %", "passes / puzzle"]
-    header.append("settings")
+    header += ["block passes / puzzle", "settings"]
     figures.update(test_sha256=file_sha256(args.test), validation_sha256=file_sha256(args.val))
     body = [
         f"test {figures['test_sha256'][:16]}, validation {figures['validation_sha256'][:16]} (sha256); intervals: "
@@ -289,11 +289,12 @@ def main() -> None:
             correct[kind].append(row["correct"])
             groups = " / ".join(f"{100 * g['accuracy']:.1f}" for g in row["groups"].values())
             trained = [round(found["summary"]["elapsed_s"]), found["summary"]["step"], found["summary"]["parameters"]]
-            scores = [round(100 * row["accuracy"], 1), groups, round(row["passes"]), settings_text(row["settings"])]
+            scores = [round(100 * row["accuracy"], 1), groups, round(row["passes"]), round(row["block_passes"])]
+            scores.append(settings_text(row["settings"]))
             rows.append([kind, seed, *trained, *scores])
         for kind in kinds:
             accuracy = sum(map(sum, correct[kind])) / sum(map(len, correct[kind]))
-            rows.append([kind, "mean", "", "", "", round(100 * accuracy, 1), "", "", ""])
+            rows.append([kind, "mean", "", "", "", round(100 * accuracy, 1), "", "", "", ""])
         figures[mode] = rows_figure(header, rows)
         gaps = {kind: paired_bootstrap(correct[kind], correct[kinds[0]]) for kind in kinds[1:]}
         figures[f"{mode}_minus_{kinds[0]}"] = gaps

@@ -257,6 +257,24 @@ QUESTIONS: dict[str, Question] = {
         "unconditional samples x 64 tokens per call, temperature 1, no EOS stop, generator seed 0; fastest of 10 "
         "interleaved rounds, wall and process CPU time, one torch thread.",
     ),
+    "hcdlm_protocol6": Question(
+        "HC-DLM vs MDM on 6x6 Sudoku under one protocol: one chain, best-of-8 and oracle@8, three training seeds",
+        HCDLM,
+        "With every setting chosen on validation before the test file is scored (the lr by `hcdlm_lr_search`; per "
+        "model the single chain's steps, then its best-of-K diversity source and verifier, chosen with its seed-0 "
+        "run and frozen for seeds 1 and 2), how many frozen test boards do HC-DLM and MDM solve with one chain, "
+        "with best-of-8 and with oracle@8, at what sampling cost, and with what interval over training seeds and "
+        "test puzzles? Inside HC-DLM's sampler: does the carried latent hold information beyond the current tokens "
+        "(the chain with the latent re-encoded from its argmax tokens at every step), and does the chain run on "
+        "its scaffold?",
+        "`bench/data/sudoku6` (generator seed 2026): validation and test 150 easy + 150 hard boards each, disjoint "
+        "up to symmetry from every run's training pool (checked by the script); 10 process-CPU-minutes of "
+        "training per run on one thread, lr 3e-3 for both (chosen on validation), training seeds 0-2 (3,000 "
+        "generated singles-grade puzzles each, the same pool for both models at a seed), width 64, HC-DLM 0.73 M "
+        "and MDM 0.75 M parameters. The two models of a seed trained at the same time on the same shared machine; runs "
+        "trained by `--train-only` and scored by `--no-record` processes into the same `--out`, the record written "
+        "by the command below from their kept results.",
+    ),
     "hcdlm_sudoku": Question(
         "HC-DLM vs MDM / Latent DM / AR on 6x6 Sudoku at 10 CPU-minutes (exposure share 1.0, hard variance clamp)",
         HCDLM,
@@ -311,40 +329,14 @@ QUESTIONS: dict[str, Question] = {
         "configuration (lr 1e-3), seed 0 unless the name says otherwise; validation split only (150 easy + 150 hard, "
         "seed 7), 50 steps, argmax, EMA weights.",
     ),
-    "hcdlm_sudoku_fresh": Question(
-        "HC-DLM vs MDM on fresh 6x6 puzzles at 10 CPU-minutes: one chain against the sampling steps",
-        HCDLM,
-        "With the command line's defaults and one sampling chain, does HC-DLM match MDM on the hard split of puzzles "
-        "from a generator seed used nowhere else, at the paper's 50 steps and with the steps (50-400) chosen on "
-        "validation, and for what sampling compute?",
-        "Generated 6x6 puzzles: 300 easy + 300 hard test boards (generator seed 20261201), 150 + 150 validation "
-        "boards (seed 7) for the sampler; 10 process-CPU-minutes per model on one thread, training seed 0.",
-    ),
-    "hcdlm_sudoku_best_of": Question(
-        "HC-DLM vs MDM on fresh 6x6 puzzles at 10 CPU-minutes: best-of-K chains, two training seeds",
-        HCDLM,
-        "When K chains per puzzle are sampled and the one the model itself finds most likely is kept (`--best-of "
-        "K`, K chosen on validation with the other sampler settings), how do HC-DLM and MDM compare on the hard "
-        "split at 10 CPU-minutes of training with the command line's defaults?",
-        "Runs with the command line's defaults (10 process-CPU-minutes each, one thread, training seeds 0 and 1); "
-        "300 easy + 300 hard test boards of generator seed 20261202, 150 + 150 validation boards (seed 7) choose K "
-        "among 1 / 4 / 8 and MDM's order; 50 sampling steps.",
-    ),
-    "hcdlm_best_of_scaling": Question(
-        "HC-DLM vs MDM on 6x6 Sudoku: accuracy against the number of chains K, test split",
-        HCDLM,
-        "How does accuracy grow with K, the chains sampled per puzzle of which the model keeps the one it finds most "
-        "likely, for HC-DLM (argmax) and for MDM (temperature 1 for K > 1), and at what sampling cost?",
-        "bench_hcdlm_best_of.py on the training-seed-0 runs and test puzzles of `hcdlm_sudoku_best_of` (300 easy + "
-        "300 hard, generator seed 20261202), 50 steps per chain, every K scored on the test split (no choice is made "
-        "here); process CPU seconds per puzzle on one thread.",
-    ),
     "hcdlm_ccdd": Question(
         "CCDD (joint token + embedding chains) on 6x6 Sudoku at 10 CPU-minutes",
         HCDLM,
         "How does CCDD, HC-DLM's strongest same-scale baseline in the paper (a masked token chain and a "
         "token-embedding chain denoised together by one network), fare in the same harness, parameter budget and "
-        "CPU budget as HC-DLM and MDM?",
+        "CPU budget as HC-DLM and MDM? This record measured an earlier CCDD whose masked slots saw (1 - s) times "
+        "the code of their true token: it shows that leak (the token head reads the answer), not CCDD; the "
+        "repaired CCDD (`hcdlm/ccdd.py`) has no record yet.",
         "The 6x6 puzzles of `hcdlm_sudoku` (300 easy + 300 hard test boards, seed 123; 150 + 150 validation boards, "
         "seed 7, for the sampler order), 10 process-CPU-minutes on one thread, `dihal hcdlm train`'s defaults.",
     ),

@@ -267,8 +267,8 @@ class SampleConfig(CheckedConfig):
         False, "HC-DLM: replace x_hat_0 at every step by the encoder mean of its argmax tokens (not in the paper)"
     )
     # Ours (test-time scaling): HC-DLM's chains differ at argmax (random scaffold re-noising, x_T), so the model's
-    # own log-probability of its answer can choose among them (bench/results/hcdlm_sudoku_best_of.json and
-    # hcdlm_best_of_scaling.json).
+    # own log-probability of its answer can choose among them; every kind's best-of-K under one protocol:
+    # bench/results/hcdlm_protocol6.json.
     best_of: int = option(
         1,
         "chains per problem; the answer is the chain whose tokens the model itself finds most likely (the summed "
