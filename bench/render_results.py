@@ -301,6 +301,17 @@ QUESTIONS: dict[str, Question] = {
         "training pools); lr in {1e-3, 3e-3}, seed 0, the CLI's 6x6 defaults otherwise; single chain (argmax) at "
         "36, 50 and 100 sampling steps, the best of them per row.",
     ),
+    "hcdlm_lr_search_ccdd": Question(
+        "CCDD: learning rate chosen on the frozen 6x6 validation split",
+        HCDLM,
+        "Which learning rate does the repaired CCDD (no masked slot sees anything derived from its true token) "
+        "prefer at 10 CPU-minutes of training (one thread), by the same search as `hcdlm_lr_search`, and how many "
+        "validation boards does its single chain solve?",
+        "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards, generator seed 2026); lr in {1e-3, 3e-3}, "
+        "seed 0, the CLI's 6x6 defaults otherwise (width 64, blocks matched to HC-DLM's parameter count); single "
+        "chain (argmax, the givens in place) at 36, 50 and 100 sampling steps. The two runs trained side by side "
+        "(`--train-only`), then the search resumed and scored them.",
+    ),
     "hcdlm_variants": Question(
         "HC-DLM objective variants on 6x6 Sudoku",
         HCDLM,
