@@ -47,7 +47,7 @@ from dihal_fast.hcdlm.mechanism import in_sampler_interventions  # noqa: E402
 from dihal_fast.hcdlm.models import kind_of  # noqa: E402
 from dihal_fast.hcdlm.protocol import evaluate_protocol, protocol_rows, single_chain  # noqa: E402
 from dihal_fast.hcdlm.scoring import accuracy_vs_steps, load_run  # noqa: E402
-from dihal_fast.hcdlm.stats import paired_bootstrap  # noqa: E402
+from dihal_fast.hcdlm.stats import paired_bootstrap, points_text  # noqa: E402
 from dihal_fast.hcdlm.trainer import train  # noqa: E402
 
 MODES = ("single", "best_of", "oracle")
@@ -99,8 +99,7 @@ def run_one(kind: str, seed: int, args: argparse.Namespace, chosen: dict | None 
     the in-sampler interventions at its single-chain settings."""
     folder, summary = train_one(kind, seed, args)
     key = {
-        "test_sha256": file_sha256(args.test),
-        "validation_sha256": file_sha256(args.val),
+        **args.hashes,
         "k": args.k,
         "steps_choices": args.steps_choices,
         "seed": seed,
@@ -148,11 +147,6 @@ def settings_text(settings: dict) -> str:
     return ", ".join(words)
 
 
-def percent(interval: dict) -> str:
-    """A paired-bootstrap interval in points: ``+1.2 [-0.5, +3.0]``."""
-    return f"{100 * interval['difference']:+.1f} [{100 * interval['low']:+.1f}, {100 * interval['high']:+.1f}]"
-
-
 def interventions_table(results: dict, kinds: list[str]) -> tuple[dict, str]:
     """Latent kinds' in-sampler interventions on the test file, seeds as rows: every variant's accuracy and normal
     minus ``latent_reencoded`` (the information the latent carries beyond the tokens), per seed over the puzzles
@@ -165,14 +159,18 @@ def interventions_table(results: dict, kinds: list[str]) -> tuple[dict, str]:
         names = list(found[0][1]["variants"])
         header = ["seed", *(f"{name} %" for name in names), "normal - latent_reencoded, points"]
         rows = [
-            [seed, *(round(100 * f["variants"][n]["accuracy"], 1) for n in names), percent(f["latent_beyond_tokens"])]
+            [
+                seed,
+                *(round(100 * f["variants"][n]["accuracy"], 1) for n in names),
+                points_text(f["latent_beyond_tokens"]),
+            ]
             for seed, f in found
         ]
         pooled = paired_bootstrap(
             [f["correct"]["normal"] for _, f in found], [f["correct"]["latent_reencoded"] for _, f in found]
         )
         means = [round(100 * sum(f["variants"][n]["accuracy"] for _, f in found) / len(found), 1) for n in names]
-        rows.append(["mean", *means, percent(pooled)])
+        rows.append(["mean", *means, points_text(pooled)])
         figures[f"interventions_{kind}"] = rows_figure(header, rows)
         figures[f"latent_beyond_tokens_{kind}"] = pooled
         body.append(
@@ -270,13 +268,14 @@ def main() -> None:
     if not (args.val and args.test):
         raise SystemExit("--val and --test are required unless --train-only or --lr-search")
     figures: dict = frozen_lr(args) if args.lr_record else {}
+    args.hashes = {"test_sha256": file_sha256(args.test), "validation_sha256": file_sha256(args.val)}
     results = {key: found for kind in kinds for key, found in score_kind(kind, seeds, args).items()}
     if args.no_record:
         return
     figures["test_scored_at"] = min(found["scored_at"] for found in results.values())
     header = ["model", "seed", "trained s", "steps", "parameters", "accuracy %", "easy / hard %", "passes / puzzle"]
     header += ["block passes / puzzle", "settings"]
-    figures.update(test_sha256=file_sha256(args.test), validation_sha256=file_sha256(args.val))
+    figures.update(args.hashes)
     body = [
         f"test {figures['test_sha256'][:16]}, validation {figures['validation_sha256'][:16]} (sha256); intervals: "
         "paired bootstrap over training seeds and test puzzles together (2,000 draws, 95 %), seeds paired by number "
@@ -299,7 +298,7 @@ def main() -> None:
         gaps = {kind: paired_bootstrap(correct[kind], correct[kinds[0]]) for kind in kinds[1:]}
         figures[f"{mode}_minus_{kinds[0]}"] = gaps
         body.append(f"\n{mode} (K = {args.k} for best_of / oracle):\n\n{table(header, rows)}")
-        body += [f"{kind} - {kinds[0]}: {percent(gap)} points" for kind, gap in gaps.items()]
+        body += [f"{kind} - {kinds[0]}: {points_text(gap)} points" for kind, gap in gaps.items()]
     found_interventions, text = interventions_table(results, kinds)
     figures.update(found_interventions)
     body.append(text)

@@ -96,6 +96,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     from dihal_fast.hcdlm.api import evaluate_run
     from dihal_fast.hcdlm.eval_config import HCDLMEvalConfig
+    from dihal_fast.hcdlm.stats import points_text
 
     report = evaluate_run(dataclass_from_options(HCDLMEvalConfig, args), args.out)
     if "gen_ppl" in report:
@@ -115,10 +116,9 @@ def run_eval(args: argparse.Namespace) -> int:
         if "interventions" in report:
             found = report["interventions"]
             variants = ", ".join(f"{k} {100 * v['accuracy']:.1f}" for k, v in found["variants"].items())
-            gap = found["latent_beyond_tokens"]
             print(
                 f"in-sampler interventions, accuracy %: {variants}; normal - latent_reencoded "
-                f"{100 * gap['difference']:+.1f} [{100 * gap['low']:+.1f}, {100 * gap['high']:+.1f}]"
+                f"{points_text(found['latent_beyond_tokens'])}"
             )
         if "oracle_ablation_effects" in report:
             effects = ", ".join(f"{k} {100 * v:+.1f}" for k, v in report["oracle_ablation_effects"].items())

@@ -60,3 +60,8 @@ def paired_bootstrap(
     if difference.ndim == 2:
         found["examples"] = int(difference.shape[1])
     return found
+
+
+def points_text(interval: dict[str, float]) -> str:
+    """A difference of accuracies with its interval, in percentage points: ``+1.2 [-0.5, +3.0]``."""
+    return f"{100 * interval['difference']:+.1f} [{100 * interval['low']:+.1f}, {100 * interval['high']:+.1f}]"
