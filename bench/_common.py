@@ -54,6 +54,28 @@ def best_time(fn: Callable[[], object], repeat: int = 3, warmup: int = 1) -> flo
     return min(times)
 
 
+def cpu_seconds(fn: Callable[[], object]) -> float:
+    """Process CPU seconds of one call (the figure a shared machine's load does not enter)."""
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
+def gemm_rates(width: int, rows: int = 256) -> dict[str, float]:
+    """GFLOP per CPU-second of a (rows x width) @ (width x width) matrix product in float32 and bfloat16 on one
+    thread, best of 3."""
+    import torch
+
+    torch.set_num_threads(1)
+    rates = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(rows, width, dtype=dtype), torch.randn(width, width, dtype=dtype)
+        a @ b
+        best = min(cpu_seconds(lambda a=a, b=b: a @ b) for _ in range(3))
+        rates[str(dtype).replace("torch.", "")] = 2 * rows * width * width / best / 1e9
+    return rates
+
+
 def sgemm_rate(size: int = 3072) -> float:
     """The machine's float32 matrix-multiply rate (GFLOP/s): best of NumPy and torch, same threads."""
     import torch
@@ -187,6 +209,12 @@ def commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return NOT_RECORDED
     return head + ("+dirty" if dirty else "")
+
+
+def add_rehearsal_options(parser: argparse.ArgumentParser) -> None:
+    """``--models`` (bench/make_rehearsal_model.py's ``--out``) and ``--shapes``: the rehearsal benches' inputs."""
+    parser.add_argument("--models", type=Path, required=True, help="make_rehearsal_model.py's --out")
+    parser.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "llama-1b"], help="rehearsal shapes")
 
 
 def add_hybrid_options(parser: argparse.ArgumentParser, work: str) -> None:

@@ -224,13 +224,20 @@ def lr_search(kinds: list[str], seeds: list[int], args: argparse.Namespace) -> N
 
 
 def frozen_lr(args: argparse.Namespace) -> dict:
-    """The ``--lr-record`` figures that say when the lr was frozen, refused unless ``--lr`` and ``--val`` match."""
-    found = read_record(RESULTS_DIR / f"{args.lr_record}.json")["figures"]
-    if found.get("chosen") != args.lrs:
-        raise SystemExit(f"--lr {args.lrs} is not the lr {args.lr_record} chose on validation: {found.get('chosen')}")
-    if found.get("validation_sha256") != file_sha256(args.val):
-        raise SystemExit(f"--val {args.val} is not the validation file {args.lr_record} chose the lr on")
-    return {"lr_record": args.lr_record, "lr": args.lrs, "lr_frozen_at": found["frozen_at"]}
+    """What ``--lr-record`` (one or more lr-search records, comma-separated) says of the lr: the records, the lr
+    and, per kind, when its lr was frozen; refused unless every record was made on ``--val`` and together they
+    chose exactly ``--lr``."""
+    names = [name for name in args.lr_record.split(",") if name]
+    chosen, frozen_at = {}, {}
+    for name in names:
+        found = read_record(RESULTS_DIR / f"{name}.json")["figures"]
+        if found.get("validation_sha256") != file_sha256(args.val):
+            raise SystemExit(f"--val {args.val} is not the validation file {name} chose the lr on")
+        chosen.update(found.get("chosen", {}))
+        frozen_at.update(dict.fromkeys(found.get("chosen", {}), found["frozen_at"]))
+    if chosen != args.lrs:
+        raise SystemExit(f"--lr {args.lrs} is not the lr {args.lr_record} chose on validation: {chosen}")
+    return {"lr_record": names, "lr": args.lrs, "lr_frozen_at": frozen_at}
 
 
 def main() -> None:
@@ -250,7 +257,9 @@ def main() -> None:
     parser.add_argument("--train-only", action="store_true", help="train or resume the runs, score nothing")
     parser.add_argument("--no-record", action="store_true", help="train and score the runs, write no record")
     parser.add_argument("--lr-search", default="", help="LR,LR,...: choose each kind's lr on --val (no test)")
-    parser.add_argument("--lr-record", default="", help="the lr-search record the --lr was chosen by")
+    parser.add_argument(
+        "--lr-record", default="", help="the lr-search record(s) the --lr was chosen by, comma-separated"
+    )
     args = parser.parse_args()
     args.steps_choices = [int(s) for s in args.steps_choices.split(",")]
     kinds, seeds = args.models.split(","), [int(s) for s in args.seeds.split(",")]
@@ -272,7 +281,9 @@ def main() -> None:
     results = {key: found for kind in kinds for key, found in score_kind(kind, seeds, args).items()}
     if args.no_record:
         return
-    figures["test_scored_at"] = min(found["scored_at"] for found in results.values())
+    figures["test_scored_at"] = {  # per kind: after its lr (lr_frozen_at) and settings were frozen
+        kind: min(found["scored_at"] for (owner, _), found in results.items() if owner == kind) for kind in kinds
+    }
     header = ["model", "seed", "trained s", "steps", "parameters", "accuracy %", "easy / hard %", "passes / puzzle"]
     header += ["block passes / puzzle", "settings"]
     figures.update(args.hashes)

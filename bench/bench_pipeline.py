@@ -162,10 +162,10 @@ def _speed_by_nfe(hybrid_dir: str, model: str | None, n_samples: int, new_tokens
     import torch
 
     from dihal_fast.common.metrics import tokens_per_second
-    from dihal_fast.evaluate.loaded_lm import load_lm, set_denoising_steps
+    from dihal_fast.evaluate.loaded_lm import configure_bridge, load_lm
 
     def speed(lm, nfe):
-        set_denoising_steps(lm.model, nfe)
+        configure_bridge(lm.model, nfe)
         prompt = torch.tensor([lm.prompt_ids("")]).expand(n_samples, -1)
         runs = [lm.sample(prompt, new_tokens, generator=torch.Generator().manual_seed(i)) for i in range(3)]
         return statistics.median(tokens_per_second(g.tokens.numel(), g.seconds) for g in runs)

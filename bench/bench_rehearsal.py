@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import report, rows_figure, table
+from _common import add_rehearsal_options, gemm_rates, report, rows_figure, table
 
 STAGES = ("locate", "replace", "zero2", "zero3", "evaluate", "generate")
 TEXT = Path("/work/shared/data/text")
@@ -147,27 +147,12 @@ def runtime_rss_gb(threads: int) -> float:
     """Peak RSS of a process that only imports torch, transformers and dihal_fast (the runtime's share).
 
     Read as the child's VmHWM: its ``ru_maxrss`` starts at this process's peak (Linux keeps the maximum across
-    fork and exec), so after ``--speed`` had the models loaded it would report theirs."""
+    fork and exec), so in a process that had loaded a model it would report that model's."""
     peak = "next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:'))"
     code = f"import os; {RUNTIME}; print({peak})"
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     return int(out.stdout.strip().splitlines()[-1]) * 1024 / 1e9
-
-
-def gemm_rates(width: int, rows: int = 256) -> dict:
-    """GFLOP per CPU-second of a (rows x width) @ (width x width) matrix product in float32 and bfloat16 on one
-    thread (CPU time, as the speed figures: a shared machine's load does not enter)."""
-    import torch
-
-    torch.set_num_threads(1)
-    rates = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a, b = torch.randn(rows, width, dtype=dtype), torch.randn(width, width, dtype=dtype)
-        a @ b
-        best = min(_cpu_timed(lambda a=a, b=b: a @ b) for _ in range(3))
-        rates[str(dtype).replace("torch.", "")] = 2 * rows * width * width / best / 1e9
-    return rates
 
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -238,90 +223,6 @@ def locate_states(run: Path, facts: dict, itemsize: int) -> float:
     return (layers * d * d * 8 + layers * rows * d * itemsize) / 1e9
 
 
-def speed_at_width(
-    model: Path, layer: int, threads: int, dtype: str = "float32", tokens: int = 128, new_tokens: int = 16
-) -> dict:
-    """At the model's width, the backbone in ``dtype`` (the bridge is float32 whatever it is), on ``threads``
-    threads (CPU seconds, FLOPs counted by torch's FlopCounterMode): one bridge training step (teacher targets, the
-    objective's forward and backward, the optimizer) against the GEMM rates of float32 and bfloat16 (measured in
-    this process), and the hybrid's prefill and per-token generation against the backbone's own. The hybrid is an
-    untrained cut at ``layer`` (speed does not depend on the weights).
-
-    Both go through ``generate`` as a user calls it: prefill is ``generate`` of one new token; a decoded
-    token costs (``generate`` of ``new_tokens`` minus that) / (``new_tokens`` - 1), so the prompt's cost
-    cancels. Best of 3 rounds, the two models interleaved in each."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from dihal_fast.common.hf_loading import load_causal_lm
-    from dihal_fast.hybrid import HybridLM, backbone_targets
-    from dihal_fast.replace.config import BridgeTrainConfig
-    from dihal_fast.replace.objective import BridgeObjective
-
-    torch.set_num_threads(threads)
-    backbone, tokenizer = load_causal_lm(model, dtype)
-    hybrid = HybridLM.from_backbone(backbone, layer, {}, tokenizer).eval()
-    objective = BridgeObjective(hybrid, BridgeTrainConfig())
-    trainable = [p for p in objective.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=1e-4)
-    ids = torch.randint(3, backbone.config.vocab_size, (2, tokens // 2), generator=torch.Generator().manual_seed(0))
-    randoms = objective.random_inputs(*ids.shape, torch.Generator().manual_seed(1))
-
-    def step() -> None:
-        hidden, teacher_logits = backbone_targets(backbone, ids, layer)
-        losses = objective(ids, hidden, teacher_logits, **randoms)
-        losses["loss"].backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()  # warm-up: allocates the optimizer's moments
-    counter = FlopCounterMode(display=False)
-    with counter:
-        step()
-    step_flops = counter.get_total_flops()
-    step_cpu = min(_cpu_timed(step) for _ in range(2))
-    figures = {"bridge_params": sum(p.numel() for p in hybrid.bridge.parameters()), "step_flops": step_flops,
-               "step_cpu_s": step_cpu, "step_gflops": step_flops / step_cpu / 1e9}  # fmt: skip
-    figures["new_tokens"], figures["dtype"] = new_tokens, dtype
-    figures["gemm_gflops"] = gemm_rates(backbone.config.hidden_size)  # in this process, beside the step
-    prompt = ids[:1]
-    models = {"backbone": backbone, "hybrid": hybrid}
-
-    def generate(lm, count: int) -> None:
-        lm.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=count, min_new_tokens=count,
-                    do_sample=False)  # fmt: skip
-
-    times: dict[str, dict[str, list[float]]] = {name: {"prefill": [], "decode": []} for name in models}
-    with torch.inference_mode():
-        for lm in models.values():
-            generate(lm, new_tokens)  # warm-up
-        for _ in range(3):
-            for name, lm in models.items():
-                one = _cpu_timed(lambda lm=lm: generate(lm, 1))
-                whole = _cpu_timed(lambda lm=lm: generate(lm, new_tokens))
-                times[name]["prefill"].append(one)
-                times[name]["decode"].append((whole - one) / (new_tokens - 1))
-    for name in models:
-        figures[f"{name}_prefill_tokens_per_cpu_s"] = prompt.shape[1] / min(times[name]["prefill"])
-        figures[f"{name}_decode_tokens_per_cpu_s"] = 1 / max(min(times[name]["decode"]), 1e-9)
-        figures[f"{name}_decode_cpu_s_rounds"] = times[name]["decode"]
-    return figures
-
-
-SPEED_DTYPES = ("float32", "bfloat16")
-
-
-def speed_path(run: Path, dtype: str) -> Path:
-    """Where ``--speed`` keeps a shape's figures for backbone dtype ``dtype`` (float32: ``speed.json``)."""
-    return run / ("speed.json" if dtype == "float32" else f"speed_{dtype}.json")
-
-
-def _cpu_timed(fn) -> float:
-    start = time.process_time()
-    fn()
-    return time.process_time() - start
-
-
 # The 8B models users run (their config.json): layers, width, SwiGLU width, vocabulary, KV heads x head dim,
 # tied embeddings.
 TARGETS = {
@@ -371,9 +272,9 @@ def write_report(args: argparse.Namespace) -> None:
     for name in args.shapes:
         run, facts = args.runs / name, model_facts(args.models / name)
         saved_path = run / "stages.json"
-        if not saved_path.is_file() and not any(speed_path(run, d).is_file() for d in SPEED_DTYPES):
+        if not saved_path.is_file():
             continue
-        saved = json.loads(saved_path.read_text()) if saved_path.is_file() else {}
+        saved = json.loads(saved_path.read_text())
         hybrid = run / "replace" / "hybrid"
         bridge_gb = bridge_bytes(hybrid) / 1e9 if hybrid.is_dir() else 0.0
         itemsize = loaded_itemsize(facts, args.dtype)
@@ -413,28 +314,6 @@ def write_report(args: argparse.Namespace) -> None:
     header = ["shape", "stage", "batch", "wall s", "CPU s", "peak RSS GB", "weights GB", "states GB",
               "activations GB", "runtime GB", "peak / accounted", "written GB"]  # fmt: skip
     figures["stages"] = rows_figure(header, rows)
-    speed_rows = []
-    for name in args.shapes:
-        for dtype in SPEED_DTYPES:
-            path = speed_path(args.runs / name, dtype)
-            if not path.is_file():
-                continue
-            sp = json.loads(path.read_text())
-            rate = sp["gemm_gflops"][dtype]  # measured by speed_at_width, in the same process as the step
-            figures[name]["speed" if dtype == "float32" else f"speed_{dtype}"] = sp
-            speed_rows.append([
-                name,
-                dtype,
-                f"{sp['step_gflops']:.1f} ({sp['step_gflops'] / rate:.0%} of {rate:.1f})",
-                f"{sp['backbone_decode_tokens_per_cpu_s']:.2f}",
-                f"{sp['hybrid_prefill_tokens_per_cpu_s'] / sp['backbone_prefill_tokens_per_cpu_s']:.2f}",
-                f"{sp['hybrid_decode_tokens_per_cpu_s'] / sp['backbone_decode_tokens_per_cpu_s']:.2f}",
-            ])  # fmt: skip
-    speed_header = ["shape", "backbone dtype", "bridge step GFLOP/CPU-s (share of that dtype's GEMM)",
-                    "backbone decode tokens/CPU-s", "prefill hybrid / backbone",
-                    "decode hybrid / backbone"]  # fmt: skip
-    if speed_rows:
-        figures["speed_at_width"] = rows_figure(speed_header, speed_rows)
     text = (
         "Rehearsal, random weights (bench/make_rehearsal_model.py): the pipeline as a user runs it, each stage "
         f"in its own niced process ({args.threads} thread(s); ZeRO: 2 ranks x 1 thread), on a shared 2-core "
@@ -442,12 +321,6 @@ def write_report(args: argparse.Namespace) -> None:
         + table(header, rows)
         + "\n\n"
         + "\n".join(body)
-        + (
-            "\n\nSpeed at width (one thread, CPU seconds, FLOPs counted by torch; the bridge trains in float32 "
-            "whatever the backbone's dtype, so a bfloat16 step mixes both rates):\n\n" + table(speed_header, speed_rows)
-            if speed_rows
-            else ""
-        )
         + "\n\naccounted = weights in their dtype + the states the stage keeps + the activations of one training "
         "step (batch: blocks of 128 tokens per process; docs/DESIGN.md, 'Memory at size') + the runtime (torch, "
         "transformers and dihal_fast imported)."
@@ -458,9 +331,8 @@ def write_report(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", type=Path, required=True, help="make_rehearsal_model.py's --out")
+    add_rehearsal_options(parser)
     parser.add_argument("--runs", type=Path, required=True, help="where the run directories go (outside the repo)")
-    parser.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "llama-1b"])
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--text", type=Path, default=TEXT)
     parser.add_argument("--max-tokens", type=int, default=8192, help="tokens dihal locate reads")
@@ -476,8 +348,6 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="write bench/results/rehearsal.json at the end")
     parser.add_argument("--no-run", action="store_true", help="only write the report from the saved stages")
     parser.add_argument("--plan", action="store_true", help="print the 8B plan of docs/CLUSTER.md")
-    parser.add_argument("--speed", nargs="*", default=[], help="shapes whose speed at width is measured")
-    parser.add_argument("--speed-dtype", default="float32", choices=SPEED_DTYPES, help="the backbone's, for --speed")
     args = parser.parse_args()
     if args.plan:
         print(json.dumps(cluster_plan(), indent=1))
@@ -485,10 +355,6 @@ def main() -> None:
     if not args.no_run:
         for name in args.shapes:
             run_shape(name, args)
-    for name in args.speed:
-        (args.runs / name).mkdir(parents=True, exist_ok=True)
-        figures = speed_at_width(args.models / name, 2, args.threads, args.speed_dtype)
-        speed_path(args.runs / name, args.speed_dtype).write_text(json.dumps(figures, indent=1))
     if args.report or args.no_run:
         write_report(args)
 

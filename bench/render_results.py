@@ -142,6 +142,16 @@ QUESTIONS: dict[str, Question] = {
         "(`bench/make_rehearsal_model.py`), the shared text corpora; each stage in its own niced process, as a "
         "user runs it.",
     ),
+    "speed_at_width": Question(
+        "Bridge step and hybrid generation at a real model's width",
+        PIPELINE,
+        "At Llama-3.2-1B's and Qwen3-0.6B's widths, what share of the machine's roofline does a bridge training "
+        "step reach (its FLOPs at the GEMM rates of the dtypes it runs in), and how fast does the hybrid prefill "
+        "and decode against its backbone, with the bridge in float32 and in the backbone's dtype "
+        '(`bridge_dtype="auto"`)?',
+        "The rehearsal's random-weight checkpoints (`bench/make_rehearsal_model.py`) in float32 and bfloat16, an "
+        "untrained cut at layer 2 (speed does not depend on the weights), random token prompts.",
+    ),
     "replace_time": Question(
         "dihal replace: a time model from unit costs, checked on the rehearsal",
         PIPELINE,
@@ -300,6 +310,17 @@ QUESTIONS: dict[str, Question] = {
         "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards, generator seed 2026, disjoint from the "
         "training pools); lr in {1e-3, 3e-3}, seed 0, the CLI's 6x6 defaults otherwise; single chain (argmax) at "
         "36, 50 and 100 sampling steps, the best of them per row.",
+    ),
+    "hcdlm_lr_search_latent_ar": Question(
+        "Latent DM and AR: learning rate chosen on the frozen 6x6 validation split",
+        HCDLM,
+        "Which learning rate do the latent-diffusion (Latent DM) and autoregressive (AR) baselines prefer at 10 "
+        "CPU-minutes of training (one thread), by the same search as `hcdlm_lr_search`, and how many validation "
+        "boards does each one's single chain solve?",
+        "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards, generator seed 2026); lr in {1e-3, 3e-3}, "
+        "seed 0, the CLI's 6x6 defaults otherwise; single chain (argmax) at 36, 50 and 100 sampling steps (AR "
+        "decodes left to right whatever the steps). The four runs trained side by side (`--train-only`, with the "
+        "CCDD seeds at a higher CPU share: budgets are process CPU seconds), then the search resumed and scored them.",
     ),
     "hcdlm_lr_search_ccdd": Question(
         "CCDD: learning rate chosen on the frozen 6x6 validation split",

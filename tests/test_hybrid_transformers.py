@@ -135,6 +135,26 @@ def test_the_checkpoint_dtype_is_kept_and_the_bridge_stays_float32(tiny_checkpoi
     assert loaded.generate(ids, max_new_tokens=3, do_sample=False).shape == (1, 7)
 
 
+def test_bridge_dtype_auto_runs_the_bridge_in_the_retained_parts_dtype(tiny_checkpoints, tmp_path):
+    hybrid = _cut(tiny_checkpoints["llama"], dtype=torch.bfloat16)
+    directory = hybrid.save_pretrained(tmp_path / "bf16")
+    ids = torch.tensor([[1, 40, 50, 60, 7, 9, 11]])
+    with torch.no_grad():
+        reference = hybrid(ids).logits.float()
+        # transformers' convention: a config attribute as a from_pretrained keyword (lm-eval's model_args too)
+        loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16, bridge_dtype="auto")
+        assert loaded.bridge.dtype == torch.bfloat16 and loaded.config.bridge_dtype == "auto"
+        assert loaded.bridge.target_mean.dtype == torch.float32  # the de-normalisation stays float32
+        logits = loaded(ids).logits.float()
+        assert 0 < (logits - reference).abs().max() < 0.1 * reference.abs().max()  # bf16 rounding, not a new model
+        hybrid.use_bridge_dtype("auto")  # the same, on a model in memory
+        assert hybrid.bridge.dtype == torch.bfloat16 and torch.equal(hybrid(ids).logits.float(), logits)
+    with pytest.raises(ValueError, match="its float32 weights are gone"):
+        hybrid.use_bridge_dtype("float32")  # rounded weights would pass for the trained ones
+    with pytest.raises(ValueError, match="bridge_dtype must be one of float32, auto"):
+        AutoModelForCausalLM.from_pretrained(directory, bridge_dtype="bfloat16")
+
+
 def _write_earlier_layout(hybrid: HybridLM, directory) -> None:
     """What ``HybridLM.save_pretrained`` wrote before the transformers model (hybrid_config.json + parts)."""
     from safetensors.torch import save_file

@@ -26,6 +26,9 @@ DTYPE_HELP = "model dtype: auto (the checkpoint's own, from its config.json), fl
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 _CHECKPOINT_DEFAULT = "float32"  # transformers' default when a config names no dtype
+# A hybrid's bridge: float32 (as trained and validated) or auto (the retained part's dtype: a bf16 hybrid runs its
+# bridge at the bf16 rate, half the bytes, logits within bf16 rounding of the float32 bridge's).
+BRIDGE_DTYPES = ("float32", "auto")
 DEVICE_MAP_CHOICES = ("none", "auto", "balanced", "balanced_low_0", "sequential")
 DEVICE_MAP_HELP = (
     "placement of a checkpoint's layers: none (the whole model on --device), an accelerate strategy (auto, "
@@ -47,6 +50,16 @@ def device_option(default: str = "auto", help: str = DEVICE_HELP):
 def dtype_option(default: str = "auto", help: str = DTYPE_HELP):
     """The ``dtype`` field of a stage config (``--dtype``), choices :data:`DTYPE_CHOICES`."""
     return option(default, help, choices=DTYPE_CHOICES)
+
+
+def bridge_dtype_option(models: str = "a hybrid's bridge"):
+    """The ``bridge_dtype`` field of a stage config (``--bridge-dtype``): None keeps each hybrid's own."""
+    return option(
+        None,
+        f"{models} in float32 or auto (the retained layers' dtype: a bf16 hybrid runs it at the bf16 rate, logits "
+        "within bf16 rounding); default: as the hybrid was saved (float32 unless saved otherwise)",
+        choices=BRIDGE_DTYPES,
+    )
 
 
 def device_map_option(default: str = "none", help: str = DEVICE_MAP_HELP):

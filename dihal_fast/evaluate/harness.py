@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from dihal_fast.common import metrics
+from dihal_fast.common.devices import bridge_dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.sampling import PROTOCOL as SAMPLING_PROTOCOL
 from dihal_fast.common.validation import CheckedConfig
@@ -32,6 +33,7 @@ class EvalProtocolConfig(CheckedConfig):
     max_new_tokens: int = option(64, "tokens per sample", min=1)
     temperature: float = option(1.0, "sampling temperature", min=0.0)
     nfe: int | None = option(None, "denoising steps of hybrid bridges (default: each hybrid's own)", min=1)
+    bridge_dtype: str | None = bridge_dtype_option("hybrid bridges")
     seed: int = option(0, "random seed")
 
 

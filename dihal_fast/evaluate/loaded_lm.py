@@ -122,16 +122,21 @@ def replace_run(path: Path) -> tuple[Path, Path | None]:
     return hybrid, Path(backbone) if isinstance(backbone, str) and backbone else None
 
 
-def set_denoising_steps(model: torch.nn.Module, nfe: int | None) -> None:
-    """Make ``nfe`` the default denoising steps of a hybrid's bridge (None: keep its own)."""
-    if nfe is None:
+def configure_bridge(model: torch.nn.Module, nfe: int | None, bridge_dtype: str | None = None) -> None:
+    """Make ``nfe`` the default denoising steps of a hybrid's bridge and run it in ``bridge_dtype``
+    (:meth:`~dihal_fast.hybrid.HybridLM.use_bridge_dtype`); None keeps the hybrid's own."""
+    if nfe is None and bridge_dtype is None:
         return
     bridge = getattr(model, "bridge", None)
     if bridge is None:
-        raise DihalValueError("--nfe (denoising steps) applies to hybrid models only; this is a plain causal LM")
-    if nfe < 1:
-        raise DihalValueError(f"--nfe must be >= 1, got {nfe}")
-    bridge.config.nfe = int(nfe)
+        flag = "--nfe (denoising steps)" if nfe is not None else "--bridge-dtype"
+        raise DihalValueError(f"{flag} applies to hybrid models only; this is a plain causal LM")
+    if nfe is not None:
+        if nfe < 1:
+            raise DihalValueError(f"--nfe must be >= 1, got {nfe}")
+        bridge.config.nfe = int(nfe)
+    if bridge_dtype is not None:
+        model.use_bridge_dtype(bridge_dtype)
 
 
 def load_lm(
@@ -140,18 +145,19 @@ def load_lm(
     device: str = "cpu",
     nfe: int | None = None,
     device_map: str = "none",
+    bridge_dtype: str | None = None,
 ) -> LoadedLM:
     """A backbone checkpoint directory, a hybrid directory or a ``dihal replace`` run directory (``None`` = the
     shipped backbone), in ``dtype`` (``auto`` = the checkpoint's) on ``device`` (``auto``: cuda when torch sees one),
-    or spread by ``device_map`` (:func:`dihal_fast.common.hf_loading.placement`); ``nfe`` sets a hybrid's denoising
-    steps."""
+    or spread by ``device_map`` (:func:`dihal_fast.common.hf_loading.placement`); ``nfe`` and ``bridge_dtype`` set
+    a hybrid's denoising steps and bridge dtype (:func:`configure_bridge`)."""
     import dihal_fast.hybrid  # noqa: F401  (registers the hybrid with the Auto classes)
 
     if path is not None and not is_hybrid_dir(Path(path)) and (Path(path) / RESULT_NAME).is_file():
         path = replace_run(Path(path))[0]
     model_dir = resolve_model_dir(path)
     model, tokenizer = load_causal_lm(model_dir, dtype=dtype, device=device, device_map=device_map)
-    set_denoising_steps(model, nfe)
+    configure_bridge(model, nfe, bridge_dtype)
     kind = "hybrid" if model.config.model_type == HYBRID_MODEL_TYPE else "backbone"
     logger.info("loaded the %s in %s (%s on %s)", kind, model_dir, model.dtype, describe_placement(model))
     return LoadedLM(kind, model_dir, model, tokenizer, evaluator_context(model, tokenizer))

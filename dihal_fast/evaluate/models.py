@@ -28,10 +28,10 @@ from dihal_fast.errors import DihalValueError
 from dihal_fast.evaluate.loaded_lm import (
     RESULT_NAME,
     LoadedLM,
+    configure_bridge,
     is_hybrid_dir,
     load_lm,
     replace_run,
-    set_denoising_steps,
 )
 from dihal_fast.evaluate.scoring import evaluator_context
 
@@ -46,9 +46,12 @@ class Placement:
     dtype: str = "auto"
     device_map: str = "none"
 
-    def load(self, path: str | Path | None, dtype: str | None = None, nfe: int | None = None) -> LoadedLM:
-        """``path`` loaded with this placement (``dtype`` overrides the placement's)."""
-        return load_lm(path, dtype or self.dtype, self.device, nfe, self.device_map)
+    def load(
+        self, path: str | Path | None, dtype: str | None = None, nfe: int | None = None, bridge_dtype: str | None = None
+    ) -> LoadedLM:
+        """``path`` loaded with this placement (``dtype`` overrides the placement's; ``nfe``, ``bridge_dtype``:
+        :func:`~dihal_fast.evaluate.loaded_lm.configure_bridge`)."""
+        return load_lm(path, dtype or self.dtype, self.device, nfe, self.device_map, bridge_dtype)
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,9 @@ def _saved_tensors(directory: Path):
 
 
 @torch.no_grad()
-def load_hybrid_on(backbone: LoadedLM, hybrid_dir: Path, nfe: int | None = None) -> LoadedLM:
+def load_hybrid_on(
+    backbone: LoadedLM, hybrid_dir: Path, nfe: int | None = None, bridge_dtype: str | None = None
+) -> LoadedLM:
     """The hybrid saved in ``hybrid_dir`` built on the loaded ``backbone`` (see the module doc): its frozen
     tensors are the backbone's, refused in one line when they differ from the hybrid's saved copy (a backbone
     overwritten since training, or the wrong one); its bridge and trained layers come from its files."""
@@ -226,7 +231,7 @@ def load_hybrid_on(backbone: LoadedLM, hybrid_dir: Path, nfe: int | None = None)
     hybrid.eval()
     tokenizer = load_tokenizer(hybrid_dir)
     hybrid.tokenizer = tokenizer
-    set_denoising_steps(hybrid, nfe)
+    configure_bridge(hybrid, nfe, bridge_dtype or config.bridge_dtype)
     logger.info("built the hybrid in %s on the loaded backbone %s", hybrid_dir, backbone.path)
     return LoadedLM("hybrid", hybrid_dir, hybrid, tokenizer, evaluator_context(hybrid, tokenizer))
 

@@ -81,7 +81,7 @@ def evaluate_hybrid(
     """
     out_dir = Path(out_dir)
     backbone, evaluator = load_backbone_and_evaluator(models)
-    hybrid = load_hybrid_on(backbone, models.hybrid, settings.nfe)
+    hybrid = load_hybrid_on(backbone, models.hybrid, settings.nfe, settings.bridge_dtype)
     check_compatible(hybrid, evaluator, retokenise)
     if not same_tokenizer(hybrid.tokenizer, backbone.tokenizer):
         raise DihalValueError(f"the hybrid at {hybrid.path} does not share its backbone's ({backbone.path}) tokenizer")
@@ -104,7 +104,7 @@ def evaluate_hybrid(
     report["controls"] = {}
     scored = {"backbone": backbone, "hybrid": hybrid}
     for name, path in models.controls.items():
-        control = models.placement.load(path, nfe=settings.nfe)
+        control = models.placement.load(path, nfe=settings.nfe, bridge_dtype=settings.bridge_dtype)
         check_compatible(control, backbone, retokenise=False)
         scored[name] = control
         report["controls"][name] = section(

@@ -17,6 +17,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from dihal_fast._version import __version__
 from dihal_fast.bridge import BridgeConfig
+from dihal_fast.common.devices import BRIDGE_DTYPES
 from dihal_fast.errors import DihalValueError
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,13 @@ def check_nfe(value: object, what: str = "nfe") -> int:
     return int(value)
 
 
+def check_bridge_dtype(value: object, what: str = "bridge_dtype") -> str:
+    """``value`` as a bridge dtype (one of :data:`BRIDGE_DTYPES`); one line naming ``what`` otherwise."""
+    if value not in BRIDGE_DTYPES:
+        raise DihalValueError(f"{what} must be one of {', '.join(BRIDGE_DTYPES)}, got {value!r}")
+    return str(value)
+
+
 _ALIASES = {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head"}  # GPT-2's names in its config.json
 
 
@@ -81,6 +89,10 @@ class HybridConfig(PretrainedConfig):
     p)``, the same for every row, so a text always gets the same logits (scoring is deterministic, and equal
     under batching, padding and incremental decoding); with ``stochastic_noise = True`` each call draws a fresh
     seed from torch's global generator (one noise draw per row), the bridge as a sampler of ``h_l``.
+
+    ``bridge_dtype`` (one of :data:`BRIDGE_DTYPES`): ``float32`` keeps the bridge in float32 whatever the load
+    dtype; ``auto`` gives it the retained part's dtype (``from_pretrained(DIR, dtype=torch.bfloat16,
+    bridge_dtype="auto")``, lm-eval's ``model_args=...,bridge_dtype=auto``, ``--bridge-dtype auto``).
     """
 
     model_type = MODEL_TYPE
@@ -100,6 +112,7 @@ class HybridConfig(PretrainedConfig):
     learned_positions: bool = False  # the backbone adds a learned position table to c(x) (GPT-2's wpe)
     noise_seed: int = 0
     stochastic_noise: bool = False
+    bridge_dtype: str = "float32"
     format: str = FORMAT
     package_version: str = ""  # the dihal_fast that wrote the directory ("" before it was recorded)
     tie_word_embeddings: bool = False  # the retained part ties its own head, if its family does
@@ -132,6 +145,7 @@ class HybridConfig(PretrainedConfig):
             if not isinstance(getattr(self, name), bool):
                 raise DihalValueError(f"hybrid config {name} must be true or false, got {getattr(self, name)!r}")
         check_seed(self.noise_seed, "hybrid config noise_seed")
+        check_bridge_dtype(self.bridge_dtype, "hybrid config bridge_dtype")
         total = self.backbone_layers
         if isinstance(total, bool) or not isinstance(total, int) or total < 2:
             raise DihalValueError(f"hybrid config backbone_layers must be an integer >= 2, got {total!r}")

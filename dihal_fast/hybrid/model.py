@@ -63,6 +63,7 @@ from dihal_fast.hybrid.config import (
     MODEL_TYPE,
     REMOTE_MODULE,
     HybridConfig,
+    check_bridge_dtype,
     check_nfe,
     check_not_legacy,
     check_seed,
@@ -121,7 +122,8 @@ class HybridLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "hybrid"
     main_input_name = "input_ids"
     _no_split_modules = ["Bridge"]  # noqa: RUF012  (transformers declares these as plain lists)
-    # The bridge was trained and validated in float32 and is small: a bf16/fp16 load keeps it float32 (README, dtype).
+    # The bridge was trained and validated in float32: a bf16/fp16 load keeps it float32 unless the config's
+    # bridge_dtype is "auto" (then __init__ empties this list for the instance; README, dtype).
     _keep_in_fp32_modules_strict = ["bridge"]  # noqa: RUF012
     # attn_implementation applies to the retained layers (the bridge's attention is its own).
     _supports_sdpa = True
@@ -144,6 +146,10 @@ class HybridLM(PreTrainedModel, GenerationMixin):
             nn.Embedding(config.max_position_embeddings, config.hidden_size) if config.learned_positions else None
         )
         self.tokenizer: Any = None  # set by from_backbone / from_pretrained; saved beside the weights
+        # checked here too: from_pretrained sets its keyword arguments on the config after the config's own checks
+        if check_bridge_dtype(config.bridge_dtype, "hybrid config bridge_dtype") == "auto":
+            # from_pretrained's dtype plan reads the instance's list
+            self._keep_in_fp32_modules_strict: set[str] = set()
         self.post_init()
         if self.condition_position_table is not None:
             self.condition_position_table.requires_grad_(False)
@@ -281,6 +287,21 @@ class HybridLM(PreTrainedModel, GenerationMixin):
             hybrid.generation_config = GenerationConfig.from_dict(backbone.generation_config.to_dict())
         hybrid.tokenizer = tokenizer
         return hybrid
+
+    def use_bridge_dtype(self, bridge_dtype: str) -> None:
+        """Run the bridge in float32 or (``auto``) in the retained part's dtype, and record it in the config (a
+        later ``save_pretrained`` keeps the choice). Its target statistics stay float32 either way. A bridge
+        already rounded to a narrower dtype is refused float32 (its float32 weights are gone: load it again)."""
+        check_bridge_dtype(bridge_dtype)
+        dtype = self.upper.dtype if bridge_dtype == "auto" else torch.float32
+        if self.bridge.dtype.itemsize < dtype.itemsize:
+            raise DihalValueError(
+                f"the bridge is already {str(self.bridge.dtype).removeprefix('torch.')}: its float32 weights are "
+                "gone; load the hybrid again to run the bridge in float32"
+            )
+        self.config.bridge_dtype = bridge_dtype
+        self.bridge.to(dtype)
+        self._keep_in_fp32_modules_strict = {"bridge"} if bridge_dtype == "float32" else set()
 
     def set_upper_trainable(self, trainable: bool) -> None:
         """Unfreeze (or freeze) the retained decoder layers and final norm; embeddings and head stay frozen."""

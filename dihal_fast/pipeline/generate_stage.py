@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from dihal_fast.common.devices import device_map_option, device_option, dtype_option
+from dihal_fast.common.devices import bridge_dtype_option, device_map_option, device_option, dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.validation import CheckedConfig
 from dihal_fast.errors import DihalValueError
@@ -33,6 +33,7 @@ class GenerateConfig(CheckedConfig):
     n_samples: int = option(3, "samples per prompt", min=1)
     max_new_tokens: int = option(48, "tokens generated after the prompt", min=1)
     nfe: int | None = option(None, "denoising steps of a hybrid's bridge (default: the hybrid's own setting)", min=1)
+    bridge_dtype: str | None = bridge_dtype_option()
     do_sample: bool = option(True, "draw tokens at random (--no-do-sample: greedy, always the most likely token)")
     temperature: float = option(1.0, "sampling temperature (0 = greedy)", min=0.0)
     top_k: int | None = option(None, "sample only among the k most likely tokens", min=1)
@@ -96,7 +97,7 @@ def generate(config: GenerateConfig, out: str | Path | None = None) -> GenerateR
     device = str(resolve_device(config.device))
     if out is not None:
         out = check_output_file(out)
-    lm = load_lm(config.model, config.dtype, device, config.nfe, config.device_map)
+    lm = load_lm(config.model, config.dtype, device, config.nfe, config.device_map, config.bridge_dtype)
     logger.info("sampling %d x %d tokens from the %s at %s", config.n_samples, config.max_new_tokens, lm.kind, lm.path)
     temperature = config.temperature if config.do_sample else 0.0
     result = generate_texts(
@@ -116,6 +117,7 @@ def generate(config: GenerateConfig, out: str | Path | None = None) -> GenerateR
         "kind": lm.kind,
         "seed": config.seed,
         "nfe": config.nfe,
+        "bridge_dtype": getattr(lm.model.config, "bridge_dtype", None),
         "temperature": temperature,
         "top_k": config.top_k,
         "top_p": config.top_p,
