@@ -289,3 +289,29 @@ def test_every_question_a_script_names_is_registered():
     }
     assert {"knn_vs_faiss", "covariance_throughput", "proxies_vs_sklearn", "hcdlm_variants"} <= named
     assert named <= set(render_results.QUESTIONS), f"unregistered: {named - set(render_results.QUESTIONS)}"
+
+
+def test_protocol_lr_records_merge_and_refuse_a_mismatch(tmp_path, monkeypatch):
+    import argparse
+
+    import bench_hcdlm_protocol as protocol
+
+    from dihal_fast.hcdlm.api import file_sha256
+
+    val = tmp_path / "validation.csv"
+    val.write_text("puzzle,solution\n")
+    for name, chosen, at in (("a", {"hcdlm": 3e-3, "mdm": 3e-3}, "t1"), ("b", {"ccdd": 1e-3}, "t2")):
+        figures = {"chosen": chosen, "validation_sha256": file_sha256(val), "frozen_at": at}
+        (tmp_path / f"{name}.json").write_text(json.dumps({"figures": figures}))
+    monkeypatch.setattr(protocol, "read_record", lambda path: json.loads(Path(path).read_text()))
+    monkeypatch.setattr(protocol, "RESULTS_DIR", tmp_path)
+    lrs = {"hcdlm": 3e-3, "mdm": 3e-3, "ccdd": 1e-3}
+    args = argparse.Namespace(lr_record="a,b", lrs=lrs, val=str(val))
+    found = protocol.frozen_lr(args)
+    assert found["lr_record"] == ["a", "b"] and found["lr_frozen_at"] == {"hcdlm": "t1", "mdm": "t1", "ccdd": "t2"}
+    with pytest.raises(SystemExit, match="is not the lr"):
+        protocol.frozen_lr(argparse.Namespace(lr_record="a", lrs=lrs, val=str(val)))
+    other = tmp_path / "other.csv"
+    other.write_text("puzzle,solution\nx,y\n")
+    with pytest.raises(SystemExit, match="is not the validation file"):
+        protocol.frozen_lr(argparse.Namespace(lr_record="a,b", lrs=lrs, val=str(other)))
