@@ -21,6 +21,14 @@ those match, so a killed scoring loses at most the run in progress. ``--no-recor
 runs and writes no record: two processes can score disjoint kinds, then the full command reads their results and
 writes the record.
 
+``--variant NAME=FIELD=VALUE;...;sample.FIELD=VALUE`` (repeated; one kind in ``--models``, ``--val``, no test):
+each variant's seed-0 run (``OUT/variants/...``; a variant without run fields is the protocol's own seed-0 run)
+scored by its single chain on validation at each of ``--steps-choices``, against the first variant with a
+paired bootstrap interval; ``--train-only`` with ``--variant`` trains those runs only. The faithfulness rows:
+
+    --models hcdlm --lr hcdlm=3e-3 --variant ours --variant slot_off=slot_aux_weight=0 \\
+        --variant guidance=guidance_training=true;sample.cfg_weight=2.75
+
 ``--lr-search 1e-3,3e-3 --val VAL.csv`` scores no test file: for every kind, lr and seed it resumes the run in
 ``OUT/lr<LR>/<kind>_seed<S>`` and scores its single chain (argmax) on validation at each of ``--steps-choices``;
 each kind's lr is the one with the most accurate chain (ties: the first listed), and the record (``--question``,
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 from pathlib import Path
 
@@ -45,7 +54,12 @@ from dihal_fast.hcdlm.config import RunConfig, SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file  # noqa: E402
 from dihal_fast.hcdlm.mechanism import in_sampler_interventions  # noqa: E402
 from dihal_fast.hcdlm.models import kind_of  # noqa: E402
-from dihal_fast.hcdlm.protocol import evaluate_protocol, protocol_rows, single_chain  # noqa: E402
+from dihal_fast.hcdlm.protocol import (  # noqa: E402
+    evaluate_protocol,
+    protocol_rows,
+    single_chain,
+    single_chain_row,
+)
 from dihal_fast.hcdlm.scoring import accuracy_vs_steps, load_run  # noqa: E402
 from dihal_fast.hcdlm.stats import paired_bootstrap, points_text  # noqa: E402
 from dihal_fast.hcdlm.trainer import train  # noqa: E402
@@ -68,9 +82,11 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def train_one(kind: str, seed: int, args: argparse.Namespace, out: Path | None = None) -> tuple[Path, dict]:
-    """Train (or resume) one run for ``--minutes`` of process CPU time in ``out`` (default ``--out``); its folder
-    and summary."""
+def train_one(
+    kind: str, seed: int, args: argparse.Namespace, out: Path | None = None, fields: dict | None = None
+) -> tuple[Path, dict]:
+    """Train (or resume) one run for ``--minutes`` of process CPU time in ``out`` (default ``--out``), ``fields``
+    (flat RunConfig fields, as ``dihal hcdlm train``'s options) over the defaults; its folder and summary."""
     lr = {"lr": args.lrs[kind]} if kind in args.lrs else {}
     config = RunConfig.for_task(
         name="sudoku",
@@ -84,6 +100,7 @@ def train_one(kind: str, seed: int, args: argparse.Namespace, out: Path | None =
         threads=1,
         checkpoint_every=10**7,
         **lr,
+        **(fields or {}),
     )
     folder = Path(out or args.out) / f"{kind}_seed{seed}"
     return folder, dict(train(config, folder))
@@ -223,6 +240,67 @@ def lr_search(kinds: list[str], seeds: list[int], args: argparse.Namespace) -> N
     )
 
 
+def parse_variant(text: str) -> tuple[str, dict, dict]:
+    """``NAME`` or ``NAME=FIELD=VALUE;FIELD=VALUE;sample.FIELD=VALUE`` -> ``(name, run fields, sampler fields)``
+    (VALUE read as JSON; ``sample.`` fields set the scoring's SampleConfig)."""
+    name, _, rest = text.partition("=")
+    run_fields, sample_fields = {}, {}
+    for item in filter(None, rest.split(";")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--variant {text!r}: {item!r} is not FIELD=VALUE")
+        target, key = (sample_fields, key[len("sample.") :]) if key.startswith("sample.") else (run_fields, key)
+        target[key] = json.loads(value)
+    return name, run_fields, sample_fields
+
+
+def train_variant(kind: str, run_fields: dict, args: argparse.Namespace) -> tuple[Path, dict]:
+    """The seed-0 run of ``kind`` with ``run_fields``: ``OUT/variants/FIELD=VALUE_...``, or without fields the
+    protocol's own ``OUT/KIND_seed0``; trained or resumed."""
+    words = "_".join(f"{key}={value}" for key, value in sorted(run_fields.items()))
+    return train_one(kind, 0, args, Path(args.out) / "variants" / words if run_fields else None, run_fields)
+
+
+def faithfulness(kind: str, args: argparse.Namespace) -> None:
+    """Each ``--variant`` of ``kind`` (seed 0, the protocol's lr and budget; the first variant is the reference,
+    a variant with no run fields is the protocol's own seed-0 run) scored by its single chain on validation at each
+    of ``--steps-choices``; the best steps' per-puzzle results against the first variant's, with a paired bootstrap
+    interval over the validation puzzles; the record ``--question``."""
+    variants = [parse_variant(text) for text in args.variant]
+    header = ["variant", "run fields", "sampler fields", "trained s", "steps", "parameters"]
+    header += [f"{steps} steps %" for steps in args.steps_choices] + ["easy / hard % (best)", "minus first (points)"]
+    rows, found, reference = [], {}, None
+    for name, run_fields, sample_fields in variants:
+        folder, summary = train_variant(kind, run_fields, args)
+        run = load_run(folder, device="cpu")
+        validation = examples_from_file(run.task, args.val)
+        check_run_splits(run, folder, validation, [])
+        scored = [
+            single_chain_row(run, validation, single_chain(run, SampleConfig(**sample_fields), steps))
+            for steps in args.steps_choices
+        ]
+        best = max(scored, key=lambda row: row["accuracy"])
+        reference = best if reference is None else reference
+        gap = paired_bootstrap([best["correct"]], [reference["correct"]])
+        groups = " / ".join(f"{100 * g['accuracy']:.1f}" for g in best["groups"].values())
+        found[name] = {"run_fields": run_fields, "sample_fields": sample_fields, "summary": summary,
+                       "accuracy_by_steps": {r["settings"]["steps"]: r["accuracy"] for r in scored},
+                       "best": best, "minus_first": gap}  # fmt: skip
+        fields_text = " ".join(f"{key}={value}" for key, value in sorted(run_fields.items()))
+        rows.append([name, fields_text or "(defaults)", " ".join(f"{k}={v}" for k, v in sample_fields.items()),
+                     round(summary["elapsed_s"]), summary["step"], summary["parameters"],
+                     *[round(100 * r["accuracy"], 1) for r in scored], groups,
+                     "" if best is reference else points_text(gap)])  # fmt: skip
+    figures = {"variants": found, "table": rows_figure(header, rows), "validation_sha256": file_sha256(args.val)}
+    body = (
+        f"{kind}, seed 0, {args.minutes:g} CPU-minutes, validation {figures['validation_sha256'][:16]} (sha256), "
+        f"single chain (argmax), best steps per variant; interval: paired bootstrap over validation puzzles "
+        f"(2,000 draws, 95 %)\n\n{table(header, rows)}"
+    )
+    report(f"Sudoku {args.sudoku_box}: {kind} with the paper's settings, one at a time (single chain, validation)",
+           body, question=args.question, figures=figures)  # fmt: skip
+
+
 def frozen_lr(args: argparse.Namespace) -> dict:
     """What ``--lr-record`` (one or more lr-search records, comma-separated) says of the lr: the records, the lr
     and, per kind, when its lr was frozen; refused unless every record was made on ``--val`` and together they
@@ -260,16 +338,31 @@ def main() -> None:
     parser.add_argument(
         "--lr-record", default="", help="the lr-search record(s) the --lr was chosen by, comma-separated"
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME[=FIELD=VALUE;...;sample.FIELD=VALUE]: score these variants of the one --models kind on --val",
+    )
     args = parser.parse_args()
     args.steps_choices = [int(s) for s in args.steps_choices.split(",")]
     kinds, seeds = args.models.split(","), [int(s) for s in args.seeds.split(",")]
     args.lrs = parse_lrs(args.lr, kinds)
+    if args.train_only and args.variant:
+        for _, run_fields, _ in map(parse_variant, args.variant):
+            folder, summary = train_variant(kinds[0], run_fields, args)
+            print(f"{folder}: {summary['step']} steps, {summary['elapsed_s']:.0f} s, {summary['parameters']} p")
+        return
     if args.train_only:
         for kind in kinds:
             for seed in seeds:
                 folder, summary = train_one(kind, seed, args)
                 print(f"{folder}: {summary['step']} steps, {summary['elapsed_s']:.0f} s, {summary['parameters']} p")
         return
+    if args.variant:
+        if not args.val or len(kinds) != 1:
+            raise SystemExit("--variant needs --val and one kind in --models")
+        return faithfulness(kinds[0], args)
     if args.lr_search:
         if not args.val:
             raise SystemExit("--lr-search needs --val")

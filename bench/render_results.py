@@ -152,6 +152,15 @@ QUESTIONS: dict[str, Question] = {
         "The rehearsal's random-weight checkpoints (`bench/make_rehearsal_model.py`) in float32 and bfloat16, an "
         "untrained cut at layer 2 (speed does not depend on the weights), random token prompts.",
     ),
+    "bridge_dtype_quality": Question(
+        "A trained bridge in bf16: held-out NLL by bridge dtype",
+        PIPELINE,
+        'Does running a trained bridge in bfloat16 (`bridge_dtype="auto"` in a bf16 hybrid) change the hybrid\'s '
+        "held-out NLL beyond what the bfloat16 retained layers already change?",
+        "The layer-1 hybrid of the shipped backbone (`dihal replace --layer 1 --steps 300`, default bridge) on the "
+        "blocks `dihal evaluate` scores (the last 32 x 128 tokens of the shipped corpus), deterministic noise; "
+        "three loads: all float32, bf16 with a float32 bridge, bf16 with a bf16 bridge.",
+    ),
     "replace_time": Question(
         "dihal replace: a time model from unit costs, checked on the rehearsal",
         PIPELINE,
@@ -310,6 +319,18 @@ QUESTIONS: dict[str, Question] = {
         "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards, generator seed 2026, disjoint from the "
         "training pools); lr in {1e-3, 3e-3}, seed 0, the CLI's 6x6 defaults otherwise; single chain (argmax) at "
         "36, 50 and 100 sampling steps, the best of them per row.",
+    ),
+    "hcdlm_faithfulness6": Question(
+        "HC-DLM with the paper's settings, one at a time, on the frozen 6x6 validation split",
+        HCDLM,
+        "What does each of this package's departures from the paper cost or buy, measured one at a time under the "
+        "protocol's budget: the per-slot token head off (no deep supervision), exposure share 1.0, scaffold dropout "
+        "with classifier-free guidance w = 2.75 (and w = 0 on the same run), and the paper's 8 : 8 : 2 block "
+        "layout scaled to this size?",
+        "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards); HC-DLM seed 0, lr 3e-3, 10 process-CPU-"
+        "minutes on one thread each; `ours` is the protocol's seed-0 run, `ours_again` the same configuration "
+        "trained again with this code (fused AdamW; the other variants too); single chain (argmax) at 36, 50 and 100 "
+        "steps, the best per variant; the latent noise power p is 1 on 6x6 by default (the paper's), so no row.",
     ),
     "hcdlm_lr_search_latent_ar": Question(
         "Latent DM and AR: learning rate chosen on the frozen 6x6 validation split",

@@ -315,3 +315,13 @@ def test_protocol_lr_records_merge_and_refuse_a_mismatch(tmp_path, monkeypatch):
     other.write_text("puzzle,solution\nx,y\n")
     with pytest.raises(SystemExit, match="is not the validation file"):
         protocol.frozen_lr(argparse.Namespace(lr_record="a,b", lrs=lrs, val=str(other)))
+
+
+def test_protocol_variant_parsing():
+    import bench_hcdlm_protocol as protocol
+
+    assert protocol.parse_variant("ours") == ("ours", {}, {})
+    name, run_fields, sample_fields = protocol.parse_variant("g=guidance_training=true;sample.cfg_weight=2.75")
+    assert (name, run_fields, sample_fields) == ("g", {"guidance_training": True}, {"cfg_weight": 2.75})
+    with pytest.raises(SystemExit, match="is not FIELD=VALUE"):
+        protocol.parse_variant("bad=slot_aux_weight")

@@ -189,10 +189,12 @@ def test_generate_cli_bridge_dtype(tiny_hybrid_dir, tiny_checkpoints, tmp_path, 
     from dihal_fast.common import read_json
 
     base = ["--prompt", "The quick", "--n-samples", "1", "--max-new-tokens", "4", "--dtype", "bfloat16"]
-    out = tmp_path / "auto.json"
-    assert main(["generate", "--model", str(tiny_hybrid_dir), *base, "--bridge-dtype", "auto", "--out", str(out)]) == 0
-    assert read_json(out)["bridge_dtype"] == "auto"
+    out = tmp_path / "kept.json"
+    assert (
+        main(["generate", "--model", str(tiny_hybrid_dir), *base, "--bridge-dtype", "float32", "--out", str(out)]) == 0
+    )
+    assert read_json(out)["bridge_dtype"] == "float32"
     assert main(["generate", "--model", str(tiny_hybrid_dir), *base, "--out", str(out)]) == 0
-    assert read_json(out)["bridge_dtype"] == "float32"  # the hybrid's own
+    assert read_json(out)["bridge_dtype"] == "auto"  # the hybrid's own
     assert main(["generate", "--model", str(tiny_checkpoints["gpt2"]), *base, "--bridge-dtype", "auto"]) == 2
     assert "--bridge-dtype applies to hybrid models only" in capsys.readouterr().err

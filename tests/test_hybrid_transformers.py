@@ -124,31 +124,28 @@ def test_moved_directory_loads_and_generates_without_its_backbone(tiny_checkpoin
     assert len(errors) == 1 and "pass --backbone DIR" in errors[0]
 
 
-def test_the_checkpoint_dtype_is_kept_and_the_bridge_stays_float32(tiny_checkpoints, tmp_path):
+def test_the_checkpoint_dtype_is_kept_and_the_bridge_follows_it_or_stays_float32(tiny_checkpoints, tmp_path):
     hybrid = _cut(tiny_checkpoints["llama"], dtype=torch.bfloat16)
-    assert hybrid.dtype == torch.bfloat16 and hybrid.bridge.dtype == torch.float32
-    loaded = AutoModelForCausalLM.from_pretrained(hybrid.save_pretrained(tmp_path / "bf16"))
-    assert loaded.dtype == torch.bfloat16 and loaded.bridge.dtype == torch.float32
-    ids = torch.tensor([[1, 40, 50, 60]])
-    with torch.no_grad():
-        assert torch.equal(loaded(ids).logits, hybrid(ids).logits) and loaded(ids).logits.dtype == torch.bfloat16
-    assert loaded.generate(ids, max_new_tokens=3, do_sample=False).shape == (1, 7)
-
-
-def test_bridge_dtype_auto_runs_the_bridge_in_the_retained_parts_dtype(tiny_checkpoints, tmp_path):
-    hybrid = _cut(tiny_checkpoints["llama"], dtype=torch.bfloat16)
+    assert hybrid.dtype == torch.bfloat16 and hybrid.bridge.dtype == torch.float32  # as built for training
     directory = hybrid.save_pretrained(tmp_path / "bf16")
     ids = torch.tensor([[1, 40, 50, 60, 7, 9, 11]])
     with torch.no_grad():
-        reference = hybrid(ids).logits.float()
-        # transformers' convention: a config attribute as a from_pretrained keyword (lm-eval's model_args too)
-        loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16, bridge_dtype="auto")
-        assert loaded.bridge.dtype == torch.bfloat16 and loaded.config.bridge_dtype == "auto"
-        assert loaded.bridge.target_mean.dtype == torch.float32  # the de-normalisation stays float32
+        reference = hybrid(ids).logits
+        kept = AutoModelForCausalLM.from_pretrained(directory, bridge_dtype="float32")
+        assert kept.dtype == torch.bfloat16 and kept.bridge.dtype == torch.float32
+        assert torch.equal(kept(ids).logits, reference) and reference.dtype == torch.bfloat16
+        assert kept.generate(ids, max_new_tokens=3, do_sample=False).shape == (1, 10)
+        # the default (auto; transformers' convention: a config attribute as a from_pretrained keyword, lm-eval's
+        # model_args too): the bridge in the checkpoint's dtype, its statistics float32
+        loaded = AutoModelForCausalLM.from_pretrained(directory)
+        assert loaded.dtype == loaded.bridge.dtype == torch.bfloat16 and loaded.config.bridge_dtype == "auto"
+        assert loaded.bridge.target_mean.dtype == torch.float32
         logits = loaded(ids).logits.float()
-        assert 0 < (logits - reference).abs().max() < 0.1 * reference.abs().max()  # bf16 rounding, not a new model
+        assert 0 < (logits - reference.float()).abs().max() < 0.1 * reference.float().abs().max()  # bf16 rounding
         hybrid.use_bridge_dtype("auto")  # the same, on a model in memory
         assert hybrid.bridge.dtype == torch.bfloat16 and torch.equal(hybrid(ids).logits.float(), logits)
+        half = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float16)
+        assert half.dtype == torch.float16 and half.bridge.dtype == torch.float32  # fp16's range: never checked
     with pytest.raises(ValueError, match="its float32 weights are gone"):
         hybrid.use_bridge_dtype("float32")  # rounded weights would pass for the trained ones
     with pytest.raises(ValueError, match="bridge_dtype must be one of float32, auto"):

@@ -97,10 +97,11 @@ def test_hybrid_loads_in_hflm_and_scores_deterministically(tiny_hybrid_dir):
 
 
 def test_hflm_passes_bridge_dtype_to_the_hybrid(tiny_hybrid_dir):
-    # lm-eval's model_args=pretrained=DIR,dtype=bfloat16,bridge_dtype=auto: a from_pretrained keyword
-    lm = HFLM(pretrained=str(tiny_hybrid_dir), device="cpu", batch_size=4, dtype="bfloat16", bridge_dtype="auto")
-    assert lm.model.bridge.dtype == torch.bfloat16 and lm.model.config.bridge_dtype == "auto"
-    assert all(value < 0 for value, _ in _check_loglikelihood(lm))
+    # lm-eval's model_args=pretrained=DIR,dtype=bfloat16,bridge_dtype=float32: a from_pretrained keyword
+    for bridge, dtype in (("auto", torch.bfloat16), ("float32", torch.float32)):
+        lm = HFLM(pretrained=str(tiny_hybrid_dir), device="cpu", batch_size=4, dtype="bfloat16", bridge_dtype=bridge)
+        assert lm.model.bridge.dtype == dtype and lm.model.config.bridge_dtype == bridge
+        assert all(value < 0 for value, _ in _check_loglikelihood(lm))
 
 
 def test_shipped_tasks_end_to_end_on_the_hybrid(tiny_hybrid_dir):

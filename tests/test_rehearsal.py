@@ -124,7 +124,7 @@ def test_building_the_hybrid_allocates_the_bridge_only(small_models, family):
 
 def test_evaluate_holds_one_bf16_backbone(small_models, tmp_path):
     """evaluate on a bf16 backbone: the evaluator (the backbone, default dtype) is the same loaded model,
-    nothing is upcast, and the hybrid adds only its float32 bridge."""
+    nothing is upcast, and the hybrid adds only its bridge, in bf16 (bridge_dtype auto) or float32 when asked."""
     from dihal_fast.common.hf_loading import load_causal_lm
     from dihal_fast.evaluate.models import load_backbone_and_evaluator, load_hybrid_on, resolve_models
     from dihal_fast.hybrid import HybridLM
@@ -139,10 +139,11 @@ def test_evaluate_holds_one_bf16_backbone(small_models, tmp_path):
     models = resolve_models(hybrid_dir, directory, evaluator=directory, evaluator_dtype=default)
     loaded, evaluator = load_backbone_and_evaluator(models)
     assert evaluator is loaded and loaded.model.dtype == torch.bfloat16
-    hybrid = load_hybrid_on(loaded, models.hybrid)
     backbone_storage = {p.data_ptr() for p in loaded.model.parameters()}
-    extra = {n: p.dtype for n, p in hybrid.model.named_parameters() if p.data_ptr() not in backbone_storage}
-    assert extra and all(n.startswith("bridge.") and d == torch.float32 for n, d in extra.items())
+    for bridge_dtype, dtype in ((None, torch.bfloat16), ("float32", torch.float32)):
+        hybrid = load_hybrid_on(loaded, models.hybrid, bridge_dtype=bridge_dtype)
+        extra = {n: p.dtype for n, p in hybrid.model.named_parameters() if p.data_ptr() not in backbone_storage}
+        assert extra and all(n.startswith("bridge.") and d == dtype for n, d in extra.items())
 
 
 @pytest.mark.slow

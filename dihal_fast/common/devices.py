@@ -26,8 +26,8 @@ DTYPE_HELP = "model dtype: auto (the checkpoint's own, from its config.json), fl
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 _CHECKPOINT_DEFAULT = "float32"  # transformers' default when a config names no dtype
-# A hybrid's bridge: float32 (as trained and validated) or auto (the retained part's dtype: a bf16 hybrid runs its
-# bridge at the bf16 rate, half the bytes, logits within bf16 rounding of the float32 bridge's).
+# A hybrid's bridge: auto (the retained part's dtype, float32 beside float16: a bf16 hybrid runs its bridge at the
+# bf16 rate, half the bytes, logits within bf16 rounding) or float32 (the dtype it trains in).
 BRIDGE_DTYPES = ("float32", "auto")
 DEVICE_MAP_CHOICES = ("none", "auto", "balanced", "balanced_low_0", "sequential")
 DEVICE_MAP_HELP = (
@@ -56,8 +56,9 @@ def bridge_dtype_option(models: str = "a hybrid's bridge"):
     """The ``bridge_dtype`` field of a stage config (``--bridge-dtype``): None keeps each hybrid's own."""
     return option(
         None,
-        f"{models} in float32 or auto (the retained layers' dtype: a bf16 hybrid runs it at the bf16 rate, logits "
-        "within bf16 rounding); default: as the hybrid was saved (float32 unless saved otherwise)",
+        f"{models} in auto (the retained layers' dtype, float32 beside float16: a bf16 hybrid runs it at the bf16 "
+        "rate, logits within bf16 rounding) or float32 (the dtype it trains in); default: as the hybrid was saved "
+        "(auto unless saved otherwise)",
         choices=BRIDGE_DTYPES,
     )
 

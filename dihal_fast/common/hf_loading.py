@@ -306,11 +306,16 @@ def load_whole(loader, path: str | os.PathLike, **kwargs):
 
 
 def load_causal_lm(
-    path: str | os.PathLike | None, dtype: str = "float32", device: str = "cpu", device_map: str = "none"
+    path: str | os.PathLike | None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    device_map: str = "none",
+    **config_options: object,
 ):
     """``(model, tokenizer)`` from a local checkpoint directory, in eval mode on ``device`` (``auto`` or a torch
     device) and ``dtype`` (``auto`` = the checkpoint's own; see :mod:`dihal_fast.common.devices`); ``device_map``
-    spreads it over this rank's devices instead (:func:`placement`; inputs go to :func:`input_device`)."""
+    spreads it over this rank's devices instead (:func:`placement`; inputs go to :func:`input_device`);
+    ``config_options`` set config attributes as ``from_pretrained`` keywords (a hybrid's ``bridge_dtype``)."""
     from transformers import AutoModelForCausalLM
 
     from dihal_fast.common.devices import resolve_device, resolve_dtype
@@ -320,7 +325,7 @@ def load_causal_lm(
     device = resolve_device(str(device))
     where = placement(device, device_map)
     path = resolve_model_dir(path)
-    model = load_whole(AutoModelForCausalLM, path, dtype=resolve_dtype(dtype, path), **where)
+    model = load_whole(AutoModelForCausalLM, path, dtype=resolve_dtype(dtype, path), **where, **config_options)
     tokenizer = load_tokenizer(path)
     if device_map == "none":
         model = model.to(device)

@@ -122,15 +122,20 @@ def replace_run(path: Path) -> tuple[Path, Path | None]:
     return hybrid, Path(backbone) if isinstance(backbone, str) and backbone else None
 
 
+def check_bridge_options(hybrid: bool, nfe: int | None, bridge_dtype: str | None) -> None:
+    """Refuse (one line) bridge options for a model that is not a hybrid."""
+    if not hybrid and (nfe, bridge_dtype) != (None, None):
+        flag = "--nfe (denoising steps)" if nfe is not None else "--bridge-dtype"
+        raise DihalValueError(f"{flag} applies to hybrid models only; this is a plain causal LM")
+
+
 def configure_bridge(model: torch.nn.Module, nfe: int | None, bridge_dtype: str | None = None) -> None:
     """Make ``nfe`` the default denoising steps of a hybrid's bridge and run it in ``bridge_dtype``
     (:meth:`~dihal_fast.hybrid.HybridLM.use_bridge_dtype`); None keeps the hybrid's own."""
-    if nfe is None and bridge_dtype is None:
-        return
     bridge = getattr(model, "bridge", None)
+    check_bridge_options(bridge is not None, nfe, bridge_dtype)
     if bridge is None:
-        flag = "--nfe (denoising steps)" if nfe is not None else "--bridge-dtype"
-        raise DihalValueError(f"{flag} applies to hybrid models only; this is a plain causal LM")
+        return
     if nfe is not None:
         if nfe < 1:
             raise DihalValueError(f"--nfe must be >= 1, got {nfe}")
@@ -156,7 +161,9 @@ def load_lm(
     if path is not None and not is_hybrid_dir(Path(path)) and (Path(path) / RESULT_NAME).is_file():
         path = replace_run(Path(path))[0]
     model_dir = resolve_model_dir(path)
-    model, tokenizer = load_causal_lm(model_dir, dtype=dtype, device=device, device_map=device_map)
+    check_bridge_options(is_hybrid_dir(Path(model_dir)), nfe, bridge_dtype)  # before the load
+    options = {"bridge_dtype": bridge_dtype} if bridge_dtype is not None else {}  # set while loading: never rounded
+    model, tokenizer = load_causal_lm(model_dir, dtype=dtype, device=device, device_map=device_map, **options)
     configure_bridge(model, nfe, bridge_dtype)
     kind = "hybrid" if model.config.model_type == HYBRID_MODEL_TYPE else "backbone"
     logger.info("loaded the %s in %s (%s on %s)", kind, model_dir, model.dtype, describe_placement(model))

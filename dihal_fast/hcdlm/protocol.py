@@ -98,17 +98,24 @@ def _oracle(run: LoadedRun, examples: list[EvalExample], chains: list[list[list[
     ]
 
 
+def single_chain_row(run: LoadedRun, examples: list[EvalExample], single: SampleConfig, seed: int = 0) -> dict:
+    """The ``single`` row on ``examples``: mean scores, per group, its ``settings``, cost per puzzle and ``correct``
+    per example (in order)."""
+    _, answers, cost = _chains(run, examples, single, seed)
+    row, correct = _row(
+        run, examples, answers, mode="single", k=1, passes=cost["chain_passes"], block_passes=cost["chain_block_passes"]
+    )
+    return {**row, "settings": _settings(single), "correct": correct}
+
+
 def protocol_rows(
     run: LoadedRun, examples: list[EvalExample], single: SampleConfig, diverse: SampleConfig, seed: int = 0
 ) -> list[dict]:
     """The three rows (``single``, ``best_of``, ``oracle``) on ``examples``, each with its ``settings``, cost per
     puzzle and ``correct`` per example (in order: rows of other runs on the same examples pair with it); ``best_of``
     also carries the paired bootstrap of its per-puzzle ``correct`` minus the single chain's."""
-    _, answers, cost = _chains(run, examples, single, seed)
-    single_row, single_correct = _row(
-        run, examples, answers, mode="single", k=1, passes=cost["chain_passes"], block_passes=cost["chain_block_passes"]
-    )
-    single_row.update(settings=_settings(single), correct=single_correct)
+    single_row = single_chain_row(run, examples, single, seed)
+    single_correct = single_row["correct"]
     chains, chosen, cost = _chains(run, examples, diverse, seed)
     best_row, best_correct = _row(
         run,

@@ -90,9 +90,11 @@ class HybridConfig(PretrainedConfig):
     under batching, padding and incremental decoding); with ``stochastic_noise = True`` each call draws a fresh
     seed from torch's global generator (one noise draw per row), the bridge as a sampler of ``h_l``.
 
-    ``bridge_dtype`` (one of :data:`BRIDGE_DTYPES`): ``float32`` keeps the bridge in float32 whatever the load
-    dtype; ``auto`` gives it the retained part's dtype (``from_pretrained(DIR, dtype=torch.bfloat16,
-    bridge_dtype="auto")``, lm-eval's ``model_args=...,bridge_dtype=auto``, ``--bridge-dtype auto``).
+    ``bridge_dtype`` (one of :data:`BRIDGE_DTYPES`): ``auto`` (default) gives the bridge the retained part's dtype
+    (float32 beside float16); ``float32`` keeps it float32 whatever the load dtype (``from_pretrained(DIR,
+    dtype=torch.bfloat16, bridge_dtype="float32")``, lm-eval's ``model_args=...,bridge_dtype=float32``,
+    ``--bridge-dtype float32``). A trained bridge in bf16 moved held-out NLL by -0.00001 nats (record
+    ``bridge_dtype_quality``).
     """
 
     model_type = MODEL_TYPE
@@ -112,7 +114,7 @@ class HybridConfig(PretrainedConfig):
     learned_positions: bool = False  # the backbone adds a learned position table to c(x) (GPT-2's wpe)
     noise_seed: int = 0
     stochastic_noise: bool = False
-    bridge_dtype: str = "float32"
+    bridge_dtype: str = "auto"
     format: str = FORMAT
     package_version: str = ""  # the dihal_fast that wrote the directory ("" before it was recorded)
     tie_word_embeddings: bool = False  # the retained part ties its own head, if its family does

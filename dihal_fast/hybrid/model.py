@@ -122,9 +122,9 @@ class HybridLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "hybrid"
     main_input_name = "input_ids"
     _no_split_modules = ["Bridge"]  # noqa: RUF012  (transformers declares these as plain lists)
-    # The bridge was trained and validated in float32: a bf16/fp16 load keeps it float32 unless the config's
-    # bridge_dtype is "auto" (then __init__ empties this list for the instance; README, dtype).
-    _keep_in_fp32_modules_strict = ["bridge"]  # noqa: RUF012
+    # The bridge follows the load dtype (config bridge_dtype "auto") except float16, whose range it was never checked
+    # in (transformers' fp16 guard); bridge_dtype "float32" keeps it float32 (__init__ sets the strict list).
+    _keep_in_fp32_modules = ["bridge"]  # noqa: RUF012
     # attn_implementation applies to the retained layers (the bridge's attention is its own).
     _supports_sdpa = True
     _supports_flash_attn = True
@@ -147,9 +147,8 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         )
         self.tokenizer: Any = None  # set by from_backbone / from_pretrained; saved beside the weights
         # checked here too: from_pretrained sets its keyword arguments on the config after the config's own checks
-        if check_bridge_dtype(config.bridge_dtype, "hybrid config bridge_dtype") == "auto":
-            # from_pretrained's dtype plan reads the instance's list
-            self._keep_in_fp32_modules_strict: set[str] = set()
+        if check_bridge_dtype(config.bridge_dtype, "hybrid config bridge_dtype") == "float32":
+            self._keep_in_fp32_modules_strict = {"bridge"}  # from_pretrained's dtype plan reads the instance's
         self.post_init()
         if self.condition_position_table is not None:
             self.condition_position_table.requires_grad_(False)
@@ -289,11 +288,13 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         return hybrid
 
     def use_bridge_dtype(self, bridge_dtype: str) -> None:
-        """Run the bridge in float32 or (``auto``) in the retained part's dtype, and record it in the config (a
-        later ``save_pretrained`` keeps the choice). Its target statistics stay float32 either way. A bridge
-        already rounded to a narrower dtype is refused float32 (its float32 weights are gone: load it again)."""
+        """Run the bridge in float32 or (``auto``) in the retained part's dtype (float32 beside a float16 one), and
+        record it in the config (a later ``save_pretrained`` keeps the choice). Its target statistics stay float32
+        either way. A bridge already rounded to a narrower dtype is refused float32 (its float32 weights are gone:
+        load it again)."""
         check_bridge_dtype(bridge_dtype)
-        dtype = self.upper.dtype if bridge_dtype == "auto" else torch.float32
+        auto = bridge_dtype == "auto" and self.upper.dtype != torch.float16
+        dtype = self.upper.dtype if auto else torch.float32
         if self.bridge.dtype.itemsize < dtype.itemsize:
             raise DihalValueError(
                 f"the bridge is already {str(self.bridge.dtype).removeprefix('torch.')}: its float32 weights are "

@@ -60,7 +60,7 @@ class EvaluateConfig(CheckedConfig):
     )
     dtype: str = dtype_option(
         help="dtype of the hybrid's retained layers, its backbone and the controls: auto (each checkpoint's own), "
-        "float32, bfloat16, float16 or float64; a bridge stays float32 (the evaluator: --evaluator-dtype)"
+        "float32, bfloat16, float16 or float64; a bridge follows it (--bridge-dtype; the evaluator: --evaluator-dtype)"
     )
     device_map: str = device_map_option()
     settings: EvalProtocolConfig = field(
