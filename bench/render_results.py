@@ -277,24 +277,26 @@ QUESTIONS: dict[str, Question] = {
         "interleaved rounds, wall and process CPU time, one torch thread.",
     ),
     "hcdlm_protocol6": Question(
-        "HC-DLM vs MDM and CCDD on 6x6 Sudoku under one protocol: one chain, best-of-8 and oracle@8, three training "
-        "seeds",
+        "HC-DLM vs MDM, CCDD, Latent DM and AR on 6x6 Sudoku under one protocol: one chain, best-of-8 and oracle@8, "
+        "three training seeds",
         HCDLM,
-        "With every setting chosen on validation before the test file is scored (the lr by `hcdlm_lr_search` and "
-        "`hcdlm_lr_search_ccdd`; per model the single chain's steps, then its best-of-K diversity source and "
-        "verifier, chosen with its seed-0 run and frozen for seeds 1 and 2), how many frozen test boards do HC-DLM, "
-        "MDM and the repaired CCDD solve with one chain, with best-of-8 and with oracle@8, at what sampling cost, "
-        "and with what interval over training seeds and test puzzles? Inside HC-DLM's sampler: does the carried "
-        "latent hold information beyond the current tokens (the chain with the latent re-encoded from its argmax "
-        "tokens at every step), and does the chain run on its scaffold?",
+        "With every setting chosen on validation before the test file is scored (the lr by `hcdlm_lr_search`, "
+        "`hcdlm_lr_search_ccdd` and `hcdlm_lr_search_latent_ar`; per model the single chain's steps, then its "
+        "best-of-K diversity source and verifier, chosen with its seed-0 run and frozen for seeds 1 and 2), how many "
+        "frozen test boards does each model solve with one chain, with best-of-8 and with oracle@8, at what sampling "
+        "cost, and with what interval against HC-DLM over training seeds and test puzzles? Inside the latent models' "
+        "samplers: does the carried latent hold information beyond the current tokens (the chain with the latent "
+        "re-encoded from its argmax tokens at every step), and does the chain run on its scaffold?",
         "`bench/data/sudoku6` (generator seed 2026): validation and test 150 easy + 150 hard boards each, disjoint "
         "up to symmetry from every run's training pool (checked by the script); 10 process-CPU-minutes of "
-        "training per run on one thread, lr 3e-3 for all three (chosen on validation), training seeds 0-2 (3,000 "
-        "generated singles-grade puzzles each, the same pool for every model at a seed), width 64, HC-DLM 0.73 M, "
-        "MDM 0.75 M and CCDD 0.77 M parameters. Runs trained side by side by `--train-only` processes on a shared "
-        "machine (CCDD's later, its lr frozen after HC-DLM's and MDM's test scoring: each kind's lr and settings "
-        "were frozen before its own test scoring, the record states both times per kind); scored by `--no-record` "
-        "processes into the same `--out`, the record written by the command below from their kept results.",
+        "training per run on one thread, lr chosen on validation (3e-3 for HC-DLM, MDM and CCDD, 1e-3 for Latent DM "
+        "and AR), training seeds 0-2 (3,000 generated singles-grade puzzles each, the same pool for every model at "
+        "a seed), width 64, 0.73-0.77 M parameters. Runs trained side by side by `--train-only` processes on a "
+        "shared machine; the Latent DM and AR seeds 1-2 trained with fused AdamW (more steps in the same CPU "
+        "seconds), every other run with the multi-tensor one. Each kind's lr and settings were frozen before its own "
+        "test scoring (the record states both times per kind; CCDD, Latent DM and AR were scored after HC-DLM and "
+        "MDM, nothing of theirs chosen on test); scored by `--no-record` processes into the same `--out`, the "
+        "record written by the command below from their kept results.",
     ),
     "hcdlm_sudoku": Question(
         "HC-DLM vs MDM / Latent DM / AR on 6x6 Sudoku at 10 CPU-minutes (exposure share 1.0, hard variance clamp)",
