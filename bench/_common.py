@@ -42,23 +42,24 @@ RUN_FIELDS = ("run", "record", "command", "commit", "date", "machine")  # one ro
 UNMERGED = "unmerged"  # the folder, inside the results folder, for reruns of runs that a merged record holds
 
 
-def best_time(fn: Callable[[], object], repeat: int = 3, warmup: int = 1) -> float:
-    """Best wall time of ``repeat`` calls after ``warmup`` calls (seconds)."""
+def best_time(
+    fn: Callable[[], object], repeat: int = 3, warmup: int = 1, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """Best time of ``repeat`` calls after ``warmup`` calls (seconds of ``clock``: wall by default,
+    ``time.process_time`` for this process's CPU seconds, the figure a shared machine's load does not enter)."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return min(times)
 
 
 def cpu_seconds(fn: Callable[[], object]) -> float:
-    """Process CPU seconds of one call (the figure a shared machine's load does not enter)."""
-    start = time.process_time()
-    fn()
-    return time.process_time() - start
+    """Process CPU seconds of one call."""
+    return best_time(fn, repeat=1, warmup=0, clock=time.process_time)
 
 
 def gemm_rates(width: int, rows: int = 256) -> dict[str, float]:
@@ -70,8 +71,7 @@ def gemm_rates(width: int, rows: int = 256) -> dict[str, float]:
     rates = {}
     for dtype in (torch.float32, torch.bfloat16):
         a, b = torch.randn(rows, width, dtype=dtype), torch.randn(width, width, dtype=dtype)
-        a @ b
-        best = min(cpu_seconds(lambda a=a, b=b: a @ b) for _ in range(3))
+        best = best_time(lambda a=a, b=b: a @ b, clock=time.process_time)
         rates[str(dtype).replace("torch.", "")] = 2 * rows * width * width / best / 1e9
     return rates
 

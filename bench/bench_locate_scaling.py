@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from _common import markdown_tables, report, table, target
+from _common import best_time, markdown_tables, report, table, target
 from bench_contention import busy_cpu_seconds, process_cpu_seconds
 
 from dihal_fast.select import DEFAULT_REPEATS, DEFAULT_SAMPLE_SIZE
@@ -194,17 +194,6 @@ def forward_flops(config: dict, seq_len: int) -> float:
     return L * (2.0 * linear + 2.0 * seq_len * q)
 
 
-def _cpu_seconds(fn, repeat: int = 3) -> float:
-    """Least CPU time (this process, all its threads) of ``repeat`` calls of ``fn`` after one warm-up call."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.process_time()
-        fn()
-        best = min(best, time.process_time() - start)
-    return best
-
-
 def unit_costs(model_dir: str, batch: int, seq_len: int, sample: int, precisions: list[str]) -> dict[str, float]:
     """The time model's unit costs for the architecture in ``model_dir``'s config.json, in CPU seconds on this
     process's threads (float32, random weights and rows): per token, one decoder layer's forward (a 2-layer model
@@ -230,19 +219,30 @@ def unit_costs(model_dir: str, batch: int, seq_len: int, sample: int, precisions
             cut.layer_types = cut.layer_types[:layers]
         model = AutoModel.from_config(cut, dtype=torch.float32).eval()
         with torch.no_grad():
-            return _cpu_seconds(lambda: model(input_ids=ids, output_hidden_states=True, use_cache=False), 5)
+            return best_time(
+                lambda: model(input_ids=ids, output_hidden_states=True, use_cache=False), 5, clock=time.process_time
+            )
 
     one, two = forward(1), forward(2)
     layer = max(two - one, 0.0)
     x = torch.randn(tokens, D)
     w = torch.randn(int(config.intermediate_size), D)
-    gemm = 2.0 * tokens * D * w.shape[0] / _cpu_seconds(lambda: torch.nn.functional.linear(x, w)) / 1e9
+    gemm = (
+        2.0
+        * tokens
+        * D
+        * w.shape[0]
+        / best_time(lambda: torch.nn.functional.linear(x, w), clock=time.process_time)
+        / 1e9
+    )
     block = np.random.default_rng(0).standard_normal((tokens, D), dtype=np.float32)
-    cov = _cpu_seconds(lambda: df.StreamingCovariance(D).update(block)) / tokens
+    cov = best_time(lambda: df.StreamingCovariance(D).update(block), clock=time.process_time) / tokens
     from bench_proxies import data  # the proxies bench's rows: low rank plus noise with an offset, as hidden states
 
     rows = data(sample, D)
-    proxies = {p: _cpu_seconds(lambda p=p: df.geometry_proxies(rows, precision=p), 2) for p in precisions}
+    proxies = {
+        p: best_time(lambda p=p: df.geometry_proxies(rows, precision=p), 2, clock=time.process_time) for p in precisions
+    }
     return {
         "layer_s_per_token": layer / tokens,
         "base_s_per_token": max(one - layer, 0.0) / tokens,

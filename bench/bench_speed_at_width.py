@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
-from _common import add_rehearsal_options, cpu_seconds, gemm_rates, report, rows_figure, table, target
+from _common import add_rehearsal_options, best_time, cpu_seconds, gemm_rates, report, rows_figure, table, target
 
 from dihal_fast.profiling import nvtx_range
 
@@ -64,7 +65,7 @@ def step_figures(backbone, hybrid, dtype: str, batch: int, seq: int) -> dict:
     flops = counter.get_total_flops()
     bridge_flops = sum(counter.get_flop_counts()[f"{type(objective).__name__}.hybrid.bridge"].values())
     with nvtx_range("bridge step"):
-        seconds = min(cpu_seconds(step) for _ in range(2))
+        seconds = best_time(step, repeat=2, warmup=0, clock=time.process_time)
     rates = gemm_rates(backbone.config.hidden_size)  # in this process, beside the step
     roofline = (bridge_flops / rates["float32"] + (flops - bridge_flops) / rates[dtype]) / 1e9
     return {"step_flops": flops, "step_bridge_flops": bridge_flops, "step_cpu_s": seconds,

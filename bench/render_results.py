@@ -333,8 +333,9 @@ QUESTIONS: dict[str, Question] = {
         "layout scaled to this size?",
         "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards); HC-DLM seed 0, lr 3e-3, 10 process-CPU-"
         "minutes on one thread each; `ours` is the protocol's seed-0 run, `ours_again` the same configuration "
-        "trained again with this code (fused AdamW; the other variants too); single chain (argmax) at 36, 50 and 100 "
-        "steps, the best per variant; the latent noise power p is 1 on 6x6 by default (the paper's), so no row.",
+        "trained again with fused AdamW, as every other variant (`ours` used the multi-tensor AdamW); single "
+        "chain (argmax) at 36, 50 and 100 steps, the best per variant; the latent noise power p is 1 on 6x6 by "
+        "default (the paper's), so no row.",
     ),
     "hcdlm_lr_search_latent_ar": Question(
         "Latent DM and AR: learning rate chosen on the frozen 6x6 validation split",

@@ -162,9 +162,10 @@ def load_lm(
         path = replace_run(Path(path))[0]
     model_dir = resolve_model_dir(path)
     check_bridge_options(is_hybrid_dir(Path(model_dir)), nfe, bridge_dtype)  # before the load
-    options = {"bridge_dtype": bridge_dtype} if bridge_dtype is not None else {}  # set while loading: never rounded
+    # the bridge dtype is a from_pretrained keyword: applied while loading, so a float32 bridge is never rounded
+    options = {"bridge_dtype": bridge_dtype} if bridge_dtype is not None else {}
     model, tokenizer = load_causal_lm(model_dir, dtype=dtype, device=device, device_map=device_map, **options)
-    configure_bridge(model, nfe, bridge_dtype)
+    configure_bridge(model, nfe)
     kind = "hybrid" if model.config.model_type == HYBRID_MODEL_TYPE else "backbone"
     logger.info("loaded the %s in %s (%s on %s)", kind, model_dir, model.dtype, describe_placement(model))
     return LoadedLM(kind, model_dir, model, tokenizer, evaluator_context(model, tokenizer))

@@ -57,7 +57,7 @@ def make_optimizer(
     """Torch AdamW (no compiled op needed anywhere) and the warm-up + cosine schedule of :func:`lr_factor`.
 
     Fused (one pass over each tensor) where torch has the kernel, every parameter floating and on a CPU or CUDA
-    device: at 130 M float32 parameters on one CPU thread a step takes 0.17 s against the multi-tensor
+    device: at 134 M float32 parameters on one CPU thread a step took 0.17 s against the multi-tensor
     version's 0.93 s."""
     parameters = [p for _, p in named]
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in parameters)
