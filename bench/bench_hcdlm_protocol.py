@@ -33,8 +33,9 @@ paired bootstrap interval; ``--train-only`` with ``--variant`` trains those runs
 ``OUT/lr<LR>/<kind>_seed<S>`` and scores its single chain (argmax) on validation at each of ``--steps-choices``;
 each kind's lr is the one with the most accurate chain (ties: the first listed), and the record (``--question``,
 e.g. hcdlm_lr_search) holds the table, the choice, the validation sha256 and the time it was frozen. The scoring
-command then names it with ``--lr-record``: its ``--lr`` must be the record's choice and its ``--val`` the file the
-choice was made on, and the test record states when the lr was frozen and when the test was scored.
+command then names it with ``--lr-record``: its ``--lr`` must be the record's choice, made on a file other than
+``--test``; the test record states per kind when the lr was frozen, the validation file it was chosen on (another
+grid's when it is carried over, ``lr_carried_over``) and when the test was scored.
 """
 
 from __future__ import annotations
@@ -303,19 +304,30 @@ def faithfulness(kind: str, args: argparse.Namespace) -> None:
 
 def frozen_lr(args: argparse.Namespace) -> dict:
     """What ``--lr-record`` (one or more lr-search records, comma-separated) says of the lr: the records, the lr
-    and, per kind, when its lr was frozen; refused unless every record was made on ``--val`` and together they
-    chose exactly ``--lr``."""
+    and, per kind, when its lr was frozen and the validation file it was chosen on (its sha256; another grid's
+    validation file when an lr is carried over, e.g. from 6x6 to 9x9). Refused unless together the records chose
+    exactly ``--lr`` and none chose it on the ``--test`` file."""
     names = [name for name in args.lr_record.split(",") if name]
-    chosen, frozen_at = {}, {}
+    chosen, frozen_at, chosen_on = {}, {}, {}
     for name in names:
         found = read_record(RESULTS_DIR / f"{name}.json")["figures"]
-        if found.get("validation_sha256") != file_sha256(args.val):
-            raise SystemExit(f"--val {args.val} is not the validation file {name} chose the lr on")
-        chosen.update(found.get("chosen", {}))
-        frozen_at.update(dict.fromkeys(found.get("chosen", {}), found["frozen_at"]))
+        if found.get("validation_sha256") == file_sha256(args.test):
+            raise SystemExit(f"{name} chose its lr on the test file {args.test}")
+        kinds = found.get("chosen", {})
+        chosen.update(kinds)
+        frozen_at.update(dict.fromkeys(kinds, found["frozen_at"]))
+        chosen_on.update(dict.fromkeys(kinds, found["validation_sha256"]))
     if chosen != args.lrs:
         raise SystemExit(f"--lr {args.lrs} is not the lr {args.lr_record} chose on validation: {chosen}")
-    return {"lr_record": names, "lr": args.lrs, "lr_frozen_at": frozen_at}
+    this_val = file_sha256(args.val)
+    carried = sorted(kind for kind, sha in chosen_on.items() if sha != this_val)
+    return {
+        "lr_record": names,
+        "lr": args.lrs,
+        "lr_frozen_at": frozen_at,
+        "lr_chosen_on": chosen_on,
+        "lr_carried_over": carried,
+    }
 
 
 def main() -> None:
@@ -385,6 +397,12 @@ def main() -> None:
         "paired bootstrap over training seeds and test puzzles together (2,000 draws, 95 %), seeds paired by number "
         "(same training pool)"
     ]
+    if args.lr_record:
+        body += [
+            f"lr {kind} {lr:g}: frozen {figures['lr_frozen_at'][kind]} on validation "
+            + ("--val" if kind not in figures["lr_carried_over"] else figures["lr_chosen_on"][kind][:16])
+            for kind, lr in figures["lr"].items()
+        ]
     for index, mode in enumerate(MODES):
         rows, correct = [], {kind: [] for kind in kinds}
         for (kind, seed), found in results.items():

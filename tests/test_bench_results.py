@@ -298,23 +298,30 @@ def test_protocol_lr_records_merge_and_refuse_a_mismatch(tmp_path, monkeypatch):
 
     from dihal_fast.hcdlm.api import file_sha256
 
-    val = tmp_path / "validation.csv"
-    val.write_text("puzzle,solution\n")
-    for name, chosen, at in (("a", {"hcdlm": 3e-3, "mdm": 3e-3}, "t1"), ("b", {"ccdd": 1e-3}, "t2")):
-        figures = {"chosen": chosen, "validation_sha256": file_sha256(val), "frozen_at": at}
+    val, other, test = (tmp_path / f"{name}.csv" for name in ("validation", "other", "test"))
+    for index, path in enumerate((val, other, test)):
+        path.write_text("puzzle,solution\n" + "x,y\n" * index)
+    for name, chosen, at, on in (
+        ("a", {"hcdlm": 3e-3, "mdm": 3e-3}, "t1", val),
+        ("b", {"ccdd": 1e-3}, "t2", other),
+        ("c", {"ccdd": 1e-3}, "t3", test),
+    ):
+        figures = {"chosen": chosen, "validation_sha256": file_sha256(on), "frozen_at": at}
         (tmp_path / f"{name}.json").write_text(json.dumps({"figures": figures}))
     monkeypatch.setattr(protocol, "read_record", lambda path: json.loads(Path(path).read_text()))
     monkeypatch.setattr(protocol, "RESULTS_DIR", tmp_path)
     lrs = {"hcdlm": 3e-3, "mdm": 3e-3, "ccdd": 1e-3}
-    args = argparse.Namespace(lr_record="a,b", lrs=lrs, val=str(val))
-    found = protocol.frozen_lr(args)
+
+    def frozen(records: str) -> dict:
+        return protocol.frozen_lr(argparse.Namespace(lr_record=records, lrs=lrs, val=str(val), test=str(test)))
+
+    found = frozen("a,b")
     assert found["lr_record"] == ["a", "b"] and found["lr_frozen_at"] == {"hcdlm": "t1", "mdm": "t1", "ccdd": "t2"}
+    assert found["lr_chosen_on"]["ccdd"] == file_sha256(other) and found["lr_carried_over"] == ["ccdd"]
     with pytest.raises(SystemExit, match="is not the lr"):
-        protocol.frozen_lr(argparse.Namespace(lr_record="a", lrs=lrs, val=str(val)))
-    other = tmp_path / "other.csv"
-    other.write_text("puzzle,solution\nx,y\n")
-    with pytest.raises(SystemExit, match="is not the validation file"):
-        protocol.frozen_lr(argparse.Namespace(lr_record="a,b", lrs=lrs, val=str(other)))
+        frozen("a")
+    with pytest.raises(SystemExit, match="on the test file"):
+        frozen("a,c")
 
 
 def test_protocol_variant_parsing():

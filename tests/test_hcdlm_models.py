@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from dihal_fast.hcdlm import models
-from dihal_fast.hcdlm.config import MODEL_KINDS, HCDLMModelConfig, SampleConfig
+from dihal_fast.hcdlm import models, protocol
+from dihal_fast.hcdlm.config import MODEL_KINDS, VERIFIERS, HCDLMModelConfig, SampleConfig
 from dihal_fast.hcdlm.models import (
     KINDS,
     PassCounter,
@@ -145,6 +145,22 @@ def test_best_of_picks_the_chain_its_verifier_scores_highest(sudoku4, verifier):
     assert (chain_scores is None) == (verifier == "final")
     scores = verify_chains(model, rows, tokens, chain_scores, cfg, generator)
     assert torch.equal(got, choose(tokens, scores, 3))
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_the_draws_do_not_depend_on_the_verifier(sudoku4, kind):
+    """The protocol samples each diversity source once and lets every verifier choose from those chains: sound only
+    if scoring the chain (``verifier="chain"``) draws nothing, so tokens and generator state match a final-verifier
+    run's."""
+    model, context = _model(sudoku4, kind), _context(sudoku4)
+    source = protocol.DIVERSITY[kind][-1]  # a noisy source: the draws matter
+    rows, ends = context.repeat_interleave(3, 0), []
+    for verifier in VERIFIERS:
+        generator = torch.Generator().manual_seed(7)
+        cfg = SampleConfig(steps=4, best_of=3, verifier=verifier, **source)
+        tokens, _ = sample_chains(model, make_kernel("uniform", 4), rows, cfg, generator)
+        ends.append((tokens, torch.rand(4, generator=generator)))
+    assert torch.equal(ends[0][0], ends[1][0]) and torch.equal(ends[0][1], ends[1][1])
 
 
 def test_pass_counter_counts_rows_through_the_main_network_and_every_block(sudoku4):

@@ -49,33 +49,43 @@ def single_chain(run: LoadedRun, sample: SampleConfig, steps: int) -> SampleConf
 
 
 def _chains(
-    run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int
-) -> tuple[list[list[list[int]]], list[list[int]], dict[str, float]]:
-    """``(chains per example [K][L], chosen per example, cost per example)`` of ``cfg`` (K = ``cfg.best_of``)."""
+    run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int, verifiers: tuple[str, ...] = ()
+) -> tuple[list[list[list[int]]], dict[str, list[list[int]]], dict]:
+    """``(chains per example [K][L], chosen per example by each verifier, cost per example)`` of ``cfg`` (K =
+    ``cfg.best_of``); ``verifiers`` (default: ``cfg.verifier``) all choose from the same chains. The draws do not
+    depend on the verifier (the chain's own log-probability is bookkeeping on logits the sampler has, no draw, no
+    pass), so every verifier gets exactly the chains a run with it alone would sample, at one sampling's cost.
+    ``cost``: ``chain_passes``, ``chain_block_passes``, and per verifier ``verifier_passes`` /
+    ``verifier_block_passes`` (dicts)."""
+    verifiers = verifiers or (cfg.verifier,)
     check_sample(run.model, cfg)
+    sampling = replace(cfg, verifier="chain" if "chain" in verifiers else cfg.verifier)
     k, generator = cfg.best_of, torch.Generator(run.device).manual_seed(seed)
     chains: list[list[list[int]]] = []
-    chosen: list[list[int]] = []
-    verifier = {"passes": 0, "block_passes": 0}
+    chosen: dict[str, list[list[int]]] = {verifier: [] for verifier in verifiers}
+    spent = {verifier: [0, 0] for verifier in verifiers}  # passes, block passes
     with PassCounter(run.model) as total:
         for start in range(0, len(examples), cfg.batch_size):
             rows = example_contexts(examples[start : start + cfg.batch_size], run.device).repeat_interleave(k, dim=0)
-            tokens, chain_scores = sample_chains(run.model, run.kernel, rows, cfg, generator)
-            picked = tokens
-            if k > 1:
-                with PassCounter(run.model) as verifying:
-                    scores = verify_chains(run.model, rows, tokens, chain_scores, cfg, generator)
-                verifier["passes"] += verifying.passes
-                verifier["block_passes"] += verifying.block_passes
-                picked = choose(tokens, scores, k)
+            tokens, chain_scores = sample_chains(run.model, run.kernel, rows, sampling, generator)
+            for verifier in verifiers:
+                picked = tokens
+                if k > 1:
+                    with PassCounter(run.model) as verifying:
+                        scores = verify_chains(
+                            run.model, rows, tokens, chain_scores, replace(cfg, verifier=verifier), generator
+                        )
+                    spent[verifier][0] += verifying.passes
+                    spent[verifier][1] += verifying.block_passes
+                    picked = choose(tokens, scores, k)
+                chosen[verifier].extend(picked.tolist())
             chains.extend(tokens.view(-1, k, tokens.shape[-1]).tolist())
-            chosen.extend(picked.tolist())
     n = len(examples)
     cost = {
-        "chain_passes": (total.passes - verifier["passes"]) / n,
-        "chain_block_passes": (total.block_passes - verifier["block_passes"]) / n,
-        "verifier_passes": verifier["passes"] / n,
-        "verifier_block_passes": verifier["block_passes"] / n,
+        "chain_passes": (total.passes - sum(p for p, _ in spent.values())) / n,
+        "chain_block_passes": (total.block_passes - sum(b for _, b in spent.values())) / n,
+        "verifier_passes": {verifier: p / n for verifier, (p, _) in spent.items()},
+        "verifier_block_passes": {verifier: b / n for verifier, (_, b) in spent.items()},
     }
     return chains, chosen, cost
 
@@ -103,7 +113,13 @@ def single_chain_row(run: LoadedRun, examples: list[EvalExample], single: Sample
     per example (in order)."""
     _, answers, cost = _chains(run, examples, single, seed)
     row, correct = _row(
-        run, examples, answers, mode="single", k=1, passes=cost["chain_passes"], block_passes=cost["chain_block_passes"]
+        run,
+        examples,
+        answers[single.verifier],
+        mode="single",
+        k=1,
+        passes=cost["chain_passes"],
+        block_passes=cost["chain_block_passes"],
     )
     return {**row, "settings": _settings(single), "correct": correct}
 
@@ -120,11 +136,11 @@ def protocol_rows(
     best_row, best_correct = _row(
         run,
         examples,
-        chosen,
+        chosen[diverse.verifier],
         mode="best_of",
         k=diverse.best_of,
-        passes=cost["chain_passes"] + cost["verifier_passes"],
-        block_passes=cost["chain_block_passes"] + cost["verifier_block_passes"],
+        passes=cost["chain_passes"] + cost["verifier_passes"][diverse.verifier],
+        block_passes=cost["chain_block_passes"] + cost["verifier_block_passes"][diverse.verifier],
     )
     best_row.update(settings=_settings(diverse), correct=best_correct)
     best_row["minus_single"] = paired_bootstrap(best_correct, single_correct, seed=seed)
@@ -165,23 +181,22 @@ def choose_on_validation(
     for steps in steps_list:
         cfg = single_chain(run, sample, steps)
         _, answers, cost = _chains(run, validation, cfg, seed)
-        row, _ = _row(run, validation, answers, mode="single", k=1, passes=cost["chain_passes"])
+        row, _ = _row(run, validation, answers[cfg.verifier], mode="single", k=1, passes=cost["chain_passes"])
         table.append({**row, "settings": _settings(cfg)})
         if best_single is None or row["accuracy"] > best_single[0]:
             best_single = (row["accuracy"], cfg)
     assert best_single is not None
     single = best_single[1]
     best_diverse: tuple[float, SampleConfig] | None = None
-    for source in DIVERSITY[kind.name]:
+    for source in DIVERSITY[kind.name]:  # one set of chains per source, chosen from by every verifier
+        cfg = replace(single, best_of=k, **source)
+        _, chosen, cost = _chains(run, validation, cfg, seed, VERIFIERS)
         for verifier in VERIFIERS:
-            cfg = replace(single, best_of=k, verifier=verifier, **source)
-            _, chosen, cost = _chains(run, validation, cfg, seed)
-            row, _ = _row(
-                run, validation, chosen, mode="best_of", k=k, passes=cost["chain_passes"] + cost["verifier_passes"]
-            )
-            table.append({**row, "settings": _settings(cfg)})
+            passes = cost["chain_passes"] + cost["verifier_passes"][verifier]
+            row, _ = _row(run, validation, chosen[verifier], mode="best_of", k=k, passes=passes)
+            table.append({**row, "settings": _settings(replace(cfg, verifier=verifier))})
             if best_diverse is None or row["accuracy"] > best_diverse[0]:
-                best_diverse = (row["accuracy"], cfg)
+                best_diverse = (row["accuracy"], replace(cfg, verifier=verifier))
     assert best_diverse is not None
     logger.info("chosen on validation: single %s, best-of %s", _settings(single), _settings(best_diverse[1]))
     return single, best_diverse[1], table
