@@ -354,6 +354,25 @@ def test_slot_auxiliary_reaches_only_the_denoiser(sudoku4):
     assert float(model.denoiser.slot_head[1].weight.grad.abs().sum()) > 0
 
 
+def test_without_the_slot_readout_x0_is_the_latent_tokens_output(sudoku4):
+    """``slot_readout=False`` (the paper's denoiser): exactly the read-out-free path of the default network."""
+    context, target = _batch(sudoku4, 3)
+    torch.manual_seed(0)
+    ours = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY)).eval()
+    paper = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY, slot_readout=False)).eval()
+    missing, unexpected = paper.load_state_dict(ours.state_dict(), strict=False)
+    assert not missing and unexpected and all(key.startswith("denoiser.readout.") for key in unexpected)
+    assert count_parameters(ours) - count_parameters(paper) == count_parameters(ours.denoiser.readout)
+    cfg = HCDLMModelConfig(**TINY)
+    x_t, s = torch.randn(3, cfg.latents, cfg.latent_dim), torch.rand(3)
+    with torch.no_grad():
+        with_readout = ours.denoiser(x_t, target, s, context)
+        for weight in ours.denoiser.readout.linear.parameters():
+            weight.zero_()
+        assert not torch.allclose(with_readout, ours.denoiser(x_t, target, s, context))
+        assert torch.equal(paper.denoiser(x_t, target, s, context), ours.denoiser(x_t, target, s, context))
+
+
 def test_token_term_matches_cross_entropy():
     """``all`` = mean CE; ``schedule`` = CE on the corrupted positions / s / L, averaged over the batch."""
     from dihal_fast.hcdlm.objective import token_term

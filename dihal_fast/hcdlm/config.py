@@ -83,6 +83,11 @@ class HCDLMModelConfig(CheckedConfig):
         "(not in the paper); the command line's default is on exactly when --slot-aux-weight > 0",
         cli_default=None,
     )
+    slot_readout: bool = option(
+        True,
+        "the denoiser adds a read-out of its slot states to x_hat_0 (not in the paper, whose x_hat_0 is the latent "
+        "tokens' output only)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

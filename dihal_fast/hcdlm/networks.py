@@ -112,9 +112,9 @@ class Denoiser(nn.Module):
 
     With ``scaffold=False`` (the Latent DM baseline) the slots carry positions and context only.
     ``x_hat_0`` = the latent tokens' output + a ``SlotReadout`` of the slot states (the encoder's read-out
-    shape): the slots do the per-cell work, as in a masked-diffusion network, and write it to the latent
-    directly. Through the latent tokens alone, ``M`` queries must gather ``L`` cells by attention, and
-    on 6x6 Sudoku the denoiser never got past copying the scaffold (measured, 4 CPU-minutes).
+    shape; ``slot_readout=False``: the latent tokens' output only, the paper's): the slots do the per-cell
+    work, as in a masked-diffusion network, and write it to the latent directly. Through the latent tokens
+    alone, ``M`` queries must gather ``L`` cells by attention.
     """
 
     def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig, scaffold: bool = True) -> None:
@@ -129,7 +129,9 @@ class Denoiser(nn.Module):
         )
         self.out_norm = nn.LayerNorm(cfg.hidden)
         self.out = nn.Linear(cfg.hidden, cfg.latent_dim)
-        self.readout = SlotReadout(spec.target_len, cfg.hidden, cfg.latents * cfg.latent_dim)
+        self.readout = (
+            SlotReadout(spec.target_len, cfg.hidden, cfg.latents * cfg.latent_dim) if cfg.slot_readout else None
+        )
         # Training-only per-slot token head (deep supervision, ours; see ObjectiveConfig.slot_aux_weight).
         self.slot_head = (
             nn.Sequential(nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, spec.target_vocab)) if cfg.slot_head else None
@@ -148,7 +150,9 @@ class Denoiser(nn.Module):
         prefix, slots = self.slots(scaffold if self.scaffold else None, context, batch)
         h = run_blocks(self.blocks, [self.latent_in(x_t) + self.latent_position, slots, prefix], self.time(s))
         slot_states = h[:, m : m + slots.shape[1]]
-        x_hat = self.out(self.out_norm(h[:, :m])) + self.readout(slot_states).view(batch, m, -1)
+        x_hat = self.out(self.out_norm(h[:, :m]))
+        if self.readout is not None:
+            x_hat = x_hat + self.readout(slot_states).view(batch, m, -1)
         if not slot_logits:
             return x_hat
         return x_hat, (self.slot_head(slot_states) if self.slot_head is not None else None)
