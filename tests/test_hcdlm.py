@@ -249,6 +249,65 @@ def test_sampler_follows_algorithm_2(sudoku4):
     assert masked_per_step == [16, round(16 * 4 / 5), round(16 * 3 / 5), round(16 * 2 / 5), round(16 * 1 / 5)]
 
 
+def _recording_denoiser(model: HCDLM) -> list:
+    """Every ``x_prev`` the denoiser is called with, in order (None or a copy)."""
+    seen, forward = [], model.denoiser.forward
+
+    def recorded(*args, x_prev=None, **kwargs):
+        seen.append(None if x_prev is None else x_prev.clone())
+        return forward(*args, x_prev=x_prev, **kwargs)
+
+    model.denoiser.forward = recorded
+    return seen
+
+
+def test_self_conditioning_reads_the_previous_estimate(sudoku4):
+    """Sampling: step N reads no estimate, every later step the x_hat_0 of the step before (the re-encoded latent
+    under ``latent_reencoded``); training: half the batches read a no-grad first pass, which the loss reaches."""
+    torch.manual_seed(0)
+    model = HCDLM(sudoku4.spec, HCDLMModelConfig(self_condition=True, **TINY)).eval()
+    assert HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY)).denoiser.self_condition is None
+    context, target = _batch(sudoku4, 3)
+    x_t, s = torch.randn(3, 1, 8), torch.full((3,), 0.5)
+    with torch.no_grad():
+        x_hat = model.denoiser(x_t, target, s, context)
+        assert torch.equal(model.denoiser(x_t, target, s, context, x_prev=torch.zeros_like(x_hat)), x_hat)
+        assert not torch.allclose(model.denoiser(x_t, target, s, context, x_prev=x_hat), x_hat)
+    seen, trace = _recording_denoiser(model), []
+    on_step = lambda t, x, x_hat, k, clean: trace.append((x_hat.clone(), clean.clone()))  # noqa: E731
+    sample_hcdlm(model, UniformKernel(4), context, SampleConfig(steps=4), torch.Generator().manual_seed(0), on_step)
+    assert seen[0] is None and len(seen) == 4
+    assert all(torch.equal(prev, x_hat) for prev, (x_hat, _) in zip(seen[1:], trace))
+    seen.clear(), trace.clear()
+    sample_hcdlm(
+        model,
+        UniformKernel(4),
+        context,
+        SampleConfig(steps=3),
+        torch.Generator().manual_seed(0),
+        on_step,
+        intervention="latent_reencoded",
+    )
+    with torch.no_grad():
+        assert all(torch.equal(prev, model.encoder(clean, context)[0]) for prev, (_, clean) in zip(seen[1:], trace))
+    model.train()
+    read = []
+    for seed in range(8):
+        seen.clear()
+        model.zero_grad()
+        loss, _ = hcdlm_loss(
+            model, UniformKernel(4), context, target, ObjectiveConfig(), torch.Generator().manual_seed(seed)
+        )
+        loss.backward()
+        first_pass = seen[-1] is not None  # the main pass read an estimate: the one made just before, unread
+        assert not first_pass or seen[-2] is None
+        weight = model.denoiser.self_condition.weight
+        grad = 0.0 if weight.grad is None else float(weight.grad.abs().sum())
+        read.append(first_pass)
+        assert (grad > 0) == first_pass
+    assert 0 < sum(read) < len(read)
+
+
 def test_classifier_free_guidance_combination(sudoku4):
     torch.manual_seed(0)
     model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY)).eval()

@@ -88,6 +88,12 @@ class HCDLMModelConfig(CheckedConfig):
         "the denoiser adds a read-out of its slot states to x_hat_0 (not in the paper, whose x_hat_0 is the latent "
         "tokens' output only)",
     )
+    self_condition: bool = option(
+        False,
+        "latent self-conditioning: the denoiser also reads its own previous x_hat_0 (the last sampling step's; in "
+        "training, for half the batches, a no-grad first pass's), so the latent path can carry its estimate from "
+        "step to step (Chen et al. 2022; not in the paper; off = the paper's)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -121,6 +121,7 @@ class Denoiser(nn.Module):
         super().__init__()
         self.scaffold = scaffold
         self.latent_in = nn.Linear(cfg.latent_dim, cfg.hidden)
+        self.self_condition = nn.Linear(cfg.latent_dim, cfg.hidden, bias=False) if cfg.self_condition else None
         self.latent_position = position_table(cfg.latents, cfg.hidden)
         self.slots = TokenSlots(spec, cfg.hidden, with_tokens=scaffold)
         self.time = TimeEmbedding(cfg.hidden)
@@ -144,11 +145,17 @@ class Denoiser(nn.Module):
         s: torch.Tensor,
         context: torch.Tensor,
         slot_logits: bool = False,
+        x_prev: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``x_hat_0[B, M, d]``; with ``slot_logits`` also the slot head's ``[B, L, V]`` logits (None without one)."""
+        """``x_hat_0[B, M, d]``; with ``slot_logits`` also the slot head's ``[B, L, V]`` logits (None without one).
+        ``x_prev``: the previous estimate of ``x_0`` a self-conditioned denoiser reads (None: zeros, no estimate
+        yet); ignored without ``self_condition``."""
         batch, m = x_t.shape[0], x_t.shape[1]
         prefix, slots = self.slots(scaffold if self.scaffold else None, context, batch)
-        h = run_blocks(self.blocks, [self.latent_in(x_t) + self.latent_position, slots, prefix], self.time(s))
+        latents = self.latent_in(x_t) + self.latent_position
+        if self.self_condition is not None and x_prev is not None:
+            latents = latents + self.self_condition(x_prev)
+        h = run_blocks(self.blocks, [latents, slots, prefix], self.time(s))
         slot_states = h[:, m : m + slots.shape[1]]
         x_hat = self.out(self.out_norm(h[:, :m]))
         if self.readout is not None:

@@ -150,9 +150,10 @@ def hcdlm_loss(
     guidance, :func:`drop_scaffolds`). A share ``exposure_share`` of the examples gets ``(x_t, k_t)`` from
     :func:`own_prediction_inputs`. With ``latent_schedule_power`` p the latent is noised to ``s ** p``
     (:func:`~dihal_fast.hcdlm.noise.latent_level`); ``scaffold_blind`` gives a share of the rows an all-[MASK]
-    scaffold (:func:`blind_scaffolds`). The auxiliary term encodes ``k0`` with ``mask_aux_rate`` of its tokens
-    set to [MASK] and scores the masked positions. With ``detach_latents`` no regression gradient reaches the
-    encoder.
+    scaffold (:func:`blind_scaffolds`). With ``self_condition`` half the batches first predict ``x_hat_0`` without
+    gradient and the denoiser then reads it (self-conditioning; the rest read none). The auxiliary term encodes
+    ``k0`` with ``mask_aux_rate`` of its tokens set to [MASK] and scores the masked positions. With
+    ``detach_latents`` no regression gradient reaches the encoder.
     """
     batch, device = target.shape[0], target.device
     mean, logvar = model.encoder(target, context)
@@ -187,7 +188,11 @@ def hcdlm_loss(
         scaffold, hit, level = blind_scaffolds(scaffold, hit, level, cfg.scaffold_blind, model.mask_id, generator)
     if scaffold is not None and cfg.guidance_training:
         scaffold, hit, level = drop_scaffolds(kernel, scaffold, hit, s, cfg.scaffold_drop, generator)
-    x_hat, slot_logits = model.denoiser(x_t, scaffold, s, context, slot_logits=True)
+    x_prev = None
+    if model.cfg.self_condition and bool(torch.rand((), generator=generator, device=device) < 0.5):
+        with torch.no_grad():  # the estimate a sampling step would have from the step before
+            x_prev = model.denoiser(x_t, scaffold, s, context)
+    x_hat, slot_logits = model.denoiser(x_t, scaffold, s, context, slot_logits=True, x_prev=x_prev)
     cont = (continuous_weight(s_latent, cfg.cont_weighting) * (x_hat - clean).pow(2).flatten(1).sum(1)).mean() / length
 
     loss = cfg.lambda_recon * recon + cfg.lambda_ent * neg_entropy + cfg.lambda_cont * cont

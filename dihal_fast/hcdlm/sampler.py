@@ -41,13 +41,15 @@ def guided_x0(
     context: torch.Tensor,
     weight: float,
     generator: torch.Generator | None,
+    x_prev: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x_hat = x_u + w (x_c - x_u)``; the unconditional branch sees a random-token scaffold (as in training)."""
-    x_cond = model.denoiser(x_t, scaffold, s, context)
+    """``x_hat = x_u + w (x_c - x_u)``; the unconditional branch sees a random-token scaffold (as in training).
+    ``x_prev``: the previous step's estimate, read by a self-conditioned denoiser."""
+    x_cond = model.denoiser(x_t, scaffold, s, context, x_prev=x_prev)
     if not weight or scaffold is None:
         return x_cond
     random_scaffold = kernel.random_tokens(tuple(scaffold.shape), generator, scaffold.device)
-    x_uncond = model.denoiser(x_t, random_scaffold, s, context)
+    x_uncond = model.denoiser(x_t, random_scaffold, s, context, x_prev=x_prev)
     return x_uncond + weight * (x_cond - x_uncond)
 
 
@@ -90,20 +92,22 @@ def sample_hcdlm(
     N(0, I) draw; ``latent_other``, the ``x_t`` of the next row's chain (another puzzle's); ``latent_reencoded``,
     the carried latent rebuilt from the current tokens alone, ``x_{t-1}`` = the encoder mean of ``k_hat_0`` noised
     afresh to the latent's level at ``t - 1``; ``scaffold_prior``, the scaffold redrawn from the prior instead of
-    ``k_hat_0`` re-noised.
+    ``k_hat_0`` re-noised. A self-conditioned denoiser's previous estimate is latent state too: reset, swapped
+    and re-encoded with ``x_t``.
     """
     check_intervention(intervention, model, context.shape[0])
     batch, device = context.shape[0], context.device
     shape = (batch, model.cfg.latents, model.cfg.latent_dim)
     x = torch.randn(shape, generator=generator, device=device)
+    x_prev: torch.Tensor | None = None  # the last estimate, for a self-conditioned denoiser (part of the latent)
     scaffold = kernel.prior((batch, model.spec.target_len), generator, device) if model.scaffold else None
     for t in range(cfg.steps, 0, -1):
         s = torch.full((batch,), t / cfg.steps, device=device)
         if intervention == "latent_prior":
-            x = torch.randn(shape, generator=generator, device=device)
+            x, x_prev = torch.randn(shape, generator=generator, device=device), None
         elif intervention == "latent_other":
-            x = x.roll(1, dims=0)
-        x_hat = guided_x0(model, kernel, x, scaffold, s, context, cfg.cfg_weight, generator)
+            x, x_prev = x.roll(1, dims=0), None if x_prev is None else x_prev.roll(1, dims=0)
+        x_hat = guided_x0(model, kernel, x, scaffold, s, context, cfg.cfg_weight, generator, x_prev)
         renoise = scaffold is not None and t > 1
         if renoise or cfg.clamp or on_step is not None or intervention:  # k_hat_0 only where something uses it
             confidence, clean = torch.softmax(model.predictor(x_hat, context).to(torch.float64), dim=-1).max(dim=-1)
@@ -112,10 +116,13 @@ def sample_hcdlm(
             if on_step is not None:
                 on_step(t, x, x_hat, scaffold, clean)
         x = latent_step(x, x_hat, t, cfg.steps, model.cfg.latent_schedule_power)
+        x_prev = x_hat if model.cfg.self_condition else None
         if intervention == "latent_reencoded":
             level = latent_level((t - 1) / cfg.steps, model.cfg.latent_schedule_power)
             eps = torch.randn(shape, generator=generator, device=device)
-            x = LATENT_FLOW.noise(model.encoder(clean, context)[0], torch.full((batch,), level, device=device), eps)
+            encoded = model.encoder(clean, context)[0]
+            x = LATENT_FLOW.noise(encoded, torch.full((batch,), level, device=device), eps)
+            x_prev = encoded if model.cfg.self_condition else None
         if renoise:
             scaffold = (
                 kernel.prior(tuple(scaffold.shape), generator, device)
