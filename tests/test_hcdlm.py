@@ -275,19 +275,15 @@ def test_self_conditioning_reads_the_previous_estimate(sudoku4):
         assert not torch.allclose(model.denoiser(x_t, target, s, context, x_prev=x_hat), x_hat)
     seen, trace = _recording_denoiser(model), []
     on_step = lambda t, x, x_hat, k, clean: trace.append((x_hat.clone(), clean.clone()))  # noqa: E731
-    sample_hcdlm(model, UniformKernel(4), context, SampleConfig(steps=4), torch.Generator().manual_seed(0), on_step)
+
+    def sample(steps: int, **intervention) -> None:
+        sample_hcdlm(model, UniformKernel(4), context, SampleConfig(steps=steps), None, on_step, **intervention)
+
+    sample(4)
     assert seen[0] is None and len(seen) == 4
     assert all(torch.equal(prev, x_hat) for prev, (x_hat, _) in zip(seen[1:], trace))
     seen.clear(), trace.clear()
-    sample_hcdlm(
-        model,
-        UniformKernel(4),
-        context,
-        SampleConfig(steps=3),
-        torch.Generator().manual_seed(0),
-        on_step,
-        intervention="latent_reencoded",
-    )
+    sample(3, intervention="latent_reencoded")
     with torch.no_grad():
         assert all(torch.equal(prev, model.encoder(clean, context)[0]) for prev, (_, clean) in zip(seen[1:], trace))
     model.train()
