@@ -54,7 +54,7 @@ from dihal_fast.hcdlm.api import check_run_splits, file_sha256  # noqa: E402
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file  # noqa: E402
 from dihal_fast.hcdlm.mechanism import in_sampler_interventions  # noqa: E402
-from dihal_fast.hcdlm.models import kind_of  # noqa: E402
+from dihal_fast.hcdlm.models import KINDS, kind_of  # noqa: E402
 from dihal_fast.hcdlm.protocol import (  # noqa: E402
     evaluate_protocol,
     protocol_rows,
@@ -266,10 +266,13 @@ def faithfulness(kind: str, args: argparse.Namespace) -> None:
     """Each ``--variant`` of ``kind`` (seed 0, the protocol's lr and budget; the first variant is the reference,
     a variant with no run fields is the protocol's own seed-0 run) scored by its single chain on validation at each
     of ``--steps-choices``; the best steps' per-puzzle results against the first variant's, with a paired bootstrap
-    interval over the validation puzzles; the record ``--question``."""
+    interval over the validation puzzles; a latent kind adds, at the best steps, the accuracy the chain loses with
+    its latent re-encoded from its argmax tokens at every step (what the latent carries beyond the tokens); the
+    record ``--question``."""
     variants = [parse_variant(text) for text in args.variant]
     header = ["variant", "run fields", "sampler fields", "trained s", "steps", "parameters"]
     header += [f"{steps} steps %" for steps in args.steps_choices] + ["easy / hard % (best)", "minus first (points)"]
+    header += ["normal - re-encoded (points)"] if KINDS[kind].latent else []
     rows, found, reference = [], {}, None
     for name, run_fields, sample_fields in variants:
         folder, summary = train_variant(kind, run_fields, args)
@@ -287,18 +290,24 @@ def faithfulness(kind: str, args: argparse.Namespace) -> None:
         found[name] = {"run_fields": run_fields, "sample_fields": sample_fields, "summary": summary,
                        "accuracy_by_steps": {r["settings"]["steps"]: r["accuracy"] for r in scored},
                        "best": best, "minus_first": gap}  # fmt: skip
+        probe = []
+        if KINDS[kind].latent:
+            single = SampleConfig(**{**sample_fields, **best["settings"]})
+            beyond = in_sampler_interventions(run, validation, single, interventions=("latent_reencoded",))
+            found[name]["latent_beyond_tokens"] = beyond["latent_beyond_tokens"]
+            probe = [points_text(beyond["latent_beyond_tokens"])]
         fields_text = " ".join(f"{key}={value}" for key, value in sorted(run_fields.items()))
         rows.append([name, fields_text or "(defaults)", " ".join(f"{k}={v}" for k, v in sample_fields.items()),
                      round(summary["elapsed_s"]), summary["step"], summary["parameters"],
                      *[round(100 * r["accuracy"], 1) for r in scored], groups,
-                     "" if best is reference else points_text(gap)])  # fmt: skip
+                     "" if best is reference else points_text(gap), *probe])  # fmt: skip
     figures = {"variants": found, "table": rows_figure(header, rows), "validation_sha256": file_sha256(args.val)}
     body = (
         f"{kind}, seed 0, {args.minutes:g} CPU-minutes, validation {figures['validation_sha256'][:16]} (sha256), "
         f"single chain (argmax), best steps per variant; interval: paired bootstrap over validation puzzles "
         f"(2,000 draws, 95 %)\n\n{table(header, rows)}"
     )
-    report(f"Sudoku {args.sudoku_box}: {kind} with the paper's settings, one at a time (single chain, validation)",
+    report(f"Sudoku {args.sudoku_box}: {kind} variants, one at a time (single chain, validation)",
            body, question=args.question, figures=figures)  # fmt: skip
 
 

@@ -11,7 +11,7 @@ import torch
 
 from dihal_fast.cli import main
 from dihal_fast.hcdlm.config import HCDLMModelConfig, HCDLMTrainConfig, ObjectiveConfig, RunConfig, SampleConfig
-from dihal_fast.hcdlm.mechanism import ablation_effects, ablation_readout
+from dihal_fast.hcdlm.mechanism import ablation_effects, ablation_readout, in_sampler_interventions
 from dihal_fast.hcdlm.networks import MDMNet
 from dihal_fast.hcdlm.sampler import sample_mdm
 from dihal_fast.hcdlm.trainer import train
@@ -128,6 +128,23 @@ def test_eval_writes_the_mechanism_diagnostics_with_a_comparison(trained, capsys
     assert gap["difference"] == pytest.approx(variants["normal"]["accuracy"] - variants["latent_reencoded"]["accuracy"])
     for suffix in ("steps", "trajectory", "ablations", "readout"):
         assert (trained / f"eval.{suffix}.png").stat().st_size > 0
+
+
+def test_a_subset_of_interventions_scores_as_in_the_full_set(trained):
+    """Each intervention's chain starts from the same seed: asked for ``latent_reencoded`` alone, the normal and
+    re-encoded chains score exactly as in the full set; a set without it is refused (it defines the gap)."""
+    from dihal_fast.hcdlm.eval_data import examples_from_file
+    from dihal_fast.hcdlm.scoring import load_run
+
+    run = load_run(trained / "hcdlm", device="cpu")
+    examples, cfg = examples_from_file(run.task, trained / "fresh.csv")[:12], SampleConfig(steps=3)
+    full = in_sampler_interventions(run, examples, cfg, seed=2)
+    part = in_sampler_interventions(run, examples, cfg, seed=2, interventions=("latent_reencoded",))
+    assert set(part["variants"]) == {"normal", "latent_reencoded"}
+    assert all(part["correct"][name] == full["correct"][name] for name in part["correct"])
+    assert part["latent_beyond_tokens"] == full["latent_beyond_tokens"]
+    with pytest.raises(ValueError, match="must include latent_reencoded"):
+        in_sampler_interventions(run, examples, cfg, interventions=("latent_prior",))
 
 
 def test_mdm_readout_fills_masked_slots_and_ends_at_the_answer():

@@ -54,18 +54,26 @@ def _batches(count: int, size: int) -> list[range]:
 
 
 @torch.no_grad()
-def in_sampler_interventions(run: LoadedRun, examples: list[EvalExample], cfg: SampleConfig, seed: int = 0) -> dict:
+def in_sampler_interventions(
+    run: LoadedRun,
+    examples: list[EvalExample],
+    cfg: SampleConfig,
+    seed: int = 0,
+    interventions: tuple[str, ...] = INTERVENTIONS,
+) -> dict:
     """HC-DLM / Latent DM: ``{variants: {normal | <intervention>: scores}, correct: {variant: per puzzle},
     latent_beyond_tokens: interval}`` - one chain per puzzle (``cfg`` without best-of), every variant from the same
     seed; ``latent_beyond_tokens`` is the paired bootstrap of the normal chain's minus the ``latent_reencoded``
-    chain's per-puzzle ``correct``."""
+    chain's per-puzzle ``correct``. ``interventions``: which to run (``latent_reencoded`` among them)."""
+    if "latent_reencoded" not in interventions:
+        raise DihalValueError(f"the interventions must include latent_reencoded, got {interventions}")
     if not kind_of(run.model).latent:
         raise DihalValueError(
             f"the in-sampler interventions probe a latent model (HC-DLM, Latent DM), not {run.config.model.kind}"
         )
     if len(examples) < 2:
         raise DihalValueError("the in-sampler interventions need at least 2 examples (another puzzle's latent)")
-    names = [None, *(i for i in INTERVENTIONS if run.model.scaffold or i != "scaffold_prior")]
+    names = [None, *(i for i in interventions if run.model.scaffold or i != "scaffold_prior")]
     scored: dict[str, list[dict]] = {}
     for intervention in names:
         generator = torch.Generator(run.device).manual_seed(seed)
