@@ -506,6 +506,22 @@ def test_configs_saved_before_new_fields_keep_their_meaning(tmp_path):
     assert RunConfig.from_dict(RunConfig().to_dict()) == RunConfig()
 
 
+def test_runs_saved_before_the_readout_and_self_conditioning_switches_resume(tmp_path):
+    """Every run had the slot read-out and no self-conditioning before the switches existed: such a run resumes
+    and is scored with the defaults, and a run saved with the switch the other way is refused."""
+    train(_config(2), tmp_path)
+    path = latest_checkpoint(tmp_path) / "config.json"
+    data = json.loads(path.read_text())
+    for name in ("slot_readout", "self_condition"):
+        data["model"].pop(name)
+    path.write_text(json.dumps(data))
+    assert train(_config(3), tmp_path)["step"] == 3
+    changed = _config(4)
+    changed.model.self_condition = True
+    with pytest.raises(ValueError, match="self_condition"):
+        train(changed, tmp_path)
+
+
 def test_configs_saved_before_the_issue_23_options_keep_their_meaning(tmp_path):
     """A run saved without the variance bound, guidance switch and exposure ramp loads with the hard clamp,
     the scaffold drop always on and a constant exposure share; new runs get the new defaults."""

@@ -26,7 +26,14 @@ class HCDLMModelConfig(CheckedConfig):
     """Architecture. Baselines use ``hidden``/``heads`` and as many blocks as fit the HC-DLM budget."""
 
     # What a saved config without these (newer) fields meant, so that older runs load and resume as trained.
-    legacy = {"slot_head": False, "logvar_bound": "clamp", "logvar_min": -10.0, "latent_schedule_power": 1.0}
+    legacy = {
+        "slot_head": False,
+        "logvar_bound": "clamp",
+        "logvar_min": -10.0,
+        "latent_schedule_power": 1.0,
+        "slot_readout": True,
+        "self_condition": False,
+    }
 
     kind: str = option(
         "hcdlm",
