@@ -99,7 +99,7 @@ def train_one(
         max_minutes=args.minutes,
         budget_clock="cpu",
         threads=1,
-        checkpoint_every=10**7,
+        checkpoint_every=args.checkpoint_every,
         **lr,
         **(fields or {}),
     )
@@ -350,6 +350,12 @@ def main() -> None:
     parser.add_argument("--steps-choices", default="36,50,100", help="sampling steps to choose from on validation")
     parser.add_argument("--sudoku-box", default="2x3", help="box shape RxC (2x3: 6x6 boards, 3x3: 9x9)")
     parser.add_argument("--pool", type=int, default=3000, help="generated training puzzles per run")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=500,
+        help="training steps between checkpoints: a killed training resumes there, its CPU seconds kept",
+    )
     parser.add_argument("--out", required=True, help="folder of the training runs (KIND_seedS)")
     parser.add_argument("--question", default="hcdlm_protocol", help="record name in bench/results/")
     parser.add_argument("--lr", default="", help="kind=lr,... (chosen on validation); others keep the default")

@@ -328,14 +328,28 @@ QUESTIONS: dict[str, Question] = {
         "HC-DLM with the paper's settings, one at a time, on the frozen 6x6 validation split",
         HCDLM,
         "What does each of this package's departures from the paper cost or buy, measured one at a time under the "
-        "protocol's budget: the per-slot token head off (no deep supervision), exposure share 1.0, scaffold dropout "
-        "with classifier-free guidance w = 2.75 (and w = 0 on the same run), and the paper's 8 : 8 : 2 block "
-        "layout scaled to this size?",
+        "protocol's budget: the per-slot token head off (no deep supervision), the denoiser's slot-state read-out "
+        "off, the latent regression's gradient into the encoder (not detached), exposure share 1.0, scaffold "
+        "dropout with classifier-free guidance w = 2.75 (and w = 0 on the same run), and the paper's 8 : 8 : 2 "
+        "block layout scaled to this size? And with each, does the chain's latent carry anything beyond its tokens "
+        "(the chain with the latent re-encoded from its argmax tokens at every step)?",
         "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards); HC-DLM seed 0, lr 3e-3, 10 process-CPU-"
         "minutes on one thread each; `ours` is the protocol's seed-0 run, `ours_again` the same configuration "
         "trained again with fused AdamW, as every other variant (`ours` used the multi-tensor AdamW); single "
-        "chain (argmax) at 36, 50 and 100 steps, the best per variant; the latent noise power p is 1 on 6x6 by "
-        "default (the paper's), so no row.",
+        "chain (argmax) at 36, 50 and 100 steps, the best per variant, the re-encoded chain at those steps; the "
+        "latent noise power p is 1 on 6x6 by default (the paper's), so no row.",
+    ),
+    "hcdlm_latent_push6": Question(
+        "HC-DLM: training changes that could make the latent carry the solution, on the frozen 6x6 validation split",
+        HCDLM,
+        "Under the protocol's budget, does latent self-conditioning (the denoiser reads its previous x_hat_0) or "
+        "training a quarter of the rows with an all-[MASK] scaffold (so the answer must come through the latent) "
+        "solve more validation boards than the default, and does either make the chain's latent carry information "
+        "beyond its tokens (normal minus the chain with the latent re-encoded from its argmax tokens at every step)?",
+        "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards); HC-DLM seed 0, lr 3e-3, 10 process-CPU-"
+        "minutes on one thread each, fused AdamW except `ours` (the protocol's seed-0 run); `ours_again` is the "
+        "default configuration trained again (the run-to-run spread); single chain (argmax) at 36, 50 and 100 steps, "
+        "the best per variant; nothing here was scored on a test file.",
     ),
     "hcdlm_lr_search_latent_ar": Question(
         "Latent DM and AR: learning rate chosen on the frozen 6x6 validation split",
