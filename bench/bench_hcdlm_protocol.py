@@ -315,12 +315,12 @@ def frozen_lr(args: argparse.Namespace) -> dict:
     """What ``--lr-record`` (one or more lr-search records, comma-separated) says of the lr: the records, the lr
     and, per kind, when its lr was frozen and the validation file it was chosen on (its sha256; another grid's
     validation file when an lr is carried over, e.g. from 6x6 to 9x9). Refused unless together the records chose
-    exactly ``--lr`` and none chose it on the ``--test`` file."""
+    exactly ``--lr`` and none chose it on the ``--test`` file (``args.hashes``: the two files' sha256)."""
     names = [name for name in args.lr_record.split(",") if name]
     chosen, frozen_at, chosen_on = {}, {}, {}
     for name in names:
         found = read_record(RESULTS_DIR / f"{name}.json")["figures"]
-        if found.get("validation_sha256") == file_sha256(args.test):
+        if found.get("validation_sha256") == args.hashes["test_sha256"]:
             raise SystemExit(f"{name} chose its lr on the test file {args.test}")
         kinds = found.get("chosen", {})
         chosen.update(kinds)
@@ -328,8 +328,7 @@ def frozen_lr(args: argparse.Namespace) -> dict:
         chosen_on.update(dict.fromkeys(kinds, found["validation_sha256"]))
     if chosen != args.lrs:
         raise SystemExit(f"--lr {args.lrs} is not the lr {args.lr_record} chose on validation: {chosen}")
-    this_val = file_sha256(args.val)
-    carried = sorted(kind for kind, sha in chosen_on.items() if sha != this_val)
+    carried = sorted(kind for kind, sha in chosen_on.items() if sha != args.hashes["validation_sha256"])
     return {
         "lr_record": names,
         "lr": args.lrs,
@@ -396,8 +395,8 @@ def main() -> None:
         return lr_search(kinds, seeds, args)
     if not (args.val and args.test):
         raise SystemExit("--val and --test are required unless --train-only or --lr-search")
-    figures: dict = frozen_lr(args) if args.lr_record else {}
     args.hashes = {"test_sha256": file_sha256(args.test), "validation_sha256": file_sha256(args.val)}
+    figures: dict = frozen_lr(args) if args.lr_record else {}
     results = {key: found for kind in kinds for key, found in score_kind(kind, seeds, args).items()}
     if args.no_record:
         return

@@ -313,7 +313,8 @@ def test_protocol_lr_records_merge_and_refuse_a_mismatch(tmp_path, monkeypatch):
     lrs = {"hcdlm": 3e-3, "mdm": 3e-3, "ccdd": 1e-3}
 
     def frozen(records: str) -> dict:
-        return protocol.frozen_lr(argparse.Namespace(lr_record=records, lrs=lrs, val=str(val), test=str(test)))
+        hashes = {"validation_sha256": file_sha256(val), "test_sha256": file_sha256(test)}
+        return protocol.frozen_lr(argparse.Namespace(lr_record=records, lrs=lrs, test=str(test), hashes=hashes))
 
     found = frozen("a,b")
     assert found["lr_record"] == ["a", "b"] and found["lr_frozen_at"] == {"hcdlm": "t1", "mdm": "t1", "ccdd": "t2"}
