@@ -371,6 +371,8 @@ def main() -> None:
         help="NAME[=FIELD=VALUE;...;sample.FIELD=VALUE]: score these variants of the one --models kind on --val",
     )
     args = parser.parse_args()
+    if args.checkpoint_every < 1:
+        parser.error(f"--checkpoint-every must be >= 1, got {args.checkpoint_every}")
     args.steps_choices = [int(s) for s in args.steps_choices.split(",")]
     kinds, seeds = args.models.split(","), [int(s) for s in args.seeds.split(",")]
     args.lrs = parse_lrs(args.lr, kinds)
