@@ -276,6 +276,28 @@ QUESTIONS: dict[str, Question] = {
         "unconditional samples x 64 tokens per call, temperature 1, no EOS stop, generator seed 0; fastest of 10 "
         "interleaved rounds, wall and process CPU time, one torch thread.",
     ),
+    "hcdlm_protocol9": Question(
+        "HC-DLM vs MDM, CCDD, Latent DM and AR on 9x9 Sudoku under one protocol: one chain, best-of-4 and oracle@4, "
+        "three training seeds",
+        HCDLM,
+        "The 6x6 protocol (`hcdlm_protocol6`) on 9x9 boards: with the lr carried over from the 6x6 validation "
+        "searches and every sampling setting chosen on the 9x9 validation file before its test file is scored (per "
+        "model the single chain's steps among 50 / 81 / 100, then its best-of-K diversity source and verifier, "
+        "chosen with its seed-0 run and frozen for seeds 1 and 2), how many frozen test boards does each model solve "
+        "with one chain, with best-of-4 and with oracle@4, at what sampling cost, and with what interval against "
+        "HC-DLM over training seeds and test puzzles? Inside the latent models' samplers: does the carried latent "
+        "hold information beyond the current tokens, and does the chain run on its scaffold?",
+        "`bench/data/sudoku9` (generator seed 2027): validation and test 150 easy + 150 hard boards each, disjoint "
+        "up to symmetry from every run's training pool (checked by the script); 30 process-CPU-minutes of training "
+        "per run on one thread (10 minutes solve 0 % for HC-DLM and MDM, `hcdlm_sudoku9_budget`), lr carried over "
+        "from the 6x6 validation searches (3e-3 for HC-DLM, MDM and CCDD, 1e-3 for Latent DM and AR; a 9x9 lr "
+        "search did not fit the budget), training seeds 0-2 (3,000 generated singles-grade 9x9 puzzles each, the "
+        "same pool for every model at a seed), width 64, HC-DLM latent 256 and 12 denoiser blocks, 2.41-2.44 M "
+        "parameters. K = 4 rather than 8: HC-DLM costs 3.6 ms per row-step on one thread at 9x9, and K = 8 would "
+        "double the validation scoring. Runs trained side by side by `--train-only` processes on a shared machine, "
+        "all with fused AdamW; scored by `--no-record` processes into the same `--out`, the record written by the "
+        "command below from their kept results.",
+    ),
     "hcdlm_protocol6": Question(
         "HC-DLM vs MDM, CCDD, Latent DM and AR on 6x6 Sudoku under one protocol: one chain, best-of-8 and oracle@8, "
         "three training seeds",
