@@ -15,11 +15,11 @@ interventions. The splits are checked disjoint (with every run's training pool) 
 ``--train-only`` trains (or resumes) the runs and stops: two processes can pretrain disjoint kinds or seeds into
 the same ``--out``, and the full command then resumes each finished run (same config) and scores it.
 
-Each run's protocol result is kept beside the runs (``OUT/protocol/KIND_seedS.json``, with the test and
-validation sha256, K, the step choices, the seed and the trained step it was scored at) and reused when all of
-those match, so a killed scoring loses at most the run in progress. ``--no-record`` trains and scores the named
-runs and writes no record: two processes can score disjoint kinds, then the full command reads their results and
-writes the record.
+Each kind's choice on validation and each run's test result are kept beside the runs (``OUT/protocol/choice/`` and
+``OUT/protocol/test-SHA/``, see :func:`run_one`) and reused when their inputs match, so a killed scoring loses at
+most the run in progress, and the same command with another ``--test`` file (and ``--question``) scores it with the
+settings already chosen. ``--no-record`` trains and scores the named runs and writes no record: two processes can
+score disjoint kinds, then the full command reads their results and writes the record.
 
 ``--variant NAME=FIELD=VALUE;...;sample.FIELD=VALUE`` (repeated; one kind in ``--models``, ``--val``, no test):
 each variant's seed-0 run (``OUT/variants/...``; a variant without run fields is the protocol's own seed-0 run)
@@ -56,7 +56,8 @@ from dihal_fast.hcdlm.eval_data import examples_from_file  # noqa: E402
 from dihal_fast.hcdlm.mechanism import in_sampler_interventions  # noqa: E402
 from dihal_fast.hcdlm.models import KINDS, kind_of  # noqa: E402
 from dihal_fast.hcdlm.protocol import (  # noqa: E402
-    evaluate_protocol,
+    chosen_configs,
+    protocol_choice,
     protocol_rows,
     single_chain,
     single_chain_row,
@@ -107,44 +108,56 @@ def train_one(
     return folder, dict(train(config, folder))
 
 
+def kept(path: Path, key: dict) -> dict | None:
+    """The value kept in ``path`` when it was made from ``key`` (None otherwise)."""
+    if path.is_file():
+        found = read_json(path, "protocol result")
+        if found.get("key") == key:
+            print(f"{path}: made before from the same inputs, reused")
+            return found["value"]
+    return None
+
+
+def keep(path: Path, key: dict, value: dict) -> None:
+    """Write ``value`` with the ``key`` it was made from (read back by :func:`kept`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"key": key, "value": value})
+
+
 def run_one(kind: str, seed: int, args: argparse.Namespace, chosen: dict | None = None) -> dict:
-    """Train (or resume) one run and score it by the protocol, or read the score kept in
-    ``OUT/protocol/KIND_seedS.json`` when it was made with the same files, K, step choices, seed, trained step and
-    settings; the run's summary, protocol rows and split sizes.
+    """Train (or resume) one run and score it by the protocol; the run's summary, protocol rows and split sizes.
 
     ``chosen`` (the ``chosen`` settings of the kind's first seed): the run is scored on the test file with those,
-    nothing is chosen again; without it the settings are chosen on validation first. A latent kind is also scored by
-    the in-sampler interventions at its single-chain settings."""
+    nothing is chosen again; without it the settings are chosen on validation first. Both are kept beside the runs
+    (``OUT/protocol/choice/KIND_seedS.json``, keyed by the validation sha256, K, the step choices, the seed and the
+    trained step; ``OUT/protocol/test-SHA/KIND_seedS.json`` per test file, keyed by those, the test sha256 and the
+    settings) and reused, so a killed scoring loses at most the run in progress and another test file is scored
+    with the settings already chosen. A latent kind is also scored by the in-sampler interventions at its
+    single-chain settings."""
     folder, summary = train_one(kind, seed, args)
-    key = {
-        **args.hashes,
-        "k": args.k,
-        "steps_choices": args.steps_choices,
-        "seed": seed,
-        "trained_step": summary["step"],
-        **({"chosen": chosen} if chosen else {}),
-    }
-    cached = Path(args.out) / "protocol" / f"{kind}_seed{seed}.json"
-    if cached.is_file():
-        found = read_json(cached, "protocol result")
-        if found.get("key") == key:
-            print(f"{cached}: scored before with the same inputs, reused")
-            return found["result"]
+    common = {"k": args.k, "steps_choices": args.steps_choices, "seed": seed, "trained_step": summary["step"]}
+    choice_key = {**common, "validation_sha256": args.hashes["validation_sha256"]}
+    choice_path = Path(args.out) / "protocol" / "choice" / f"{kind}_seed{seed}.json"
+    choice = {"chosen": chosen} if chosen else kept(choice_path, choice_key)
+    test_path = Path(args.out) / "protocol" / f"test-{args.hashes['test_sha256'][:12]}" / f"{kind}_seed{seed}.json"
+    test_key = {**common, **args.hashes, "chosen": choice and choice["chosen"]}
+    if choice and (found := kept(test_path, test_key)):
+        return found
     run = load_run(folder, device="cpu")
     validation, test = examples_from_file(run.task, args.val), examples_from_file(run.task, args.test)
     splits = check_run_splits(run, folder, validation, test)
-    if chosen is None:
-        scored = evaluate_protocol(
-            run, test, validation, SampleConfig(steps=args.steps_choices[0]), args.k, tuple(args.steps_choices), seed
+    if choice is None:
+        choice = protocol_choice(
+            run, validation, SampleConfig(steps=args.steps_choices[0]), args.k, tuple(args.steps_choices), seed
         )
-    else:
-        single, diverse = SampleConfig(**chosen["single"]), SampleConfig(**chosen["best_of"])
-        scored = {"chosen": chosen, "rows": protocol_rows(run, test, single, diverse, seed)}
-    result = {"summary": summary, "protocol": scored, "splits": splits, "scored_at": now()}
+        keep(choice_path, choice_key, choice)
+        test_key["chosen"] = choice["chosen"]
+    single, diverse = chosen_configs(choice["chosen"])
+    rows = protocol_rows(run, test, single, diverse, seed)
+    result = {"summary": summary, "protocol": {**choice, "rows": rows}, "splits": splits, "scored_at": now()}
     if kind_of(run.model).latent:
-        result["interventions"] = in_sampler_interventions(run, test, SampleConfig(**scored["chosen"]["single"]), seed)
-    cached.parent.mkdir(exist_ok=True)
-    atomic_write_json(cached, {"key": key, "result": result})
+        result["interventions"] = in_sampler_interventions(run, test, single, seed)
+    keep(test_path, test_key, result)
     return result
 
 
@@ -163,6 +176,26 @@ def settings_text(settings: dict) -> str:
     words += ["givens"] if settings["givens"] else []
     words += [f"{settings['verifier']} verifier"] if settings["best_of"] > 1 else []
     return ", ".join(words)
+
+
+def choices_table(results: dict, kinds: list[str]) -> tuple[dict, str]:
+    """Each kind's candidates on validation with its first seed's run (the evidence for its frozen settings):
+    accuracy and passes per puzzle of every single-chain step count and best-of-K source x verifier."""
+    header = ["model", "seed", "mode", "settings", "validation accuracy %", "passes / puzzle", "chosen"]
+    rows = []
+    for (kind, seed), found in results.items():
+        protocol = found["protocol"]
+        if "validation" not in protocol:  # a later seed: scored with the first seed's settings
+            continue
+        chosen = [protocol["chosen"]["single"], protocol["chosen"]["best_of"]]
+        for row in protocol["validation"]:
+            mark = "yes" if row["settings"] in chosen else ""
+            rows.append(
+                [kind, seed, row["mode"], settings_text(row["settings"]), round(100 * row["accuracy"], 1)]
+                + [round(row["passes"]), mark]
+            )
+    text = f"\nchosen on validation (first seed per kind, then frozen):\n\n{table(header, rows)}"
+    return {"validation_choices": rows_figure(header, rows)}, text
 
 
 def interventions_table(results: dict, kinds: list[str]) -> tuple[dict, str]:
@@ -405,7 +438,8 @@ def main() -> None:
     figures["test_scored_at"] = {  # per kind: after its lr (lr_frozen_at) and settings were frozen
         kind: min(found["scored_at"] for (owner, _), found in results.items() if owner == kind) for kind in kinds
     }
-    header = ["model", "seed", "trained s", "steps", "parameters", "accuracy %", "easy / hard %", "passes / puzzle"]
+    groups = " / ".join(next(iter(results.values()))["protocol"]["rows"][0]["groups"])
+    header = ["model", "seed", "trained s", "steps", "parameters", "accuracy %", f"{groups} %", "passes / puzzle"]
     header += ["block passes / puzzle", "settings"]
     figures.update(args.hashes)
     body = [
@@ -437,6 +471,9 @@ def main() -> None:
         figures[f"{mode}_minus_{kinds[0]}"] = gaps
         body.append(f"\n{mode} (K = {args.k} for best_of / oracle):\n\n{table(header, rows)}")
         body += [f"{kind} - {kinds[0]}: {points_text(gap)} points" for kind, gap in gaps.items()]
+    found_choices, text = choices_table(results, kinds)
+    figures.update(found_choices)
+    body.append(text)
     found_interventions, text = interventions_table(results, kinds)
     figures.update(found_interventions)
     body.append(text)

@@ -7,8 +7,14 @@ Each split holds ``--per-level`` easy (singles) and hard puzzles drawn from ``--
 validation.csv, test.csv (``puzzle,solution,level``, what ``examples_from_file`` reads) and splits.json (the
 generator seed, the pools excluded, and per split its ``split_hash``, file sha256 and sizes).
 
+``--kaggle FILE --kaggle-rows START:STOP`` also writes test_kaggle.csv: rows START..STOP-1 of every level of a
+rated-puzzle file (``sudoku_kaggle3m_curated5000.csv``, whose rows 0-199 of each level are the test and
+validation rows of the older 9x9 records of ``bench_hcdlm.py``),
+checked apart from the pools and the generated splits; the manifest names the source file's sha256 and the rows.
+
     python bench/make_sudoku_splits.py --out bench/data/sudoku6 --generator-seed 2026 --per-level 150 \\
-        --train-seeds 0,1,2 [--sudoku-box 2x3] [--pool 3000] [--difficulty singles]
+        --train-seeds 0,1,2 [--sudoku-box 2x3] [--pool 3000] [--difficulty singles] \\
+        [--kaggle ../shared/data/sudoku_kaggle3m_curated5000.csv --kaggle-rows 200:230]
 """
 
 from __future__ import annotations
@@ -18,9 +24,29 @@ import json
 from pathlib import Path
 
 from dihal_fast.hcdlm.api import file_sha256
+from dihal_fast.tasks.data import load_sudoku_csv
 from dihal_fast.tasks.sudoku import geometry
-from dihal_fast.tasks.sudoku_splits import LEVELS, SPLIT_NAMES, check_disjoint, draw_splits, split_hash, write_split_csv
+from dihal_fast.tasks.sudoku_splits import LEVELS, Pair, check_disjoint, draw_splits, split_hash, write_split_csv
 from dihal_fast.tasks.sudoku_task import generate_pool, parse_box
+
+
+def levels(rows: list[tuple[Pair, str]]) -> list[str]:
+    """The level of every row, in order."""
+    return [level for _, level in rows]
+
+
+def kaggle_rows(path: str, window: str) -> list[tuple[Pair, str]]:
+    """Rows ``START:STOP`` of every level of a rated-puzzle CSV, as ``((puzzle, solution), level)``."""
+    start, sep, stop = window.partition(":")
+    if not (sep and start.isdigit() and stop.isdigit() and int(start) < int(stop)):
+        raise SystemExit(f"--kaggle-rows takes START:STOP with START < STOP, got {window!r}")
+    by_level: dict[str, list[tuple[Pair, str]]] = {}
+    for record in load_sudoku_csv(path):
+        by_level.setdefault(record.level, []).append(((tuple(record.puzzle), tuple(record.solution)), record.level))
+    short = {level: len(rows) for level, rows in by_level.items() if len(rows) < int(stop)}
+    if short:
+        raise SystemExit(f"{path}: fewer rows than --kaggle-rows {window} asks for in {short}")
+    return [row for rows in by_level.values() for row in rows[int(start) : int(stop)]]
 
 
 def main() -> None:
@@ -32,12 +58,16 @@ def main() -> None:
     parser.add_argument("--sudoku-box", default="2x3")
     parser.add_argument("--pool", type=int, default=3000, help="the trainer's --sudoku-pool")
     parser.add_argument("--difficulty", default="singles", help="the trainer's --sudoku-difficulty")
+    parser.add_argument("--kaggle", help="a rated-puzzle CSV (puzzle, solution, level) for test_kaggle.csv")
+    parser.add_argument("--kaggle-rows", default="200:230", help="START:STOP, the rows of each level to take")
     args = parser.parse_args()
     geo = geometry(*parse_box(args.sudoku_box))
     seeds = [int(s) for s in args.train_seeds.split(",")]
     pools = {seed: generate_pool(geo, args.pool, args.difficulty, seed) for seed in seeds}
     pooled = [pair for pool in pools.values() for pair in pool]  # the pools may share puzzles: they are all training
     splits = draw_splits(geo, args.generator_seed, args.per_level, pooled)
+    if args.kaggle:
+        splits["test_kaggle"] = kaggle_rows(args.kaggle, args.kaggle_rows)
     check_disjoint(
         {"training pools": pooled, **{name: [pair for pair, _ in rows] for name, rows in splits.items()}}, geo
     )
@@ -50,15 +80,19 @@ def main() -> None:
         "levels": LEVELS,
         "splits": {},
     }
-    for name in SPLIT_NAMES:
+    for name in splits:
         path = out / f"{name}.csv"
         write_split_csv(path, splits[name])
         manifest["splits"][name] = {
             "file": path.name,
             "split_hash": split_hash(pair for pair, _ in splits[name]),
             "sha256": file_sha256(path),
-            "sizes": {level: sum(lv == level for _, lv in splits[name]) for level in LEVELS},
+            "sizes": {
+                level: sum(lv == level for _, lv in splits[name]) for level in dict.fromkeys(levels(splits[name]))
+            },
         }
+    if args.kaggle:
+        manifest["splits"]["test_kaggle"]["source"] = {"sha256": file_sha256(args.kaggle), "rows": args.kaggle_rows}
     (out / "splits.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(manifest["splits"], indent=1))
 

@@ -298,6 +298,18 @@ QUESTIONS: dict[str, Question] = {
         "all with fused AdamW; scored by `--no-record` processes into the same `--out`, the record written by the "
         "command below from their kept results.",
     ),
+    "hcdlm_protocol9_kaggle": Question(
+        "The 9x9 protocol on rated real puzzles: one chain, best-of-4 and oracle@4 on never-scored Kaggle rows",
+        HCDLM,
+        "With the runs and the settings of `hcdlm_protocol9` (each kind's settings chosen on the generated 9x9 "
+        "validation file, nothing chosen again), how many rated real puzzles of each level does each model solve "
+        "with one chain, with best-of-4 and with oracle@4, and with what interval against HC-DLM?",
+        "`bench/data/sudoku9/test_kaggle.csv`: rows 200-229 of each of the five levels (Beginner to Expert, 20-28 "
+        "givens) of `sudoku_kaggle3m_curated5000.csv`, rows no earlier record scored, checked apart from every "
+        "run's training pool and the generated splits; frozen before any scoring. The same 15 runs as "
+        "`hcdlm_protocol9` (30 process-CPU-minutes each, three seeds per kind); the generated validation file has "
+        "no rated puzzles, so the settings are chosen for generated boards and carried over.",
+    ),
     "hcdlm_protocol6": Question(
         "HC-DLM vs MDM, CCDD, Latent DM and AR on 6x6 Sudoku under one protocol: one chain, best-of-8 and oracle@8, "
         "three training seeds",

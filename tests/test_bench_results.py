@@ -333,3 +333,57 @@ def test_protocol_variant_parsing():
     assert (name, run_fields, sample_fields) == ("g", {"guidance_training": True}, {"cfg_weight": 2.75})
     with pytest.raises(SystemExit, match="is not FIELD=VALUE"):
         protocol.parse_variant("bad=slot_aux_weight")
+
+
+def test_protocol_keeps_the_choice_apart_from_the_test_file(tmp_path, monkeypatch):
+    """A kind's choice on validation is made once and reused for a second test file; a test file already scored with
+    the same inputs is read back without any sampling."""
+    import argparse
+    import types
+
+    import bench_hcdlm_protocol as protocol
+
+    calls: list[str] = []
+    run = types.SimpleNamespace(model=None, task=None)
+    monkeypatch.setattr(protocol, "train_one", lambda kind, seed, args: (tmp_path / kind, {"step": 5}))
+    monkeypatch.setattr(protocol, "load_run", lambda folder, device: run)
+    monkeypatch.setattr(protocol, "examples_from_file", lambda task, path: [path])
+    monkeypatch.setattr(protocol, "check_run_splits", lambda *a: {"validation": 1, "data": 1})
+    monkeypatch.setattr(protocol, "kind_of", lambda model: types.SimpleNamespace(latent=False))
+    settings = {"steps": 4, "temperature": 0.0, "reveal_noise": 0.0, "givens": True, "verifier": "chain", "best_of": 1}
+
+    def choice(*args, **kwargs):
+        calls.append("choose")
+        return {
+            "chosen": {"single": settings, "best_of": {**settings, "best_of": 2}},
+            "validation": [],
+            "validation_n": 1,
+        }
+
+    def rows(run, test, single, diverse, seed):
+        calls.append(f"score {test[0]}")
+        return [{"mode": "single", "test": test[0], "steps": single.steps, "k": diverse.best_of}]
+
+    monkeypatch.setattr(protocol, "protocol_choice", choice)
+    monkeypatch.setattr(protocol, "protocol_rows", rows)
+
+    def score(test: str) -> dict:
+        hashes = {"test_sha256": test * 64, "validation_sha256": "v" * 64}
+        args = argparse.Namespace(out=str(tmp_path), k=2, steps_choices=[4, 8], hashes=hashes, val="v", test=test)
+        return protocol.run_one("mdm", 0, args)
+
+    first = score("a")
+    assert calls == ["choose", "score a"] and first["protocol"]["rows"][0] == {
+        "mode": "single",
+        "test": "a",
+        "steps": 4,
+        "k": 2,
+    }
+    assert score("a") == first and calls == ["choose", "score a"]  # read back
+    second = score("b")
+    assert calls == ["choose", "score a", "score b"] and second["protocol"]["chosen"] == first["protocol"]["chosen"]
+    assert sorted(p.parent.name for p in (tmp_path / "protocol").rglob("*.json")) == [
+        "choice",
+        "test-aaaaaaaaaaaa",
+        "test-bbbbbbbbbbbb",
+    ]

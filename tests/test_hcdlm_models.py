@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -161,6 +162,18 @@ def test_the_draws_do_not_depend_on_the_verifier(sudoku4, kind):
         tokens, _ = sample_chains(model, make_kernel("uniform", 4), rows, cfg, generator)
         ends.append((tokens, torch.rand(4, generator=generator)))
     assert torch.equal(ends[0][0], ends[1][0]) and torch.equal(ends[0][1], ends[1][1])
+
+
+def test_a_kept_choice_rebuilds_the_chosen_configs_over_the_users_other_fields():
+    """A choice kept as JSON (``protocol_choice``) scores another test file with the same sampler: the chosen fields
+    come from the choice, every other field from the sample it was chosen over."""
+    sample = SampleConfig(steps=9, cfg_weight=1.5, batch_size=7)
+    fields = {"steps": 4, "temperature": 0.0, "reveal_noise": 0.0, "givens": True, "verifier": "chain", "best_of": 1}
+    chosen = {"single": fields, "best_of": {**fields, "reveal_noise": 0.1, "verifier": "final", "best_of": 3}}
+    single, diverse = protocol.chosen_configs(json.loads(json.dumps(chosen)), sample)
+    assert single == replace(sample, **fields) and single.cfg_weight == 1.5 and single.batch_size == 7
+    assert (diverse.best_of, diverse.reveal_noise, diverse.verifier, diverse.cfg_weight) == (3, 0.1, "final", 1.5)
+    assert protocol.chosen_configs(chosen)[0] == SampleConfig(**fields)
 
 
 def test_pass_counter_counts_rows_through_the_main_network_and_every_block(sudoku4):

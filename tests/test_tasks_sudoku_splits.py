@@ -1,6 +1,7 @@
 """Sudoku splits disjoint up to the training symmetries: the key is invariant under every symmetry training applies,
 tells generated puzzles apart, catches a symmetric copy planted in a split, fresh draws avoid a pool, and the frozen
-6x6 validation / test files keep their hashes and stay apart (from each other; with -m slow, from the pools)."""
+6x6 and 9x9 files (validation, test and 9x9's rated-puzzle test) keep their hashes and stay apart (from each other;
+with -m slow, from the pools)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from dihal_fast.tasks.sudoku_splits import (
 from dihal_fast.tasks.sudoku_task import generate_pool
 
 BOXES = [(2, 2), (2, 3), (3, 3)]
-FROZEN = Path(__file__).resolve().parents[1] / "bench" / "data" / "sudoku6"  # bench/make_sudoku_splits.py wrote it
+DATA = Path(__file__).resolve().parents[1] / "bench" / "data"  # bench/make_sudoku_splits.py wrote its folders
+FROZEN = {"sudoku6": (2, 3), "sudoku9": (3, 3)}  # folder -> box
 
 
 def _puzzles(geo, count: int, seed: str):
@@ -92,25 +94,32 @@ def test_drawn_splits_avoid_the_pool_and_each_other_and_read_back(tmp_path):
     assert [((r.puzzle, r.solution), r.level) for r in records] == splits["test"]
 
 
-def _frozen(name: str) -> list[Pair]:
-    return [(r.puzzle, r.solution) for r in load_sudoku_csv(FROZEN / f"{name}.csv")]
+def _frozen(folder: str) -> dict[str, list[Pair]]:
+    manifest = json.loads((DATA / folder / "splits.json").read_text())
+    return {
+        name: [(r.puzzle, r.solution) for r in load_sudoku_csv(DATA / folder / entry["file"])]
+        for name, entry in manifest["splits"].items()
+    }
 
 
-def test_the_frozen_6x6_splits_keep_their_hashes_and_share_no_puzzle():
-    manifest = json.loads((FROZEN / "splits.json").read_text())
-    splits = {name: _frozen(name) for name in SPLIT_NAMES}
+@pytest.mark.parametrize("folder", FROZEN)
+def test_the_frozen_splits_keep_their_hashes_and_share_no_puzzle(folder):
+    manifest = json.loads((DATA / folder / "splits.json").read_text())
+    splits = _frozen(folder)
+    assert set(SPLIT_NAMES) <= set(splits)
     for name, entry in manifest["splits"].items():
         assert split_hash(splits[name]) == entry["split_hash"]
-        assert hashlib.sha256((FROZEN / entry["file"]).read_bytes()).hexdigest() == entry["sha256"]
-        assert min(entry["sizes"].values()) >= 150
-    assert check_disjoint(splits, geometry(2, 3)) == {"validation": 300, "test": 300}
+        assert hashlib.sha256((DATA / folder / entry["file"]).read_bytes()).hexdigest() == entry["sha256"]
+        assert len(splits[name]) == sum(entry["sizes"].values())
+    assert all(min(manifest["splits"][name]["sizes"].values()) >= 150 for name in SPLIT_NAMES)
+    assert check_disjoint(splits, geometry(*FROZEN[folder])) == {name: len(rows) for name, rows in splits.items()}
 
 
 @pytest.mark.slow
-def test_the_frozen_6x6_splits_share_no_puzzle_with_the_training_pools_of_seeds_0_1_2():
-    geo = geometry(2, 3)
-    manifest = json.loads((FROZEN / "splits.json").read_text())
-    pools = manifest["excluded_pools"]
+@pytest.mark.parametrize("folder", FROZEN)
+def test_the_frozen_splits_share_no_puzzle_with_the_training_pools_of_seeds_0_1_2(folder):
+    geo = geometry(*FROZEN[folder])
+    pools = json.loads((DATA / folder / "splits.json").read_text())["excluded_pools"]
     assert pools["train_seeds"] == [0, 1, 2]
     pooled = [p for seed in pools["train_seeds"] for p in generate_pool(geo, pools["pool"], pools["difficulty"], seed)]
-    check_disjoint({"training pools": pooled, **{name: _frozen(name) for name in SPLIT_NAMES}}, geo)
+    check_disjoint({"training pools": pooled, **_frozen(folder)}, geo)

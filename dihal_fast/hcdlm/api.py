@@ -27,7 +27,7 @@ from dihal_fast.hcdlm.mechanism import (
 )
 from dihal_fast.hcdlm.models import kind_of, parameter_match
 from dihal_fast.hcdlm.plots import plot_ablations, plot_accuracy_vs_steps, plot_readout_by_step, plot_trajectories
-from dihal_fast.hcdlm.protocol import evaluate_protocol
+from dihal_fast.hcdlm.protocol import chosen_configs, protocol_choice, protocol_rows
 from dihal_fast.hcdlm.scoring import (
     LoadedRun,
     accuracy_vs_steps,
@@ -96,10 +96,10 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path) -> StageReport:
         if config.protocol_k:
             validation = examples_from_file(run.task, config.validation)
             splits = check_run_splits(run, Path(run_dir), validation, examples)
-            report["protocol"] = evaluate_protocol(
-                run, examples, validation, sample, config.protocol_k, tuple(config.steps_choices), seed
-            )
-            report["protocol"].update({"splits": splits, "validation_sha256": file_sha256(config.validation)})
+            choice = protocol_choice(run, validation, sample, config.protocol_k, tuple(config.steps_choices), seed)
+            rows = protocol_rows(run, examples, *chosen_configs(choice["chosen"], sample), seed)
+            report["protocol"] = {**choice, "rows": rows, "splits": splits}
+            report["protocol"]["validation_sha256"] = file_sha256(config.validation)
         curves = {_label(run): _steps_curve(run, examples, steps_sweep, sample, seed, report)}
         if other is not None:
             other_report = evaluate_examples(other, examples, sample, seed, show=0)

@@ -202,17 +202,16 @@ def choose_on_validation(
     return single, best_diverse[1], table
 
 
-def evaluate_protocol(
+def protocol_choice(
     run: LoadedRun,
-    examples: list[EvalExample],
     validation: list[EvalExample],
     sample: SampleConfig,
     k: int,
     steps_choices: tuple[int, ...] = (),
     seed: int = 0,
 ) -> dict:
-    """``{chosen: {single, best_of}, validation: table, rows: [single, best_of, oracle]}``: settings chosen on
-    ``validation`` (:func:`choose_on_validation`), then scored once on ``examples``."""
+    """``{chosen: {single, best_of}, validation: table, validation_n}``: the settings :func:`choose_on_validation`
+    picks, as a JSON-ready dict that depends on ``validation`` only (so any test file can be scored with it)."""
     if k < 2:
         raise DihalValueError(f"the protocol compares best-of-K with one chain: K must be >= 2, got {k}")
     single, diverse, table = choose_on_validation(run, validation, sample, k, steps_choices, seed)
@@ -220,5 +219,11 @@ def evaluate_protocol(
         "chosen": {"single": _settings(single), "best_of": _settings(diverse)},
         "validation": table,
         "validation_n": len(validation),
-        "rows": protocol_rows(run, examples, single, diverse, seed),
     }
+
+
+def chosen_configs(chosen: dict, sample: SampleConfig | None = None) -> tuple[SampleConfig, SampleConfig]:
+    """The ``(single, best_of)`` sampler configs of a choice's ``chosen`` settings, over ``sample``'s other fields
+    (the defaults when None)."""
+    base = sample or SampleConfig()
+    return replace(base, **chosen["single"]), replace(base, **chosen["best_of"])
