@@ -124,6 +124,19 @@ def keep(path: Path, key: dict, value: dict) -> None:
     atomic_write_json(path, {"key": key, "value": value})
 
 
+class KeptCandidates(dict):
+    """The validation candidates' rows of a choice in progress, written to ``path`` (under ``key``) as each one is
+    scored, so a killed choice resumes at the candidate it was scoring (``protocol_choice``'s ``memo``)."""
+
+    def __init__(self, path: Path, key: dict) -> None:
+        super().__init__(kept(path, key) or {})
+        self.path, self.key = path, key
+
+    def __setitem__(self, settings: str, rows: list[dict]) -> None:
+        super().__setitem__(settings, rows)
+        keep(self.path, self.key, dict(self))
+
+
 def run_one(kind: str, seed: int, args: argparse.Namespace, chosen: dict | None = None) -> dict:
     """Train (or resume) one run and score it by the protocol; the run's summary, protocol rows and split sizes.
 
@@ -131,8 +144,9 @@ def run_one(kind: str, seed: int, args: argparse.Namespace, chosen: dict | None 
     nothing is chosen again; without it the settings are chosen on validation first. Both are kept beside the runs
     (``OUT/protocol/choice/KIND_seedS.json``, keyed by the validation sha256, K, the step choices, the seed and the
     trained step; ``OUT/protocol/test-SHA/KIND_seedS.json`` per test file, keyed by those, the test sha256 and the
-    settings) and reused, so a killed scoring loses at most the run in progress and another test file is scored
-    with the settings already chosen. A latent kind is also scored by the in-sampler interventions at its
+    settings) and reused, so another test file is scored with the settings already chosen; a choice in progress
+    keeps each validation candidate as it is scored (``choice/KIND_seedS.partial.json``), so a killed scoring
+    resumes at the candidate or run it was scoring. A latent kind is also scored by the in-sampler interventions at its
     single-chain settings."""
     folder, summary = train_one(kind, seed, args)
     common = {"k": args.k, "steps_choices": args.steps_choices, "seed": seed, "trained_step": summary["step"]}
@@ -147,10 +161,11 @@ def run_one(kind: str, seed: int, args: argparse.Namespace, chosen: dict | None 
     validation, test = examples_from_file(run.task, args.val), examples_from_file(run.task, args.test)
     splits = check_run_splits(run, folder, validation, test)
     if choice is None:
-        choice = protocol_choice(
-            run, validation, SampleConfig(steps=args.steps_choices[0]), args.k, tuple(args.steps_choices), seed
-        )
+        partial = KeptCandidates(choice_path.with_suffix(".partial.json"), choice_key)
+        sample = SampleConfig(steps=args.steps_choices[0])
+        choice = protocol_choice(run, validation, sample, args.k, tuple(args.steps_choices), seed, partial)
         keep(choice_path, choice_key, choice)
+        partial.path.unlink(missing_ok=True)
         test_key["chosen"] = choice["chosen"]
     single, diverse = chosen_configs(choice["chosen"])
     rows = protocol_rows(run, test, single, diverse, seed)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 
 from dihal_fast.hcdlm import models, protocol
 from dihal_fast.hcdlm.config import MODEL_KINDS, VERIFIERS, HCDLMModelConfig, SampleConfig
+from dihal_fast.hcdlm.eval_data import examples_from_file
 from dihal_fast.hcdlm.models import (
     KINDS,
     PassCounter,
@@ -26,7 +28,9 @@ from dihal_fast.hcdlm.models import (
     verify_chains,
 )
 from dihal_fast.hcdlm.noise import make_kernel
+from dihal_fast.hcdlm.protocol import protocol_choice
 from dihal_fast.hcdlm.sampler import answer_log_prob, sample_ar, sample_mdm
+from dihal_fast.hcdlm.scoring import load_run
 from dihal_fast.tasks.sudoku_splits import fresh_puzzles
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
 from dihal_fast.testing.tiny import HCDLM_TINY, hcdlm_tiny_config
@@ -225,6 +229,14 @@ def test_eval_protocol_reports_single_best_of_and_oracle_with_their_cost(tmp_pat
     assert report["trained_s"] > 0 and report["budget_clock"] == "wall"
     assert report["parameters"] == sum(p.numel() for p in build_model(SudokuTask(2, 2).spec, _tiny_mdm()).parameters())
     assert protocol["splits"] == {"training pool": 30, "validation": 4, "data": 3} and len(report["data_sha256"]) == 64
+    run = load_run(tmp_path / "mdm", device="cpu")
+    choose = partial(protocol_choice, run, examples_from_file(run.task, tmp_path / "val.csv"), SampleConfig(steps=2), 2)
+    memo: dict = {}  # a choice killed after some candidates resumes from the rows kept for them
+    whole = choose((2, 4), memo=memo)
+    assert len(memo) == 2 + 4 and choose((2, 4), memo=dict(list(memo.items())[:3])) == whole
+    kept = {key: [{**row, "accuracy": 2.0} for row in rows] for key, rows in list(memo.items())[1:2]}
+    resumed = choose((2, 4), memo=kept)  # the kept row is read, not rescored
+    assert resumed["validation"][1]["accuracy"] == 2.0 and resumed["chosen"]["single"]["steps"] == 4
     assert main([*args, *flags]) == 2  # no --validation: refused in one line, as a usage error
     assert "--validation" in capsys.readouterr().err
     _csv(tmp_path / "leak.csv", [*fresh[:3], pool[0]])  # a training puzzle in the validation set

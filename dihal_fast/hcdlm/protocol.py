@@ -16,7 +16,9 @@ different kinds compare at stated, not assumed, cost.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable, MutableMapping
 from dataclasses import replace
 
 import torch
@@ -163,6 +165,17 @@ def _settings(cfg: SampleConfig) -> dict:
     }
 
 
+def _candidate(memo: MutableMapping[str, list[dict]] | None, cfg: SampleConfig, score: Callable[[], list[dict]]):
+    """One validation candidate's rows: ``score()``, or what ``memo`` kept for the same settings (each candidate draws
+    from its own fresh generator, so a kept row equals a rescored one)."""
+    if memo is None:
+        return score()
+    key = json.dumps(_settings(cfg), sort_keys=True)
+    if key not in memo:
+        memo[key] = score()
+    return memo[key]
+
+
 def choose_on_validation(
     run: LoadedRun,
     validation: list[EvalExample],
@@ -170,19 +183,27 @@ def choose_on_validation(
     k: int,
     steps_choices: tuple[int, ...],
     seed: int = 0,
+    memo: MutableMapping[str, list[dict]] | None = None,
 ) -> tuple[SampleConfig, SampleConfig, list[dict]]:
     """``(single, diverse, table)``: the single chain's step count (the most accurate on ``validation``, ties: the
     fewest), then at that count the diversity source x verifier whose best-of-``k`` is the most accurate (ties: the
-    first of :data:`DIVERSITY` / :data:`~dihal_fast.hcdlm.config.VERIFIERS`); ``table`` has every candidate's row."""
+    first of :data:`DIVERSITY` / :data:`~dihal_fast.hcdlm.config.VERIFIERS`); ``table`` has every candidate's row.
+    ``memo`` (e.g. a file-backed mapping) keeps each candidate's rows as it is scored, so a killed choice resumes
+    at the candidate it was scoring."""
     kind = kind_of(run.model)
     table: list[dict] = []
     steps_list = (sample.steps,) if kind.trace is None else tuple(steps_choices or (sample.steps,))
     best_single: tuple[float, SampleConfig] | None = None
     for steps in steps_list:
         cfg = single_chain(run, sample, steps)
-        _, answers, cost = _chains(run, validation, cfg, seed)
-        row, _ = _row(run, validation, answers[cfg.verifier], mode="single", k=1, passes=cost["chain_passes"])
-        table.append({**row, "settings": _settings(cfg)})
+
+        def score_single(cfg: SampleConfig = cfg) -> list[dict]:
+            _, answers, cost = _chains(run, validation, cfg, seed)
+            row, _ = _row(run, validation, answers[cfg.verifier], mode="single", k=1, passes=cost["chain_passes"])
+            return [{**row, "settings": _settings(cfg)}]
+
+        (row,) = _candidate(memo, cfg, score_single)
+        table.append(row)
         if best_single is None or row["accuracy"] > best_single[0]:
             best_single = (row["accuracy"], cfg)
     assert best_single is not None
@@ -190,11 +211,18 @@ def choose_on_validation(
     best_diverse: tuple[float, SampleConfig] | None = None
     for source in DIVERSITY[kind.name]:  # one set of chains per source, chosen from by every verifier
         cfg = replace(single, best_of=k, **source)
-        _, chosen, cost = _chains(run, validation, cfg, seed, VERIFIERS)
-        for verifier in VERIFIERS:
-            passes = cost["chain_passes"] + cost["verifier_passes"][verifier]
-            row, _ = _row(run, validation, chosen[verifier], mode="best_of", k=k, passes=passes)
-            table.append({**row, "settings": _settings(replace(cfg, verifier=verifier))})
+
+        def score_source(cfg: SampleConfig = cfg) -> list[dict]:
+            _, chosen, cost = _chains(run, validation, cfg, seed, VERIFIERS)
+            rows = []
+            for verifier in VERIFIERS:
+                passes = cost["chain_passes"] + cost["verifier_passes"][verifier]
+                row, _ = _row(run, validation, chosen[verifier], mode="best_of", k=k, passes=passes)
+                rows.append({**row, "settings": _settings(replace(cfg, verifier=verifier))})
+            return rows
+
+        for verifier, row in zip(VERIFIERS, _candidate(memo, cfg, score_source), strict=True):
+            table.append(row)
             if best_diverse is None or row["accuracy"] > best_diverse[0]:
                 best_diverse = (row["accuracy"], replace(cfg, verifier=verifier))
     assert best_diverse is not None
@@ -209,12 +237,14 @@ def protocol_choice(
     k: int,
     steps_choices: tuple[int, ...] = (),
     seed: int = 0,
+    memo: MutableMapping[str, list[dict]] | None = None,
 ) -> dict:
     """``{chosen: {single, best_of}, validation: table, validation_n}``: the settings :func:`choose_on_validation`
-    picks, as a JSON-ready dict that depends on ``validation`` only (so any test file can be scored with it)."""
+    picks (``memo``: its), as a JSON-ready dict that depends on ``validation`` only (so any test file can be scored
+    with it)."""
     if k < 2:
         raise DihalValueError(f"the protocol compares best-of-K with one chain: K must be >= 2, got {k}")
-    single, diverse, table = choose_on_validation(run, validation, sample, k, steps_choices, seed)
+    single, diverse, table = choose_on_validation(run, validation, sample, k, steps_choices, seed, memo)
     return {
         "chosen": {"single": _settings(single), "best_of": _settings(diverse)},
         "validation": table,
