@@ -49,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, read_record, report, rows_figure, table  # noqa: E402
 
-from dihal_fast.common.io import atomic_write_json, read_json  # noqa: E402
+from dihal_fast.common.io import atomic_write_json, make_directories, read_json  # noqa: E402
 from dihal_fast.hcdlm.api import check_run_splits, file_sha256  # noqa: E402
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file  # noqa: E402
@@ -120,7 +120,7 @@ def kept(path: Path, key: dict) -> dict | None:
 
 def keep(path: Path, key: dict, value: dict) -> None:
     """Write ``value`` with the ``key`` it was made from (read back by :func:`kept`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(path.parent)
     atomic_write_json(path, {"key": key, "value": value})
 
 
@@ -154,8 +154,8 @@ def run_one(kind: str, seed: int, args: argparse.Namespace, chosen: dict | None 
     choice_path = Path(args.out) / "protocol" / "choice" / f"{kind}_seed{seed}.json"
     choice = {"chosen": chosen} if chosen else kept(choice_path, choice_key)
     test_path = Path(args.out) / "protocol" / f"test-{args.hashes['test_sha256'][:12]}" / f"{kind}_seed{seed}.json"
-    test_key = {**common, **args.hashes, "chosen": choice and choice["chosen"]}
-    if choice and (found := kept(test_path, test_key)):
+    test_key = {**common, **args.hashes}  # with the settings scored: "chosen"
+    if choice and (found := kept(test_path, {**test_key, "chosen": choice["chosen"]})):
         return found
     run = load_run(folder, device="cpu")
     validation, test = examples_from_file(run.task, args.val), examples_from_file(run.task, args.test)
@@ -166,13 +166,12 @@ def run_one(kind: str, seed: int, args: argparse.Namespace, chosen: dict | None 
         choice = protocol_choice(run, validation, sample, args.k, tuple(args.steps_choices), seed, partial)
         keep(choice_path, choice_key, choice)
         partial.path.unlink(missing_ok=True)
-        test_key["chosen"] = choice["chosen"]
     single, diverse = chosen_configs(choice["chosen"])
     rows = protocol_rows(run, test, single, diverse, seed)
     result = {"summary": summary, "protocol": {**choice, "rows": rows}, "splits": splits, "scored_at": now()}
     if kind_of(run.model).latent:
         result["interventions"] = in_sampler_interventions(run, test, single, seed)
-    keep(test_path, test_key, result)
+    keep(test_path, {**test_key, "chosen": choice["chosen"]}, result)
     return result
 
 

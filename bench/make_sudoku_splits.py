@@ -21,18 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.api import file_sha256
 from dihal_fast.tasks.data import load_sudoku_csv
 from dihal_fast.tasks.sudoku import geometry
 from dihal_fast.tasks.sudoku_splits import LEVELS, Pair, check_disjoint, draw_splits, split_hash, write_split_csv
 from dihal_fast.tasks.sudoku_task import generate_pool, parse_box
-
-
-def levels(rows: list[tuple[Pair, str]]) -> list[str]:
-    """The level of every row, in order."""
-    return [level for _, level in rows]
 
 
 def kaggle_rows(path: str, window: str) -> list[tuple[Pair, str]]:
@@ -41,7 +38,11 @@ def kaggle_rows(path: str, window: str) -> list[tuple[Pair, str]]:
     if not (sep and start.isdigit() and stop.isdigit() and int(start) < int(stop)):
         raise SystemExit(f"--kaggle-rows takes START:STOP with START < STOP, got {window!r}")
     by_level: dict[str, list[tuple[Pair, str]]] = {}
-    for record in load_sudoku_csv(path):
+    try:
+        records = load_sudoku_csv(path)
+    except (OSError, DihalValueError) as exc:
+        raise SystemExit(f"--kaggle {path}: {exc}") from None
+    for record in records:
         by_level.setdefault(record.level, []).append(((tuple(record.puzzle), tuple(record.solution)), record.level))
     short = {level: len(rows) for level, rows in by_level.items() if len(rows) < int(stop)}
     if short:
@@ -61,13 +62,14 @@ def main() -> None:
     parser.add_argument("--kaggle", help="a rated-puzzle CSV (puzzle, solution, level) for test_kaggle.csv")
     parser.add_argument("--kaggle-rows", default="200:230", help="START:STOP, the rows of each level to take")
     args = parser.parse_args()
+    kaggle = kaggle_rows(args.kaggle, args.kaggle_rows) if args.kaggle else None  # refused before the pools
     geo = geometry(*parse_box(args.sudoku_box))
     seeds = [int(s) for s in args.train_seeds.split(",")]
     pools = {seed: generate_pool(geo, args.pool, args.difficulty, seed) for seed in seeds}
     pooled = [pair for pool in pools.values() for pair in pool]  # the pools may share puzzles: they are all training
     splits = draw_splits(geo, args.generator_seed, args.per_level, pooled)
-    if args.kaggle:
-        splits["test_kaggle"] = kaggle_rows(args.kaggle, args.kaggle_rows)
+    if kaggle:
+        splits["test_kaggle"] = kaggle
     check_disjoint(
         {"training pools": pooled, **{name: [pair for pair, _ in rows] for name, rows in splits.items()}}, geo
     )
@@ -87,9 +89,7 @@ def main() -> None:
             "file": path.name,
             "split_hash": split_hash(pair for pair, _ in splits[name]),
             "sha256": file_sha256(path),
-            "sizes": {
-                level: sum(lv == level for _, lv in splits[name]) for level in dict.fromkeys(levels(splits[name]))
-            },
+            "sizes": dict(Counter(level for _, level in splits[name])),  # levels in order of appearance
         }
     if args.kaggle:
         manifest["splits"]["test_kaggle"]["source"] = {"sha256": file_sha256(args.kaggle), "rows": args.kaggle_rows}

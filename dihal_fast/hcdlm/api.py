@@ -98,8 +98,8 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path) -> StageReport:
             splits = check_run_splits(run, Path(run_dir), validation, examples)
             choice = protocol_choice(run, validation, sample, config.protocol_k, tuple(config.steps_choices), seed)
             rows = protocol_rows(run, examples, *chosen_configs(choice["chosen"], sample), seed)
-            report["protocol"] = {**choice, "rows": rows, "splits": splits}
-            report["protocol"]["validation_sha256"] = file_sha256(config.validation)
+            validation_sha256 = file_sha256(config.validation)
+            report["protocol"] = {**choice, "rows": rows, "splits": splits, "validation_sha256": validation_sha256}
         curves = {_label(run): _steps_curve(run, examples, steps_sweep, sample, seed, report)}
         if other is not None:
             other_report = evaluate_examples(other, examples, sample, seed, show=0)

@@ -165,7 +165,9 @@ def _settings(cfg: SampleConfig) -> dict:
     }
 
 
-def _candidate(memo: MutableMapping[str, list[dict]] | None, cfg: SampleConfig, score: Callable[[], list[dict]]):
+def _candidate(
+    memo: MutableMapping[str, list[dict]] | None, cfg: SampleConfig, score: Callable[[], list[dict]]
+) -> list[dict]:
     """One validation candidate's rows: ``score()``, or what ``memo`` kept for the same settings (each candidate draws
     from its own fresh generator, so a kept row equals a rescored one)."""
     if memo is None:
