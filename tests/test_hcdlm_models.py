@@ -13,8 +13,17 @@ import pytest
 import torch
 from torch import nn
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm import models, protocol
-from dihal_fast.hcdlm.config import MODEL_KINDS, VERIFIERS, HCDLMModelConfig, SampleConfig
+from dihal_fast.hcdlm.config import (
+    MODEL_KINDS,
+    UNREAD_FIELDS,
+    VERIFIERS,
+    HCDLMModelConfig,
+    ObjectiveConfig,
+    RunConfig,
+    SampleConfig,
+)
 from dihal_fast.hcdlm.eval_data import examples_from_file
 from dihal_fast.hcdlm.models import (
     KINDS,
@@ -31,8 +40,10 @@ from dihal_fast.hcdlm.noise import make_kernel
 from dihal_fast.hcdlm.protocol import protocol_choice
 from dihal_fast.hcdlm.sampler import answer_log_prob, sample_ar, sample_mdm
 from dihal_fast.hcdlm.scoring import load_run
+from dihal_fast.hcdlm.trainer import RunObjective
 from dihal_fast.tasks.sudoku_splits import fresh_puzzles
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
+from dihal_fast.testing.cli import error_line, run_cli
 from dihal_fast.testing.tiny import HCDLM_TINY, hcdlm_tiny_config
 
 
@@ -263,3 +274,85 @@ def sudoku4_geo():
     from dihal_fast.tasks.sudoku import geometry
 
     return geometry(2, 2)
+
+
+# A value other than the default for every field a kind might not read (the base objective trains the unconditional
+# branch, so that --scaffold-drop is live; --guidance-training then changes to off).
+_CHANGED_FIELDS = {
+    "kernel": "absorbing",
+    "logvar_bound": "clamp",
+    "logvar_min": -5.0,
+    "latent_schedule_power": 2.0,
+    "self_condition": True,
+    "latents": 2,
+    "slot_readout": False,
+    "lambda_recon": 0.3,
+    "lambda_ent": 0.3,
+    "lambda_cont": 0.3,
+    "lambda_token": 0.3,
+    "token_weighting": "schedule",
+    "cont_weighting": "min_snr",
+    "mask_aux_weight": 0.5,
+    "mask_aux_rate": 0.5,
+    "guidance_training": False,
+    "scaffold_drop": 0.5,
+    "timesteps": 7,
+    "detach_latents": False,
+    "exposure_share": 0.9,
+    "exposure_ramp_steps": 10,
+    "latent_drop": 0.5,
+    "scaffold_blind": 0.5,
+    "slot_aux_weight": 0.3,
+}
+
+
+def _training_and_sampling(task, kind: str, changed: dict) -> tuple:
+    """What a run of ``kind`` computes with ``changed`` fields: its parameter count, the first step's loss and
+    gradients, and a sampled answer (all from fixed seeds)."""
+    objective_names = set(ObjectiveConfig.__dataclass_fields__)
+    objective = {"guidance_training": True, **{k: v for k, v in changed.items() if k in objective_names}}
+    model = {"kind": kind, **{k: v for k, v in changed.items() if k not in objective_names}}
+    config = hcdlm_tiny_config(model=model, objective=objective)
+    torch.manual_seed(0)
+    net = build_model(task.spec, config.model)
+    kernel = make_kernel(config.model.kernel, task.spec.target_vocab)
+    context, target = task.train_batch(random.Random(0), 8)
+    loss = RunObjective(net, kernel, config.objective)(context, target, torch.Generator().manual_seed(1))["loss"]
+    loss.backward()
+    grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
+    with torch.no_grad():
+        answer = KINDS[kind].sample(
+            net.eval(), kernel, context, SampleConfig(steps=4, temperature=1.0), torch.Generator().manual_seed(2), None
+        )
+    return sum(p.numel() for p in net.parameters()), loss.item(), grads, answer
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return a[:2] == b[:2] and len(a[2]) == len(b[2]) and all(map(torch.equal, a[2], b[2])) and torch.equal(a[3], b[3])
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_a_kind_reads_every_field_but_the_ones_it_is_said_not_to(sudoku4, kind):
+    """The table of unread fields is exact: changing one of them changes nothing a run computes; changing any other
+    field of the list changes its parameters, loss, gradients or answers."""
+    assert set(UNREAD_FIELDS[kind]) <= set(_CHANGED_FIELDS)
+    base = _training_and_sampling(sudoku4, kind, {})
+    unchanged = {
+        name
+        for name, value in _CHANGED_FIELDS.items()
+        if _same(_training_and_sampling(sudoku4, kind, {name: value}), base)
+    }
+    assert unchanged == set(UNREAD_FIELDS[kind])
+
+
+def test_a_field_the_kind_never_reads_is_refused_before_any_work(tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = ["hcdlm", "train", "--task", "sudoku", "--model", "mdm", "--kernel", "absorbing", "--guidance-training"]
+    assert run_cli([*argv, "--out", str(run)]) == 2
+    assert "--model mdm never reads --kernel absorbing, --guidance-training" in error_line(capsys)
+    assert not run.exists()
+    with pytest.raises(DihalValueError, match="--model latent never reads --scaffold-blind 0.2"):
+        RunConfig.for_task(name="sudoku", kind="latent", scaffold_blind=0.2)
+    # the default value, or a field the kind reads, is taken
+    assert RunConfig.for_task(name="sudoku", kind="mdm", kernel="uniform", latents=2).model.latents == 2
+    assert RunConfig.for_task(name="sudoku", kind="ccdd", lambda_cont=0.1).objective.lambda_cont == 0.1

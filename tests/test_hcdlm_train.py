@@ -160,8 +160,6 @@ def test_cli_sudoku_models_and_bad_puzzles(tmp_path, model, capsys):
                 "20",
                 "--model",
                 model,
-                "--kernel",
-                "absorbing",
                 "--out",
                 str(run),
                 "--steps",

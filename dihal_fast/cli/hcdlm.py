@@ -76,11 +76,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from dihal_fast.hcdlm.config import RunConfig, fill_task_defaults
+    from dihal_fast.hcdlm.config import RunConfig, check_read_fields, fill_task_defaults
     from dihal_fast.hcdlm.trainer import train
 
     if args.steps < 1 or args.batch_size < 1:
         raise DihalValueError(f"--steps and --batch-size must be >= 1, got {args.steps}, {args.batch_size}")
+    check_read_fields(vars(args))  # before any work: a flag this --model never reads
     fill_task_defaults(vars(args))  # the flags whose default depends on the task, as RunConfig.for_task
     config = dataclass_from_options(RunConfig, args)
     summary = train(config, args.out, deepspeed_config=args.deepspeed)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -341,6 +341,38 @@ def task_defaults(task: str, sudoku_box: str) -> dict[str, float]:
     }
 
 
+# The run fields a kind never reads: its networks, loss and sampler are the same whatever their values (a baseline
+# still reads the HC-DLM architecture fields, which size the parameter budget it matches). Tested both ways.
+_LATENT_FIELDS = ("logvar_bound", "logvar_min", "latent_schedule_power")
+_SCAFFOLD_FIELDS = ("kernel", "token_weighting", "guidance_training", "scaffold_drop", "scaffold_blind")
+_CCDD_OBJECTIVE = ("timesteps", "lambda_cont", "cont_weighting")
+UNREAD_FIELDS: dict[str, tuple[str, ...]] = {
+    "hcdlm": (),
+    "latent": _SCAFFOLD_FIELDS,
+    **{
+        kind: (*_LATENT_FIELDS, "kernel", *(f.name for f in fields(ObjectiveConfig) if f.name not in reads))
+        for kind, reads in (("mdm", ()), ("ar", ()), ("ccdd", _CCDD_OBJECTIVE))
+    },
+}
+
+
+def _flag_text(name: str, value: Any) -> str:
+    """A field's value as the flag that gives it: ``--kernel absorbing``, ``--guidance-training``."""
+    flag = name.replace("_", "-")
+    return (f"--{flag}" if value else f"--no-{flag}") if isinstance(value, bool) else f"--{flag} {value}"
+
+
+def check_read_fields(values: Mapping[str, Any]) -> None:
+    """Refuse, in one line, the flat run fields (name -> value) given for a kind that never reads them
+    (:data:`UNREAD_FIELDS`): a field counts as given when its value is neither None nor the field's default."""
+    kind = values.get("kind", HCDLMModelConfig.kind)
+    defaults = {f.name: f.default for section in (HCDLMModelConfig, ObjectiveConfig) for f in fields(section)}
+    given = [name for name in UNREAD_FIELDS.get(kind, ()) if values.get(name) not in (None, defaults[name])]
+    if given:
+        flags = ", ".join(_flag_text(name, values[name]) for name in given)
+        raise DihalValueError(f"--model {kind} never reads {flags}: these are options of other kinds; leave them out")
+
+
 def fill_task_defaults(values: MutableMapping[str, Any]) -> None:
     """Fill in, in place, the flat run fields (name -> value, None = not given) whose default depends on others:
     :func:`task_defaults` of ``name`` / ``sudoku_box``; ``text_files`` (the shipped corpus) and ``tokenizer_dir``
@@ -374,7 +406,8 @@ class RunConfig(CheckedConfig):
     def for_task(cls, **values: Any) -> RunConfig:
         """The run ``dihal hcdlm train`` builds from these flat fields (``name="sudoku", sudoku_box="3x3",
         steps=2000, ...``, each the field name of its section), every task-dependent default filled in as the
-        command line fills it (:func:`fill_task_defaults`); an unknown name is refused."""
+        command line fills it (:func:`fill_task_defaults`); an unknown name, or a field the kind never reads
+        (:func:`check_read_fields`), is refused."""
         sections = {
             "task": TaskConfig,
             "model": HCDLMModelConfig,
@@ -385,6 +418,7 @@ class RunConfig(CheckedConfig):
         unknown = sorted(set(values) - set(owner))
         if unknown:
             raise DihalValueError(f"RunConfig.for_task: unknown field(s) {unknown}; fields: {sorted(owner)}")
+        check_read_fields(values)
         values = dict(values)
         fill_task_defaults(values)
         split: dict[str, dict[str, Any]] = {section: {} for section in sections}
