@@ -147,7 +147,7 @@ def test_reveal_noise_makes_argmax_mdm_chains_differ_and_is_refused_elsewhere(su
     assert len({tuple(c) for c in chains.tolist()}) > context.shape[0]  # some problem got different chains
     for kind in ("hcdlm", "ar"):
         for bad in (SampleConfig(reveal_noise=0.1), SampleConfig(givens=True)):
-            with pytest.raises(ValueError, match="for the kinds that reveal tokens"):
+            with pytest.raises(ValueError, match=f"the {kind} sampler never reads --(reveal-noise 0.1|givens)"):
                 generate(_model(sudoku4, kind), make_kernel("uniform", 4), context, bad)
 
 
@@ -356,3 +356,38 @@ def test_a_field_the_kind_never_reads_is_refused_before_any_work(tmp_path, capsy
     # the default value, or a field the kind reads, is taken
     assert RunConfig.for_task(name="sudoku", kind="mdm", kernel="uniform", latents=2).model.latents == 2
     assert RunConfig.for_task(name="sudoku", kind="ccdd", lambda_cont=0.1).objective.lambda_cont == 0.1
+
+
+_CHANGED_SAMPLE = {
+    "cfg_weight": 2.0,
+    "remask": "confidence",
+    "order": "prob",
+    "clamp": True,
+    "givens": True,
+    "reveal_noise": 0.3,
+    "steps": 3,
+    "temperature": 0.5,
+}
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_a_sampler_reads_every_option_but_the_ones_it_is_said_not_to(sudoku4, kind):
+    """``ModelKind.unread_sample`` is exact (AR's ``steps`` aside, let through on purpose): changing a listed option
+    changes no answer or chain score, changing any other does; a listed option is refused by the front door."""
+    model, context = _model(sudoku4, kind), _context(sudoku4)
+    kernel = make_kernel("uniform", 4)
+
+    def chains(**fields) -> tuple[torch.Tensor, torch.Tensor]:
+        log_prob = torch.zeros(context.shape[0], dtype=torch.float64)
+        cfg = replace(SampleConfig(steps=4, temperature=1.0), **fields)
+        tokens = KINDS[kind].sample(model, kernel, context, cfg, torch.Generator().manual_seed(2), log_prob)
+        return tokens, log_prob
+
+    base = chains()
+    unchanged = {
+        name for name, value in _CHANGED_SAMPLE.items() if all(map(torch.equal, chains(**{name: value}), base))
+    }
+    assert unchanged - ({"steps"} if kind == "ar" else set()) == set(KINDS[kind].unread_sample)
+    for name in KINDS[kind].unread_sample:
+        with pytest.raises(DihalValueError, match=f"the {kind} sampler never reads --"):
+            generate(model, kernel, context, replace(SampleConfig(steps=4), **{name: _CHANGED_SAMPLE[name]}))

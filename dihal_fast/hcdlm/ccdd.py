@@ -40,7 +40,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, SampleConfig
 from dihal_fast.hcdlm.layers import Block, TimeEmbedding, run_blocks
 from dihal_fast.hcdlm.networks import TokenSlots
@@ -148,15 +147,6 @@ def ccdd_loss(
     return loss, {"loss": loss.item(), "token": token.item(), "cont": cont.item()}
 
 
-def check_ccdd_sampler(cfg: SampleConfig) -> None:
-    """Refuse HC-DLM-only sampler options, which CCDD has no branch for."""
-    if cfg.cfg_weight or cfg.clamp:
-        raise DihalValueError(
-            f"--cfg-weight ({cfg.cfg_weight}) and --clamp ({cfg.clamp}) are HC-DLM sampler options; "
-            "sample a CCDD run without them"
-        )
-
-
 @torch.no_grad()
 def sample_ccdd(
     model: CCDDNet,
@@ -173,7 +163,6 @@ def sample_ccdd(
     ``on_step(i, decoded)`` (as in :func:`~dihal_fast.hcdlm.sampler.sample_mdm`) gets the revealed tokens with
     every still-masked slot filled by its argmax; ``log_prob`` gains each token's log-probability at its reveal.
     """
-    check_ccdd_sampler(cfg)
     batch, length, device = context.shape[0], model.spec.target_len, context.device
     tokens = start_tokens(model, context, cfg)
     blanks = (tokens == model.mask_id).sum(dim=1)

@@ -356,7 +356,7 @@ UNREAD_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _flag_text(name: str, value: Any) -> str:
+def flag_text(name: str, value: Any) -> str:
     """A field's value as the flag that gives it: ``--kernel absorbing``, ``--guidance-training``."""
     flag = name.replace("_", "-")
     return (f"--{flag}" if value else f"--no-{flag}") if isinstance(value, bool) else f"--{flag} {value}"
@@ -369,7 +369,7 @@ def check_read_fields(values: Mapping[str, Any]) -> None:
     defaults = {f.name: f.default for section in (HCDLMModelConfig, ObjectiveConfig) for f in fields(section)}
     given = [name for name in UNREAD_FIELDS.get(kind, ()) if values.get(name) not in (None, defaults[name])]
     if given:
-        flags = ", ".join(_flag_text(name, values[name]) for name in given)
+        flags = ", ".join(flag_text(name, values[name]) for name in given)
         raise DihalValueError(f"--model {kind} never reads {flags}: these are options of other kinds; leave them out")
 
 

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from dihal_fast.errors import DihalTypeError, DihalValueError
-from dihal_fast.hcdlm.ccdd import CCDDNet, ccdd_loss, check_ccdd_sampler, sample_ccdd
-from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, SampleConfig
+from dihal_fast.hcdlm.ccdd import CCDDNet, ccdd_loss, sample_ccdd
+from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, SampleConfig, flag_text
 from dihal_fast.hcdlm.layers import Block, count_parameters
 from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
 from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss
@@ -52,7 +52,9 @@ class ModelKind:
     no steps); ``verify(model, context, tokens, generator)`` (``[B]`` float64 final-state score);
     ``deterministic_at_t0`` (every chain the same at temperature 0 without reveal noise, so best-of-K is refused);
     ``latent`` (an encoder / denoiser / predictor the mechanism probes can open); ``main`` (the module whose forward
-    calls count as the kind's forward passes)."""
+    calls count as the kind's forward passes); ``unread_sample`` (the :class:`SampleConfig` fields its sampler never
+    reads, refused by :func:`check_sample` when they differ from their defaults; every kind reads ``steps`` but AR,
+    whose ``steps`` is let through so that one sampler config serves every kind)."""
 
     name: str
     build: Callable[[TaskSpec, HCDLMModelConfig], nn.Module]
@@ -63,7 +65,7 @@ class ModelKind:
     deterministic_at_t0: bool = True
     latent: bool = False
     main: Callable[[nn.Module], nn.Module] = _whole
-    check_sample: Callable[[SampleConfig], None] | None = None
+    unread_sample: tuple[str, ...] = ()
 
 
 def matched_blocks(spec: TaskSpec, cfg: HCDLMModelConfig, kind: str) -> int:
@@ -187,7 +189,11 @@ def teacher_forced_log_prob(model: ARNet, context: torch.Tensor, tokens: torch.T
     return answer_log_prob(model(context, torch.cat([bos, tokens[:, :-1]], dim=1)), tokens)
 
 
-def _latent_kind(name: str, scaffold: bool) -> ModelKind:
+_NOT_REVEALING = ("order", "givens", "reveal_noise")  # MDM / CCDD's reveal order and start
+_HCDLM_SAMPLE = ("cfg_weight", "remask", "clamp")  # HC-DLM's guidance, scaffold re-noising and latent clamp
+
+
+def _latent_kind(name: str, scaffold: bool, unread_sample: tuple[str, ...]) -> ModelKind:
     return ModelKind(
         name,
         lambda spec, cfg: HCDLM(spec, cfg, scaffold=scaffold),
@@ -198,16 +204,30 @@ def _latent_kind(name: str, scaffold: bool) -> ModelKind:
         deterministic_at_t0=False,  # random x_T (and, with a scaffold, its random re-noising)
         latent=True,
         main=_denoiser,
+        unread_sample=unread_sample,
     )
 
 
 KINDS: dict[str, ModelKind] = {
-    "hcdlm": _latent_kind("hcdlm", scaffold=True),
-    "latent": _latent_kind("latent", scaffold=False),
+    "hcdlm": _latent_kind("hcdlm", scaffold=True, unread_sample=_NOT_REVEALING),
+    "latent": _latent_kind("latent", scaffold=False, unread_sample=("cfg_weight", "remask", *_NOT_REVEALING)),
     "mdm": ModelKind(
-        "mdm", _baseline(MDMNet, "mdm"), _mdm_loss, _mdm_sample, pseudo_log_likelihood, _reveal_trace(sample_mdm)
+        "mdm",
+        _baseline(MDMNet, "mdm"),
+        _mdm_loss,
+        _mdm_sample,
+        pseudo_log_likelihood,
+        _reveal_trace(sample_mdm),
+        unread_sample=_HCDLM_SAMPLE,
     ),
-    "ar": ModelKind("ar", _baseline(ARNet, "ar"), _ar_loss, _ar_sample, teacher_forced_log_prob),
+    "ar": ModelKind(
+        "ar",
+        _baseline(ARNet, "ar"),
+        _ar_loss,
+        _ar_sample,
+        teacher_forced_log_prob,
+        unread_sample=(*_HCDLM_SAMPLE, *_NOT_REVEALING),
+    ),
     "ccdd": ModelKind(
         "ccdd",
         _baseline(CCDDNet, "ccdd"),
@@ -216,7 +236,7 @@ KINDS: dict[str, ModelKind] = {
         pseudo_log_likelihood,
         _reveal_trace(sample_ccdd),
         deterministic_at_t0=False,  # random z_1
-        check_sample=check_ccdd_sampler,
+        unread_sample=_HCDLM_SAMPLE,
     ),
 }
 
@@ -236,21 +256,22 @@ def kind_of(model: nn.Module) -> ModelKind:
     return KINDS[name]
 
 
+_DEFAULT_SAMPLE = SampleConfig()
+
+
 def check_sample(model: nn.Module, cfg: SampleConfig) -> None:
-    """Refuse sampler options this kind cannot take, and best-of-K where every chain would be the same (a kind
-    deterministic at temperature 0, sampled at temperature 0 without reveal-order noise)."""
+    """Refuse sampler options this kind never reads (:attr:`ModelKind.unread_sample`), and best-of-K where every
+    chain would be the same (a kind deterministic at temperature 0, sampled at temperature 0 without reveal-order
+    noise)."""
     kind = kind_of(model)
-    if kind.check_sample is not None:
-        kind.check_sample(cfg)
+    given = [name for name in kind.unread_sample if getattr(cfg, name) != getattr(_DEFAULT_SAMPLE, name)]
+    if given:
+        flags = ", ".join(flag_text(name, getattr(cfg, name)) for name in given)
+        raise DihalValueError(f"the {kind.name} sampler never reads {flags}: these are other kinds' options")
     if cfg.best_of > 1 and cfg.temperature == 0 and kind.deterministic_at_t0 and not cfg.reveal_noise:
         raise DihalValueError(
             f"--best-of {cfg.best_of} needs chains that differ, and {type(model).__name__} at temperature 0 gives "
             "the same one every time: set --temperature > 0, --reveal-noise > 0 (MDM) or --best-of 1"
-        )
-    if (cfg.reveal_noise or cfg.givens) and kind.name not in REVEALING:
-        raise DihalValueError(
-            f"--reveal-noise ({cfg.reveal_noise}) and --givens ({cfg.givens}) are for the kinds that reveal tokens "
-            f"({', '.join(REVEALING)}), not {kind.name}"
         )
 
 
