@@ -29,6 +29,11 @@ paired bootstrap interval; ``--train-only`` with ``--variant`` trains those runs
     --models hcdlm --lr hcdlm=3e-3 --variant ours --variant slot_off=slot_aux_weight=0 \\
         --variant guidance=guidance_training=true;sample.cfg_weight=2.75
 
+``--run-fields KIND:FIELD=VALUE;...`` (repeated) trains every run of KIND with those fields (e.g. a baseline's width
+and depth, chosen on validation with ``--variant``) in ``OUT/variants/FIELD=VALUE_.../KIND_seedS`` (where that
+variant's seed-0 run already is); its choice and test results are kept under names with the fields, and the record
+states them.
+
 ``--lr-search 1e-3,3e-3 --val VAL.csv`` scores no test file: for every kind, lr and seed it resumes the run in
 ``OUT/lr<LR>/<kind>_seed<S>`` and scores its single chain (argmax) on validation at each of ``--steps-choices``;
 each kind's lr is the one with the most accurate chain (ties: the first listed), and the record (``--question``,
@@ -84,11 +89,33 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def fields_words(fields: dict) -> str:
+    """Run fields as a folder name: ``baseline_blocks=12_hidden=128``."""
+    return "_".join(f"{key}={value}" for key, value in sorted(fields.items()))
+
+
+def parse_run_fields(texts: list[str], kinds: list[str]) -> dict[str, dict]:
+    """``KIND:FIELD=VALUE;...`` (repeated) -> {kind: run fields}, VALUE read as JSON."""
+    found = {}
+    for text in texts:
+        kind, sep, rest = text.partition(":")
+        items = [item.partition("=") for item in filter(None, rest.split(";"))]
+        if not (sep and kind in kinds and items and all(key and eq and "." not in key for key, eq, _ in items)):
+            raise SystemExit(f"--run-fields takes KIND:FIELD=VALUE;... for a kind of --models {kinds}, got {text!r}")
+        try:
+            found[kind] = {key: json.loads(value) for key, _, value in items}
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"--run-fields {text!r}: a VALUE is not JSON ({exc})") from None
+    return found
+
+
 def train_one(
     kind: str, seed: int, args: argparse.Namespace, out: Path | None = None, fields: dict | None = None
 ) -> tuple[Path, dict]:
     """Train (or resume) one run for ``--minutes`` of process CPU time in ``out`` (default ``--out``), ``fields``
-    (flat RunConfig fields, as ``dihal hcdlm train``'s options) over the defaults; its folder and summary."""
+    (flat RunConfig fields, as ``dihal hcdlm train``'s options; default: the kind's ``--run-fields``) over the
+    defaults, in ``variants/FIELD=VALUE_...`` below ``out`` when there are any; its folder and summary."""
+    fields = args.run_fields.get(kind, {}) if fields is None else fields
     lr = {"lr": args.lrs[kind]} if kind in args.lrs else {}
     config = RunConfig.for_task(
         name="sudoku",
@@ -102,9 +129,10 @@ def train_one(
         threads=1,
         checkpoint_every=args.checkpoint_every,
         **lr,
-        **(fields or {}),
+        **fields,
     )
-    folder = Path(out or args.out) / f"{kind}_seed{seed}"
+    base = Path(out or args.out)
+    folder = (base / "variants" / fields_words(fields) if fields else base) / f"{kind}_seed{seed}"
     return folder, dict(train(config, folder))
 
 
@@ -151,9 +179,10 @@ def run_one(kind: str, seed: int, args: argparse.Namespace, chosen: dict | None 
     folder, summary = train_one(kind, seed, args)
     common = {"k": args.k, "steps_choices": args.steps_choices, "seed": seed, "trained_step": summary["step"]}
     choice_key = {**common, "validation_sha256": args.hashes["validation_sha256"]}
-    choice_path = Path(args.out) / "protocol" / "choice" / f"{kind}_seed{seed}.json"
+    name = "_".join(filter(None, [kind, fields_words(args.run_fields.get(kind, {})), f"seed{seed}"])) + ".json"
+    choice_path = Path(args.out) / "protocol" / "choice" / name
     choice = {"chosen": chosen} if chosen else kept(choice_path, choice_key)
-    test_path = Path(args.out) / "protocol" / f"test-{args.hashes['test_sha256'][:12]}" / f"{kind}_seed{seed}.json"
+    test_path = Path(args.out) / "protocol" / f"test-{args.hashes['test_sha256'][:12]}" / name
     test_key = {**common, **args.hashes}  # with the settings scored: "chosen"
     if choice and (found := kept(test_path, {**test_key, "chosen": choice["chosen"]})):
         return found
@@ -302,13 +331,6 @@ def parse_variant(text: str) -> tuple[str, dict, dict]:
     return name, run_fields, sample_fields
 
 
-def train_variant(kind: str, run_fields: dict, args: argparse.Namespace) -> tuple[Path, dict]:
-    """The seed-0 run of ``kind`` with ``run_fields``: ``OUT/variants/FIELD=VALUE_...``, or without fields the
-    protocol's own ``OUT/KIND_seed0``; trained or resumed."""
-    words = "_".join(f"{key}={value}" for key, value in sorted(run_fields.items()))
-    return train_one(kind, 0, args, Path(args.out) / "variants" / words if run_fields else None, run_fields)
-
-
 def faithfulness(kind: str, args: argparse.Namespace) -> None:
     """Each ``--variant`` of ``kind`` (seed 0, the protocol's lr and budget; the first variant is the reference,
     a variant with no run fields is the protocol's own seed-0 run) scored by its single chain on validation at each
@@ -322,7 +344,7 @@ def faithfulness(kind: str, args: argparse.Namespace) -> None:
     header += ["normal - re-encoded (points)"] if KINDS[kind].latent else []
     rows, found, reference = [], {}, None
     for name, run_fields, sample_fields in variants:
-        folder, summary = train_variant(kind, run_fields, args)
+        folder, summary = train_one(kind, 0, args, fields=run_fields)
         run = load_run(folder, device="cpu")
         validation = examples_from_file(run.task, args.val)
         check_run_splits(run, folder, validation, [])
@@ -412,6 +434,13 @@ def main() -> None:
         "--lr-record", default="", help="the lr-search record(s) the --lr was chosen by, comma-separated"
     )
     parser.add_argument(
+        "--run-fields",
+        action="append",
+        default=[],
+        help="KIND:FIELD=VALUE;...: train every run of KIND with these RunConfig fields (e.g. a baseline's width "
+        "and depth chosen on validation with --variant), in OUT/variants/FIELD=VALUE_.../",
+    )
+    parser.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -423,9 +452,10 @@ def main() -> None:
     args.steps_choices = [int(s) for s in args.steps_choices.split(",")]
     kinds, seeds = args.models.split(","), [int(s) for s in args.seeds.split(",")]
     args.lrs = parse_lrs(args.lr, kinds)
+    args.run_fields = parse_run_fields(args.run_fields, kinds)
     if args.train_only and args.variant:
         for _, run_fields, _ in map(parse_variant, args.variant):
-            folder, summary = train_variant(kinds[0], run_fields, args)
+            folder, summary = train_one(kinds[0], 0, args, fields=run_fields)
             print(f"{folder}: {summary['step']} steps, {summary['elapsed_s']:.0f} s, {summary['parameters']} p")
         return
     if args.train_only:
@@ -456,6 +486,7 @@ def main() -> None:
     header = ["model", "seed", "trained s", "steps", "parameters", "accuracy %", f"{groups} %", "passes / puzzle"]
     header += ["block passes / puzzle", "settings"]
     figures.update(args.hashes)
+    figures["run_fields"] = args.run_fields
     body = [
         f"test {figures['test_sha256'][:16]}, validation {figures['validation_sha256'][:16]} (sha256); intervals: "
         "paired bootstrap over training seeds and test puzzles together (2,000 draws, 95 %), seeds paired by number "
@@ -467,6 +498,7 @@ def main() -> None:
             + ("--val" if kind not in figures["lr_carried_over"] else figures["lr_chosen_on"][kind][:16])
             for kind, lr in figures["lr"].items()
         ]
+    body += [f"{kind} trained with {fields_words(fields)}" for kind, fields in args.run_fields.items()]
     for index, mode in enumerate(MODES):
         rows, correct = [], {kind: [] for kind in kinds}
         for (kind, seed), found in results.items():

@@ -367,9 +367,11 @@ def test_protocol_keeps_the_choice_apart_from_the_test_file(tmp_path, monkeypatc
     monkeypatch.setattr(protocol, "protocol_choice", choice)
     monkeypatch.setattr(protocol, "protocol_rows", rows)
 
-    def score(test: str) -> dict:
+    def score(test: str, run_fields: dict | None = None) -> dict:
         hashes = {"test_sha256": test * 64, "validation_sha256": "v" * 64}
-        args = argparse.Namespace(out=str(tmp_path), k=2, steps_choices=[4, 8], hashes=hashes, val="v", test=test)
+        args = argparse.Namespace(
+            out=str(tmp_path), k=2, steps_choices=[4, 8], hashes=hashes, val="v", test=test, run_fields=run_fields or {}
+        )
         return protocol.run_one("mdm", 0, args)
 
     first = score("a")
@@ -387,3 +389,30 @@ def test_protocol_keeps_the_choice_apart_from_the_test_file(tmp_path, monkeypatc
         "test-aaaaaaaaaaaa",
         "test-bbbbbbbbbbbb",
     ]
+    score("a", {"mdm": {"hidden": 128}})  # another shape of the kind: chosen and scored apart
+    assert calls[3:] == ["choose", "score a"]
+    assert (tmp_path / "protocol" / "choice" / "mdm_hidden=128_seed0.json").is_file()
+
+
+def test_protocol_run_fields_train_a_kind_in_its_own_folder(tmp_path, monkeypatch):
+    """``--run-fields KIND:...`` trains every run of that kind with those fields in ``OUT/variants/FIELDS/``, the
+    folder a ``--variant`` with the same fields trains its seed 0 in; other kinds keep ``OUT/KIND_seedS``."""
+    import argparse
+
+    import bench_hcdlm_protocol as protocol
+
+    trained = {}
+    monkeypatch.setattr(protocol, "train", lambda config, folder: trained.setdefault(folder, config) and {})
+    fields = protocol.parse_run_fields(["mdm:hidden=128;baseline_blocks=12"], ["hcdlm", "mdm"])
+    assert fields == {"mdm": {"hidden": 128, "baseline_blocks": 12}}
+    args = argparse.Namespace(
+        out=str(tmp_path), lrs={}, run_fields=fields, sudoku_box="3x3", pool=10, minutes=1.0, checkpoint_every=5
+    )
+    shaped, _ = protocol.train_one("mdm", 2, args)
+    assert shaped == tmp_path / "variants" / "baseline_blocks=12_hidden=128" / "mdm_seed2"
+    assert (trained[shaped].model.hidden, trained[shaped].model.baseline_blocks) == (128, 12)
+    assert protocol.train_one("mdm", 0, args, fields=fields["mdm"])[0] == shaped.parent / "mdm_seed0"
+    assert protocol.train_one("hcdlm", 2, args)[0] == tmp_path / "hcdlm_seed2"
+    for bad in ("mdm", "ar:hidden=128", "mdm:hidden", "mdm:sample.steps=3"):
+        with pytest.raises(SystemExit, match="--run-fields takes KIND:FIELD=VALUE"):
+            protocol.parse_run_fields([bad], ["hcdlm", "mdm"])
