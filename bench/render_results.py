@@ -38,6 +38,28 @@ class Question:
 GEOMETRY, PIPELINE, HCDLM, PACKAGING = "Geometry kernels and locate", "DiHAL pipeline", "HC-DLM", "Packaging"
 
 
+def _shape9(name: str, deep: int, wide: int, params: str, lr: str, seen: str = "") -> Question:
+    """The question of a 9x9 baseline's shape at HC-DLM's parameter count: ``deep`` blocks at width 64 (the
+    protocol's matched run) or ``wide`` blocks at width 128 (``params`` M), chosen on validation."""
+    chain = (
+        "decoded left to right (`--steps-choices 50`: AR reads no step count)"
+        if name == "AR"
+        else "with the givens in place, at 50, 81 and 100 steps, the best per variant"
+    )
+    return Question(
+        f"{name}'s shape at HC-DLM's parameter count on 9x9 Sudoku: {deep} blocks at width 64 or {wide} at width "
+        "128, on the validation file",
+        HCDLM,
+        f"At HC-DLM's 2.41 M parameters and the 9x9 protocol's budget (30 process-CPU-minutes on one thread), which "
+        f"shape does {name} train better: as deep as width 64 needs to reach the count ({deep} blocks), or {wide} "
+        f"blocks at width 128 ({params} M)? Chosen by the single chain on validation; the protocol's {name} runs "
+        "then take the chosen shape.",
+        f"`bench/data/sudoku9/validation.csv` (150 easy + 150 hard boards); seed 0, lr {lr} (carried over from the "
+        f"6x6 search), single chain (argmax) {chain}; `matched` is the "
+        f"protocol's seed-0 run at width 64, `wide` trained with `hidden=128;baseline_blocks={wide}`.{seen}",
+    )
+
+
 # Display order. A script that writes a new question key adds its entry here (the test fails on a record
 # whose key is missing).
 QUESTIONS: dict[str, Question] = {
@@ -298,6 +320,17 @@ QUESTIONS: dict[str, Question] = {
         "all with fused AdamW; scored by `--no-record` processes into the same `--out`, the record written by the "
         "command below from their kept results.",
     ),
+    "hcdlm_shape9_mdm": _shape9(
+        "MDM",
+        48,
+        12,
+        "2.40",
+        "3e-3",
+        " The matched seed-0 run had been scored on the generated test file (5.3 % with one chain) before this "
+        "question was asked; the wide run was scored on no test file before the choice.",
+    ),
+    "hcdlm_shape9_ccdd": _shape9("CCDD", 32, 8, "2.48", "3e-3"),
+    "hcdlm_shape9_ar": _shape9("AR", 48, 12, "2.41", "1e-3"),
     "hcdlm_protocol9_kaggle": Question(
         "The 9x9 protocol on rated real puzzles: one chain, best-of-4 and oracle@4 on never-scored Kaggle rows",
         HCDLM,
