@@ -74,7 +74,9 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def _flag(name: str, metadata: typing.Mapping[str, Any]) -> str:
+def field_flag(name: str, metadata: typing.Mapping[str, Any]) -> str:
+    """The option a field is given by on the command line: its ``flag`` (the first, of several), else
+    ``--field-name``; a positional field's own name."""
     if metadata.get("positional"):
         return name
     flag = metadata.get("flag", "--" + name.replace("_", "-"))
@@ -95,7 +97,7 @@ def check_value(
         _check_value(name, value, hint, metadata)
         return
     try:
-        _check_value(_flag(name, metadata), value, hint, metadata)
+        _check_value(field_flag(name, metadata), value, hint, metadata)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{exc} ({name})") from None
 

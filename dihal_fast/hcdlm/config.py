@@ -8,7 +8,7 @@ from typing import Any
 
 from dihal_fast.common.devices import DEVICE_HELP, device_option
 from dihal_fast.common.options import option
-from dihal_fast.common.validation import CheckedConfig
+from dihal_fast.common.validation import CheckedConfig, field_flag
 from dihal_fast.errors import DihalValueError
 from dihal_fast.tasks.registry import TaskConfig
 from dihal_fast.tasks.sudoku_task import parse_box
@@ -356,20 +356,25 @@ UNREAD_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def flag_text(name: str, value: Any) -> str:
-    """A field's value as the flag that gives it: ``--kernel absorbing``, ``--guidance-training``."""
-    flag = name.replace("_", "-")
-    return (f"--{flag}" if value else f"--no-{flag}") if isinstance(value, bool) else f"--{flag} {value}"
+def flag_text(owner: type, name: str, value: Any) -> str:
+    """Field ``name`` of dataclass ``owner`` at ``value``, as the flag that gives it: ``--kernel absorbing``,
+    ``--guidance-training`` / ``--no-guidance-training``."""
+    flag = field_flag(name, owner.__dataclass_fields__[name].metadata)
+    return (flag if value else "--no-" + flag[2:]) if isinstance(value, bool) else f"{flag} {value}"
 
 
 def check_read_fields(values: Mapping[str, Any]) -> None:
     """Refuse, in one line, the flat run fields (name -> value) given for a kind that never reads them
     (:data:`UNREAD_FIELDS`): a field counts as given when its value is neither None nor the field's default."""
     kind = values.get("kind", HCDLMModelConfig.kind)
-    defaults = {f.name: f.default for section in (HCDLMModelConfig, ObjectiveConfig) for f in fields(section)}
-    given = [name for name in UNREAD_FIELDS.get(kind, ()) if values.get(name) not in (None, defaults[name])]
+    owners = {f.name: section for section in (HCDLMModelConfig, ObjectiveConfig) for f in fields(section)}
+    given = [
+        name
+        for name in UNREAD_FIELDS.get(kind, ())
+        if values.get(name) not in (None, owners[name].__dataclass_fields__[name].default)
+    ]
     if given:
-        flags = ", ".join(flag_text(name, values[name]) for name in given)
+        flags = ", ".join(flag_text(owners[name], name, values[name]) for name in given)
         raise DihalValueError(f"--model {kind} never reads {flags}: these are options of other kinds; leave them out")
 
 

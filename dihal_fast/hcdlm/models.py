@@ -266,7 +266,7 @@ def check_sample(model: nn.Module, cfg: SampleConfig) -> None:
     kind = kind_of(model)
     given = [name for name in kind.unread_sample if getattr(cfg, name) != getattr(_DEFAULT_SAMPLE, name)]
     if given:
-        flags = ", ".join(flag_text(name, getattr(cfg, name)) for name in given)
+        flags = ", ".join(flag_text(SampleConfig, name, getattr(cfg, name)) for name in given)
         raise DihalValueError(f"the {kind.name} sampler never reads {flags}: these are other kinds' options")
     if cfg.best_of > 1 and cfg.temperature == 0 and kind.deterministic_at_t0 and not cfg.reveal_noise:
         raise DihalValueError(
