@@ -326,8 +326,8 @@ QUESTIONS: dict[str, Question] = {
         12,
         "2.40",
         "3e-3",
-        " The matched seed-0 run had been scored on the generated test file (5.3 % with one chain) before this "
-        "question was asked; the wide run was scored on no test file before the choice.",
+        " The matched seed-0 run had been scored on the generated test file before this question was asked; the wide "
+        "run was scored on no test file before the choice.",
     ),
     "hcdlm_shape9_ccdd": _shape9("CCDD", 32, 8, "2.48", "3e-3"),
     "hcdlm_shape9_ar": _shape9("AR", 48, 12, "2.41", "1e-3"),
