@@ -52,8 +52,8 @@ def _shape9(name: str, deep: int, wide: int, params: str, lr: str, seen: str = "
         HCDLM,
         f"At HC-DLM's 2.41 M parameters and the 9x9 protocol's budget (30 process-CPU-minutes on one thread), which "
         f"shape does {name} train better: as deep as width 64 needs to reach the count ({deep} blocks), or {wide} "
-        f"blocks at width 128 ({params} M)? Chosen by the single chain on validation; the protocol's {name} runs "
-        "then take the chosen shape.",
+        f"blocks at width 128 ({params} M)? Chosen by the single chain on validation (a tie keeps the matched "
+        f"shape); the protocol's {name} runs then take the chosen shape.",
         f"`bench/data/sudoku9/validation.csv` (150 easy + 150 hard boards); seed 0, lr {lr} (carried over from the "
         f"6x6 search), single chain (argmax) {chain}; `matched` is the "
         f"protocol's seed-0 run at width 64, `wide` trained with `hidden=128;baseline_blocks={wide}`.{seen}",
@@ -314,11 +314,14 @@ QUESTIONS: dict[str, Question] = {
         "per run on one thread (10 minutes solve 0 % for HC-DLM and MDM, `hcdlm_sudoku9_budget`), lr carried over "
         "from the 6x6 validation searches (3e-3 for HC-DLM, MDM and CCDD, 1e-3 for Latent DM and AR; a 9x9 lr "
         "search did not fit the budget), training seeds 0-2 (3,000 generated singles-grade 9x9 puzzles each, the "
-        "same pool for every model at a seed), width 64, HC-DLM latent 256 and 12 denoiser blocks, 2.41-2.44 M "
-        "parameters. K = 4 rather than 8: HC-DLM costs 3.6 ms per row-step on one thread at 9x9, and K = 8 would "
-        "double the validation scoring. Runs trained side by side by `--train-only` processes on a shared machine, "
-        "all with fused AdamW; scored by `--no-record` processes into the same `--out`, the record written by the "
-        "command below from their kept results.",
+        "same pool for every model at a seed). HC-DLM at width 64, latent 256 and 12 denoiser blocks (2.41 M "
+        "parameters), Latent DM at width 64 (2.41 M); each other baseline at the shape its validation question chose "
+        "at that count before its test scoring (`hcdlm_shape9_mdm`, `hcdlm_shape9_ccdd`, `hcdlm_shape9_ar`): MDM 12 "
+        "blocks at width 128 (2.40 M), CCDD 32 blocks at width 64 (2.44 M), AR 48 blocks at width 64 (2.41 M; a tie "
+        "keeps the matched shape). K = 4 rather than 8: HC-DLM costs 3.6 ms per row-step on one thread at 9x9, and "
+        "K = 8 would double the validation scoring. Runs trained side by side by `--train-only` processes on a "
+        "shared machine, all with fused AdamW; scored by `--no-record` processes into the same `--out`, the record "
+        "written by the command below from their kept results.",
     ),
     "hcdlm_shape9_mdm": _shape9(
         "MDM",
