@@ -7,13 +7,14 @@ import random
 import pytest
 import torch
 
+from dihal_fast.common.sampling import sample_categorical
 from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, RunConfig, SampleConfig
-from dihal_fast.hcdlm.layers import SlotPositions, count_parameters
+from dihal_fast.hcdlm.layers import Block, SlotPositions, count_parameters
 from dihal_fast.hcdlm.models import build_model, generate, kind_of
 from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
 from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel, make_kernel, noisy_token_probs
 from dihal_fast.hcdlm.objective import hcdlm_loss
-from dihal_fast.hcdlm.sampler import guided_x0, sample_hcdlm, sample_mdm
+from dihal_fast.hcdlm.sampler import answer_log_prob, guided_x0, sample_ar, sample_hcdlm, sample_mdm
 from dihal_fast.tasks.base import TaskSpec
 from dihal_fast.tasks.countdown_task import CountdownTask
 from dihal_fast.tasks.sudoku_task import SudokuTask, generate_pool
@@ -458,6 +459,45 @@ def test_ar_model_is_causal(sudoku4):
     changed[:, 9:] = (changed[:, 9:] + 1) % 4
     with torch.no_grad():
         assert torch.allclose(model(context, prefix)[:, :9], model(context, changed)[:, :9], atol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["sudoku", "countdown"])
+def test_ar_cached_decoding_matches_the_full_pass(which, sudoku4):
+    """Each decoding step with kept keys and values gives the full pass's last row (float64), and sample_ar's answers
+    and log-likelihoods equal a decode that recomputes the prefix at every token."""
+    torch.manual_seed(1)
+    task = sudoku4 if which == "sudoku" else CountdownTask((3,), target_len=14)
+    model = ARNet(task.spec, HCDLMModelConfig(**TINY), blocks=3).double().eval()
+    context, _ = _batch(task, 5)
+    prefix = torch.full((5, 1), model.bos_id)
+    caches: list[list[torch.Tensor]] = [[] for _ in model.blocks]
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for _ in range(task.spec.target_len):
+            cached = model(context, prefix, caches)[:, -1]
+            full = model(context, prefix)[:, -1]
+            assert torch.allclose(cached, full, rtol=1e-10, atol=1e-10)
+            token = torch.multinomial(torch.softmax(full, -1), 1, generator=generator)
+            prefix = torch.cat([prefix, token], dim=1)
+        log_prob = torch.zeros(5, dtype=torch.float64)
+        answers = sample_ar(model, context, SampleConfig(temperature=1.0), torch.Generator().manual_seed(4), log_prob)
+        prefix, expected = torch.full((5, 1), model.bos_id), torch.zeros(5, dtype=torch.float64)
+        generator = torch.Generator().manual_seed(4)
+        for _ in range(task.spec.target_len):
+            logits = model(context, prefix)[:, -1:]
+            token = sample_categorical(logits, 1.0, generator=generator)
+            expected += answer_log_prob(logits, token)
+            prefix = torch.cat([prefix, token], dim=1)
+    assert torch.equal(answers, prefix[:, 1:])
+    assert torch.allclose(log_prob, expected, rtol=1e-10)
+
+
+def test_cached_block_takes_one_causal_position():
+    block = Block(8, 2)
+    with torch.no_grad():
+        block(torch.zeros(1, 3, 8), cache=(cache := []))
+        with pytest.raises(ValueError, match="one new position at a time on a causal block"):
+            block(torch.zeros(1, 1, 8), cache=cache)
 
 
 def test_sudoku_slot_groups_are_rows_columns_boxes():

@@ -29,21 +29,30 @@ class Block(nn.Module):
             nn.init.zeros_(self.modulation.weight)
             nn.init.zeros_(self.modulation.bias)
 
-    def _attend(self, h: torch.Tensor) -> torch.Tensor:
+    def _attend(self, h: torch.Tensor, cache: list[torch.Tensor] | None) -> torch.Tensor:
         b, n, d = h.shape
         q, k, v = self.qkv(h).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if cache:  # causal decoding: one new position attends to every earlier one, kept from before
+            if n != 1 or not self.causal:
+                raise ValueError(f"a cached block takes one new position at a time on a causal block, got {n}")
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        if cache is not None:
+            cache[:] = [k, v]
         out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=self.causal, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, is_causal=self.causal and n > 1, dropout_p=self.dropout if self.training else 0.0
         )
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
-    def forward(self, h: torch.Tensor, cond: torch.Tensor | None = None) -> torch.Tensor:
-        """``h[B, N, H]`` (and ``cond[B, C]`` for adaptive blocks) -> ``[B, N, H]``."""
+    def forward(
+        self, h: torch.Tensor, cond: torch.Tensor | None = None, cache: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """``h[B, N, H]`` (and ``cond[B, C]`` for adaptive blocks) -> ``[B, N, H]``. ``cache`` (causal blocks): an
+        empty list is filled with the keys and values of ``h``; a filled one takes ``h`` as the next position."""
         if self.modulation is None:
-            h = h + self.drop(self._attend(self.norm1(h)))
+            h = h + self.drop(self._attend(self.norm1(h), cache))
             return h + self.drop(self.mlp(self.norm2(h)))
         shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(cond)[:, None].chunk(6, dim=-1)
-        h = h + gate1 * self.drop(self._attend(self.norm1(h) * (1 + scale1) + shift1))
+        h = h + gate1 * self.drop(self._attend(self.norm1(h) * (1 + scale1) + shift1, cache))
         return h + gate2 * self.drop(self.mlp(self.norm2(h) * (1 + scale2) + shift2))
 
 

@@ -255,13 +255,22 @@ class ARNet(nn.Module):
     def bos_id(self) -> int:
         return self.spec.target_vocab
 
-    def forward(self, context: torch.Tensor, prefix_tokens: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, T, V]`` for target positions ``0..T-1`` given ``prefix_tokens[B, T]`` (BOS first)."""
+    def forward(
+        self, context: torch.Tensor, prefix_tokens: torch.Tensor, caches: list[list[torch.Tensor]] | None = None
+    ) -> torch.Tensor:
+        """Logits ``[B, T, V]`` for target positions ``0..T-1`` given ``prefix_tokens[B, T]`` (BOS first).
+
+        ``caches`` (decoding, one list per block): empty on the first call, which sees the whole prefix; each later
+        call reads only the prefix's last token, attends to the keys and values kept before and returns its logits
+        alone (``[B, 1, V]``), the same as the full pass's last row without recomputing the prefix."""
         slots = self.slot_position()
-        context_h = self.context_embed(context) + self.context_position
-        if self.spec.aligned:
-            context_h = context_h + slots
-        h = torch.cat([context_h, self.token_embed(prefix_tokens) + slots[: prefix_tokens.shape[1]]], dim=1)
-        for block in self.blocks:
-            h = block(h)
-        return self.head(h[:, context.shape[1] :])
+        first = 0 if caches is None or not caches[0] else prefix_tokens.shape[1] - 1
+        h = self.token_embed(prefix_tokens[:, first:]) + slots[first : prefix_tokens.shape[1]]
+        if first == 0:
+            context_h = self.context_embed(context) + self.context_position
+            if self.spec.aligned:
+                context_h = context_h + slots
+            h = torch.cat([context_h, h], dim=1)
+        for block, cache in zip(self.blocks, caches or [None] * len(self.blocks), strict=True):
+            h = block(h, cache=cache)
+        return self.head(h[:, context.shape[1] :] if first == 0 else h)

@@ -239,11 +239,12 @@ def sample_ar(
     generator: torch.Generator | None = None,
     log_prob: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Left-to-right decoding (one forward pass per token; ``cfg.steps`` does not apply); ``log_prob`` gains the
-    answer's log-likelihood."""
+    """Left-to-right decoding (one forward pass per token, keys and values of the prefix kept; ``cfg.steps`` does
+    not apply); ``log_prob`` gains the answer's log-likelihood."""
     prefix = torch.full((context.shape[0], 1), model.bos_id, dtype=torch.long, device=context.device)
+    caches: list[list[torch.Tensor]] = [[] for _ in model.blocks]
     for _ in range(model.spec.target_len):
-        logits = model(context, prefix)[:, -1:]
+        logits = model(context, prefix, caches)[:, -1:]
         token = sample_categorical(logits, cfg.temperature, generator=generator)
         if log_prob is not None:
             log_prob += answer_log_prob(logits, token)
