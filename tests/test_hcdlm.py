@@ -493,11 +493,14 @@ def test_ar_cached_decoding_matches_the_full_pass(which, sudoku4):
 
 
 def test_cached_block_takes_one_causal_position():
-    block = Block(8, 2)
+    with torch.no_grad(), pytest.raises(ValueError, match="one new position at a time on a causal block"):
+        Block(8, 2)(torch.zeros(1, 3, 8), cache=[])  # not causal: nothing to keep
+    block = Block(8, 2, causal=True)
     with torch.no_grad():
         block(torch.zeros(1, 3, 8), cache=(cache := []))
-        with pytest.raises(ValueError, match="one new position at a time on a causal block"):
-            block(torch.zeros(1, 1, 8), cache=cache)
+        with pytest.raises(ValueError, match="one new position at a time on a causal block, got 2"):
+            block(torch.zeros(1, 2, 8), cache=cache)
+        assert block(torch.zeros(1, 1, 8), cache=cache).shape == (1, 1, 8) and cache[0].shape[2] == 4
 
 
 def test_sudoku_slot_groups_are_rows_columns_boxes():

@@ -32,11 +32,11 @@ class Block(nn.Module):
     def _attend(self, h: torch.Tensor, cache: list[torch.Tensor] | None) -> torch.Tensor:
         b, n, d = h.shape
         q, k, v = self.qkv(h).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        if cache:  # causal decoding: one new position attends to every earlier one, kept from before
-            if n != 1 or not self.causal:
+        if cache is not None:  # causal decoding: one new position attends to every earlier one, kept from before
+            if not self.causal or (cache and n != 1):
                 raise ValueError(f"a cached block takes one new position at a time on a causal block, got {n}")
-            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-        if cache is not None:
+            if cache:
+                k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
             cache[:] = [k, v]
         out = F.scaled_dot_product_attention(
             q, k, v, is_causal=self.causal and n > 1, dropout_p=self.dropout if self.training else 0.0
