@@ -137,6 +137,39 @@ def test_blind_rows_are_scored_at_level_one_and_change_the_loss(sudoku4):
     ] != pytest.approx(parts["token"], rel=1e-4)
 
 
+@pytest.mark.parametrize("share", [0.5, 1.0])
+def test_blind_rows_stay_at_level_one_when_guidance_drops_scaffolds_too(sudoku4, monkeypatch, share):
+    """Regression: with ``scaffold_blind`` and ``guidance_training`` together, a blind row (all-[MASK] scaffold, every
+    position hit) reaches the token term at level 1, as it does without guidance; the other rows at their ``s < 1``
+    (``scaffold_drop`` 0: the drop takes no row, so only the level handed through it is tested)."""
+    model = _model()
+    scaffolds, levels = [], []
+    model.denoiser.register_forward_hook(lambda module, args, out: scaffolds.append(args[1]))
+    token_term = objective.token_term
+
+    def spy(logits, target, hit, level, weighting):
+        levels.append(level)
+        return token_term(logits, target, hit, level, weighting)
+
+    monkeypatch.setattr(objective, "token_term", spy)
+    context, target = sudoku4.train_batch(random.Random(0), 16)
+    cfg = _plain(scaffold_blind=share, guidance_training=True, scaffold_drop=0.0, token_weighting="schedule")
+    hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
+    blind = (scaffolds[-1] == model.mask_id).all(1)
+    assert bool(blind.any()) and bool((levels[-1][blind] == 1).all()) and bool((levels[-1][~blind] < 1).all())
+
+
+def test_drop_scaffolds_keeps_the_level_of_the_rows_it_does_not_drop():
+    """``drop_scaffolds(..., level, share, ...)``: dropped rows get random tokens, every position hit and level 1;
+    the others keep their scaffold, hit and the ``level`` handed in (not ``s``)."""
+    scaffold, hit = torch.zeros(4, 16, dtype=torch.long), torch.zeros(4, 16, dtype=torch.bool)
+    level = torch.tensor([0.25, 1.0, 0.5, 1.0])
+    kept = objective.drop_scaffolds(UniformKernel(4), scaffold, hit, level, 0.0, torch.Generator().manual_seed(0))
+    assert torch.equal(kept[0], scaffold) and torch.equal(kept[1], hit) and torch.equal(kept[2], level)
+    dropped = objective.drop_scaffolds(UniformKernel(4), scaffold, hit, level, 1.0, torch.Generator().manual_seed(0))
+    assert bool(dropped[1].all()) and torch.equal(dropped[2], torch.ones(4)) and bool((dropped[0] != 0).any())
+
+
 def _tiny_run(tmp_path, power: float):
     config = hcdlm_tiny_config(
         model={"latent_schedule_power": power}, objective={"scaffold_blind": 0.25}, warmup_steps=1

@@ -79,14 +79,16 @@ def drop_scaffolds(
     kernel: UniformKernel | AbsorbingKernel,
     scaffold: torch.Tensor,
     hit: torch.Tensor,
-    s: torch.Tensor,
+    level: torch.Tensor,
     share: float,
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Guidance's unconditional branch: a share ``share`` of the rows get a scaffold of random tokens
-    (:func:`replace_rows`)."""
+    (:func:`replace_rows`). ``level[B]`` is each row's token-term level so far (``s``, or 1 for a row an earlier
+    replacement, :func:`blind_scaffolds`, already took); rows not dropped keep it."""
     drop = _rows(share, scaffold, generator)
-    return replace_rows(drop, kernel.random_tokens(tuple(scaffold.shape), generator, scaffold.device), scaffold, hit, s)
+    tokens = kernel.random_tokens(tuple(scaffold.shape), generator, scaffold.device)
+    return replace_rows(drop, tokens, scaffold, hit, level)
 
 
 def blind_scaffolds(
@@ -187,7 +189,7 @@ def hcdlm_loss(
     if scaffold is not None and cfg.scaffold_blind:
         scaffold, hit, level = blind_scaffolds(scaffold, hit, level, cfg.scaffold_blind, model.mask_id, generator)
     if scaffold is not None and cfg.guidance_training:
-        scaffold, hit, level = drop_scaffolds(kernel, scaffold, hit, s, cfg.scaffold_drop, generator)
+        scaffold, hit, level = drop_scaffolds(kernel, scaffold, hit, level, cfg.scaffold_drop, generator)
     x_prev = None
     if model.cfg.self_condition and bool(torch.rand((), generator=generator, device=device) < 0.5):
         with torch.no_grad():  # the estimate a sampling step would have from the step before
