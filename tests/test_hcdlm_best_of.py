@@ -1,5 +1,6 @@
 """Best-of-K sampling (``SampleConfig.best_of``): each sampler's answer log-probability against a float64
-reference, the chain chosen per problem, one-chain sampling unchanged, and refusals where chains cannot differ."""
+reference, the chain chosen per problem, one-chain sampling unchanged, refusals where chains cannot differ, each kind's
+default diversity source, and ``dihal hcdlm eval --best-of K`` reporting one chain, best-of-K and oracle@K."""
 
 from __future__ import annotations
 
@@ -167,6 +168,24 @@ def test_deterministic_samplers_refuse_best_of(sudoku4, kind):
         generate(model, None, context, SampleConfig(steps=2, best_of=2))
 
 
+@pytest.mark.parametrize("kind", ["hcdlm", "latent", "mdm", "ccdd", "ar"])
+def test_each_kinds_default_diversity_source_makes_argmax_chains_differ(sudoku4, kind):
+    """``protocol.best_of_config`` over an argmax config: the kind's default source (the first of its protocol
+    candidates), accepted by the front door, and its K chains per problem not all the same."""
+    from dihal_fast.hcdlm.models import sample_chains
+    from dihal_fast.hcdlm.protocol import best_of_config, diverse_candidates
+
+    model, kernel, context = _model(sudoku4, kind), make_kernel("uniform", 4), _context(sudoku4)
+    cfg = best_of_config(model, SampleConfig(steps=3), 4)
+    assert cfg == diverse_candidates(model, SampleConfig(steps=3), 4)[0] and cfg.best_of == 4
+    generate(model, kernel, context, cfg, torch.Generator().manual_seed(0))  # not refused
+    rows = context.repeat_interleave(4, 0)
+    chains = sample_chains(model, kernel, rows, cfg, torch.Generator().manual_seed(0))[0].view(-1, 4, 16)
+    assert any(len({tuple(c) for c in problem.tolist()}) > 1 for problem in chains)
+    given = SampleConfig(steps=3, temperature=0.7)  # a source of the user's own is kept
+    assert best_of_config(model, given, 4) == SampleConfig(steps=3, temperature=0.7, best_of=4)
+
+
 def test_best_of_must_be_positive():
     with pytest.raises(ValueError, match="best_of"):
         SampleConfig(best_of=0)
@@ -190,32 +209,80 @@ def test_solve_with_best_of_on_the_command_line(tmp_path, capsys):
     assert capsys.readouterr().out.strip()
 
 
-def test_best_of_on_a_deterministic_run_is_one_line_before_sampling(tmp_path, capsys, monkeypatch):
-    from dihal_fast.cli import main
-    from dihal_fast.hcdlm import scoring
-
-    run = _tiny_run(tmp_path, "mdm")
-    capsys.readouterr()
-    monkeypatch.setattr(scoring, "generate", lambda *a, **k: pytest.fail("sampled before refusing"))
-    out = tmp_path / "eval.json"
+def _puzzles(tmp_path):
     data = tmp_path / "p.csv"
-    data.write_text("puzzle,solution\n1...........4...,1234341221434321\n")
-    assert main(["hcdlm", "eval", str(run), "--data", str(data), "--out", str(out), "--best-of", "2"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "--best-of 2 needs chains that differ" in err and len(err.splitlines()) == 1
-    assert not out.exists()
+    data.write_text("puzzle,solution\n1...........4...,1234341221434321\n.2.......1.....1,1234341221434321\n")
+    return data
 
 
-def test_best_of_against_a_deterministic_compare_run_is_refused_before_sampling(tmp_path, capsys, monkeypatch):
+_QUICK = ["--steps", "2", "--steps-sweep", "", "--no-diagnostics"]
+
+
+@pytest.mark.parametrize("kind", ["hcdlm", "latent", "mdm", "ccdd", "ar"])
+def test_eval_best_of_reports_one_chain_best_of_and_oracle_for_every_kind(tmp_path, capsys, kind):
+    """``eval --best-of K`` at the default (argmax) temperature: no kind is refused; each draws its K chains from its
+    own default diversity source (the first of ``protocol.DIVERSITY``, as the protocol's candidates) and the report
+    holds the protocol's three rows, the top-level accuracy being the single chain's."""
+    import json
+
     from dihal_fast.cli import main
-    from dihal_fast.hcdlm import scoring
+    from dihal_fast.hcdlm import protocol
+
+    run, out = _tiny_run(tmp_path, kind), tmp_path / "eval.json"
+    argv = ["hcdlm", "eval", str(run), "--data", str(_puzzles(tmp_path)), "--out", str(out), *_QUICK]
+    assert main([*argv, "--best-of", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "best_of  K=3" in printed and "oracle   K=3" in printed
+    report = json.loads(out.read_text())
+    single, best, oracle = report["best_of"]["rows"]
+    assert [r["mode"] for r in (single, best, oracle)] == ["single", "best_of", "oracle"] and report["best_of"][
+        "k"
+    ] == 3
+    default = protocol.DIVERSITY[kind][0]
+    assert {name: best["settings"][name] for name in default} == default and best["settings"]["best_of"] == 3
+    assert single["settings"]["best_of"] == 1 and single["accuracy"] == report["accuracy"]
+    assert best["settings"]["verifier"] == "chain" and oracle["accuracy"] >= best["accuracy"]
+    assert single["settings"]["temperature"] == 0.0 and single["settings"]["reveal_noise"] == 0.0
+
+
+def test_eval_best_of_keeps_a_given_diversity_source_and_verifier(tmp_path):
+    import json
+
+    from dihal_fast.cli import main
+
+    run, out = _tiny_run(tmp_path, "mdm"), tmp_path / "eval.json"
+    argv = ["hcdlm", "eval", str(run), "--data", str(_puzzles(tmp_path)), "--out", str(out), *_QUICK]
+    assert main([*argv, "--best-of", "2", "--temperature", "1.0", "--verifier", "rules"]) == 0
+    single, best, _ = json.loads(out.read_text())["best_of"]["rows"]
+    assert (best["settings"]["temperature"], best["settings"]["reveal_noise"]) == (1.0, 0.0)
+    assert best["settings"]["verifier"] == "rules" and single["settings"]["temperature"] == 1.0
+
+
+def test_eval_best_of_scores_a_compare_run_the_same_way(tmp_path, capsys):
+    import json
+
+    from dihal_fast.cli import main
 
     run, other = _tiny_run(tmp_path, "hcdlm"), _tiny_run(tmp_path, "mdm")
+    out = tmp_path / "e.json"
+    argv = ["hcdlm", "eval", str(run), "--data", str(_puzzles(tmp_path)), "--out", str(out), *_QUICK]
+    assert main([*argv, "--best-of", "2", "--compare", str(other)]) == 0
+    report = json.loads(out.read_text())
+    assert report["best_of"]["rows"][1]["settings"]["temperature"] == 0.0
+    compared = report["compare"]["best_of"]["rows"]
+    assert [r["mode"] for r in compared] == ["single", "best_of", "oracle"]
+    assert compared[1]["settings"]["reveal_noise"] == 0.1 and compared[0]["accuracy"] == report["compare"]["accuracy"]
+
+
+def test_the_removed_final_verifier_is_one_line_before_sampling(tmp_path, capsys, monkeypatch):
+    from dihal_fast.cli import main
+    from dihal_fast.hcdlm import scoring
+
+    run, out = _tiny_run(tmp_path, "mdm"), tmp_path / "eval.json"
     capsys.readouterr()
     monkeypatch.setattr(scoring, "generate", lambda *a, **k: pytest.fail("sampled before refusing"))
-    data = tmp_path / "p.csv"
-    data.write_text("puzzle,solution\n1...........4...,1234341221434321\n")
-    argv = ["hcdlm", "eval", str(run), "--data", str(data), "--out", str(tmp_path / "e.json"), "--best-of", "2"]
-    assert main([*argv, "--compare", str(other)]) == 2
+    argv = ["hcdlm", "eval", str(run), "--data", str(_puzzles(tmp_path)), "--out", str(out), "--best-of", "2"]
+    assert main([*argv, "--verifier", "final"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "MDMNet at temperature 0" in err and len(err.splitlines()) == 1
+    assert "--verifier final was removed" in err and "--verifier rules" in err and len(err.splitlines()) == 1
+    assert not out.exists()

@@ -1,6 +1,6 @@
-"""The table of model kinds (:mod:`dihal_fast.hcdlm.models`): every kind registered once, the final-state verifiers
-against float64 references, MDM's givens and reveal-order noise, the pass counter, and the evaluation protocol
-(:mod:`dihal_fast.hcdlm.protocol`) through ``dihal hcdlm eval --protocol-k``."""
+"""The table of model kinds (:mod:`dihal_fast.hcdlm.models`): every kind registered once, best-of-K by each verifier,
+MDM's givens and reveal-order noise, the pass counter, and the evaluation protocol (:mod:`dihal_fast.hcdlm.protocol`)
+through ``dihal hcdlm eval --protocol-k``."""
 
 from __future__ import annotations
 
@@ -32,13 +32,12 @@ from dihal_fast.hcdlm.models import (
     choose,
     generate,
     kind_of,
-    mask_groups,
     sample_chains,
     verify_chains,
 )
 from dihal_fast.hcdlm.noise import make_kernel
 from dihal_fast.hcdlm.protocol import protocol_choice
-from dihal_fast.hcdlm.sampler import answer_log_prob, sample_ar, sample_mdm
+from dihal_fast.hcdlm.sampler import sample_mdm
 from dihal_fast.hcdlm.scoring import load_run
 from dihal_fast.hcdlm.trainer import RunObjective
 from dihal_fast.tasks.sudoku_splits import fresh_puzzles
@@ -69,55 +68,6 @@ def test_every_kind_is_registered_once_and_knows_its_network(sudoku4):
         assert kind_of(_model(sudoku4, kind)) is KINDS[kind]
     with pytest.raises(TypeError, match="no model kind for Linear"):
         kind_of(nn.Linear(2, 2))
-
-
-def test_ar_verifier_is_the_chains_own_log_likelihood(sudoku4):
-    model, context = _model(sudoku4, "ar"), _context(sudoku4)
-    chain = torch.zeros(context.shape[0], dtype=torch.float64)
-    tokens = sample_ar(model, context, SampleConfig(temperature=1.0), torch.Generator().manual_seed(2), log_prob=chain)
-    assert torch.allclose(KINDS["ar"].verify(model, context, tokens, None), chain, atol=1e-9)
-
-
-def test_reencoded_verifier_reads_the_answers_own_code(sudoku4):
-    model, context = _model(sudoku4, "hcdlm"), _context(sudoku4)
-    tokens = torch.randint(0, 4, (context.shape[0], 16))
-    with torch.no_grad():
-        expected = answer_log_prob(model.predictor(model.encoder(tokens, context)[0], context), tokens)
-    assert torch.equal(KINDS["hcdlm"].verify(model, context, tokens, None), expected)
-
-
-@pytest.mark.parametrize("kind", ["mdm", "ccdd"])
-def test_pseudo_likelihood_with_one_slot_per_group_is_the_exact_one(sudoku4, kind, monkeypatch):
-    """With as many groups as slots, sum_i log p(k_i | k with slot i masked), each term from its own float64 pass
-    (CCDD: noise at the masked slot, the clean code elsewhere, level 1/L)."""
-    model, context = _model(sudoku4, kind), _context(sudoku4, 3)
-    tokens = torch.randint(0, 4, (3, 16))
-    monkeypatch.setattr(models, "PSEUDO_LIKELIHOOD_GROUPS", 16)
-    got = models.pseudo_log_likelihood(model, context, tokens, torch.Generator().manual_seed(0))
-    expected = torch.zeros(3, dtype=torch.float64)
-    generator = torch.Generator().manual_seed(0)
-    torch.rand((3, 16), generator=generator, dtype=torch.float64)  # the groups' draw: one slot each, random order
-    with torch.no_grad():
-        for hide in mask_groups(16, 16, 3, torch.Generator().manual_seed(0), "cpu"):
-            assert bool((hide.sum(1) == 1).all())
-            masked = tokens.masked_fill(hide, model.mask_id)
-            if kind == "ccdd":
-                noise = torch.randn((3, 16, model.cfg.latent_dim), generator=generator)
-                z = torch.where(hide[..., None], noise, model.embed(tokens))
-                logits = model(z, masked, torch.full((3,), 1 / 16), context)[0]
-            else:
-                logits = model(masked, context)
-            log_probs = torch.log_softmax(logits.double(), dim=-1)
-            expected += (log_probs.gather(-1, tokens[..., None]).squeeze(-1) * hide).sum(1)
-    assert torch.allclose(got, expected, atol=1e-9)
-
-
-@pytest.mark.parametrize(("length", "groups"), [(16, 4), (36, 4), (81, 4), (5, 4), (3, 4)])
-def test_mask_groups_split_every_row_into_near_equal_parts(length, groups):
-    parts = mask_groups(length, groups, 7, torch.Generator().manual_seed(0), "cpu")
-    assert bool((parts.sum(0) == 1).all())  # every slot in exactly one group
-    sizes = parts.sum(-1)
-    assert int(sizes.max() - sizes.min()) <= 1 and parts.shape[0] == min(groups, length)
 
 
 def test_mdm_with_givens_keeps_them_and_reveals_the_blanks_on_schedule(sudoku4, monkeypatch):
@@ -151,22 +101,25 @@ def test_reveal_noise_makes_argmax_mdm_chains_differ_and_is_refused_elsewhere(su
                 generate(_model(sudoku4, kind), make_kernel("uniform", 4), context, bad)
 
 
-@pytest.mark.parametrize("verifier", ["chain", "final"])
+@pytest.mark.parametrize("verifier", VERIFIERS)
 def test_best_of_picks_the_chain_its_verifier_scores_highest(sudoku4, verifier):
     model, context = _model(sudoku4, "mdm"), _context(sudoku4)
     cfg = SampleConfig(steps=4, best_of=3, reveal_noise=0.3, verifier=verifier)
-    got = generate(model, None, context, cfg, torch.Generator().manual_seed(4))
+    got = generate(model, None, context, cfg, torch.Generator().manual_seed(4), sudoku4)
     generator, rows = torch.Generator().manual_seed(4), context.repeat_interleave(3, 0)
     tokens, chain_scores = sample_chains(model, None, rows, cfg, generator)
-    assert (chain_scores is None) == (verifier == "final")
-    scores = verify_chains(model, rows, tokens, chain_scores, cfg, generator)
+    assert (chain_scores is None) == (verifier == "rules")
+    scores = verify_chains(rows, tokens, chain_scores, cfg, sudoku4)
     assert torch.equal(got, choose(tokens, scores, 3))
+    if verifier == "rules":  # the rules need the task: refused without it, in one line
+        with pytest.raises(DihalValueError, match="--verifier rules checks the answers against the task's rules"):
+            generate(model, None, context, cfg, torch.Generator().manual_seed(4))
 
 
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_the_draws_do_not_depend_on_the_verifier(sudoku4, kind):
     """The protocol samples each diversity source once and lets every verifier choose from those chains: sound only
-    if scoring the chain (``verifier="chain"``) draws nothing, so tokens and generator state match a final-verifier
+    if scoring the chain (``verifier="chain"``) draws nothing, so tokens and generator state match a rules-verifier
     run's."""
     model, context = _model(sudoku4, kind), _context(sudoku4)
     source = protocol.DIVERSITY[kind][-1]  # a noisy source: the draws matter
@@ -184,10 +137,10 @@ def test_a_kept_choice_rebuilds_the_chosen_configs_over_the_users_other_fields()
     come from the choice, every other field from the sample it was chosen over."""
     sample = SampleConfig(steps=9, cfg_weight=1.5, batch_size=7)
     fields = {"steps": 4, "temperature": 0.0, "reveal_noise": 0.0, "givens": True, "verifier": "chain", "best_of": 1}
-    chosen = {"single": fields, "best_of": {**fields, "reveal_noise": 0.1, "verifier": "final", "best_of": 3}}
+    chosen = {"single": fields, "best_of": {**fields, "reveal_noise": 0.1, "verifier": "rules", "best_of": 3}}
     single, diverse = protocol.chosen_configs(json.loads(json.dumps(chosen)), sample)
     assert single == replace(sample, **fields) and single.cfg_weight == 1.5 and single.batch_size == 7
-    assert (diverse.best_of, diverse.reveal_noise, diverse.verifier, diverse.cfg_weight) == (3, 0.1, "final", 1.5)
+    assert (diverse.best_of, diverse.reveal_noise, diverse.verifier, diverse.cfg_weight) == (3, 0.1, "rules", 1.5)
     assert protocol.chosen_configs(chosen)[0] == SampleConfig(**fields)
 
 

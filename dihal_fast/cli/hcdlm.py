@@ -41,7 +41,9 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
         help="evaluate a run on a data file",
         description="Accuracy on a Sudoku CSV (puzzle,solution) or Countdown JSONL (nums,target), detected "
-        "from the file, with an accuracy-vs-steps plot; Gen PPL and entropy for text runs.",
+        "from the file, with an accuracy-vs-steps plot (with --best-of K: one chain, best-of-K and oracle@K side by "
+        "side, the K chains from the kind's default diversity source unless --temperature or --reveal-noise gives "
+        "one); Gen PPL and entropy for text runs.",
     )
     p.add_argument("--out", type=path_argument, required=True, help="JSON report to write")
     add_dataclass_options(p, HCDLMEvalConfig)
@@ -107,13 +109,13 @@ def run_eval(args: argparse.Namespace) -> int:
         )
     else:
         print(f"{report['model']} on {Path(args.data).name}: accuracy {report['accuracy']:.4f} (n={report['n']})")
+        _print_rows(report.get("best_of", {}).get("rows", []))
         if "compare" in report:
             print(f"{report['compare']['model']} (--compare) on the same: accuracy {report['compare']['accuracy']:.4f}")
-        for row in report.get("protocol", {}).get("rows", []):
-            print(
-                f"  {row['mode']:8s} K={row['k']}: accuracy {row['accuracy']:.4f}, {row['passes']:.0f} passes / "
-                f"{row['block_passes']:.0f} block passes per puzzle ({row['settings']})"
-            )
+            _print_rows(report["compare"].get("best_of", {}).get("rows", []))
+        if "protocol" in report:
+            print("protocol (settings chosen on --validation):")
+            _print_rows(report["protocol"]["rows"])
         if "interventions" in report:
             found = report["interventions"]
             variants = ", ".join(f"{k} {100 * v['accuracy']:.1f}" for k, v in found["variants"].items())
@@ -128,6 +130,15 @@ def run_eval(args: argparse.Namespace) -> int:
                 f"(points): {effects}"
             )
     return 0
+
+
+def _print_rows(rows: list[dict]) -> None:
+    """One line per row of single chain / best-of-K / oracle@K: accuracy, cost per puzzle and settings."""
+    for row in rows:
+        print(
+            f"  {row['mode']:8s} K={row['k']}: accuracy {row['accuracy']:.4f}, {row['passes']:.0f} passes / "
+            f"{row['block_passes']:.0f} block passes per puzzle ({row['settings']})"
+        )
 
 
 def run_solve(args: argparse.Namespace) -> int:

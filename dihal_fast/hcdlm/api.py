@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,7 +27,7 @@ from dihal_fast.hcdlm.mechanism import (
 )
 from dihal_fast.hcdlm.models import kind_of, parameter_match
 from dihal_fast.hcdlm.plots import plot_ablations, plot_accuracy_vs_steps, plot_readout_by_step, plot_trajectories
-from dihal_fast.hcdlm.protocol import chosen_configs, protocol_choice, protocol_rows
+from dihal_fast.hcdlm.protocol import best_of_config, chosen_configs, protocol_choice, protocol_rows
 from dihal_fast.hcdlm.scoring import (
     LoadedRun,
     accuracy_vs_steps,
@@ -50,11 +50,12 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path) -> StageReport:
 
     ``(config, out)`` like every entry point.
 
-    Puzzles (a Sudoku CSV or Countdown JSONL): accuracy overall and per group, accuracy against sampling
-    steps (``out`` with ``.steps.png``; with ``compare``, another run (e.g. MDM) on the same puzzles in the
-    same plot), and with ``diagnostics`` the other weight set (raw vs EMA), for latent models the read-out
-    after every sampling step (``.readout.png``), the decoded answer per normalised step of this run and
-    of ``compare`` (``trajectory``, ``.trajectory.png``) and, on Sudoku, the read-out at the fixed
+    Puzzles (a Sudoku CSV or Countdown JSONL): accuracy overall and per group of one chain, with ``sample.best_of``
+    K > 1 also one chain, best-of-K and oracle@K side by side (``best_of``, :func:`best_of_rows`; with ``compare``,
+    that run's too), accuracy against sampling steps (``out`` with ``.steps.png``; with ``compare``, another run
+    (e.g. MDM) on the same puzzles in the same plot), and with ``diagnostics`` the other weight set (raw vs EMA),
+    for latent models the read-out after every sampling step (``.readout.png``), the decoded answer per normalised
+    step of this run and of ``compare`` (``trajectory``, ``.trajectory.png``) and, on Sudoku, the read-out at the fixed
     ``noise_levels`` with x_t or the scaffold replaced (``ablations``, ``.ablations.png``; see
     :mod:`dihal_fast.hcdlm.mechanism`). Text: Gen PPL and entropy of ``samples`` samples under
     ``evaluator`` (the shipped backbone when None), beside the data's own.
@@ -80,30 +81,35 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path) -> StageReport:
             f"({run.config.task.name})"
         )
     sample = config.sampling(run.config.task.name == "text")
+    k, single = sample.best_of, replace(sample, best_of=1)
     for loaded in (run, other):  # sampler options the run (or the compared one) cannot take: refused before any work
         if loaded is not None:
-            check_sampler(loaded, sample)
+            check_sampler(loaded, single)
+            check_sampler(loaded, best_of_config(loaded.model, sample, k))
     steps_sweep, noise_levels = tuple(config.steps_sweep), tuple(config.noise_levels)
     if run.config.task.name == "text":
         reference = text_windows(run.task, data, config.samples)
-        report = evaluate_text(run, config.samples, sample, str(evaluator or default_model_dir()), reference, seed)
+        text_sample = best_of_config(run.model, sample, k)
+        report = evaluate_text(run, config.samples, text_sample, str(evaluator or default_model_dir()), reference, seed)
     else:
         examples = examples_from_file(run.task, data, config.limit)
         logger.info(
             "evaluating %s (step %d) on %d examples from %s", run.config.model.kind, run.step, len(examples), data
         )
-        report = evaluate_examples(run, examples, sample, seed)
+        report = evaluate_examples(run, examples, single, seed)
+        if k > 1:
+            report["best_of"] = best_of_rows(run, examples, sample, seed)
         if config.protocol_k:
             validation = examples_from_file(run.task, config.validation)
             splits = check_run_splits(run, Path(run_dir), validation, examples)
-            choice = protocol_choice(run, validation, sample, config.protocol_k, tuple(config.steps_choices), seed)
-            rows = protocol_rows(run, examples, *chosen_configs(choice["chosen"], sample), seed)
+            choice = protocol_choice(run, validation, single, config.protocol_k, tuple(config.steps_choices), seed)
+            rows = protocol_rows(run, examples, *chosen_configs(choice["chosen"], single), seed)
             validation_sha256 = file_sha256(config.validation)
             report["protocol"] = {**choice, "rows": rows, "splits": splits, "validation_sha256": validation_sha256}
-        curves = {_label(run): _steps_curve(run, examples, steps_sweep, sample, seed, report)}
+        curves = {_label(run): _steps_curve(run, examples, steps_sweep, single, seed, report)}
         if other is not None:
-            other_report = evaluate_examples(other, examples, sample, seed, show=0)
-            curves[_label(other)] = _steps_curve(other, examples, steps_sweep, sample, seed, other_report)
+            other_report = evaluate_examples(other, examples, single, seed, show=0)
+            curves[_label(other)] = _steps_curve(other, examples, steps_sweep, single, seed, other_report)
             report["compare"] = {
                 "run": str(compare),
                 "model": other.config.model.kind,
@@ -111,6 +117,8 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path) -> StageReport:
                 "accuracy": other_report["accuracy"],
                 "groups": other_report["groups"],
             }
+            if k > 1:
+                report["compare"]["best_of"] = best_of_rows(other, examples, sample, seed)
         if len(curves[_label(run)]) > 1:
             report["accuracy_vs_steps"] = curves[_label(run)]
             if other is not None:
@@ -119,9 +127,9 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path) -> StageReport:
             plot_accuracy_vs_steps(curves, plot, f"{run.config.task.name}: {data.name}")
             report["plot"] = str(plot)
         if config.diagnostics:
-            report.update(_diagnostics(run_dir, run, examples, sample, report, out, seed, raw_weights, device))
+            report.update(_diagnostics(run_dir, run, examples, single, report, out, seed, raw_weights, device))
             report.update(
-                _mechanism(run, other, examples, sample, out, seed, noise_levels, report.get("readout_by_step"))
+                _mechanism(run, other, examples, single, out, seed, noise_levels, report.get("readout_by_step"))
             )
     report.update(
         {
@@ -137,6 +145,16 @@ def evaluate_run(config: HCDLMEvalConfig, out: str | Path) -> StageReport:
     )
     atomic_write_json(out, report)
     return StageReport(out, report)
+
+
+def best_of_rows(run: LoadedRun, examples: list, sample: SampleConfig, seed: int = 0) -> dict:
+    """``{k, rows}``: one chain of ``sample``, best-of-K and oracle@K (K = ``sample.best_of``) side by side, the
+    protocol's rows (:func:`~dihal_fast.hcdlm.protocol.protocol_rows`), the K chains from ``sample``'s own or the
+    kind's default diversity source (:func:`~dihal_fast.hcdlm.protocol.best_of_config`), chosen by
+    ``sample.verifier``."""
+    k = sample.best_of
+    diverse = best_of_config(run.model, sample, k)
+    return {"k": k, "rows": protocol_rows(run, examples, replace(sample, best_of=1), diverse, seed)}
 
 
 def file_sha256(path: str | Path) -> str:
@@ -299,7 +317,9 @@ def solve_puzzle(config: HCDLMSolveConfig) -> Solution | None:
         example = run.task.example(problem, "input")  # refuses a problem longer than the model's context first
         if solve_countdown(problem) is None:
             return None
-    target, _ = sample_targets(run, torch.tensor([example.context]), config.sampling(False), config.seed)
+    sample = config.sampling(False)
+    sample = best_of_config(run.model, sample, sample.best_of)  # the kind's default diversity source if needed
+    target, _ = sample_targets(run, torch.tensor([example.context]), sample, config.seed)
     text = (
         run.task.render(target[0])
         if name == "countdown"

@@ -18,7 +18,11 @@ MODEL_KINDS = ("hcdlm", "latent", "mdm", "ar", "ccdd")
 KERNELS = ("uniform", "absorbing")
 LOGVAR_BOUNDS = ("soft", "clamp")
 REMASKS = ("auto", "random", "confidence")
-VERIFIERS = ("chain", "final")
+VERIFIERS = ("chain", "rules")
+REMOVED_VERIFIERS = {
+    "final": "it scored an answer by the model's own reading of it, and HC-DLM's (the answer re-encoded) rates any "
+    "sequence highly"
+}
 
 
 @dataclass
@@ -284,23 +288,23 @@ class SampleConfig(CheckedConfig):
     clamp: bool = option(
         False, "HC-DLM: replace x_hat_0 at every step by the encoder mean of its argmax tokens (not in the paper)"
     )
-    # Ours (test-time scaling): HC-DLM's chains differ at argmax (random scaffold re-noising, x_T), so the model's
-    # own log-probability of its answer can choose among them; every kind's best-of-K under one protocol:
-    # bench/results/hcdlm_protocol6.json.
+    # Ours (test-time scaling): every kind's best-of-K under one protocol: bench/results/hcdlm_protocol6.json.
     best_of: int = option(
         1,
-        "chains per problem; the answer is the chain whose tokens the model itself finds most likely (the summed "
-        "log-probability of the answer's tokens: HC-DLM / Latent DM read from the final latent, MDM / CCDD at each "
-        "token's reveal, AR left to right); costs best_of times the sampling (ours; 1 = one chain, the paper's). "
-        "MDM and AR at temperature 0 are deterministic and refuse it (unless --reveal-noise > 0)",
+        "chains per problem; the answer is the chain --verifier scores highest; costs best_of times the sampling "
+        "(ours; 1 = one chain, the paper's). 'dihal hcdlm eval' reports one chain, best-of-K and oracle@K side by "
+        "side; eval and solve draw chains that would all be the same at argmax from their kind's default "
+        "diversity source (MDM: reveal-order noise, AR: temperature; dihal_fast.hcdlm.protocol.DIVERSITY)",
         min=1,
     )
+    # No argparse choices: a removed verifier is refused by __post_init__ with its reason, in one line.
     verifier: str = option(
         "chain",
-        "how best-of-K scores its chains: 'chain' (the log-probability the sampler gave each token as it committed "
-        "it) or 'final' (the finished answer alone: HC-DLM / Latent DM re-encode it, MDM / CCDD a pseudo-likelihood, "
-        "AR its exact likelihood); see dihal_fast.hcdlm.models",
-        choices=VERIFIERS,
+        "how best-of-K scores its chains, the same for every kind: 'chain' (the log-probability the sampler gave "
+        "each token as it committed it; checks nothing) or 'rules' (the task's rules: Sudoku rows, columns, boxes "
+        "and givens; Countdown well-formed steps, the given numbers, the distance to the target; "
+        "dihal_fast.hcdlm.rules)",
+        metavar="{" + ",".join(VERIFIERS) + "}",
     )
     givens: bool = option(
         False,
@@ -313,6 +317,16 @@ class SampleConfig(CheckedConfig):
         "so argmax chains differ (a diversity source for --best-of; 0 = the exact confidence order)",
         min=0.0,
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.verifier in REMOVED_VERIFIERS:
+            raise DihalValueError(
+                f"--verifier {self.verifier} was removed: {REMOVED_VERIFIERS[self.verifier]}; use --verifier rules "
+                "(the task's rules, every kind) or --verifier chain"
+            )
+        if self.verifier not in VERIFIERS:
+            raise DihalValueError(f"--verifier must be one of {', '.join(VERIFIERS)}; got {self.verifier!r}")
 
 
 # 9x9 Sudoku's own defaults (the command line's; the fields keep theirs, so a saved config means what it says),

@@ -1,13 +1,12 @@
 """The one table of HC-DLM's model kinds: each kind (``HCDLMModelConfig.kind``) registers how it is built, trained,
-sampled, traced step by step and verified, and whether its chains are all the same at temperature 0.
+sampled and traced step by step, and whether its chains are all the same at temperature 0.
 
 The trainer, the samplers' front door (:func:`generate`), scoring, the mechanism diagnostics and the API look a kind
 up here (:func:`kind_of`, :data:`KINDS`) instead of testing model classes, so adding a baseline is one entry.
 
-A *verifier* scores finished answers so that best-of-K can pick one (``SampleConfig.verifier``): ``"chain"`` is the
-log-probability the sampler itself gave its tokens (summed at each commit), ``"final"`` a score of the final state
-alone: HC-DLM / Latent DM read ``log p(k | enc(k))`` (the answer re-encoded), MDM and CCDD a pseudo-likelihood
-(every slot masked in turn, :data:`PSEUDO_LIKELIHOOD_GROUPS` forward passes), AR the exact teacher-forced likelihood.
+A *verifier* scores finished answers so that best-of-K can pick one (``SampleConfig.verifier``), the same way for
+every kind: ``"chain"`` is the log-probability the sampler itself gave its tokens (summed at each commit; it checks
+nothing), ``"rules"`` the task's rules (:mod:`dihal_fast.hcdlm.rules`; no network pass).
 """
 
 from __future__ import annotations
@@ -24,16 +23,15 @@ from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, SampleCon
 from dihal_fast.hcdlm.layers import Block, count_parameters
 from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
 from dihal_fast.hcdlm.objective import ar_loss, hcdlm_loss, mdm_loss
-from dihal_fast.hcdlm.sampler import answer_log_prob, sample_ar, sample_hcdlm, sample_mdm
-from dihal_fast.tasks.base import TaskSpec
+from dihal_fast.hcdlm.rules import rule_scores
+from dihal_fast.hcdlm.sampler import sample_ar, sample_hcdlm, sample_mdm
+from dihal_fast.tasks.base import Task, TaskSpec
 
 REVEALING = ("mdm", "ccdd")  # kinds whose token chain reveals slots that then stay (SampleConfig.reveal_noise, givens)
-PSEUDO_LIKELIHOOD_GROUPS = 4  # slots masked together per pass of the final-state pseudo-likelihood (cost: 4 passes)
 
 Loss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 Sampler = Callable[..., torch.Tensor]
 Trace = Callable[..., list[torch.Tensor]]
-Verifier = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Generator | None], torch.Tensor]
 
 
 def _whole(model: nn.Module) -> nn.Module:
@@ -49,18 +47,16 @@ class ModelKind:
     """One model kind: ``build(spec, cfg)``; ``loss(model, kernel, context, target, objective, generator)``;
     ``sample(model, kernel, context, cfg, generator, log_prob)`` (one chain per row, ``log_prob`` gains the chain
     score when given); ``trace(model, kernel, context, cfg, generator)`` (the decoded answer after every step, None:
-    no steps); ``verify(model, context, tokens, generator)`` (``[B]`` float64 final-state score);
-    ``deterministic_at_t0`` (every chain the same at temperature 0 without reveal noise, so best-of-K is refused);
-    ``latent`` (an encoder / denoiser / predictor the mechanism probes can open); ``main`` (the module whose forward
-    calls count as the kind's forward passes); ``unread_sample`` (the :class:`SampleConfig` fields its sampler never
-    reads, refused by :func:`check_sample` when they differ from their defaults; every kind reads ``steps`` but AR,
-    whose ``steps`` is let through so that one sampler config serves every kind)."""
+    no steps); ``deterministic_at_t0`` (every chain the same at temperature 0 without reveal noise, so best-of-K
+    there is refused); ``latent`` (an encoder / denoiser / predictor the mechanism probes can open); ``main`` (the
+    module whose forward calls count as the kind's forward passes); ``unread_sample`` (the :class:`SampleConfig`
+    fields its sampler never reads, refused by :func:`check_sample` when they differ from their defaults; every kind
+    reads ``steps`` but AR, whose ``steps`` is let through so that one sampler config serves every kind)."""
 
     name: str
     build: Callable[[TaskSpec, HCDLMModelConfig], nn.Module]
     loss: Loss
     sample: Sampler
-    verify: Verifier
     trace: Trace | None = None
     deterministic_at_t0: bool = True
     latent: bool = False
@@ -147,48 +143,6 @@ def _reveal_trace(sampler: Sampler) -> Trace:
     return trace
 
 
-@torch.no_grad()
-def reencoded_log_prob(model: HCDLM, context: torch.Tensor, tokens: torch.Tensor, generator=None) -> torch.Tensor:
-    """HC-DLM / Latent DM's final-state verifier: ``log p(tokens | x = enc_mean(tokens))`` (one encoder and one
-    predictor pass)."""
-    return answer_log_prob(model.predictor(model.encoder(tokens, context)[0], context), tokens)
-
-
-def mask_groups(length: int, groups: int, rows: int, generator: torch.Generator | None, device) -> torch.Tensor:
-    """``[groups, rows, length]`` bool: each row's slots split at random into ``groups`` near-equal parts."""
-    order = torch.rand((rows, length), generator=generator, device=device, dtype=torch.float64).argsort(dim=1)
-    part = torch.empty_like(order).scatter_(1, order, torch.arange(length, device=device).expand(rows, -1) % groups)
-    return torch.stack([part == g for g in range(min(groups, length))])
-
-
-@torch.no_grad()
-def pseudo_log_likelihood(
-    model: nn.Module, context: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator | None
-) -> torch.Tensor:
-    """MDM / CCDD's final-state verifier: ``sum_i log p(k_i | k with i's group [MASK]ed)`` over
-    :data:`PSEUDO_LIKELIHOOD_GROUPS` random groups of slots (CCDD: its embedding chain at the groups' mask level,
-    pure noise at masked slots and the clean code elsewhere)."""
-    total = torch.zeros(tokens.shape[0], dtype=torch.float64, device=tokens.device)
-    for hide in mask_groups(tokens.shape[1], PSEUDO_LIKELIHOOD_GROUPS, tokens.shape[0], generator, tokens.device):
-        masked = tokens.masked_fill(hide, model.mask_id)
-        if isinstance(model, CCDDNet):
-            s = hide.double().mean(1).float()
-            noise = torch.randn((*tokens.shape, model.cfg.latent_dim), generator=generator, device=tokens.device)
-            z = torch.where(hide[..., None], noise, model.embed(tokens))
-            logits = model(z, masked, s, context)[0]
-        else:
-            logits = model(masked, context)
-        total += answer_log_prob(logits, tokens, hide)
-    return total
-
-
-@torch.no_grad()
-def teacher_forced_log_prob(model: ARNet, context: torch.Tensor, tokens: torch.Tensor, generator=None) -> torch.Tensor:
-    """AR's final-state verifier: the exact ``log p(tokens | context)`` (one pass)."""
-    bos = torch.full((tokens.shape[0], 1), model.bos_id, dtype=torch.long, device=tokens.device)
-    return answer_log_prob(model(context, torch.cat([bos, tokens[:, :-1]], dim=1)), tokens)
-
-
 _NOT_REVEALING = ("order", "givens", "reveal_noise")  # MDM / CCDD's reveal order and start
 _HCDLM_SAMPLE = ("cfg_weight", "remask", "clamp")  # HC-DLM's guidance, scaffold re-noising and latent clamp
 
@@ -199,7 +153,6 @@ def _latent_kind(name: str, scaffold: bool, unread_sample: tuple[str, ...]) -> M
         lambda spec, cfg: HCDLM(spec, cfg, scaffold=scaffold),
         _hcdlm_loss,
         _hcdlm_sample,
-        reencoded_log_prob,
         trace=_hcdlm_trace,
         deterministic_at_t0=False,  # random x_T (and, with a scaffold, its random re-noising)
         latent=True,
@@ -216,7 +169,6 @@ KINDS: dict[str, ModelKind] = {
         _baseline(MDMNet, "mdm"),
         _mdm_loss,
         _mdm_sample,
-        pseudo_log_likelihood,
         _reveal_trace(sample_mdm),
         unread_sample=_HCDLM_SAMPLE,
     ),
@@ -225,7 +177,6 @@ KINDS: dict[str, ModelKind] = {
         _baseline(ARNet, "ar"),
         _ar_loss,
         _ar_sample,
-        teacher_forced_log_prob,
         unread_sample=(*_HCDLM_SAMPLE, *_NOT_REVEALING),
     ),
     "ccdd": ModelKind(
@@ -233,7 +184,6 @@ KINDS: dict[str, ModelKind] = {
         _baseline(CCDDNet, "ccdd"),
         _ccdd_loss,
         _ccdd_sample,
-        pseudo_log_likelihood,
         _reveal_trace(sample_ccdd),
         deterministic_at_t0=False,  # random z_1
         unread_sample=_HCDLM_SAMPLE,
@@ -287,18 +237,22 @@ def sample_chains(
 
 
 def verify_chains(
-    model: nn.Module,
     context: torch.Tensor,
     tokens: torch.Tensor,
     chain_scores: torch.Tensor | None,
     cfg: SampleConfig,
-    generator: torch.Generator | None,
+    task: Task | None = None,
 ) -> torch.Tensor:
-    """``[B]`` float64 scores of finished chains by ``cfg.verifier``: the chain's own (``"chain"``) or the kind's
-    final-state verifier (``"final"``)."""
-    if cfg.verifier == "chain" and chain_scores is not None:
-        return chain_scores
-    return kind_of(model).verify(model, context, tokens, generator)
+    """``[B]`` float64 scores of finished chains by ``cfg.verifier``: the chain's own log-probability (``"chain"``:
+    ``chain_scores`` from :func:`sample_chains`) or the task's rules (``"rules"``:
+    :func:`~dihal_fast.hcdlm.rules.rule_scores` of ``task``)."""
+    if cfg.verifier == "rules":
+        if task is None:
+            raise DihalValueError("--verifier rules checks the answers against the task's rules: give the run's task")
+        return rule_scores(task, context, tokens)
+    if chain_scores is None:
+        raise DihalValueError("--verifier chain reads the sampler's own scores: sample with verifier='chain'")
+    return chain_scores
 
 
 def choose(tokens: torch.Tensor, scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -308,23 +262,29 @@ def choose(tokens: torch.Tensor, scores: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def generate(
-    model: nn.Module, kernel, context: torch.Tensor, cfg: SampleConfig, generator: torch.Generator | None = None
+    model: nn.Module,
+    kernel,
+    context: torch.Tensor,
+    cfg: SampleConfig,
+    generator: torch.Generator | None = None,
+    task: Task | None = None,
 ) -> torch.Tensor:
     """Target tokens ``[B, L]`` from whichever model this is; with ``cfg.best_of`` K > 1, K chains per row (run as
-    one batch of ``B * K`` rows) and, per row, the one ``cfg.verifier`` scores highest (ties: the first)."""
+    one batch of ``B * K`` rows) and, per row, the one ``cfg.verifier`` scores highest (ties: the first; ``task``:
+    the problems' task, which the ``"rules"`` verifier checks)."""
     check_sample(model, cfg)
     k = cfg.best_of
     if k == 1:
         return sample_chains(model, kernel, context, cfg, generator)[0]
     rows = context.repeat_interleave(k, dim=0)
     tokens, chain_scores = sample_chains(model, kernel, rows, cfg, generator)
-    return choose(tokens, verify_chains(model, rows, tokens, chain_scores, cfg, generator), k)
+    return choose(tokens, verify_chains(rows, tokens, chain_scores, cfg, task), k)
 
 
 class PassCounter:
     """Sampling cost while in use (``with PassCounter(model) as cost: ...``), in rows: ``passes``, the rows through
     the kind's main network (:attr:`ModelKind.main`: HC-DLM's denoiser, a baseline's whole network), and
-    ``block_passes``, the rows through any transformer block of the model (encoder, predictor and verifier too)."""
+    ``block_passes``, the rows through any transformer block of the model (encoder and predictor too)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.main, self.model = kind_of(model).main(model), model

@@ -4,14 +4,15 @@ the sampling cost it took, and the settings each kind is scored with chosen on a
 - *single chain*: one chain per puzzle at argmax (MDM / CCDD on Sudoku with the givens in place), the step count
   chosen on validation among ``steps_choices``;
 - *best-of-K*: K chains per puzzle from the kind's own diversity source (:data:`DIVERSITY`: temperature, reveal-order
-  noise) and the answer its verifier (``SampleConfig.verifier``: the chain's own log-probability or the final-state
-  verifier of :mod:`dihal_fast.hcdlm.models`) scores highest; source and verifier chosen on validation;
-- *oracle@K*: the same K chains, counted correct when any one is (an upper bound no verifier reaches; its cost is
-  the chains' without the verifier).
+  noise) and the answer the verifier (``SampleConfig.verifier``, the same for every kind: the chain's own
+  log-probability, or the task's rules of :mod:`dihal_fast.hcdlm.rules`) scores highest; source and verifier chosen
+  on validation (``dihal hcdlm eval --best-of K`` takes the kind's default source, :func:`best_of_config`);
+- *oracle@K*: the same K chains, counted correct when any one is (an upper bound on any verifier's pick; its cost
+  is the chains' without the verifier).
 
 Cost per row, per puzzle: ``passes`` (rows through the kind's main network) and ``block_passes`` (rows through
-every transformer block, verifier included), measured by :class:`~dihal_fast.hcdlm.models.PassCounter`, so rows of
-different kinds compare at stated, not assumed, cost.
+every transformer block; a verifier's would count too, and neither ``chain`` nor ``rules`` makes any), measured by
+:class:`~dihal_fast.hcdlm.models.PassCounter`, so rows of different kinds compare at stated, not assumed, cost.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import replace
 
 import torch
+from torch import nn
 
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import VERIFIERS, SampleConfig
@@ -32,8 +34,9 @@ from dihal_fast.tasks.base import EvalExample
 
 logger = logging.getLogger(__name__)
 
-# Each kind's candidate diversity sources for best-of-K (SampleConfig fields). HC-DLM's and Latent DM's chains differ
-# at argmax already (x_T, the scaffold's re-noising), CCDD's too (z_1); MDM and AR need noise to differ at all.
+# Each kind's candidate diversity sources for best-of-K (SampleConfig fields), its default first. HC-DLM's and Latent
+# DM's chains differ at argmax already (x_T, the scaffold's re-noising), CCDD's too (z_1); MDM and AR need noise to
+# differ at all.
 _LATENT = ({"temperature": 0.0}, {"temperature": 0.5}, {"temperature": 1.0})
 DIVERSITY: dict[str, tuple[dict, ...]] = {
     "hcdlm": _LATENT,
@@ -42,6 +45,21 @@ DIVERSITY: dict[str, tuple[dict, ...]] = {
     "ccdd": ({"temperature": 0.0}, {"reveal_noise": 0.1}, {"temperature": 1.0}),
     "ar": ({"temperature": 0.5}, {"temperature": 1.0}),
 }
+
+
+def diverse_candidates(model: nn.Module, sample: SampleConfig, k: int) -> list[SampleConfig]:
+    """``sample`` as ``k`` chains from each diversity source of the model's kind (:data:`DIVERSITY`), the kind's default
+    first: the candidates the protocol chooses among on validation, and the default :func:`best_of_config` takes."""
+    return [replace(sample, best_of=k, **source) for source in DIVERSITY[kind_of(model).name]]
+
+
+def best_of_config(model: nn.Module, sample: SampleConfig, k: int) -> SampleConfig:
+    """``sample`` as ``k`` chains: from its own diversity source when it has one (temperature or reveal noise > 0),
+    else from the kind's default (the first of :func:`diverse_candidates`; e.g. MDM's reveal-order noise, where its
+    argmax chains would all be one); ``k`` 1: ``sample`` as one chain, unchanged otherwise."""
+    if k == 1 or sample.temperature or sample.reveal_noise:
+        return replace(sample, best_of=k)
+    return diverse_candidates(model, sample, k)[0]
 
 
 def single_chain(run: LoadedRun, sample: SampleConfig, steps: int) -> SampleConfig:
@@ -74,9 +92,7 @@ def _chains(
                 picked = tokens
                 if k > 1:
                     with PassCounter(run.model) as verifying:
-                        scores = verify_chains(
-                            run.model, rows, tokens, chain_scores, replace(cfg, verifier=verifier), generator
-                        )
+                        scores = verify_chains(rows, tokens, chain_scores, replace(cfg, verifier=verifier), run.task)
                     spent[verifier][0] += verifying.passes
                     spent[verifier][1] += verifying.block_passes
                     picked = choose(tokens, scores, k)
@@ -211,8 +227,7 @@ def choose_on_validation(
     assert best_single is not None
     single = best_single[1]
     best_diverse: tuple[float, SampleConfig] | None = None
-    for source in DIVERSITY[kind.name]:  # one set of chains per source, chosen from by every verifier
-        cfg = replace(single, best_of=k, **source)
+    for cfg in diverse_candidates(run.model, single, k):  # one set of chains per source, chosen from by every verifier
 
         def score_source(cfg: SampleConfig = cfg) -> list[dict]:
             _, chosen, cost = _chains(run, validation, cfg, seed, VERIFIERS)

@@ -16,6 +16,7 @@ from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig
 from dihal_fast.hcdlm.models import build_model, check_sample, generate, kind_of
 from dihal_fast.hcdlm.noise import AbsorbingKernel, UniformKernel, make_kernel
+from dihal_fast.hcdlm.rules import RULE_TASKS
 from dihal_fast.hcdlm.trainer import CONFIG_NAME, check_layout
 from dihal_fast.tasks.base import EvalExample, Task
 from dihal_fast.tasks.registry import build_task
@@ -72,9 +73,15 @@ def load_run(run_dir: str | Path, use_ema: bool = True, device: str = "cpu") -> 
 
 
 def check_sampler(run: LoadedRun, cfg: SampleConfig) -> None:
-    """Refuse guidance on an HC-DLM run whose unconditional branch was never trained (no scaffold drop), and
-    what the run's kind cannot take (:func:`~dihal_fast.hcdlm.models.check_sample`)."""
+    """Refuse guidance on an HC-DLM run whose unconditional branch was never trained (no scaffold drop), the rules
+    verifier on a task without rules (text), and what the run's kind cannot take
+    (:func:`~dihal_fast.hcdlm.models.check_sample`)."""
     check_sample(run.model, cfg)
+    if cfg.verifier == "rules" and run.config.task.name not in RULE_TASKS:
+        raise DihalValueError(
+            f"--verifier rules checks the rules of {' and '.join(RULE_TASKS)} answers; this run's task "
+            f"({run.config.task.name}) has none: use --verifier chain"
+        )
     if cfg.cfg_weight and run.config.model.kind == "hcdlm" and not run.config.objective.guidance_training:
         raise DihalValueError(
             f"--cfg-weight {cfg.cfg_weight} needs a run trained with --guidance-training (its unconditional "
@@ -92,7 +99,7 @@ def sample_targets(
     for start in progress_bar(range(0, contexts.shape[0], cfg.batch_size), desc="sampling", leave=False):
         began = time.perf_counter()
         tokens = generate(
-            run.model, run.kernel, contexts[start : start + cfg.batch_size].to(run.device), cfg, generator
+            run.model, run.kernel, contexts[start : start + cfg.batch_size].to(run.device), cfg, generator, run.task
         )
         if run.device.type == "cuda":
             torch.cuda.synchronize(run.device)
