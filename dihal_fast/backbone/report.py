@@ -143,6 +143,7 @@ def describe_backbone(model_dir: str | Path) -> str:
     shipped = [b.name for b in SHIPPED_BACKBONES.values() if b.directory.resolve() == model_dir.resolve()]
     lines = [
         f"backbone: {model_dir}" + (f" (shipped as {shipped[0]})" if shipped else ""),
+        *_gguf_lines(model_dir),
         (
             f"architecture: {', '.join(config.architectures or [config.model_type])} "
             f"({config.num_hidden_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} heads"
@@ -175,6 +176,20 @@ def describe_backbone(model_dir: str | Path) -> str:
             f"{name:<20}{row['tokens']:>9}{row['ppl']:>9.2f}{row['unigram_ppl']:>9.1f}{row['bigram_ppl']:>9.1f}"
         )
     return "\n".join(lines)
+
+
+def _gguf_lines(model_dir: Path) -> list[str]:
+    """What ``dihal backbone info`` says of the GGUF file a view directory stands for (nothing for another)."""
+    from dihal_fast.common.hf_loading import gguf_source
+
+    source = gguf_source(model_dir)
+    if source is None:
+        return []
+    types = ", ".join(f"{name} x{count}" for name, count in source["tensor_types"].items())
+    return [
+        f"GGUF file: {source['file']} ({source['bytes'] / 2**20:.1f} MiB, sha256 {source['sha256']})",
+        f"GGUF tensors: {types}; dequantized at load (--dtype auto: {source['dtype']})",
+    ]
 
 
 def _kv_heads(config) -> str:

@@ -30,13 +30,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info = actions.add_parser(
         "info",
         help="architecture, parameters, training data and validation perplexity of a backbone",
-        description="Describe a backbone directory (reads config.json and training_report.json).",
+        description="Describe a backbone directory or .gguf file (reads config.json and training_report.json).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     info.add_argument(
         "--model",
         default=None,
-        help="shipped backbone name or checkpoint directory (default: the default shipped backbone)",
+        help="shipped backbone name, checkpoint directory or .gguf file (default: the default shipped backbone)",
     )
     info.set_defaults(func=run_info)
     listing = actions.add_parser(

@@ -6,14 +6,25 @@ config's layer count against the layers the safetensors headers hold (read witho
 report (``output_loading_info``): a tensor the architecture needs and the checkpoint lacks, one it holds that
 the architecture has no place for, or one of another shape is refused in one line naming the tensors, instead of
 a model with made-up weights. Errors are translated once, here, where the files enter, and chained.
+
+A ``.gguf`` file stands wherever a checkpoint directory does (``--model model.Q4_K_M.gguf``): its header is
+checked first (:func:`read_gguf_header`), then :func:`gguf_view` gives it a directory in the user's cache holding
+the ``config.json`` and tokenizer transformers converts from the file's metadata, so every stage reads it as it
+reads a checkpoint directory; :func:`load_whole` reads the weights from the file itself, dequantized in the
+requested dtype. The view is keyed by the file's path and sha256: a changed file is a new view.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import json
 import logging
 import os
 import re
+import secrets
+import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -30,6 +41,8 @@ LOAD_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, RuntimeErro
 _LAYER_KEY = re.compile(r"^((?:.*\.)?(?:layers|h))\.(\d+)\.")  # model.layers.3.mlp..., transformer.h.0.attn...
 _HEADER_LIMIT = 100 * 2**20  # a safetensors header larger than this is not one
 _FLASH = {"flash_attention_2": "is_flash_attn_2_available", "flash_attention_3": "is_flash_attn_3_available"}
+GGUF_SOURCE = "gguf_source.json"  # in a GGUF file's view directory: the file, its sha256, its tensor types
+_GGUF_FLOATS = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}  # GGUF float types, in --dtype auto's order
 
 
 def load_failure(path: str | os.PathLike, exc: BaseException) -> DihalValueError:
@@ -183,13 +196,184 @@ def check_attn_implementation(name: object) -> None:
     )
 
 
+def cache_dir(*parts: str) -> Path:
+    """Where dihal_fast keeps what it derives from its inputs (GGUF views, downloaded test models), ``parts``
+    joined: ``$DIHAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/dihal_fast``, else ``~/.cache/dihal_fast``."""
+    root = os.environ.get("DIHAL_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(root).joinpath(*([] if os.environ.get("DIHAL_CACHE_DIR") else ["dihal_fast"]), *parts)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 (hex) of a file's bytes, read once per process for each path, size and modification time."""
+    stat = os.stat(path)
+    return _sha256(os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def is_gguf_file(path: str | os.PathLike | None) -> bool:
+    """Whether ``path`` names an existing ``.gguf`` file."""
+    return path is not None and Path(path).suffix.lower() == ".gguf" and Path(path).is_file()
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFHeader:
+    """What a GGUF file's header says: the ``general.architecture``, the number of tensors of each GGML type,
+    and the dtype ``--dtype auto`` loads it in (its float type; float32 for quantised blocks)."""
+
+    architecture: str
+    tensor_types: dict[str, int]
+    dtype: str
+
+
+def _gguf_package(path: Path):
+    """The gguf package (and accelerate, which transformers' GGUF loading needs), or one line saying how to
+    install them."""
+    try:
+        import accelerate  # noqa: F401
+        import gguf
+    except ImportError as exc:
+        raise DihalValueError(f"loading {path} needs the {exc.name} package: pip install 'dihal_fast[gguf]'") from None
+    return gguf
+
+
+@functools.cache
+def _dequantizable(type_name: str) -> bool:
+    """Whether the gguf package (which transformers dequantizes with) unpacks GGML type ``type_name``."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType[type_name]
+    try:
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8), qtype)
+    except (NotImplementedError, KeyError, ValueError):
+        return False
+    return True
+
+
+def read_gguf_header(path: Path) -> GGUFHeader:
+    """The header of GGUF file ``path``, refused in one line naming the file before any weights load when the
+    file is not a GGUF file, is cut short, or holds a tensor of a type transformers cannot dequantize."""
+    gguf = _gguf_package(path)
+    try:
+        reader = gguf.GGUFReader(path)
+        field = reader.fields["general.architecture"]
+        architecture = bytes(field.parts[field.data[0]]).decode()
+    except (ValueError, KeyError, IndexError, OSError, UnicodeDecodeError) as exc:
+        raise DihalValueError(f"{path} is not a readable GGUF file (truncated or corrupt: {exc})") from None
+    end, size = max((t.data_offset + int(t.n_bytes) for t in reader.tensors), default=0), path.stat().st_size
+    if end > size:
+        raise DihalValueError(f"{path} is truncated: its tensors end at byte {end}, the file at byte {size}")
+    types = [tensor.tensor_type.name for tensor in reader.tensors]
+    unsupported = [f"{tensor.name} ({name})" for tensor, name in zip(reader.tensors, types) if not _dequantizable(name)]
+    if unsupported:
+        raise DihalValueError(
+            f"{path} holds tensors of a quantisation type transformers cannot dequantize: {_listed(unsupported, 3)}"
+        )
+    floats = [dtype for name, dtype in _GGUF_FLOATS.items() if name in types]
+    dtype = floats[0] if floats and set(types) <= set(_GGUF_FLOATS) else "float32"
+    return GGUFHeader(architecture, {name: types.count(name) for name in sorted(set(types))}, dtype)
+
+
+def _gguf_config(path: Path, architecture: str):
+    """The transformers config of GGUF file ``path``, refused in one line unless it is a causal LM."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    except LOAD_ERRORS as exc:
+        raise DihalValueError(
+            f"{path} holds a {architecture!r} model, which transformers cannot read from GGUF ({exc})".splitlines()[0]
+        ) from None
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise DihalValueError(f"{path} holds a {config.model_type!r} model, not a causal LM")
+    return config
+
+
+def gguf_view(path: str | os.PathLike) -> Path:
+    """The checkpoint directory standing for GGUF file ``path`` in :func:`cache_dir` (made on first use, after
+    :func:`read_gguf_header`): the config and tokenizer transformers converts from the file's metadata, and
+    :data:`GGUF_SOURCE` naming the file and its sha256. The weights stay in the file (see :func:`load_whole`)."""
+    from transformers import AutoTokenizer
+
+    path = Path(path).resolve()
+    sha256 = file_sha256(path)
+    key = hashlib.sha256(f"{path}\n{sha256}".encode()).hexdigest()[:16]
+    view = cache_dir("gguf", f"{path.stem}-{key}")
+    if (view / GGUF_SOURCE).is_file():
+        return view
+    header = read_gguf_header(path)
+    config = _gguf_config(path, header.architecture)
+    config.dtype = header.dtype
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except LOAD_ERRORS as exc:
+        raise DihalValueError(
+            f"could not build the tokenizer of {path}: {type(exc).__name__}: {exc}".splitlines()[0]
+        ) from None
+    tmp = view.parent / f".{view.name}.{secrets.token_hex(8)}"  # open()'s mode, unlike mkdtemp's 0700
+    tmp.mkdir(parents=True)
+    try:
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        source = {"file": str(path), "sha256": sha256, "bytes": path.stat().st_size, **dataclasses.asdict(header)}
+        (tmp / GGUF_SOURCE).write_text(json.dumps(source, indent=2) + "\n")
+        tmp.rename(view)  # atomic; a process that made the same view first wins
+    except OSError:
+        if not (view / GGUF_SOURCE).is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("GGUF file %s (sha256 %s): config and tokenizer in %s", path, sha256, view)
+    return view
+
+
+def gguf_source(model_dir: str | os.PathLike) -> dict | None:
+    """What a GGUF view directory (:func:`gguf_view`) records of its file (``file``, ``sha256``,
+    ``architecture``, ``tensor_types``, ``dtype``), the file checked to be there unchanged; None for any other
+    directory."""
+    from dihal_fast.common.io import read_json
+
+    marker = Path(model_dir) / GGUF_SOURCE
+    if not marker.is_file():
+        return None
+    source = read_json(marker, "GGUF source record")
+    if not Path(source["file"]).is_file():
+        raise FileNotFoundError(
+            f"{model_dir} stands for the GGUF file {source['file']}, which is gone; pass the file where it is now"
+        )
+    if file_sha256(source["file"]) != source["sha256"]:
+        raise DihalValueError(
+            f"{source['file']} changed since {model_dir} was made from it (sha256 {source['sha256']}); pass the "
+            "file itself as --model to use its present content"
+        )
+    return source
+
+
+def _without_quantizer(model) -> None:
+    """Make a model loaded (dequantized) from a GGUF file a plain transformers model: no quantizer and no
+    ``quantization_config``, so what is saved from it (a hybrid) is an ordinary checkpoint."""
+    model.hf_quantizer = None
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+
+
 def resolve_model_dir(path: str | os.PathLike | None) -> Path:
-    """``path`` checked to be a checkpoint directory: a directory, a shipped backbone's name
-    (``tiny-qwen3-16l``; a directory of that name wins) or ``None`` (the default shipped backbone).
-    Every command's ``--model`` goes through here."""
+    """``path`` checked to be a checkpoint directory: a directory, a ``.gguf`` file (its :func:`gguf_view`), a
+    shipped backbone's name (``tiny-qwen3-16l``; a directory of that name wins) or ``None`` (the default shipped
+    backbone). Every command's ``--model`` goes through here."""
     path = model_location(path)
+    if is_gguf_file(path):
+        return gguf_view(path)
     if not path.is_dir() or not (path / "config.json").is_file():
-        raise DihalValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
+        raise DihalValueError(f"{path} is not a Hugging Face checkpoint directory (no config.json) nor a .gguf file")
     from dihal_fast.common.json_input import parse_json
 
     config = parse_json((path / "config.json").read_bytes(), f"{path}/config.json")
@@ -205,6 +389,8 @@ def load_tokenizer(path: str | os.PathLike | None):
     from transformers import AutoTokenizer
 
     path = model_location(path)
+    if is_gguf_file(path):
+        path = gguf_view(path)
     if not path.is_dir():
         raise FileNotFoundError(f"tokenizer directory not found: {path}")
     try:
@@ -274,9 +460,13 @@ def input_device(model) -> torch.device:
 
 def load_whole(loader, path: str | os.PathLike, **kwargs):
     """``loader.from_pretrained(path, **kwargs)`` (an Auto class or a model class) checked to have found every
-    tensor it needed (:func:`check_layer_count` first, then :func:`check_loading_info`); one error otherwise."""
+    tensor it needed (:func:`check_layer_count` first, then :func:`check_loading_info`); one error otherwise.
+    A ``.gguf`` file or its view directory loads from the file, every tensor dequantized (``dtype``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if is_gguf_file(path):
+        path = gguf_view(path)
+    source = gguf_source(path)
     check_device_map(kwargs.get("device_map"))
     check_attn_implementation(kwargs.get("attn_implementation"))
     try:
@@ -295,14 +485,30 @@ def load_whole(loader, path: str | os.PathLike, **kwargs):
         except LOAD_ERRORS as exc:
             raise load_failure(path, exc) from exc
         check_stored_shapes(path, skeleton, shapes)
+    target: str | os.PathLike = path
+    if source is not None:  # transformers' GGUF loader: the file's folder and name
+        target, kwargs = Path(source["file"]).parent, {**kwargs, "gguf_file": Path(source["file"]).name}
+        kwargs.update(_dequantize_option())
     try:
-        model, info = loader.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+        model, info = loader.from_pretrained(target, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
     except DihalError:
         raise
     except LOAD_ERRORS as exc:
         raise load_failure(path, exc) from exc
     check_loading_info(path, info)
+    if source is not None:
+        _without_quantizer(model)
     return model
+
+
+def _dequantize_option() -> dict:
+    """``from_pretrained`` keywords that unpack every GGUF weight into a dense tensor (transformers versions that
+    can keep them packed); none where every weight is unpacked anyway."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
 
 
 def load_causal_lm(

@@ -3,7 +3,8 @@
 :func:`check_inputs` records the inputs of each part of a run (a stage folder, a layer's bridge, a samples
 file) in the run's marker (:mod:`dihal_fast.common.rundir`) before the part is computed; a rerun that asks
 for the same part with other inputs (budget, steps, seed, model, corpus, ...) is refused in one line naming
-each changed field, never relabelled: ``--overwrite`` recomputes the run, or choose a new ``--out``.
+each changed field, never relabelled: ``--overwrite`` recomputes the run, or choose a new ``--out``. A ``model``
+that is a GGUF file is recorded with the file's sha256 (``model_sha256``): a run resumes only on the same bytes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from dihal_fast.common.hf_loading import file_sha256, is_gguf_file
 from dihal_fast.common.launch import launcher_env
 from dihal_fast.common.rundir import read_marker, update_marker
 from dihal_fast.errors import DihalValueError
@@ -30,6 +32,13 @@ def _plain(value: Any) -> Any:
         value = value.to_dict() if hasattr(value, "to_dict") else dataclasses.asdict(value)
     plain = json.loads(json.dumps(value, default=str))
     return {k: v for k, v in plain.items() if k not in _HOW} if isinstance(plain, dict) else plain
+
+
+def _pinned(plain: Any) -> Any:
+    """``plain`` with ``model_sha256`` beside a ``model`` that names a GGUF file (a path names no content)."""
+    if isinstance(plain, dict) and isinstance(plain.get("model"), str) and is_gguf_file(plain["model"]):
+        return {**plain, "model_sha256": file_sha256(plain["model"])}
+    return plain
 
 
 def _differences(saved: Any, wanted: Any, prefix: str = "") -> list[str]:
@@ -51,7 +60,7 @@ def check_inputs(run: Path, part: str, inputs: Mapping[str, Any]) -> None:
     and another rank that ran ahead would write the marker before rank 0 claimed the directory."""
     if launcher_env().rank != 0:
         return
-    wanted = {key: _plain(value) for key, value in inputs.items()}
+    wanted = _pinned({key: _pinned(_plain(value)) for key, value in inputs.items()})
     recorded = read_marker(run).get("inputs")
     recorded = recorded if isinstance(recorded, dict) else {}
     if part not in recorded:
