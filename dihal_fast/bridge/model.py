@@ -18,6 +18,14 @@ default (2 steps, 2 blocks, depth 2) 1.085; 1 step 1.078; 1 step and 1 block 1.0
 (depth 0: 1.120); torch calls per generated token 957 (old code) -> 654 against the backbone's 607.
 ``bench/bench_bridge_speed.py`` measures tokens/s and PPL of these variants together.
 
+Copied backbone layers. With ``copied_layers = k > 0`` the context encoder starts with the backbone's own
+decoder layers ``1..k`` (its architecture, rotary positions, masks and KV cache; weights copied from the
+backbone, frozen unless ``train_copied_layers``), followed by ``layer - k`` of the bridge's blocks by default,
+and the denoiser predicts ``x0`` as the normalised ``h_k`` plus a learned correction (its output layer starts
+at zero, so ``k = layer`` starts as the backbone itself). ``k = 0`` is the paper's bridge, everything learned
+from ``c(x)``. On a real model (SmolLM2-135M, ``l* = 3``) nothing learned from scratch at a CPU budget
+comes near the backbone; see README, "Real checkpoints".
+
 Output ``i`` depends on ``c(x_1..x_i)`` and ``z_{t,i}`` only. Targets are normalised per layer,
 ``z = (h - mean) / std`` with the teacher's per-dimension mean and one scalar std (the root mean
 per-dimension variance): an isotropic rescaling that keeps the layer's geometry, makes ``E|z|^2 / D = 1``,
@@ -30,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from transformers import AutoConfig, AutoModel, DynamicCache
 
 from dihal_fast.bridge.layers import ContextBlock, FiLMBlock, KVCache, Modulation, rotary_tables, sinusoidal_embedding
 from dihal_fast.bridge.samplers import make_sampler
@@ -46,7 +55,10 @@ class BridgeConfig(SerialConfig):
     condition_size: int  # size of the condition c(x)
     layer: int  # index l of the rebuilt hidden state (output of backbone layer l)
     width: int = 0  # W of context encoder and denoiser; 0 = hidden_size
-    context_layers: int = -1  # -1 = one block per replaced layer (= layer)
+    context_layers: int = -1  # -1 = one block per replaced layer the bridge learns (= layer - copied_layers)
+    copied_layers: int = 0  # backbone layers 1..k copied into the context encoder (0 = all learned from c(x))
+    train_copied_layers: bool = False  # train the copied layers with the bridge (default: frozen)
+    copied_config: dict = field(default_factory=dict)  # HF config of the copied layers (set by the hybrid)
     heads: int = 0  # 0 = width // 64 (at least 1)
     mlp_ratio: int = 2
     unet_depth: int = 1  # halvings of the width in the denoiser's down path
@@ -61,7 +73,8 @@ class BridgeConfig(SerialConfig):
 
     def __post_init__(self) -> None:
         self.width = self.width or self.hidden_size
-        self.context_layers = self.layer if self.context_layers == -1 else self.context_layers
+        learned = max(0, self.layer - self.copied_layers)
+        self.context_layers = learned if self.context_layers == -1 else self.context_layers
         self.heads = self.heads or max(1, self.width // 64)
         if not self.target_mean:
             self.target_mean = [0.0] * self.hidden_size
@@ -70,6 +83,7 @@ class BridgeConfig(SerialConfig):
             "condition_size": self.condition_size > 0,
             "layer": self.layer >= 1,
             "context_layers": self.context_layers >= 0,
+            "copied_layers": 0 <= self.copied_layers <= self.layer,
             "mlp_ratio": self.mlp_ratio >= 1,
             "unet_depth": self.unet_depth >= 0 and self.width // 2**self.unet_depth >= 1,
             "time_dim": self.time_dim >= 2 and self.time_dim % 2 == 0,
@@ -85,6 +99,11 @@ class BridgeConfig(SerialConfig):
             raise DihalValueError(f"bridge width {self.width} must split into {self.heads} heads of even size")
         Prediction(self.prediction).check_schedule(make_schedule(self.schedule))
         make_sampler(self.sampler)
+        if self.copied_layers and self.prediction != "x0":
+            raise DihalValueError(
+                f"copied_layers = {self.copied_layers} needs prediction 'x0' (the denoiser corrects the copied "
+                f"layers' h in x0 space), got {self.prediction!r}"
+            )
 
 
 class BridgeCache:
@@ -94,10 +113,13 @@ class BridgeCache:
 
     def __init__(self, layers: int):
         self.layers: list[KVCache | None] = [None] * layers
+        self.copied: DynamicCache | None = None  # the copied backbone layers' own cache (created at first use)
         self.modulations: dict[float, list[Modulation]] = {}
 
     @property
     def length(self) -> int:
+        if self.copied is not None:
+            return self.copied.get_seq_length()
         first = self.layers[0] if self.layers else None
         return 0 if first is None else first[0].shape[2]
 
@@ -141,6 +163,7 @@ class Bridge(nn.Module):
         # No per-token normalisation on the paths from c(x) to the output (only the global condition_rms):
         # h_l = c(x) + layer updates, and the norms of the embeddings differ by token and must reach the
         # prediction (a LayerNorm would erase them).
+        self.copied = copied_model(config)
         self.condition_in = nn.Linear(config.condition_size, width)
         self.context = nn.ModuleList(
             ContextBlock(width, config.heads, config.mlp_ratio) for _ in range(config.context_layers)
@@ -191,8 +214,14 @@ class Bridge(nn.Module):
     def encode(
         self, condition: Tensor, positions: Tensor, key_mask: Tensor | None = None, cache: BridgeCache | None = None
     ) -> list[Tensor]:
-        """Per-level context features ``[(B, T, W / 2^k)]`` from ``c(x)``; extends ``cache`` in place."""
-        x = self.condition_in((condition / self.config.condition_rms).to(self.dtype))
+        """Per-level context features ``[(B, T, W / 2^k)]`` from ``c(x)``, followed by the normalised ``h_k``
+        of the copied layers when there are any (the denoiser's ``x0`` skip); extends ``cache`` in place."""
+        skip = None
+        if self.copied is None:
+            x = self.condition_in((condition / self.config.condition_rms).to(self.dtype))
+        else:
+            skip = self.normalize(self.copied_hidden_state(condition, positions, key_mask, cache))
+            x = self.condition_in(skip.to(self.dtype))
         rotary = (
             rotary_tables(positions, self.config.width // self.config.heads, self.dtype) if len(self.context) else None
         )
@@ -200,7 +229,33 @@ class Bridge(nn.Module):
             x, kv = block(x, rotary, key_mask, cache.layers[index] if cache is not None else None)
             if cache is not None:
                 cache.layers[index] = kv
-        return [project(x) for project in self.context_to_level]
+        levels = [project(x) for project in self.context_to_level]
+        return levels if skip is None else [*levels, skip]
+
+    def copied_hidden_state(
+        self, condition: Tensor, positions: Tensor, key_mask: Tensor | None, cache: BridgeCache | None
+    ) -> Tensor:
+        """``h_k`` ``(B, T, D)`` of the copied backbone layers on ``c(x)`` (before the model's final norm),
+        continuing ``cache.copied``."""
+        assert self.copied is not None
+        if cache is not None and cache.copied is None:
+            cache.copied = DynamicCache(config=self.copied.config)
+        captured: list[Tensor] = []
+        last = _decoder_layers(self.copied)[-1]
+        handle = last.register_forward_hook(
+            lambda module, args, output: captured.append(output[0] if isinstance(output, tuple) else output)
+        )
+        try:
+            self.copied(
+                inputs_embeds=condition.to(self.dtype),
+                attention_mask=None if key_mask is None else key_mask.long(),
+                position_ids=positions,
+                cache=cache.copied if cache is not None else None,
+                use_cache=cache is not None,
+            )
+        finally:
+            handle.remove()
+        return captured[-1]
 
     def modulations(self, t: Tensor) -> list[Modulation]:
         """FiLM modulations of the denoiser's blocks (down path, middle, up path) at time ``t`` (0-d or ``(B, T)``)."""
@@ -226,7 +281,8 @@ class Bridge(nn.Module):
         x = self.middle(x, middle)
         for level in reversed(range(len(self.ups))):
             x = self.up_blocks[level](self.ups[level](x) + skips[level], up[level])
-        return self.out(x).float()
+        out = self.out(x).float()
+        return out + context[-1].float() if len(context) > len(self.context_to_level) else out
 
     def _split(self, modulations: list[Modulation]) -> tuple[list[Modulation], Modulation, list[Modulation]]:
         depth = self.config.unet_depth
@@ -267,3 +323,27 @@ class Bridge(nn.Module):
         """Training pass: ``(denoiser output at (noisy, t), sampled normalised x0 from noise)``."""
         context = self.encode(condition, positions, key_mask)
         return self.denoise(noisy, t, context), self.sample(context, noise, nfe)
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder blocks of a transformers base model (``layers``, or GPT-2's ``h``)."""
+    for name in ("layers", "h"):
+        layers = getattr(model, name, None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    raise DihalValueError(f"{type(model).__name__} has no list of decoder layers named layers or h")
+
+
+def copied_model(config: BridgeConfig) -> nn.Module | None:
+    """The copied backbone layers as a transformers base model of ``copied_layers`` layers (float32, weights
+    to be copied in by the caller; a one-row token embedding, as the bridge feeds ``c(x)`` as ``inputs_embeds``),
+    or ``None`` when nothing is copied."""
+    if not config.copied_layers:
+        return None
+    if not config.copied_config.get("model_type"):
+        raise DihalValueError("copied_layers > 0 needs copied_config, the copied layers' Hugging Face config")
+    settings = dict(config.copied_config)
+    hf_config = AutoConfig.for_model(settings.pop("model_type"), **settings)
+    model = AutoModel.from_config(hf_config, dtype=torch.float32)
+    model.requires_grad_(config.train_copied_layers)
+    return model.eval()  # no dropout, as in the teacher (HybridLM.train keeps it so)

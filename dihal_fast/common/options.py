@@ -149,11 +149,12 @@ def _add_override_options(
     """``--{prefix}-{name}`` for each field ``name`` of dataclass ``target`` in ``specs`` (its help, choices)."""
     defaults = {f.name: f.default for f in dataclasses.fields(target)}
     for name, spec in specs.items():
+        kind = type(defaults[name])
         parser.add_argument(
             f"--{prefix}-{name.replace('_', '-')}",
             dest=f"{prefix}_{name}",
-            type=type(defaults[name]),
             default=defaults[name],
+            **({"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}),
             **spec,
         )
 

@@ -27,6 +27,7 @@ class HybridCache(DynamicCache):
         return self.bridge.length
 
     def _select_rows(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` of the bridge's own keys/values (the copied layers' cache selects its own)."""
         self.bridge.layers = [
             None
             if kv is None
@@ -37,20 +38,28 @@ class HybridCache(DynamicCache):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         super().reorder_cache(beam_idx)
         self._select_rows(beam_idx)
+        if self.bridge.copied is not None:
+            self.bridge.copied.reorder_cache(beam_idx)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         super().batch_select_indices(indices)
         self._select_rows(indices)
+        if self.bridge.copied is not None:
+            self.bridge.copied.batch_select_indices(indices)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         super().batch_repeat_interleave(repeats)
+        if self.bridge.copied is not None:
+            self.bridge.copied.batch_repeat_interleave(repeats)
         first = next((kv for kv in self.bridge.layers if kv is not None), None)
         if first is not None:
             self._select_rows(torch.arange(first[0].shape[0]).repeat_interleave(repeats))
 
     def crop(self, max_length: int) -> None:
-        super().crop(max_length)
         keep = max_length if max_length >= 0 else self.length + max_length
+        super().crop(max_length)
+        if self.bridge.copied is not None:
+            self.bridge.copied.crop(max_length)
         self.bridge.layers = [
             None if kv is None else (kv[0][:, :, :keep], kv[1][:, :, :keep]) for kv in self.bridge.layers
         ]

@@ -87,6 +87,23 @@ def _foldable_head_input(module: nn.Module, args: tuple) -> tuple | None:
     return (hidden.clone(memory_format=torch.contiguous_format), *args[1:])
 
 
+@torch.no_grad()
+def _verify_copied(hybrid: HybridLM, backbone: nn.Module, layers: int, length: int = 8) -> None:
+    """Refuse (ValueError) copied layers that do not reproduce the backbone's ``h_layers`` on a probe."""
+    device = backbone.get_input_embeddings().weight.device
+    ids = (torch.arange(length, device=device) * 7 + 3).remainder(backbone.config.vocab_size)[None]
+    positions = torch.arange(length, device=device)[None]
+    expected, _ = slicing.backbone_targets(backbone, ids, layers)
+    copied = hybrid.bridge.copied_hidden_state(hybrid.condition(ids, positions), positions, None, None)
+    scale = float(expected.abs().max()) + 1.0
+    tolerance = 1e-4 if expected.dtype in (torch.float32, torch.float64) else 3e-2
+    if not torch.allclose(copied.float(), expected.float(), atol=tolerance * scale, rtol=tolerance):
+        raise DihalValueError(
+            f"backbone family {backbone.config.model_type!r}: its layers 1..{layers} copied into the bridge do not "
+            f"reproduce h_{layers} (max difference {float((copied.float() - expected.float()).abs().max()):.3g})"
+        )
+
+
 @dataclass
 class HybridCausalLMOutput(CausalLMOutputWithPast):
     """``CausalLMOutputWithPast`` plus ``bridge_hidden_state`` ``(B, T, D)``: the ``h_l`` the bridge produced
@@ -239,7 +256,10 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         slicing.check_layer(backbone.config, layer)
         slicing.decoder_layers(backbone)
         hidden = backbone.config.hidden_size
-        bridge = BridgeConfig(hidden_size=hidden, condition_size=hidden, layer=layer, **(bridge_config or {}))
+        options = dict(bridge_config or {})
+        if options.get("copied_layers", 0):
+            options["copied_config"] = slicing.copied_config(backbone.config, options["copied_layers"])
+        bridge = BridgeConfig(hidden_size=hidden, condition_size=hidden, layer=layer, **options)
         upper_config = slicing.upper_config(backbone.config, layer)
         upper_config.dtype = next(backbone.parameters()).dtype  # the weights' dtype, whatever the config file said
         backbone_config = json.loads(backbone.config.to_json_string())
@@ -280,8 +300,12 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         table = slicing.position_table(backbone)
         if table is not None:
             hybrid.condition_position_table.to(dtype).load_state_dict(table.state_dict())
+        if hybrid.bridge.copied is not None:
+            slicing.copy_lower_layers(hybrid.bridge.copied, backbone, bridge.copied_layers)
         slicing.place_like_backbone(hybrid, backbone, layer)  # a spread backbone: on its devices
         slicing.verify_cut(backbone, hybrid.upper, layer, table)
+        if hybrid.bridge.copied is not None:
+            _verify_copied(hybrid, backbone, bridge.copied_layers)
         if getattr(backbone, "generation_config", None) is not None:
             hybrid.generation_config = GenerationConfig.from_dict(backbone.generation_config.to_dict())
         hybrid.tokenizer = tokenizer
@@ -342,12 +366,15 @@ class HybridLM(PreTrainedModel, GenerationMixin):
                 )
 
     def train(self, mode: bool = True) -> HybridLM:
-        """Train mode for the bridge only: the retained layers keep eval behaviour (no dropout), as the teacher.
+        """Train mode for the bridge only: the retained layers and the bridge's copied backbone layers keep eval
+        behaviour (no dropout), as the teacher.
 
         The retained decoder blocks themselves (not their attention or MLP) follow ``mode``, so that transformers'
         gradient checkpointing, which runs only in training, recomputes them; nothing else in a block reads it."""
         super().train(mode)
         self.upper.eval()
+        if self.bridge.copied is not None:
+            self.bridge.copied.eval()
         for module in self.upper.modules():
             if isinstance(module, GradientCheckpointingLayer):
                 module.training = mode
@@ -605,6 +632,8 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         except LOAD_ERRORS as exc:
             raise load_failure(path, exc) from exc
         check_loading_info(path, info)
+        if model.bridge.copied is not None:  # the load made fresh parameters: frozen again as the config says
+            model.bridge.copied.requires_grad_(model.bridge.config.train_copied_layers)
         if path.is_dir() and (path / "tokenizer_config.json").is_file():
             from transformers import AutoTokenizer
 

@@ -20,6 +20,7 @@ of the input embedding, and :func:`backbone_targets` returns the teacher's targe
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -99,6 +100,45 @@ def upper_config(config, layer: int):
         if values is not None:
             setattr(upper, name, list(values)[layer:])
     return upper
+
+
+def copied_config(config, layers: int) -> dict:
+    """The Hugging Face config (as a dict) of the backbone's layers ``1..layers`` as a base model that the bridge's
+    context encoder runs on ``c(x)`` (``inputs_embeds``): per-layer attributes sliced alike, a one-row token
+    embedding (the condition is the backbone's embedding output, computed outside)."""
+    check_family(config)
+    lower = copy.deepcopy(config)
+    lower.num_hidden_layers = layers
+    for name in _PER_LAYER_ATTRIBUTES:
+        values = getattr(config, name, None)
+        if values is not None:
+            setattr(lower, name, list(values)[:layers])
+    lower.vocab_size = 1
+    lower.pad_token_id = lower.bos_token_id = lower.eos_token_id = None  # no token ids in a one-row vocabulary
+    settings = json.loads(lower.to_json_string())
+    return {k: v for k, v in settings.items() if k not in ("_name_or_path", "architectures", "auto_map")}
+
+
+def copy_lower_layers(copied: nn.Module, backbone: nn.Module, layers: int) -> None:
+    """Load the backbone's decoder layers ``1..layers`` (and its other base-model weights except the token
+    embedding) into ``copied`` (a base model built from :func:`copied_config`); a learned position table becomes
+    zero (``c(x)`` already holds the positions). Refuses (ValueError) a layer tensor left unloaded."""
+    base = backbone.base_model
+    source = {}
+    for key, value in base.state_dict().items():
+        match = _LAYER_KEY.match(f".{key}")
+        if match and int(match.group(2)) >= layers:
+            continue
+        source[key] = value
+    target = copied.state_dict()
+    loadable = {k: v for k, v in source.items() if k in target and target[k].shape == v.shape}
+    missing = [k for k in target if _LAYER_KEY.match(f".{k}") and k not in loadable]
+    if missing:
+        raise DihalValueError(f"the backbone's layers do not fit the copied layers' config: {missing[:4]}")
+    copied.load_state_dict(loadable, strict=False)
+    table = getattr(copied, "wpe", None)
+    if isinstance(table, nn.Embedding):
+        nn.init.zeros_(table.weight)
 
 
 def share_unsaved_buffers(upper: nn.Module, backbone: nn.Module, layer: int) -> None:

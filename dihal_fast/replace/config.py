@@ -21,8 +21,14 @@ from dihal_fast.train.settings import LoopSettings, loop_option
 BRIDGE_OPTIONS: dict[str, dict] = {
     "width": {"help": "bridge width W (0 = the backbone's hidden size)"},
     "context_layers": {
-        "help": "causal attention blocks of the context encoder over c(x) (-1 = one per replaced layer, l*)"
+        "help": "the bridge's own causal attention blocks in the context encoder (-1 = one per replaced layer "
+        "not copied: l* - copied_layers)"
     },
+    "copied_layers": {
+        "help": "backbone layers 1..k copied into the context encoder, the denoiser correcting their h_k in x0 "
+        "space (0 = the paper's bridge, everything learned from c(x))"
+    },
+    "train_copied_layers": {"help": "train the copied backbone layers with the bridge (default: frozen)"},
     "heads": {"help": "attention heads of the context encoder (0 = W // 64)"},
     "mlp_ratio": {"help": "MLP expansion of context and denoiser blocks"},
     "unet_depth": {"help": "halvings of the width in the denoiser's down path (UNet levels - 1)"},
@@ -62,6 +68,8 @@ class BridgeTrainConfig(CheckedConfig):
     warmup_steps: int = loop_option("warmup_steps", 20)
     grad_clip: float = loop_option("grad_clip", 1.0)
     ema_decay: float = loop_option("ema_decay", 0.999)
+    max_minutes: float = loop_option("max_minutes", 0.0, "the run then ends early, exported as at --steps")
+    budget_clock: str = loop_option("budget_clock", "wall")
     # loss
     w_diff: float = option(1.0, "weight of the diffusion loss (MSE on the prediction target at a random t)", min=0.0)
     w_rec: float = option(1.0, "weight of the variance-normalised reconstruction MSE of the sampled h_l", min=0.0)
@@ -96,7 +104,7 @@ class BridgeTrainConfig(CheckedConfig):
         super().__post_init__()
         if self.w_diff + self.w_rec + self.w_lm + self.w_kd == 0:
             raise DihalValueError("all loss weights are 0: nothing to train")
-        self.bridge_options(hidden_size=8)  # validates the overrides
+        self.bridge_options(hidden_size=8, layer=max(1, self.bridge.get("copied_layers", 0)))  # checks the overrides
 
     def loop_settings(self, device: str | None = None) -> LoopSettings:
         """The shared loop's view of a bridge run (cosine to a tenth of the peak rate after warm-up)."""

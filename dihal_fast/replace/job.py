@@ -66,7 +66,17 @@ class StepInfo:
 # Fields that may change between a run and its resumption (they do not change what a step computes);
 # save_every is checkpoint_every's name in checkpoints of earlier versions.
 RESUMABLE_CHANGES = frozenset(
-    {"steps", "log_every", "eval_every", "checkpoint_every", "save_every", "keep_checkpoints", "device"}
+    {
+        "steps",
+        "log_every",
+        "eval_every",
+        "checkpoint_every",
+        "save_every",
+        "keep_checkpoints",
+        "device",
+        "max_minutes",
+        "budget_clock",
+    }
 )
 CONFIG_NAME, BRIDGE_CONFIG_NAME = "train_config.json", "bridge_config.json"
 
@@ -312,7 +322,7 @@ class BridgeJob(TrainingJob):
     def finish(self, run: TrainingRun, seconds: float) -> dict:
         """Final validation and export (EMA weights), ``validation.json``, the loss curve and ``result.json``."""
         out_dir = run.run_dir
-        final = self._validate(run, self.config.steps, export_dir=out_dir / "hybrid")
+        final = self._validate(run, run.step, export_dir=out_dir / "hybrid")
         if self.rank != 0:
             return {}
         history = self.history + [final]
@@ -322,13 +332,19 @@ class BridgeJob(TrainingJob):
             f"bridge for hidden state {final['layer']}",
             [(h["step"], h["bridge_loss"]) for h in history],
         )
+        tokens_per_step = self.config.batch_size * self.config.grad_accum_steps * run.engine.world_size
         result = {
             "layer": final["layer"],
             "steps": self.config.steps,
+            "steps_trained": run.step,
+            "tokens_seen": run.step * tokens_per_step * self.config.seq_len,
+            "train_seconds": round(run.elapsed_s, 3),
+            "budget_clock": self.config.budget_clock,
             "bridge_loss": final["bridge_loss"],
             "validation": final,
             "hybrid_dir": str((out_dir / "hybrid").absolute()),  # a relative --out is relative to the cwd, not the run
             "model": None if self.model_dir is None else str(Path(self.model_dir).resolve()),
+            **self.blocks.provenance,  # corpus_tokens per file, the documents' special tokens
             "engine": run.engine.kind,
             "world_size": run.engine.world_size,
             "train_seconds_this_run": seconds,
