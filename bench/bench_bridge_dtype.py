@@ -36,7 +36,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     hybrid_dir = hybrid_from_options(args)
     backbone, tokenizer = load_causal_lm(None)
-    blocks = heldout_blocks(tokenizer, corpus_or_default(None), EvalProtocolConfig())
+    blocks = heldout_blocks(tokenizer, corpus_or_default(None), EvalProtocolConfig()).blocks
     header = ["dtype", "bridge", "hybrid NLL", "backbone NLL", "PPL ratio", "NLL - float32 load", "max block change"]
     rows, figures, reference = [], {}, None
     for dtype, bridge in LOADS:

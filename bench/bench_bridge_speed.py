@@ -63,7 +63,7 @@ def main() -> None:
     }
     backbone = load_lm(next(iter(hybrids.values())).backbone_dir)
     settings = EvalProtocolConfig()
-    blocks = heldout_blocks(backbone.tokenizer, [default_corpus()], settings)
+    blocks = heldout_blocks(backbone.tokenizer, [default_corpus()], settings).blocks
     base_ppl = teacher_forced(backbone.logits, blocks, settings.batch_size)["ppl"]
     ppl = {}
     for name, lm in hybrids.items():

@@ -54,7 +54,7 @@ def main() -> None:
     model = HybridLM.from_pretrained(hybrid_dir).eval()
     backbone, tokenizer = load_causal_lm(None)
     settings = EvalProtocolConfig()
-    blocks = heldout_blocks(tokenizer, corpus_or_default(None), settings)
+    blocks = heldout_blocks(tokenizer, corpus_or_default(None), settings).blocks
 
     backbone_nll = pooled(block_nll(backbone, blocks))
     model.config.stochastic_noise = False

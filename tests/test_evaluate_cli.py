@@ -35,7 +35,7 @@ def models(tiny_checkpoints):
 
 def test_heldout_blocks_are_the_corpus_tail(models, corpus):
     lm = models["llama"]
-    blocks = heldout_blocks(lm.tokenizer, corpus, SETTINGS)
+    blocks = heldout_blocks(lm.tokenizer, corpus, SETTINGS).blocks
     ids = []
     for paragraph in TEXT.split("\n\n"):
         ids += lm.tokenizer(paragraph, add_special_tokens=False)["input_ids"] + [lm.tokenizer.eos_token_id]
@@ -46,7 +46,7 @@ def test_heldout_blocks_are_the_corpus_tail(models, corpus):
 
 def test_section_holds_every_metric(models, corpus):
     backbone, other = models["llama"], models["gpt2"]
-    blocks = heldout_blocks(backbone.tokenizer, corpus, SETTINGS)
+    blocks = heldout_blocks(backbone.tokenizer, corpus, SETTINGS).blocks
     section, texts = evaluate_lm(other, blocks, SETTINGS, evaluator=backbone, reference=backbone)
     for key in ("nll", "ppl", "kl", "gen_ppl", "entropy", "diversity_dihal", "diversity_ld4lg", "tokens_per_s"):
         assert isinstance(section[key], float) and math.isfinite(section[key]), key

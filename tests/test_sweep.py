@@ -103,6 +103,8 @@ def test_sweep_cli_end_to_end_and_resume(tiny_checkpoints, tmp_path, capsys):
     for name in ("spearman", "kendall", "pearson"):
         assert report[name] == want[name] and set(report[name]) >= {"mean", "std"}
     assert report["rank_gap"] == want["rank_gap"] and (out / "sweep.png").is_file()
+    assert report["corpus_tokens"]["locate"] == locate["corpus_tokens"] == {str(corpus): 1024}
+    assert list(report["corpus_tokens"]["train"]) == [str(corpus)] and report["protocol"]["documents"]
     stamp = (out / "layer_02" / "result.json").stat().st_mtime_ns
     assert main(_sweep_argv(tiny_checkpoints["llama"], corpus, out)) == 0  # reuses every finished stage
     assert (out / "layer_02" / "result.json").stat().st_mtime_ns == stamp

@@ -57,10 +57,9 @@ def _check_model(model, config: CollectConfig) -> tuple[int, int]:
 def _rank_blocks(tokenizer, config: CollectConfig, rank: int, world: int, skip: int) -> Iterator[torch.Tensor]:
     """This rank's blocks (global blocks ``rank, rank + world, ...``) after the first ``skip``."""
     total = config.total_blocks
-    rank_tokens = None if total is None else len(range(rank, total, world)) * config.seq_len
-    if rank_tokens == 0:
+    if total is not None and total <= rank:
         return iter(())
-    blocks = iter_token_blocks(tokenizer, read_texts(config.corpus), config.seq_len, rank_tokens, rank, world)
+    blocks = iter_token_blocks(tokenizer, read_texts(config.corpus), config.seq_len, config.max_tokens, rank, world)
     return itertools.islice(blocks, skip, None)
 
 

@@ -120,11 +120,12 @@ def backbone_option(default_note: str = "") -> Any:
     )
 
 
-def corpus_option() -> Any:
-    """The ``corpus`` field of a stage config (``--corpus``), None meaning the shipped corpus."""
+def corpus_option(default_note: str = "") -> Any:
+    """The ``corpus`` field of a stage config (``--corpus``), None meaning the shipped corpus (``default_note`` adds
+    what else None may mean)."""
     return option(
         None,
-        ".txt / .jsonl files, directories of them or a saved dataset (default: the shipped corpus)",
+        f".txt / .jsonl files, directories of them or a saved dataset (default: the shipped corpus{default_note})",
         metavar="PATH",
         path=True,
     )

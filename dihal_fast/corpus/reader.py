@@ -175,27 +175,37 @@ def _dataset_pieces(path: Path) -> Iterator[str | None]:
 class Corpus:
     """The documents of a corpus in a fixed order. Iterating gives each document as one string;
     :meth:`pieces` gives them as pieces (what :func:`~dihal_fast.corpus.blocks.iter_token_blocks` reads, so
-    that memory is bounded by a piece). Either refuses a corpus that holds no text at all."""
+    that memory is bounded by a piece), :meth:`sources` file by file. Each refuses a corpus that holds no text at
+    all."""
 
     def __init__(self, paths: str | os.PathLike | Iterable[str | os.PathLike]) -> None:
         self.paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
 
+    def files(self) -> list[Path]:
+        """The files (or saved datasets) of the corpus in reading order (:func:`corpus_files`)."""
+        return corpus_files(self.paths)
+
+    def sources(self) -> Iterator[tuple[Path, Iterator[str | None]]]:
+        """``(file, its pieces)`` for every file of :meth:`files` in order; a file's pieces are read only as far
+        as they are consumed, and a corpus in which no file gave a piece is refused at the end."""
+        files = self.files()
+        found = False
+
+        def seen(pieces: Iterator[str | None]) -> Iterator[str | None]:
+            nonlocal found
+            for piece in pieces:
+                found = True
+                yield piece
+
+        for path in files:
+            yield path, seen(_file_pieces(path))
+        if not found:
+            raise DihalValueError(f"corpus {[str(p) for p in files]} contains no text")
+
     def pieces(self) -> Iterator[str | None]:
         """Every document as pieces of at most ``PIECE_CHARS`` characters, each document's followed by ``END``."""
-        empty = True
-        files = corpus_files(self.paths)
-        for path in files:
-            if _is_saved_dataset(path):
-                pieces = _dataset_pieces(path)
-            elif path.suffix in JSONL_SUFFIXES:
-                pieces = _jsonl_pieces(path)
-            else:
-                pieces = _paragraph_pieces(path)
-            for piece in pieces:
-                empty = False
-                yield piece
-        if empty:
-            raise DihalValueError(f"corpus {[str(p) for p in files]} contains no text")
+        for _, pieces in self.sources():
+            yield from pieces
 
     def __iter__(self) -> Iterator[str]:
         document: list[str] = []
@@ -205,6 +215,15 @@ class Corpus:
                 document = []
             else:
                 document.append(piece)
+
+
+def _file_pieces(path: Path) -> Iterator[str | None]:
+    """The pieces of one corpus file (or saved dataset), by its kind."""
+    if _is_saved_dataset(path):
+        return _dataset_pieces(path)
+    if path.suffix in JSONL_SUFFIXES:
+        return _jsonl_pieces(path)
+    return _paragraph_pieces(path)
 
 
 def read_texts(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> Corpus:

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from dihal_fast.common.assets import ASSETS_DIR
+from dihal_fast.corpus import token_convention
 from dihal_fast.errors import DihalError, DihalValueError
 
 logger = logging.getLogger(__name__)
@@ -30,8 +31,9 @@ TASKS_DIR = ASSETS_DIR / "tasks"
 LOCAL_TASKS = ("dihal_lambada_local", "dihal_cloze_local")
 INSTALL_HINT = "pip install 'dihal_fast[lm_eval]'"
 PROTOCOL = (
-    "lm-evaluation-harness simple_evaluate, zero-shot, on lm_eval.models.huggingface.HFLM wrapping the "
-    "loaded model and its tokenizer (no BOS added to contexts); acc of a loglikelihood task = the greedy "
+    "lm-evaluation-harness simple_evaluate, zero-shot, no chat template, on lm_eval.models.huggingface.HFLM "
+    "wrapping the loaded model and its tokenizer (contexts start with the BOS where the tokenizer adds one, and "
+    "an empty context is the start-of-document token); acc of a loglikelihood task = the greedy "
     "continuation is exactly the target's tokens, perplexity = exp(-mean target log-likelihood); "
     "multiple choice: acc = highest log-likelihood, acc_norm = highest per byte, acc_mutual_info = highest "
     "log p(choice | context) - log p(choice); *_stderr = the harness's standard error of the mean (bootstrap "
@@ -89,11 +91,19 @@ def check_tasks(tasks: str | Sequence[str] | None):
 
 
 def harness_lm(model, tokenizer, batch_size: int = 8):
-    """lm-eval's ``HFLM`` around a loaded ``PreTrainedModel`` (it keeps the model's device and dtype)."""
+    """lm-eval's ``HFLM`` around a loaded ``PreTrainedModel`` (it keeps the model's device and dtype), adding the
+    BOS and starting an empty context as :func:`~dihal_fast.corpus.token_convention` says."""
     require_lm_eval()
     from lm_eval.models.huggingface import HFLM
 
-    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    convention = token_convention(tokenizer)
+    return HFLM(
+        pretrained=model,
+        tokenizer=tokenizer,
+        batch_size=batch_size,
+        add_bos_token=bool(convention.prefix),
+        prefix_token_id=convention.start[-1] if convention.start else None,
+    )
 
 
 def _metrics(task_results: Mapping[str, Any]) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
@@ -14,6 +13,7 @@ from dihal_fast.common.devices import bridge_dtype_option
 from dihal_fast.common.options import option
 from dihal_fast.common.sampling import PROTOCOL as SAMPLING_PROTOCOL
 from dihal_fast.common.validation import CheckedConfig
+from dihal_fast.corpus import CorpusBlocks, token_convention
 from dihal_fast.evaluate.generation import Generation
 from dihal_fast.evaluate.scoring import GEN_PPL_PROTOCOL, generative_perplexity, teacher_forced
 
@@ -37,12 +37,14 @@ class EvalProtocolConfig(CheckedConfig):
     seed: int = option(0, "random seed")
 
 
-def protocol(settings: EvalProtocolConfig) -> dict:
-    """The named protocol of a report: how every number in it was computed."""
+def protocol(settings: EvalProtocolConfig, documents: str) -> dict:
+    """The named protocol of a report: how every number in it was computed (``documents``: the special tokens of
+    the corpus's documents, :meth:`~dihal_fast.corpus.TokenConvention.describe`)."""
     return {
         **metrics.PROTOCOL,
         "heldout": f"the last {settings.eval_blocks} blocks of {settings.seq_len} tokens of the corpus "
-        "(documents joined by EOS, no padding)",
+        "(documents joined into one token stream, no padding)",
+        "documents": documents,
         "generation": f"{settings.n_samples} unconditional samples of {settings.max_new_tokens} tokens from the "
         f"start-of-document token, temperature {settings.temperature}, no early stop at EOS; "
         f"sampling: {SAMPLING_PROTOCOL}",
@@ -52,16 +54,19 @@ def protocol(settings: EvalProtocolConfig) -> dict:
     }
 
 
-def heldout_blocks(tokenizer, corpus, settings: EvalProtocolConfig) -> torch.Tensor:
-    """The last ``eval_blocks`` blocks of ``seq_len`` tokens of the corpus (``LongTensor[N, seq_len]``)."""
-    from dihal_fast.corpus import read_texts, token_blocks
+def heldout_blocks(tokenizer, corpus, settings: EvalProtocolConfig) -> CorpusBlocks:
+    """The last ``eval_blocks`` blocks of ``seq_len`` tokens of the corpus (``.blocks``: ``LongTensor[N, seq_len]``)
+    with the files they came from."""
+    from dihal_fast.corpus import corpus_blocks, read_texts
 
-    blocks = token_blocks(tokenizer, read_texts(corpus), settings.seq_len)
-    if blocks.shape[0] < settings.eval_blocks:
+    read = corpus_blocks(tokenizer, read_texts(corpus), settings.seq_len, required=True)
+    if read.blocks.shape[0] < settings.eval_blocks:
         logger.warning(
-            "corpus holds only %d blocks of %d tokens; evaluating on all of them", blocks.shape[0], settings.seq_len
+            "corpus holds only %d blocks of %d tokens; evaluating on all of them",
+            read.blocks.shape[0],
+            settings.seq_len,
         )
-    return blocks[-settings.eval_blocks :]
+    return read[-settings.eval_blocks :]
 
 
 def sample_metrics(generation: Generation, tokenizer, evaluator) -> tuple[dict, list[str]]:
@@ -71,7 +76,8 @@ def sample_metrics(generation: Generation, tokenizer, evaluator) -> tuple[dict, 
     tokens of each sample so that all sample metrics share one tokenisation. A metric the samples do
     not define (every sample empty after decoding, no 4-grams) is ``None`` with the reason in ``notes``.
     """
-    texts = [tokenizer.decode(row, skip_special_tokens=True) for row in generation.tokens.tolist()]
+    convention = token_convention(tokenizer)
+    texts = [convention.decode(row) for row in generation.tokens.tolist()]
     section: dict = {
         "tokens_per_s": metrics.tokens_per_second(generation.tokens.numel(), generation.seconds),
         "sampling_seconds": generation.seconds,
@@ -132,12 +138,14 @@ def evaluate_lm(
     return {"model": str(lm.path), "kind": lm.kind, **scores, **section}, texts
 
 
-def report_header(settings: EvalProtocolConfig, corpus, evaluator) -> dict:
-    """The fields every evaluation report starts with."""
+def report_header(settings: EvalProtocolConfig, heldout: CorpusBlocks, evaluator, documents: str) -> dict:
+    """The fields every evaluation report starts with: the protocol, the settings, the corpus files with the tokens
+    each gave the held-out blocks, the evaluator."""
     return {
-        "protocol": protocol(settings),
+        "protocol": protocol(settings, documents),
         "settings": asdict(settings),
-        "corpus": [str(Path(p)) for p in ([corpus] if isinstance(corpus, (str, Path)) else corpus)],
+        "corpus": heldout.files,
+        "corpus_tokens": heldout.tokens_per_file(),
         "evaluator": {
             "path": str(evaluator.path),
             "dtype": str(next(evaluator.model.parameters()).dtype).replace("torch.", ""),

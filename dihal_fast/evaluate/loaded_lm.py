@@ -15,6 +15,7 @@ import torch
 
 from dihal_fast.common import read_json
 from dihal_fast.common.hf_loading import input_device, load_causal_lm, resolve_model_dir
+from dihal_fast.corpus import token_convention
 from dihal_fast.errors import DihalValueError
 from dihal_fast.evaluate.generation import Generation, check_generation_request
 from dihal_fast.evaluate.scoring import evaluator_context
@@ -52,11 +53,10 @@ class LoadedLM:
         return self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)).logits
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        """A prompt's token ids: the start-of-document token (BOS, else EOS) then the text's tokens,
-        the way the backbone saw documents in training."""
-        start = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        return ([start] if start is not None else []) + ids
+        """A prompt's token ids: the start-of-document token (the BOS the tokenizer adds, else its BOS, else its
+        EOS; :class:`~dihal_fast.corpus.TokenConvention`) then the text's tokens, as the backbone saw documents."""
+        convention = token_convention(self.tokenizer)
+        return [*convention.start, *convention.encode(prompt)]
 
     @torch.inference_mode()
     def sample(

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from dihal_fast.common import atomic_write_json, read_json
+from dihal_fast.corpus import token_convention
 from dihal_fast.errors import DihalValueError
 from dihal_fast.evaluate.harness import (
     EvalProtocolConfig,
@@ -34,10 +35,11 @@ def check_compatible(lm: LoadedLM, evaluator: LoadedLM, retokenise: bool) -> Non
 
 
 class SectionStore:
-    """Finished report sections as ``RUN/sections/<name>.json``, reused when the settings match."""
+    """Finished report sections as ``RUN/sections/<name>.json``, reused when the settings and the documents'
+    special tokens (``documents``, :meth:`~dihal_fast.corpus.TokenConvention.describe`) match."""
 
-    def __init__(self, out_dir: Path, settings: EvalProtocolConfig):
-        self.dir, self.settings = out_dir / "sections", asdict(settings)
+    def __init__(self, out_dir: Path, settings: EvalProtocolConfig, documents: str):
+        self.dir, self.settings = out_dir / "sections", {**asdict(settings), "documents": documents}
 
     def get(self, name: str) -> tuple[dict, list[str]] | None:
         path = self.dir / f"{name}.json"
@@ -85,9 +87,11 @@ def evaluate_hybrid(
     check_compatible(hybrid, evaluator, retokenise)
     if not same_tokenizer(hybrid.tokenizer, backbone.tokenizer):
         raise DihalValueError(f"the hybrid at {hybrid.path} does not share its backbone's ({backbone.path}) tokenizer")
-    blocks = heldout_blocks(backbone.tokenizer, corpus, settings)
-    store = SectionStore(out_dir, settings)
-    report = report_header(settings, corpus, evaluator)
+    heldout = heldout_blocks(backbone.tokenizer, corpus, settings)
+    blocks = heldout.blocks
+    documents = token_convention(backbone.tokenizer).describe()
+    store = SectionStore(out_dir, settings, documents)
+    report = report_header(settings, heldout, evaluator, documents)
     report["n_heldout_tokens"] = int(blocks.numel())
     samples: dict[str, list[str]] = {}
 

@@ -11,6 +11,7 @@ import torch
 from dihal_fast.common.hf_loading import input_device
 from dihal_fast.common.metrics import perplexity, pooled_nll, token_kl, token_nll
 from dihal_fast.common.progress import progress_bar
+from dihal_fast.corpus import token_convention
 from dihal_fast.errors import DihalValueError
 
 logger = logging.getLogger(__name__)
@@ -18,9 +19,10 @@ logger = logging.getLogger(__name__)
 LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 GEN_PPL_PROTOCOL = (
-    "samples decoded to text (special tokens dropped), retokenised by the evaluator tokenizer without "
-    "special tokens; the evaluator's BOS is prepended when it has one so every sample token is scored "
-    "(otherwise the first token is unscored); truncated to the evaluator context; no EOS appended; "
+    "samples decoded to text (special and added tokens dropped), retokenised by the evaluator tokenizer without "
+    "special tokens; the evaluator's start-of-document token (the BOS its tokenizer adds, else its BOS, else its "
+    "EOS) is prepended when it has one so every sample token is scored (otherwise the first token is unscored); "
+    "truncated to the evaluator context; no EOS appended; "
     "gen_ppl = exp(token-pooled NLL over all samples); gen_ppl_per_sample = mean over samples of "
     "exp(per-sample mean NLL)"
 )
@@ -98,12 +100,12 @@ def generative_perplexity(
     if not texts:
         raise DihalValueError("no samples to score")
     context = evaluator_context(model, tokenizer)
-    bos = tokenizer.bos_token_id
-    prefix = [bos] if bos is not None else []
+    convention = token_convention(tokenizer)
+    prefix = list(convention.start)
     keep = context - len(prefix)
     token_ids, n_truncated = [], 0
     for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = convention.encode(text)
         n_truncated += len(ids) > keep
         token_ids.append(ids[:keep])
     logger.info("scoring %d samples under the evaluator (context %d, %d truncated)", len(texts), context, n_truncated)

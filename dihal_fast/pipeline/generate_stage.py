@@ -63,9 +63,10 @@ def generate_texts(
     import torch
 
     from dihal_fast.common.metrics import tokens_per_second
+    from dihal_fast.corpus import token_convention
 
     generator = torch.Generator().manual_seed(seed)
-    eos = lm.tokenizer.eos_token_id
+    eos, convention = lm.tokenizer.eos_token_id, token_convention(lm.tokenizer)
     samples, seconds, n_tokens = [], 0.0, 0
     for prompt in prompts:
         ids = torch.tensor([lm.prompt_ids(prompt)], device=lm.device)
@@ -75,9 +76,7 @@ def generate_texts(
             if stop_at_eos and eos in row:
                 row = row[: row.index(eos) + 1]
             n_tokens += len(row)
-            samples.append(
-                {"prompt": prompt, "text": lm.tokenizer.decode(row, skip_special_tokens=True), "token_ids": row}
-            )
+            samples.append({"prompt": prompt, "text": convention.decode(row), "token_ids": row})
     return {"samples": samples, "seconds": seconds, "tokens_per_s": tokens_per_second(n_tokens, seconds)}
 
 

@@ -11,6 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from dihal_fast.geometry import BACKENDS
 from dihal_fast.geometry.backends import PRECISIONS
 from dihal_fast.pipeline.reports import LocateReport
 from dihal_fast.select import DEFAULT_REPEATS, DEFAULT_SAMPLE_SIZE
+
+if TYPE_CHECKING:
+    from dihal_fast.collect import CollectConfig
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +178,20 @@ def _stream_geometry(statistics) -> list[dict]:
     return rows
 
 
+def _corpus_provenance(config: CollectConfig) -> dict:
+    """The tokens each corpus file gave the collected blocks (``corpus_tokens``, counted again from the corpus:
+    every rank's blocks) and the documents' special tokens (``documents``)."""
+    from dihal_fast.common.hf_loading import load_tokenizer
+    from dihal_fast.corpus import corpus_token_counts, read_texts, token_convention
+
+    tokenizer = load_tokenizer(config.model)
+    texts = read_texts(config.corpus)
+    return {
+        "corpus_tokens": corpus_token_counts(tokenizer, texts, config.seq_len, config.max_tokens),
+        "documents": token_convention(tokenizer).describe(),
+    }
+
+
 def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) -> LocateReport:
     """Collect, estimate, select, and (on rank 0) write the report and the plot."""
     from dihal_fast.collect import CollectConfig, collect, write_shards
@@ -239,6 +257,7 @@ def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) ->
     report = {
         "model": config.model,
         "corpus": config.corpus,
+        **_corpus_provenance(config),
         "n_tokens": result.n_tokens,
         "n_blocks": result.n_blocks,
         "n_layers": n_layers,

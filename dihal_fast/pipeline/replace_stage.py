@@ -34,7 +34,7 @@ class ReplaceConfig(CheckedConfig):
     from_locate: str | None = option(
         None, "take l* from RUN/locate.json (selected_layer) written by dihal locate", metavar="RUN", path=True
     )
-    corpus: list[str] | None = corpus_option()
+    corpus: list[str] | None = corpus_option(", or locate.json's corpus with --from-locate")
     val_corpus: str | None = option(None, "held-out corpus for validation (default: the tail of --corpus)", path=True)
     deepspeed: str | None = option(None, DEEPSPEED_HELP, metavar="CFG")
     device_map: str = device_map_option(
@@ -53,14 +53,18 @@ class ReplaceConfig(CheckedConfig):
             raise DihalValueError("give exactly one of --layer and --from-locate (layer or from_locate)")
 
 
-def _from_locate(run: str) -> tuple[int, str | None]:
+def _from_locate(run: str) -> tuple[int, str | None, list[str] | None]:
+    """``(selected layer, model, corpus)`` of the locate run ``run`` (its ``locate.json``)."""
     from dihal_fast.common import read_json
 
     report = read_json(Path(run) / "locate.json", "locate report (dihal locate --out RUN)")
     layer = report.get("selected_layer") if isinstance(report, dict) else None
     if isinstance(layer, bool) or not isinstance(layer, int):  # true would mean layer 1
         raise DihalValueError(f"{Path(run) / 'locate.json'} has no integer 'selected_layer' (got {layer!r})")
-    return layer, report.get("model")
+    corpus = report.get("corpus")
+    if corpus is not None and not (isinstance(corpus, list) and corpus and all(isinstance(p, str) for p in corpus)):
+        raise DihalValueError(f"{Path(run) / 'locate.json'} has no list of corpus files (got {corpus!r})")
+    return layer, report.get("model"), corpus
 
 
 def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
@@ -73,23 +77,26 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
     from dihal_fast.replace.job import RESUMABLE_CHANGES
     from dihal_fast.replace.placement import check_replace_placement
 
-    layer, model = config.layer, config.model
+    layer, model, corpus = config.layer, config.model, corpus_or_default(config.corpus)
     if config.from_locate is not None:
-        layer, located_model = _from_locate(config.from_locate)
+        layer, located_model, located_corpus = _from_locate(config.from_locate)
         if model is None:
             model = located_model
         elif located_model and resolve_model_dir(model).resolve() != Path(located_model).resolve():
             logger.warning("--model %s differs from the model %s that dihal locate measured", model, located_model)
         logger.info("layer %d from %s", layer, Path(config.from_locate) / "locate.json")
+        if config.corpus is None and located_corpus is not None:
+            corpus = located_corpus
+            logger.info("corpus from %s: %s", Path(config.from_locate) / "locate.json", ", ".join(corpus))
     check_replace_placement(model, config.train.device, config.device_map, config.deepspeed)  # before the run dir
     with run_directory(out, "dihal replace", resume=config.resume, overwrite=config.overwrite, resume_hint=RESUME_HINT):
         check_checkpoint_config(model, config.train.seq_len)  # a bad config.json, a too long --seq-len
-        inputs = replace_inputs(model, layer, corpus_or_default(config.corpus), config.train, RESUMABLE_CHANGES)
+        inputs = replace_inputs(model, layer, corpus, config.train, RESUMABLE_CHANGES)
         check_inputs(Path(out), "", {**inputs, "val_corpus": config.val_corpus})  # --resume with another corpus
         result = train_bridge(
             model,
             layer,
-            corpus_or_default(config.corpus),
+            corpus,
             out,
             config.train,
             deepspeed_config=config.deepspeed,

@@ -53,6 +53,7 @@ class SweepBudgetConfig(CheckedConfig):
         from dihal_fast.replace.config import BridgeTrainConfig
 
         return BridgeTrainConfig(
+            copied_layers=0,  # the paper's question: how well h_l is learned from c(x) alone
             steps=self.budget_steps,
             seq_len=self.seq_len,
             batch_size=self.batch_size,
@@ -135,9 +136,11 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
             }
         )
     correlations = score_loss_correlations(candidates, score_runs, [r["bridge_loss"] for r in rows])
+    bridges = results[candidates[0]]  # every layer trains on the same blocks
     report = {
         "model": locate["model"],
         "corpus": corpus,
+        "corpus_tokens": {"locate": locate.get("corpus_tokens"), **bridges.get("corpus_tokens", {})},
         "settings": asdict(settings),
         "layers": rows,
         **{k: correlations[k] for k in ("spearman", "kendall", "pearson", "rank_gap", "layer_gap")},
@@ -150,6 +153,7 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
             "bridge_loss": "validation (corpus tail) bridge loss of dihal_fast.replace: " + BRIDGE_LOSS_PROTOCOL,
             "scores": f"locate with {settings.score_repeats} repeats of {settings.score_sample} tokens",
             "budget": f"{settings.budget_steps} bridge training steps per layer (same for every layer)",
+            "documents": bridges.get("documents"),
         },
     }
     plot_sweep(out / "sweep.png", rows, correlations)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from dihal_fast.corpus import iter_token_blocks, read_texts
+from dihal_fast.corpus import corpus_blocks, read_texts, token_convention
 from dihal_fast.errors import DihalValueError
 
 logger = logging.getLogger(__name__)
@@ -18,10 +18,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Blocks:
-    """``train`` ``(N, T)`` and ``val`` ``(M, T)`` LongTensors of token ids."""
+    """``train`` ``(N, T)`` and ``val`` ``(M, T)`` LongTensors of token ids, and where they came from
+    (``provenance``, for reports: ``corpus_tokens`` ``{"train": {file: tokens}, "validation": {...}}`` and the
+    ``documents`` convention of :func:`~dihal_fast.corpus.token_convention`)."""
 
     train: torch.Tensor
     val: torch.Tensor
+    provenance: dict = field(default_factory=dict)
 
 
 def load_blocks(
@@ -35,24 +38,32 @@ def load_blocks(
     """Cut ``corpus`` into blocks; the validation set is ``val_corpus``'s first blocks, else the corpus tail."""
     limit = max_train_tokens or None
     if val_corpus is not None:
-        train = list(iter_token_blocks(tokenizer, read_texts(corpus), seq_len, limit))
-        val = list(iter_token_blocks(tokenizer, read_texts(val_corpus), seq_len, val_blocks * seq_len))
-        if len(val) < val_blocks:
+        read = corpus_blocks(tokenizer, read_texts(corpus), seq_len, limit)
+        held = corpus_blocks(tokenizer, read_texts(val_corpus), seq_len, val_blocks * seq_len)
+        train, val = slice(None), slice(None)
+        if held.blocks.shape[0] < val_blocks:
             raise DihalValueError(
-                f"validation corpus {val_corpus} fills {len(val)} blocks of {seq_len} tokens; need {val_blocks}"
+                f"validation corpus {val_corpus} fills {held.blocks.shape[0]} blocks of {seq_len} tokens; need "
+                f"{val_blocks}"
             )
     else:
-        blocks = list(
-            iter_token_blocks(tokenizer, read_texts(corpus), seq_len, limit + val_blocks * seq_len if limit else None)
+        read = held = corpus_blocks(
+            tokenizer, read_texts(corpus), seq_len, limit + val_blocks * seq_len if limit else None
         )
-        train, val = blocks[:-val_blocks], blocks[-val_blocks:]
-    if not train or len(val) < val_blocks:
+        train, val = slice(None, -val_blocks), slice(-val_blocks, None)
+    read, held = read[train], held[val]
+    n_train, n_val = read.blocks.shape[0], held.blocks.shape[0]
+    if not n_train or n_val < val_blocks:
         raise DihalValueError(
-            f"corpus {corpus} gives {len(train) + len(val)} blocks of {seq_len} tokens; need more than --val-blocks "
+            f"corpus {corpus} gives {n_train + n_val} blocks of {seq_len} tokens; need more than --val-blocks "
             f"({val_blocks}) so that some remain for training (use a larger corpus or smaller --seq-len/--val-blocks)"
         )
-    logger.info("corpus: %d training and %d validation blocks of %d tokens", len(train), len(val), seq_len)
-    return Blocks(torch.stack(train), torch.stack(val))
+    logger.info("corpus: %d training and %d validation blocks of %d tokens", n_train, n_val, seq_len)
+    provenance = {
+        "corpus_tokens": {"train": read.tokens_per_file(), "validation": held.tokens_per_file()},
+        "documents": token_convention(tokenizer).describe(),
+    }
+    return Blocks(read.blocks, held.blocks, provenance)
 
 
 def batch_indices(step: int, n_blocks: int, batch_size: int, world_size: int, rank: int, seed: int) -> torch.Tensor:

@@ -69,10 +69,24 @@ _TRAINING_TEXT = [
 ]
 
 
-def make_tiny_tokenizer(vocab_size: int = 384):
-    """A byte-level BPE ``PreTrainedTokenizerFast`` with bos/eos/pad tokens, trained on a few lines."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+# A chat template of the Llama-3 / Gemma shape (turn markers around each message): what an instruct tokenizer carries.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|turn|>{{ m['role'] }}\n{{ m['content'] }}<|end_turn|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|turn|>assistant\n{% endif %}"
+)
+
+
+def make_tiny_tokenizer(vocab_size: int = 384, convention: str = "plain"):
+    """A byte-level BPE ``PreTrainedTokenizerFast`` with bos/eos/pad tokens, trained on a few lines.
+
+    ``convention``: ``plain`` (``tokenizer(text)`` adds nothing: GPT-2, Qwen, SmolLM2, the shipped backbones),
+    ``bos`` (it adds ``<s>``: Gemma, Llama 3) or ``chat`` (``bos`` plus turn tokens and a :data:`CHAT_TEMPLATE`,
+    as an instruct model's tokenizer)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
+
+    if convention not in ("plain", "bos", "chat"):
+        raise DihalValueError(f"convention must be plain, bos or chat, got {convention!r}")
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -84,7 +98,15 @@ def make_tiny_tokenizer(vocab_size: int = 384):
         show_progress=False,
     )
     tok.train_from_iterator(_TRAINING_TEXT * 4, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    if convention != "plain":
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+        )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    if convention == "chat":
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<|turn|>", "<|end_turn|>"]})
+        tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
 
 
 def make_tiny_checkpoint(
@@ -96,8 +118,10 @@ def make_tiny_checkpoint(
     seed: int = 0,
     vocab_size: int = 384,
     max_positions: int = 128,
+    convention: str = "plain",
 ) -> Path:
-    """Write a tiny random ``family`` checkpoint with its tokenizer to ``out_dir`` and return the path."""
+    """Write a tiny random ``family`` checkpoint with its tokenizer (``convention``: :func:`make_tiny_tokenizer`)
+    to ``out_dir`` and return the path."""
     import torch
     from transformers import (
         AutoModelForCausalLM,
@@ -114,7 +138,7 @@ def make_tiny_checkpoint(
 
     if family not in FAMILIES + MORE_FAMILIES:
         raise DihalValueError(f"family must be one of {FAMILIES + MORE_FAMILIES}, got {family!r}")
-    tokenizer = make_tiny_tokenizer(vocab_size)
+    tokenizer = make_tiny_tokenizer(vocab_size, convention)
     vocab = len(tokenizer)
     ids = dict(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
