@@ -306,7 +306,8 @@ def _final_table(
     controls = {f"layer {layer}": hybrids[layer] for layer in hybrids if layer != geometry}
     seed_everything(settings.seed)
     with run_directory(out / "evaluate", "bench_layer_tables evaluate"):
-        models = resolve_models(hybrids[geometry], resolve_model_dir(model), controls=controls)
+        evaluator = resolve_model_dir(None)  # tiny-llama-8l for both backbones, as the records were made
+        models = resolve_models(hybrids[geometry], resolve_model_dir(model), evaluator, controls=controls)
         evaluation = evaluate_hybrid(models, corpus, out / "evaluate", settings)
     final_s = time.perf_counter() - start
     roles: dict[int, list[str]] = {}
@@ -330,7 +331,7 @@ def _final_table(
         f"**Table 4** (each hybrid trained for {args.final_steps} bridge steps, batch {config.batch_size} x "
         f"{FINAL_SEQ_LEN}; evaluated on the last {FINAL_VAL_BLOCKS} blocks of {FINAL_SEQ_LEN} tokens of the shipped "
         f"corpus, the tail held out from bridge training; {args.n_samples} samples of {args.max_new_tokens} tokens, "
-        f"Gen PPL under the evaluator `{evaluation['evaluator']['path']}` (the default, tiny-llama-8l); "
+        f"Gen PPL under the evaluator `{evaluation['evaluator']['path']}` (tiny-llama-8l for both backbones); "
         f"{final_s:.0f} s of wall time in this run; the hybrids' training took {train_s:.0f} s when it ran):\n\n"
         + table(["metric", *columns], rows)
     )

@@ -139,8 +139,8 @@ def _plain_transformers_ppl(path: Path, bos: bool) -> float:
 
 def test_evaluate_matches_a_plain_transformers_loop_that_adds_bos(corpus, tmp_path, capsys):
     """`dihal evaluate` on a BOS-adding backbone: its backbone PPL is the plain loop's with BOS within 2 % (and the
-    loop without BOS is more than 2 % away, so the check tells them apart); the report names the convention and the
-    tokens each corpus file gave."""
+    loop without BOS is more than 2 % away, so the check tells them apart); the evaluator is the hybrid's own
+    backbone; the report names the convention and the tokens each corpus file gave."""
     from dihal_fast.common.hf_loading import load_causal_lm
     from dihal_fast.hybrid.model import HybridLM
 
@@ -150,13 +150,13 @@ def test_evaluate_matches_a_plain_transformers_loop_that_adds_bos(corpus, tmp_pa
     hybrid_dir = hybrid.save_pretrained(tmp_path / "hybrid")
     out = tmp_path / "eval"
     argv = ["evaluate", "--hybrid", hybrid_dir, "--backbone", backbone, "--corpus", corpus, "--out", out]
-    argv += ["--evaluator", backbone]
     sizes = ["--seq-len", SEQ_LEN, "--eval-blocks", EVAL_BLOCKS, "--n-samples", "2", "--max-new-tokens", "4"]
     assert main([str(a) for a in argv + sizes]) == 0, capsys.readouterr().err
     report = read_json(out / "evaluate.json")
     with_bos, without = _plain_transformers_ppl(backbone, True), _plain_transformers_ppl(backbone, False)
     assert abs(report["backbone"]["ppl"] / with_bos - 1) < 0.02
     assert abs(without / with_bos - 1) > 0.02
+    assert report["evaluator"]["path"] == str(backbone)
     assert report["protocol"]["documents"].startswith("documents as `<s> TEXT </s>`: the BOS the tokenizer adds")
     assert report["corpus"] == [str(corpus)] and report["corpus_tokens"] == {str(corpus): SEQ_LEN * EVAL_BLOCKS}
 
@@ -195,7 +195,7 @@ def test_locate_report_names_every_file_and_its_tokens(tiny_checkpoints, tmp_pat
 
 def test_replace_from_locate_takes_its_corpus_and_says_so(tiny_checkpoints, tmp_path):
     """--from-locate without --corpus trains on locate's corpus (one log line names it; result.json has the tokens
-    per file)."""
+    per file); no DeepSpeed banner without --deepspeed; the target-statistics pass shows progress."""
     corpus = tmp_path / "located.txt"
     corpus.write_text("\n\n".join(DOCUMENTS))
     located = tmp_path / "locate"
@@ -214,5 +214,7 @@ def test_replace_from_locate_takes_its_corpus_and_says_so(tiny_checkpoints, tmp_
     )
     assert run.returncode == 0, run.stderr
     assert f"corpus from {located / 'locate.json'}: {corpus}" in run.stderr
+    assert "target statistics" in run.stderr
+    assert "Setting accelerator" not in run.stderr + run.stdout
     result = read_json(out / "result.json")
     assert list(result["corpus_tokens"]["train"]) == [str(corpus)] and result["corpus_tokens"]["train"][str(corpus)]

@@ -47,7 +47,13 @@ class OneLineParser(argparse.ArgumentParser):
 class _LibraryLogToStderr(logging.Filter):
     """Sends a library logger's records to stderr instead of its own handlers: DeepSpeed's logger prints to
     stdout ("Setting accelerator to CPU"), which must hold the command's output alone (``dihal replace``'s
-    JSON line). A logger's filters outlive the handlers the library adds when it is imported later."""
+    JSON line). A logger's filters outlive the handlers the library adds when it is imported later.
+
+    Records starting with one of ``dropped`` are not shown at all: DeepSpeed's CPU banner, which its import logs
+    also where DeepSpeed is not used (``save_pretrained`` imports it through accelerate's ``unwrap_model``
+    whenever it is installed), is dropped unless the command runs with ``--deepspeed``."""
+
+    dropped: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         super().__init__()
@@ -55,9 +61,14 @@ class _LibraryLogToStderr(logging.Filter):
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith(self.dropped):
+            return False
         self.handler.stream = sys.stderr  # the stderr of now (a redirection, a test capture); no flush of the old
         self.handler.handle(record)
         return False
+
+
+DEEPSPEED_BANNER = "Setting accelerator to CPU"
 
 
 STDOUT_LOGGERS = ("DeepSpeed",)  # libraries whose logger writes to stdout
@@ -174,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         if extra:  # refused by the (sub-)command they were given to, so that its --help is the one named
             _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
         command = f"dihal {args.command}"
+        _LibraryLogToStderr.dropped = () if getattr(args, "deepspeed", None) else (DEEPSPEED_BANNER,)
         threads.poll()
         logging.basicConfig(
             level=logging.DEBUG if args.verbose else logging.INFO,

@@ -56,7 +56,7 @@ class Placement:
 
 @dataclass(frozen=True)
 class EvaluatedModels:
-    """Every model of one evaluation as checked directories: ``evaluator`` None is the shipped backbone;
+    """Every model of one evaluation as checked directories: ``evaluator`` None is the hybrid's backbone;
     ``controls`` maps a report name to a hybrid directory scored in the same harness."""
 
     hybrid: Path
@@ -106,10 +106,11 @@ def resolve_models(
             "as --hybrid"
         )
     named_by = "--backbone" if backbone is not None else f"the backbone {path / RESULT_NAME} names,"
+    backbone_dir = check_backbone_shape(hybrid_dir, chosen, named_by)
     return EvaluatedModels(
         hybrid=hybrid_dir,
-        backbone=check_backbone_shape(hybrid_dir, chosen, named_by),
-        evaluator=None if evaluator is None else resolve_model_dir(evaluator),
+        backbone=backbone_dir,
+        evaluator=backbone_dir if evaluator is None else resolve_model_dir(evaluator),
         evaluator_dtype=evaluator_dtype,
         placement=placement or Placement(),
         controls={name: Path(control) for name, control in (controls or {}).items()},
@@ -153,11 +154,12 @@ def load_backbone_and_evaluator(models: EvaluatedModels) -> tuple[LoadedLM, Load
     """The backbone (placement's dtype) and the evaluator: the same loaded model when the evaluator is the
     backbone's checkpoint in the same dtype, else a second load."""
     backbone = models.placement.load(models.backbone)
-    same_dir = models.evaluator is not None and models.evaluator.resolve() == models.backbone.resolve()
-    if same_dir and resolve_dtype(models.evaluator_dtype, models.evaluator) == backbone.model.dtype:
+    evaluator = models.evaluator or models.backbone
+    same_dir = evaluator.resolve() == models.backbone.resolve()
+    if same_dir and resolve_dtype(models.evaluator_dtype, evaluator) == backbone.model.dtype:
         logger.info("the evaluator is the loaded backbone (%s, %s)", models.backbone, backbone.model.dtype)
         return backbone, backbone
-    return backbone, models.placement.load(models.evaluator, models.evaluator_dtype)
+    return backbone, models.placement.load(evaluator, models.evaluator_dtype)
 
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,

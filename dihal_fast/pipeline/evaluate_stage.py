@@ -37,7 +37,7 @@ class EvaluateConfig(CheckedConfig):
     backbone: str | None = option(
         None, "the checkpoint the hybrid was cut from (default: the model in the replace run's result.json)"
     )
-    evaluator: str | None = option(None, "causal LM scoring the samples (Gen PPL); default: the shipped backbone")
+    evaluator: str | None = option(None, "causal LM scoring the samples (Gen PPL); default: the hybrid's backbone")
     evaluator_dtype: str = option(
         "auto",
         "dtype of the evaluator LM (recorded in the report): auto (its checkpoint's own) or a dtype; the backbone "

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from dihal_fast.common.progress import progress_bar
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hybrid import backbone_targets
 from dihal_fast.hybrid.slicing import embedding_output, position_table
@@ -29,7 +30,8 @@ def target_statistics(
     table = position_table(backbone)
     total = second = None
     condition_square, count = 0.0, 0
-    for start in range(0, blocks.shape[0], batch_size):
+    starts = range(0, blocks.shape[0], batch_size)
+    for start in progress_bar(starts, desc=f"target statistics, layer {layer}", unit="batch", leave=False):
         ids = blocks[start : start + batch_size].to(device)
         hidden, _ = teacher(ids, layer) if teacher is not None else backbone_targets(backbone, ids, layer)
         flat = hidden.reshape(-1, hidden.shape[-1]).double().cpu()
