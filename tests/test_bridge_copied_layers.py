@@ -104,9 +104,24 @@ def test_copied_layers_are_frozen_unless_asked(checkpoints):
 def test_bad_copied_layers_are_refused(options, match):
     with pytest.raises(DihalValueError, match=match):
         BridgeConfig(hidden_size=8, condition_size=8, layer=2, **options)
-    if options["copied_layers"] <= 2:  # the training config knows no layer yet: it checks all but the upper bound
-        with pytest.raises(DihalValueError, match=match):
-            BridgeTrainConfig(bridge=options)
+
+
+def test_bad_copied_layers_of_a_training_run_are_refused():
+    with pytest.raises(DihalValueError, match="copied-layers"):
+        BridgeTrainConfig(copied_layers=-2)
+    with pytest.raises(DihalValueError, match="needs prediction 'x0'"):  # the default copies every replaced layer
+        BridgeTrainConfig(bridge={"prediction": "eps"})
+    assert BridgeTrainConfig(copied_layers=0, bridge={"prediction": "eps"}).bridge_options(8, 2).copied_layers == 0
+
+
+def test_replace_copies_every_replaced_layer_by_default_and_the_sweep_none():
+    from dihal_fast.pipeline.sweep_stage import SweepBudgetConfig
+
+    assert BridgeTrainConfig().bridge_options(8, layer=3).copied_layers == 3
+    assert BridgeTrainConfig(copied_layers=2).bridge_options(8, layer=3).context_layers == 1
+    assert SweepBudgetConfig().train_config().bridge_options(8, layer=3).copied_layers == 0
+    with pytest.raises(DihalValueError, match="copied_layers = 4"):
+        BridgeTrainConfig(copied_layers=4).bridge_options(8, layer=3)
 
 
 def test_copied_layers_need_the_backbones_config():

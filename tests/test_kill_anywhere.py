@@ -22,7 +22,7 @@ import torch
 from dihal_fast.common.rundir import LOCK_NAME
 from dihal_fast.replace import BridgeTrainConfig, train_bridge
 
-TIMING = {"elapsed_s", "train_seconds_this_run", "seconds", "tokens_per_s", "timings", "started"}
+TIMING = {"elapsed_s", "train_seconds_this_run", "train_seconds", "seconds", "tokens_per_s", "timings", "started"}
 WORDS = "the cat dog bird sat ran on under a mat tree house red blue small big and then it was happy".split()
 DIHAL = str(Path(sys.executable).with_name("dihal"))  # the installed command
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DIHAL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -84,6 +84,8 @@ def test_config_options_round_trip_through_the_command_line():
                 "--w-kd",
                 "0",
                 "--train-upper",
+                "--copied-layers",
+                "0",
                 "--bridge-nfe",
                 "3",
                 "--bridge-schedule",
@@ -143,7 +145,11 @@ def test_deepspeed_config_gets_batch_and_clipping_filled_in():
 
 def test_training_lowers_the_validation_bridge_loss_and_exports_a_working_hybrid(tiny_checkpoints, corpus, tmp_path):
     result = train_bridge(
-        tiny_checkpoints["llama"], 1, corpus, tmp_path / "run", _config(steps=40, eval_every=20, checkpoint_every=20)
+        tiny_checkpoints["llama"],
+        1,
+        corpus,
+        tmp_path / "run",
+        _config(steps=40, eval_every=20, checkpoint_every=20, copied_layers=0),  # the bridge learns h_1 from c(x)
     )
     history = json.loads((tmp_path / "run" / "validation.json").read_text())["history"]
     assert [h["step"] for h in history] == [20, 40]

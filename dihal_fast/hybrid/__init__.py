@@ -5,7 +5,7 @@ from dihal_fast.hybrid.cache import HybridCache
 from dihal_fast.hybrid.config import HybridConfig
 from dihal_fast.hybrid.generation import Float64Sampling, float64_sampling
 from dihal_fast.hybrid.model import HybridCausalLMOutput, HybridLM
-from dihal_fast.hybrid.slicing import TESTED_FAMILIES, backbone_targets
+from dihal_fast.hybrid.slicing import TESTED_FAMILIES, backbone_targets, hidden_state
 
 __all__ = [
     "TESTED_FAMILIES",
@@ -15,5 +15,6 @@ __all__ = [
     "HybridConfig",
     "HybridLM",
     "backbone_targets",
+    "hidden_state",
     "float64_sampling",
 ]

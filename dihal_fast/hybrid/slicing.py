@@ -210,6 +210,30 @@ def tap_hidden_state(model: nn.Module, layer: int) -> Iterator[list[Tensor]]:
         handle.remove()
 
 
+class _Stop(Exception):
+    """Raised by :func:`hidden_state`'s hook to end a forward pass once the wanted layer has run."""
+
+
+@torch.no_grad()
+def hidden_state(model: nn.Module, input_ids: Tensor, layer: int, attention_mask: Tensor | None = None) -> Tensor:
+    """The teacher's ``h_layer`` ``(B, T, D)`` from a forward pass that stops after decoder layer ``layer`` (the
+    layers above it, the head and the logits are never computed), on the device of ``input_ids``."""
+    captured: list[Tensor] = []
+
+    def stop(module, args, output):
+        captured.append(output[0] if isinstance(output, tuple) else output)
+        raise _Stop
+
+    handle = decoder_layers(model)[layer - 1].register_forward_hook(stop)
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    return captured[-1].to(input_ids.device)
+
+
 @torch.no_grad()
 def backbone_targets(
     model: nn.Module, input_ids: Tensor, layer: int, attention_mask: Tensor | None = None

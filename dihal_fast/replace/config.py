@@ -24,11 +24,6 @@ BRIDGE_OPTIONS: dict[str, dict] = {
         "help": "the bridge's own causal attention blocks in the context encoder (-1 = one per replaced layer "
         "not copied: l* - copied_layers)"
     },
-    "copied_layers": {
-        "help": "backbone layers 1..k copied into the context encoder, the denoiser correcting their h_k in x0 "
-        "space (0 = the paper's bridge, everything learned from c(x))"
-    },
-    "train_copied_layers": {"help": "train the copied backbone layers with the bridge (default: frozen)"},
     "heads": {"help": "attention heads of the context encoder (0 = W // 64)"},
     "mlp_ratio": {"help": "MLP expansion of context and denoiser blocks"},
     "unet_depth": {"help": "halvings of the width in the denoiser's down path (UNet levels - 1)"},
@@ -48,7 +43,15 @@ class BridgeTrainConfig(CheckedConfig):
     """Data, optimisation, loss weights, bridge architecture and bookkeeping of one bridge training run."""
 
     renamed = {"save_every": "checkpoint_every"}  # keys saved under an earlier name (common.serial)
-    legacy = {"grad_accum_steps": 1}  # fields added since runs were saved, with the value those runs used
+    # fields added since runs were saved, with the value those runs used
+    legacy = {
+        "grad_accum_steps": 1,
+        "lm_every": 1,
+        "max_minutes": 0.0,
+        "budget_clock": "wall",
+        "copied_layers": 0,
+        "train_copied_layers": False,
+    }
 
     # data
     seq_len: int = option(128, "tokens per training block", min=2)
@@ -75,8 +78,22 @@ class BridgeTrainConfig(CheckedConfig):
     w_rec: float = option(1.0, "weight of the variance-normalised reconstruction MSE of the sampled h_l", min=0.0)
     w_lm: float = option(0.1, "weight of next-token cross-entropy through the retained layers", min=0.0)
     w_kd: float = option(1.0, "weight of KL(teacher || hybrid) of next-token distributions", min=0.0)
+    lm_every: int = option(
+        1,
+        "optimizer steps per step with the next-token and distillation losses; the steps between train the "
+        "diffusion and reconstruction losses alone, running the teacher only up to l* and no retained layer",
+        min=1,
+    )
     kd_temperature: float = option(1.0, "softmax temperature of the distillation loss (loss scaled by T^2)", gt=0.0)
     # model
+    copied_layers: int = option(
+        -1,
+        "backbone layers 1..k copied into the bridge's context encoder, the denoiser correcting their h_k in x0 "
+        "space (-1 = all replaced layers, k = l*: the hybrid starts as the backbone; 0 = the paper's bridge, "
+        "everything learned from c(x), as the sweep trains it)",
+        min=-1,
+    )
+    train_copied_layers: bool = option(False, "train the copied backbone layers with the bridge (default: frozen)")
     train_upper: bool = option(False, "also train the retained decoder layers and final norm (default: frozen)")
     dtype: str = dtype_option(
         help="dtype of the backbone (teacher) and retained layers: auto (the checkpoint's own), "
@@ -104,7 +121,7 @@ class BridgeTrainConfig(CheckedConfig):
         super().__post_init__()
         if self.w_diff + self.w_rec + self.w_lm + self.w_kd == 0:
             raise DihalValueError("all loss weights are 0: nothing to train")
-        self.bridge_options(hidden_size=8, layer=max(1, self.bridge.get("copied_layers", 0)))  # checks the overrides
+        self.bridge_options(hidden_size=8, layer=max(1, self.copied_layers))  # checks the overrides
 
     def loop_settings(self, device: str | None = None) -> LoopSettings:
         """The shared loop's view of a bridge run (cosine to a tenth of the peak rate after warm-up)."""
@@ -116,4 +133,7 @@ class BridgeTrainConfig(CheckedConfig):
         unknown = sorted(set(self.bridge) - allowed)
         if unknown:
             raise DihalValueError(f"unknown bridge options {unknown}; expected a subset of {sorted(allowed)}")
-        return BridgeConfig(hidden_size=hidden_size, condition_size=hidden_size, layer=layer, **self.bridge)
+        copied = {"copied_layers": layer if self.copied_layers == -1 else self.copied_layers}
+        if self.train_copied_layers:
+            copied["train_copied_layers"] = True
+        return BridgeConfig(hidden_size=hidden_size, condition_size=hidden_size, layer=layer, **copied, **self.bridge)

@@ -32,7 +32,7 @@ from dihal_fast.common.hf_loading import load_causal_lm, resolve_model_dir
 from dihal_fast.common.io import kill_point, writing
 from dihal_fast.corpus import corpus_files
 from dihal_fast.errors import DihalValueError
-from dihal_fast.hybrid import HybridLM, backbone_targets
+from dihal_fast.hybrid import HybridLM, backbone_targets, hidden_state
 from dihal_fast.hybrid.slicing import check_family, check_layer
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.replace.data import Blocks, batch_indices, load_blocks, step_generator
@@ -97,6 +97,7 @@ def _preflight(
     backbone_config = AutoConfig.from_pretrained(model_dir)
     check_family(backbone_config)
     check_layer(backbone_config, layer)
+    config.bridge_options(backbone_config.hidden_size, layer)  # copied_layers against this layer, before any work
     check_replace_placement(model_dir, config.device, device_map, deepspeed_config)
     corpus_files(corpus)
     ds_config, world = prepare_deepspeed(deepspeed_config, config.loop_settings())
@@ -240,6 +241,7 @@ class BridgeJob(TrainingJob):
         self.derived = {BRIDGE_CONFIG_NAME: bridge_config.to_dict()}
         self.layer, self.rank, self.callback = bridge_config.layer, rank, callback
         self.teacher: Teacher = teacher or functools.partial(backbone_targets, backbone)
+        self.shared_teacher = teacher is not None  # the sweep's: its one pass per batch serves every layer
         self.name = f"bridge layer {self.layer}"
         self.history: list[dict] = []
 
@@ -249,12 +251,17 @@ class BridgeJob(TrainingJob):
             step, self.blocks.train.shape[0], config.batch_size, engine.world_size, self.rank, config.seed
         )
         ids = self.blocks.train[rows].to(engine.device)
-        hidden, teacher_logits = self.teacher(ids, self.layer)
+        decode = (step // config.grad_accum_steps) % config.lm_every == 0
+        if decode or self.shared_teacher:
+            hidden, teacher_logits = self.teacher(ids, self.layer)
+        else:
+            hidden, teacher_logits = hidden_state(self.backbone, ids, self.layer), None
         randoms = engine.module.random_inputs(*ids.shape, step_generator(config.seed, step, self.rank))
         return {
             "input_ids": ids,
             "target_hidden": hidden,
-            "teacher_logits": teacher_logits if config.w_kd > 0 else None,
+            "teacher_logits": teacher_logits if config.w_kd > 0 and decode else None,
+            "decode": decode,
             **{k: v.to(engine.device) for k, v in randoms.items()},
         }
 

@@ -56,7 +56,9 @@ class BridgeObjective(nn.Module):
         t: Tensor,
         eps: Tensor,
         sample_noise: Tensor,
+        decode: bool = True,
     ) -> dict[str, Tensor]:
+        """The losses of one batch; ``decode = False`` leaves out ``L_LM`` and ``L_KD`` (no retained layer runs)."""
         cfg, bridge = self.config, self.hybrid.bridge
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         with torch.no_grad():
@@ -68,7 +70,7 @@ class BridgeObjective(nn.Module):
             "diff": F.mse_loss(output, bridge.prediction.target(z0, eps, t.unsqueeze(-1), bridge.schedule)),
             "rec": F.mse_loss(x0, z0),
         }
-        if cfg.w_lm > 0 or cfg.w_kd > 0:
+        if decode and (cfg.w_lm > 0 or cfg.w_kd > 0):
             logits = self.hybrid.decode(bridge.denormalize(x0), None, positions).to(input_ids.device)
             terms["lm"] = lm_loss(logits, input_ids)
             if teacher_logits is not None:

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.errors import DihalValueError
-from dihal_fast.hybrid import backbone_targets
+from dihal_fast.hybrid import hidden_state
 from dihal_fast.hybrid.slicing import embedding_output, position_table
 
 # ``(input_ids, layer) -> (h_layer, logits)`` as :func:`~dihal_fast.hybrid.backbone_targets` gives them (one forward
@@ -23,7 +23,7 @@ def target_statistics(
 ) -> tuple[Tensor, float, float]:
     """Per-dimension mean (float64 ``(D,)``) and ``sqrt(mean per-dimension variance)`` of ``h_layer`` on
     ``blocks``, and the root mean square of the condition ``c(x)`` on the same tokens (``teacher``: where the
-    targets come from, default ``backbone_targets`` of ``backbone``)."""
+    targets come from, default the backbone's layers up to ``layer`` alone)."""
     if blocks.shape[0] == 0:
         raise DihalValueError("no blocks to compute target statistics on")
     device = backbone.get_input_embeddings().weight.device
@@ -33,7 +33,7 @@ def target_statistics(
     starts = range(0, blocks.shape[0], batch_size)
     for start in progress_bar(starts, desc=f"target statistics, layer {layer}", unit="batch", leave=False):
         ids = blocks[start : start + batch_size].to(device)
-        hidden, _ = teacher(ids, layer) if teacher is not None else backbone_targets(backbone, ids, layer)
+        hidden = teacher(ids, layer)[0] if teacher is not None else hidden_state(backbone, ids, layer)
         flat = hidden.reshape(-1, hidden.shape[-1]).double().cpu()
         total = flat.sum(0) if total is None else total + flat.sum(0)
         second = flat.pow(2).sum(0) if second is None else second + flat.pow(2).sum(0)
