@@ -38,6 +38,11 @@ BRIDGE_OPTIONS: dict[str, dict] = {
 }
 
 
+# The width up to which a bridge trains at the full --lr; wider ones at lr x LR_WIDTH / W (AdamW's updates move each
+# output by ~lr x fan-in: SmolLM2's 576-wide bridge diverged at 3e-3, the shipped backbones' 96-128-wide ones train).
+LR_WIDTH = 128
+
+
 @dataclass
 class BridgeTrainConfig(CheckedConfig):
     """Data, optimisation, loss weights, bridge architecture and bookkeeping of one bridge training run."""
@@ -66,12 +71,17 @@ class BridgeTrainConfig(CheckedConfig):
     )
     # optimisation
     steps: int = loop_option("steps", 300)
-    lr: float = loop_option("lr", 3e-3, "then a cosine to a tenth of it")
+    lr: float = loop_option(
+        "lr",
+        3e-3,
+        f"of a bridge up to {LR_WIDTH} wide; a wider one trains at lr x {LR_WIDTH} / W (a real model's width "
+        "diverges at the full rate); then a cosine to a tenth of it",
+    )
     weight_decay: float = loop_option("weight_decay", 0.0)
     warmup_steps: int = loop_option("warmup_steps", 20)
     grad_clip: float = loop_option("grad_clip", 1.0)
     ema_decay: float = loop_option("ema_decay", 0.999)
-    max_minutes: float = loop_option("max_minutes", 0.0, "the run then ends early, exported as at --steps")
+    max_minutes: float = loop_option("max_minutes", 0.0, "the run then ends early and exports what it trained")
     budget_clock: str = loop_option("budget_clock", "wall")
     # loss
     w_diff: float = option(1.0, "weight of the diffusion loss (MSE on the prediction target at a random t)", min=0.0)
@@ -123,9 +133,11 @@ class BridgeTrainConfig(CheckedConfig):
             raise DihalValueError("all loss weights are 0: nothing to train")
         self.bridge_options(hidden_size=8, layer=max(1, self.copied_layers))  # checks the overrides
 
-    def loop_settings(self, device: str | None = None) -> LoopSettings:
-        """The shared loop's view of a bridge run (cosine to a tenth of the peak rate after warm-up)."""
-        return LoopSettings.from_config(self, lr_floor=0.1, device=device or self.device)
+    def loop_settings(self, device: str | None = None, width: int = LR_WIDTH) -> LoopSettings:
+        """The shared loop's view of a bridge run of width ``width`` (its peak rate, then a cosine to a tenth)."""
+        return LoopSettings.from_config(
+            self, lr=self.lr * min(1.0, LR_WIDTH / width), lr_floor=0.1, device=device or self.device
+        )
 
     def bridge_options(self, hidden_size: int, layer: int = 1) -> BridgeConfig:
         """The BridgeConfig these overrides give for a backbone of width ``hidden_size``."""

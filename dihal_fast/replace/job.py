@@ -236,7 +236,7 @@ class BridgeJob(TrainingJob):
             blocks,
             export,
         )
-        self.settings = config.loop_settings(device)
+        self.settings = config.loop_settings(device, bridge_config.width)
         self.configs = {CONFIG_NAME: config.to_dict()}
         self.derived = {BRIDGE_CONFIG_NAME: bridge_config.to_dict()}
         self.layer, self.rank, self.callback = bridge_config.layer, rank, callback

@@ -1,0 +1,115 @@
+"""Which bridge makes a usable hybrid of a real pretrained model at a CPU budget? SmolLM2-135M-Instruct at its
+selected layer, one ``dihal replace`` run per design, each with the same CPU-second budget, data and validation.
+
+Designs: ``--copied-layers k`` for each given ``k`` (``0``: the paper's bridge, everything learned from ``c(x)``;
+``l*``: the backbone's layers ``1..l*`` copied into the context encoder, the denoiser learning a correction; in
+between: the last ``l* - k`` replaced layers learned). Each run is ``dihal replace`` in its own process on one thread
+(resumable: a rerun continues a killed run; a finished one is read back), ``--budget-clock cpu``; the table gives
+the validation hybrid and backbone PPL, their ratio, KL(backbone || hybrid), the bridge loss, steps, tokens and
+CPU seconds, and the bridge's parameters (trainable, and all of them) beside the replaced layers'.
+
+    python bench/bench_real_bridge.py --layer 3 --copied 0 2 3 --minutes 10 \\
+        --corpus ../shared/data/text/*.train.txt --val-corpus valid.txt --work /work/runs/real_bridge
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from _common import report, rows_figure, table, target
+
+from dihal_fast.testing.real_models import smollm2_checkpoint
+
+
+def replace_run(model: Path, args: argparse.Namespace, copied: int) -> dict:
+    """``dihal replace`` for ``copied`` copied layers in ``WORK/copied_K`` (resumed if killed); its result.json."""
+    out = args.work / f"copied_{copied}"
+    if (out / "result.json").is_file():
+        return json.loads((out / "result.json").read_text())
+    command = [
+        sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", "replace",
+        "--model", str(model), "--layer", str(args.layer),
+        "--copied-layers", str(copied), "--max-minutes", str(args.minutes), "--budget-clock", "cpu",
+        "--steps", str(args.steps), "--checkpoint-every", "25", "--val-blocks", str(args.val_blocks),
+        "--max-train-tokens", str(args.max_train_tokens), "--corpus", *map(str, args.corpus),
+        "--val-corpus", str(args.val_corpus), "--out", str(out),
+    ]  # fmt: skip
+    if (out / "checkpoints").is_dir():
+        command.append("--resume")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    subprocess.run(command, check=True, env=env)
+    return json.loads((out / "result.json").read_text())
+
+
+def parameter_counts(result: dict) -> dict:
+    """Trainable and total parameters of the exported bridge, and of the backbone layers it replaces."""
+    from dihal_fast.hybrid import HybridLM
+
+    hybrid = HybridLM.from_pretrained(result["hybrid_dir"])
+    bridge = hybrid.bridge
+    copied = {id(p) for p in bridge.copied.parameters()} if bridge.copied is not None else set()
+    learned = sum(p.numel() for p in bridge.parameters() if id(p) not in copied)
+    total = sum(p.numel() for p in bridge.parameters())
+    per_layer = sum(p.numel() for p in hybrid.upper.base_model.layers[0].parameters())  # the layers are alike
+    return {"learned_params": learned, "bridge_params": total, "replaced_params": per_layer * hybrid.config.layer}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layer", type=int, default=3, help="hidden state l* (SmolLM2's selected layer: 3)")
+    parser.add_argument("--copied", type=int, nargs="+", default=[0, 2, 3], help="copied layers k of each design")
+    parser.add_argument("--minutes", type=float, default=10.0, help="CPU minutes of bridge training per design")
+    parser.add_argument("--steps", type=int, default=300, help="--steps (the schedule's length) of every run")
+    parser.add_argument("--val-blocks", type=int, default=32)
+    parser.add_argument("--max-train-tokens", type=int, default=2_000_000)
+    parser.add_argument("--corpus", type=Path, nargs="+", required=True)
+    parser.add_argument("--val-corpus", type=Path, required=True)
+    parser.add_argument("--work", type=Path, required=True, help="run directories and the model cache")
+    parser.add_argument("--question", default="real_bridge_smollm2")
+    args = parser.parse_args()
+    model = smollm2_checkpoint(args.work / "models")
+    rows = []
+    for copied in args.copied:
+        result = replace_run(model, args, copied)
+        validation = result["validation"]
+        rows.append(
+            {
+                "copied_layers": copied,
+                **parameter_counts(result),
+                "steps": result["steps_trained"],
+                "tokens": result["tokens_seen"],
+                "cpu_s": result["train_seconds"],
+                "bridge_loss": validation["bridge_loss"],
+                "hybrid_ppl": validation["hybrid_ppl"],
+                "backbone_ppl": validation["backbone_ppl"],
+                "ppl_ratio": validation["ppl_ratio"],
+                "kl": validation["kl"],
+            }
+        )
+    columns = list(rows[0])
+    values = [[row[c] for c in columns] for row in rows]
+    body = table(columns, values)
+    best = min(rows, key=lambda row: row["kl"])
+    targets = [
+        target(
+            f"hybrid PPL <= 1.5x the backbone's and KL <= 0.4 nats at {args.minutes:g} CPU-minutes",
+            f"best design copies {best['copied_layers']} layers: ratio {best['ppl_ratio']:.3f}, KL {best['kl']:.3f}",
+            best["ppl_ratio"] <= 1.5 and best["kl"] <= 0.4,
+        )
+    ]
+    report(
+        f"Bridge designs on SmolLM2-135M at hidden state {args.layer}, {args.minutes:g} CPU-minutes each",
+        body,
+        question=args.question,
+        figures={"designs": rows_figure(columns, values), "layer": args.layer, "cpu_minutes": args.minutes},
+        targets=targets,
+    )
+
+
+if __name__ == "__main__":
+    main()
