@@ -18,7 +18,6 @@ from dihal_fast.common.rundir import read_marker  # noqa: E402
 from dihal_fast.errors import DihalValueError  # noqa: E402
 from dihal_fast.testing.cli import error_line, run_cli  # noqa: E402
 from dihal_fast.testing.gguf_files import llama_to_gguf  # noqa: E402
-from dihal_fast.testing.real_models import short_locate_replace  # noqa: E402
 
 TEXT = "Once upon a time, the quick brown fox counted 12345 #$% symbols."
 # Largest logit difference against the float32 checkpoint, per storage type (F32 is the same numbers).
@@ -116,7 +115,9 @@ def test_backbone_info_describes_the_file(gguf_files, capsys):
     assert "architecture: llama (4 layers, hidden 32" in out
 
 
-def test_a_run_on_a_gguf_file_pins_it_and_its_hybrid_loads_without_it(llama, gguf_files, tmp_path, capsys):
+def test_a_run_on_a_gguf_file_pins_it_and_its_hybrid_loads_without_it(
+    llama, gguf_files, tmp_path, capsys, short_locate_replace
+):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import dihal_fast.hybrid  # noqa: F401  (registers the hybrid)

