@@ -12,6 +12,9 @@ Rerunning the same command resumes finished/unfinished runs instead of retrainin
 
     python bench/bench_hcdlm.py --tasks sudoku --minutes 5
     python bench/bench_hcdlm.py --tasks countdown --minutes 3
+
+Its Countdown and text records are current (``hcdlm_countdown``, ``hcdlm_text``); Sudoku is compared under the
+evaluation protocol by ``bench_hcdlm_protocol.py``, whose records replaced this script's Sudoku ones.
 """
 
 from __future__ import annotations

@@ -32,7 +32,9 @@ paired bootstrap interval; ``--train-only`` with ``--variant`` trains those runs
 ``--run-fields KIND:FIELD=VALUE;...`` (repeated) trains every run of KIND with those fields (e.g. a baseline's width
 and depth, chosen on validation with ``--variant``) in ``OUT/variants/FIELD=VALUE_.../KIND_seedS`` (where that
 variant's seed-0 run already is); its choice and test results are kept under names with the fields, and the record
-states them.
+states them. ``--match-sampling KIND:WIDTH,...`` (repeated) sets KIND's width and blocks so: the shape among those
+widths whose sampling parameters (the parameters a chain reads, HC-DLM's encoder aside) come closest to the
+HC-DLM's (``dihal_fast.hcdlm.models.matched_shape``). Every table states both counts of each run.
 
 ``--lr-search 1e-3,3e-3 --val VAL.csv`` scores no test file: for every kind, lr and seed it resumes the run in
 ``OUT/lr<LR>/<kind>_seed<S>`` and scores its single chain (argmax) on validation at each of ``--steps-choices``;
@@ -59,7 +61,7 @@ from dihal_fast.hcdlm.api import check_run_splits, file_sha256  # noqa: E402
 from dihal_fast.hcdlm.config import RunConfig, SampleConfig  # noqa: E402
 from dihal_fast.hcdlm.eval_data import examples_from_file  # noqa: E402
 from dihal_fast.hcdlm.mechanism import in_sampler_interventions  # noqa: E402
-from dihal_fast.hcdlm.models import KINDS, kind_of  # noqa: E402
+from dihal_fast.hcdlm.models import KINDS, build_model, kind_of, matched_shape, sampling_parameters  # noqa: E402
 from dihal_fast.hcdlm.protocol import (  # noqa: E402
     chosen_configs,
     protocol_choice,
@@ -70,6 +72,7 @@ from dihal_fast.hcdlm.protocol import (  # noqa: E402
 from dihal_fast.hcdlm.scoring import accuracy_vs_steps, load_run  # noqa: E402
 from dihal_fast.hcdlm.stats import paired_bootstrap, points_text  # noqa: E402
 from dihal_fast.hcdlm.trainer import train  # noqa: E402
+from dihal_fast.tasks.registry import build_task  # noqa: E402
 
 MODES = ("single", "best_of", "oracle")
 
@@ -107,6 +110,28 @@ def parse_run_fields(texts: list[str], kinds: list[str]) -> dict[str, dict]:
         except json.JSONDecodeError as exc:
             raise SystemExit(f"--run-fields {text!r}: a VALUE is not JSON ({exc})") from None
     return found
+
+
+def sampling_matched(texts: list[str], kinds: list[str], sudoku_box: str, run_fields: dict[str, dict]) -> dict:
+    """``KIND:WIDTH,...`` (repeated) -> {kind: {"hidden": W, "baseline_blocks": N}}: the shape among those widths at
+    which KIND samples with the parameter count closest to the HC-DLM's (its ``run_fields`` over the task
+    defaults)."""
+    found = {}
+    for text in texts:
+        kind, sep, rest = text.partition(":")
+        if not (sep and kind in kinds and kind != "hcdlm" and all(width.isdigit() for width in rest.split(","))):
+            raise SystemExit(f"--match-sampling takes KIND:WIDTH,... for a baseline of --models {kinds}, got {text!r}")
+        widths = [int(width) for width in rest.split(",")]
+        hcdlm = RunConfig.for_task(name="sudoku", sudoku_box=sudoku_box, **run_fields.get("hcdlm", {}))
+        spec = build_task(hcdlm.task, for_training=False).spec
+        baseline = RunConfig.for_task(name="sudoku", sudoku_box=sudoku_box, kind=kind)
+        found[kind] = matched_shape(spec, baseline.model, widths, sampling_parameters(build_model(spec, hcdlm.model)))
+    return found
+
+
+def parameter_counts(summary: dict) -> list[int]:
+    """A run's parameters, all and those a chain reads when it samples (its train summary's)."""
+    return [summary["parameters"], summary["sampling_parameters"]]
 
 
 def train_one(
@@ -185,7 +210,7 @@ def run_one(kind: str, seed: int, args: argparse.Namespace, chosen: dict | None 
     test_path = Path(args.out) / "protocol" / f"test-{args.hashes['test_sha256'][:12]}" / name
     test_key = {**common, **args.hashes}  # with the settings scored: "chosen"
     if choice and (found := kept(test_path, {**test_key, "chosen": choice["chosen"]})):
-        return found
+        return {**found, "summary": summary}  # the run's summary as it reads now (the same trained step)
     run = load_run(folder, device="cpu")
     validation, test = examples_from_file(run.task, args.val), examples_from_file(run.task, args.test)
     splits = check_run_splits(run, folder, validation, test)
@@ -276,7 +301,7 @@ def interventions_table(results: dict, kinds: list[str]) -> tuple[dict, str]:
 def lr_search(kinds: list[str], seeds: list[int], args: argparse.Namespace) -> None:
     """Each kind's lr chosen on validation by its single chain (see the module docstring); the record."""
     lrs = [text for text in args.lr_search.split(",") if text]
-    header = ["model", "lr", "seed", "trained s", "steps", "parameters"]
+    header = ["model", "lr", "seed", "trained s", "steps", "parameters", "sampling parameters"]
     header += [f"{steps} steps %" for steps in args.steps_choices] + ["easy / hard % (best)"]
     rows, best = [], {}
     for kind in kinds:
@@ -293,7 +318,7 @@ def lr_search(kinds: list[str], seeds: list[int], args: argparse.Namespace) -> N
                 top = max(curve, key=lambda row: row["accuracy"])
                 accuracies.append(top["accuracy"])
                 groups = " / ".join(f"{100 * g['accuracy']:.1f}" for g in top["groups"].values())
-                trained = [round(summary["elapsed_s"]), summary["step"], summary["parameters"]]
+                trained = [round(summary["elapsed_s"]), summary["step"], *parameter_counts(summary)]
                 rows.append(
                     [kind, float(text), seed, *trained, *[round(100 * r["accuracy"], 1) for r in curve], groups]
                 )
@@ -339,7 +364,7 @@ def faithfulness(kind: str, args: argparse.Namespace) -> None:
     its latent re-encoded from its argmax tokens at every step (what the latent carries beyond the tokens); the
     record ``--question``."""
     variants = [parse_variant(text) for text in args.variant]
-    header = ["variant", "run fields", "sampler fields", "trained s", "steps", "parameters"]
+    header = ["variant", "run fields", "sampler fields", "trained s", "steps", "parameters", "sampling parameters"]
     header += [f"{steps} steps %" for steps in args.steps_choices] + ["easy / hard % (best)", "minus first (points)"]
     header += ["normal - re-encoded (points)"] if KINDS[kind].latent else []
     rows, found, reference = [], {}, None
@@ -367,7 +392,7 @@ def faithfulness(kind: str, args: argparse.Namespace) -> None:
             probe = [points_text(beyond["latent_beyond_tokens"])]
         fields_text = " ".join(f"{key}={value}" for key, value in sorted(run_fields.items()))
         rows.append([name, fields_text or "(defaults)", " ".join(f"{k}={v}" for k, v in sample_fields.items()),
-                     round(summary["elapsed_s"]), summary["step"], summary["parameters"],
+                     round(summary["elapsed_s"]), summary["step"], *parameter_counts(summary),
                      *[round(100 * r["accuracy"], 1) for r in scored], groups,
                      "" if best is reference else points_text(gap), *probe])  # fmt: skip
     figures = {"variants": found, "table": rows_figure(header, rows), "validation_sha256": file_sha256(args.val)}
@@ -441,6 +466,13 @@ def main() -> None:
         "and depth chosen on validation with --variant), in OUT/variants/FIELD=VALUE_.../",
     )
     parser.add_argument(
+        "--match-sampling",
+        action="append",
+        default=[],
+        help="KIND:WIDTH,...: train KIND at the width (among these) and blocks whose sampling parameters come closest "
+        "to the HC-DLM's",
+    )
+    parser.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -453,6 +485,8 @@ def main() -> None:
     kinds, seeds = args.models.split(","), [int(s) for s in args.seeds.split(",")]
     args.lrs = parse_lrs(args.lr, kinds)
     args.run_fields = parse_run_fields(args.run_fields, kinds)
+    for kind, shape in sampling_matched(args.match_sampling, kinds, args.sudoku_box, args.run_fields).items():
+        args.run_fields[kind] = {**args.run_fields.get(kind, {}), **shape}
     if args.train_only and args.variant:
         for _, run_fields, _ in map(parse_variant, args.variant):
             folder, summary = train_one(kinds[0], 0, args, fields=run_fields)
@@ -483,8 +517,8 @@ def main() -> None:
         kind: min(found["scored_at"] for (owner, _), found in results.items() if owner == kind) for kind in kinds
     }
     groups = " / ".join(next(iter(results.values()))["protocol"]["rows"][0]["groups"])
-    header = ["model", "seed", "trained s", "steps", "parameters", "accuracy %", f"{groups} %", "passes / puzzle"]
-    header += ["block passes / puzzle", "settings"]
+    header = ["model", "seed", "trained s", "steps", "parameters", "sampling parameters", "accuracy %", f"{groups} %"]
+    header += ["passes / puzzle", "block passes / puzzle", "at width 64", "settings"]
     figures.update(args.hashes)
     figures["run_fields"] = args.run_fields
     body = [
@@ -505,13 +539,15 @@ def main() -> None:
             row = found["protocol"]["rows"][index]
             correct[kind].append(row["correct"])
             groups = " / ".join(f"{100 * g['accuracy']:.1f}" for g in row["groups"].values())
-            trained = [round(found["summary"]["elapsed_s"]), found["summary"]["step"], found["summary"]["parameters"]]
+            summary = found["summary"]
+            trained = [round(summary["elapsed_s"]), summary["step"], *parameter_counts(summary)]
             scores = [round(100 * row["accuracy"], 1), groups, round(row["passes"]), round(row["block_passes"])]
-            scores.append(settings_text(row["settings"]))
+            width64 = row.get("width64_block_passes")  # absent from rows scored before it was counted
+            scores += ["" if width64 is None else round(width64), settings_text(row["settings"])]
             rows.append([kind, seed, *trained, *scores])
         for kind in kinds:
             accuracy = sum(map(sum, correct[kind])) / sum(map(len, correct[kind]))
-            rows.append([kind, "mean", "", "", "", round(100 * accuracy, 1), "", "", "", ""])
+            rows.append([kind, "mean", "", "", "", "", round(100 * accuracy, 1), "", "", "", "", ""])
         figures[mode] = rows_figure(header, rows)
         gaps = {kind: paired_bootstrap(correct[kind], correct[kinds[0]]) for kind in kinds[1:]}
         figures[f"{mode}_minus_{kinds[0]}"] = gaps

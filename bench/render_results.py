@@ -15,24 +15,28 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import BENCH, RESULTS_DIR, merge_run, read_record
+from _common import BENCH, RESULTS_DIR, merge_run, read_record, table
 
 DOCUMENT = BENCH / "README.md"
 
 
 @dataclass(frozen=True)
 class Question:
-    """What one record answers: its heading, the group it belongs to, the question and the data."""
+    """What one record answers: its heading, the group it belongs to, the question and the data; ``summary`` (for a
+    long record) makes the section's figures from the record's instead of showing its whole body, which stays in
+    the record."""
 
     title: str
     group: str
     measures: str
     data: str
+    summary: Callable[[dict[str, Any]], str] | None = None
 
 
 GEOMETRY, PIPELINE, HCDLM, PACKAGING = "Geometry kernels and locate", "DiHAL pipeline", "HC-DLM", "Packaging"
@@ -58,6 +62,51 @@ def _shape9(name: str, deep: int, wide: int, params: str, lr: str, seen: str = "
         f"6x6 search), single chain (argmax) {chain}; `matched` is the "
         f"protocol's seed-0 run at width 64, `wide` trained with `hidden=128;baseline_blocks={wide}`.{seen}",
     )
+
+
+PROTOCOL_MODES = {"single": "one chain", "best_of": "best-of-K", "oracle": "oracle@K"}
+
+
+def _points(gap: dict[str, float]) -> str:
+    """A difference of accuracies with its interval, in points: ``dihal_fast.hcdlm.stats.points_text``'s text
+    (a test holds them equal), without importing the package and torch into the renderer."""
+    return f"{100 * gap['difference']:+.1f} [{100 * gap['low']:+.1f}, {100 * gap['high']:+.1f}]"
+
+
+def _protocol_summary(record: dict[str, Any]) -> str:
+    """A ``bench_hcdlm_protocol.py`` record in one table: per kind its parameters, the mean accuracy over seeds of
+    each mode with the difference from the first kind, the block passes (mean over seeds) and the settings chosen on
+    validation; then the latent kinds' in-sampler interventions, mean over seeds."""
+    figures = record["figures"]
+    columns = figures["single"]["columns"]
+    at = {name: columns.index(name) for name in ("parameters", "accuracy %", "block passes / puzzle", "settings")}
+    kinds = list(dict.fromkeys(row[0] for row in figures["single"]["rows"]))
+    header = ["model", "parameters", *(f"{label} %" for label in PROTOCOL_MODES.values())]
+    header += [f"{label} - {kinds[0]}, points" for label in PROTOCOL_MODES.values()]
+    header += ["block passes / puzzle, one chain / best-of-K", "settings, one chain; best-of-K"]
+    rows = []
+    for kind in kinds:
+        seeds = {mode: [row for row in figures[mode]["rows"] if row[0] == kind] for mode in PROTOCOL_MODES}
+        means = [next(row for row in seeds[mode] if row[1] == "mean")[at["accuracy %"]] for mode in PROTOCOL_MODES]
+        gaps = [_points(figures[f"{mode}_minus_{kinds[0]}"][kind]) if kind != kinds[0] else "" for mode in seeds]
+        passes = [[row[at["block passes / puzzle"]] for row in seeds[mode] if row[1] != "mean"] for mode in seeds]
+        cost = " / ".join(f"{round(sum(p) / len(p)):,}" for p in passes[:2])
+        settings = "; ".join(seeds[mode][0][at["settings"]] for mode in ("single", "best_of"))
+        rows.append([kind, f"{seeds['single'][0][at['parameters']]:,}", *means, *gaps, cost, settings])
+    lines = [
+        f"Means over the training seeds, % of the test puzzles; *- {kinds[0]}*: the difference in points with its 95 % "
+        "interval (paired bootstrap over seeds and puzzles). Every seed's row, every validation candidate and each "
+        "seed's in-sampler interventions are in the record.",
+        "",
+        table(header, rows),
+    ]
+    for key, found in figures.items():
+        if key.startswith("interventions_"):
+            kind, names, mean = key.removeprefix("interventions_"), found["columns"][1:-1], found["rows"][-1][1:-1]
+            shown = ", ".join(f"{name.removesuffix(' %')} {value}" for name, value in zip(names, mean))
+            beyond = _points(figures[f"latent_beyond_tokens_{kind}"])
+            lines += ["", f"{kind} in its sampler, %: {shown}; normal - latent_reencoded {beyond} points."]
+    return "\n".join(lines)
 
 
 # Display order. A script that writes a new question key adds its entry here (the test fails on a record
@@ -311,17 +360,21 @@ QUESTIONS: dict[str, Question] = {
         "hold information beyond the current tokens, and does the chain run on its scaffold?",
         "`bench/data/sudoku9` (generator seed 2027): validation and test 150 easy + 150 hard boards each, disjoint "
         "up to symmetry from every run's training pool (checked by the script); 30 process-CPU-minutes of training "
-        "per run on one thread (10 minutes solve 0 % for HC-DLM and MDM, `hcdlm_sudoku9_budget`), lr carried over "
+        "per run on one thread, lr carried over "
         "from the 6x6 validation searches (3e-3 for HC-DLM, MDM and CCDD, 1e-3 for Latent DM and AR; a 9x9 lr "
         "search did not fit the budget), training seeds 0-2 (3,000 generated singles-grade 9x9 puzzles each, the "
         "same pool for every model at a seed). HC-DLM at width 64, latent 256 and 12 denoiser blocks (2.41 M "
         "parameters), Latent DM at width 64 (2.41 M); each other baseline at the shape its validation question chose "
         "at that count before its test scoring (`hcdlm_shape9_mdm`, `hcdlm_shape9_ccdd`, `hcdlm_shape9_ar`): MDM 12 "
         "blocks at width 128 (2.40 M), CCDD 32 blocks at width 64 (2.44 M), AR 48 blocks at width 64 (2.41 M; a tie "
-        "keeps the matched shape). K = 4 rather than 8: HC-DLM costs 3.6 ms per row-step on one thread at 9x9, and "
+        "keeps the matched shape). Matched on totals, not on what sampling reads (`models.sampling_parameters`): "
+        "HC-DLM and Latent DM sample with 1.69 M (the encoder and the slot head, 0.72 M, only train), the baselines "
+        "with all theirs, 1.42-1.45x as many. K = 4 rather than 8: HC-DLM costs 3.6 ms per row-step on one thread "
+        "at 9x9, and "
         "K = 8 would double the validation scoring. Runs trained side by side by `--train-only` processes on a "
         "shared machine, all with fused AdamW; scored by `--no-record` processes into the same `--out`, the record "
         "written by the command below from their kept results.",
+        summary=_protocol_summary,
     ),
     "hcdlm_shape9_mdm": _shape9(
         "MDM",
@@ -345,6 +398,7 @@ QUESTIONS: dict[str, Question] = {
         "run's training pool and the generated splits; frozen before any scoring. The same 15 runs as "
         "`hcdlm_protocol9` (30 process-CPU-minutes each, three seeds per kind); the generated validation file has "
         "no rated puzzles, so the settings are chosen for generated boards and carried over.",
+        summary=_protocol_summary,
     ),
     "hcdlm_protocol6": Question(
         "HC-DLM vs MDM, CCDD, Latent DM and AR on 6x6 Sudoku under one protocol: one chain, best-of-8 and oracle@8, "
@@ -361,29 +415,14 @@ QUESTIONS: dict[str, Question] = {
         "up to symmetry from every run's training pool (checked by the script); 10 process-CPU-minutes of "
         "training per run on one thread, lr chosen on validation (3e-3 for HC-DLM, MDM and CCDD, 1e-3 for Latent DM "
         "and AR), training seeds 0-2 (3,000 generated singles-grade puzzles each, the same pool for every model at "
-        "a seed), width 64, 0.73-0.77 M parameters. Runs trained side by side by `--train-only` processes on a "
-        "shared machine; the Latent DM and AR seeds 1-2 trained with fused AdamW (more steps in the same CPU "
-        "seconds), every other run with the multi-tensor one. Each kind's lr and settings were frozen before its own "
-        "test scoring (the record states both times per kind; CCDD, Latent DM and AR were scored after HC-DLM and "
-        "MDM, nothing of theirs chosen on test); scored by `--no-record` processes into the same `--out`, the "
-        "record written by the command below from their kept results.",
-    ),
-    "hcdlm_sudoku": Question(
-        "HC-DLM vs MDM / Latent DM / AR on 6x6 Sudoku at 10 CPU-minutes (exposure share 1.0, hard variance clamp)",
-        HCDLM,
-        "At the same training time, which model solves more held-out 6x6 Sudoku boards (easy = singles-only, "
-        "the training grade; hard = needs strategies absent from training), and what does sampling cost?",
-        "Generated 6x6 puzzles: 300 easy + 300 hard test boards (generator seed 123), 150 + 150 validation boards "
-        "(seed 7) on which sampler settings are chosen per run; 10 process-CPU-minutes per model on one thread, "
-        "width 64. HC-DLM with exposure share 1.0, the hard log-variance clamp and scaffold drop always (the "
-        "configuration `hcdlm_defaults` compares with the command line's).",
-    ),
-    "hcdlm_sudoku_budget": Question(
-        "HC-DLM vs MDM on 6x6 Sudoku against the training budget, 5 to 60 CPU-minutes (exposure share 1.0)",
-        HCDLM,
-        "Does HC-DLM catch up with MDM on the hard split as the CPU budget grows from 5 to 60 minutes?",
-        "The 6x6 test and validation puzzles and the HC-DLM configuration of `hcdlm_sudoku`; lr 1e-3, one seed, 50 "
-        "sampling steps.",
+        "a seed), width 64, 0.73-0.77 M parameters (baselines matched to HC-DLM's total; HC-DLM and Latent DM sample "
+        "with 0.60 M of them, MDM, CCDD and AR with all, 1.25-1.27x as many). Runs trained side by side by "
+        "`--train-only` processes on a shared machine; the Latent DM and AR seeds 1-2 trained with fused AdamW (more "
+        "steps in the same CPU seconds), every other run with the multi-tensor one. Each kind's lr and settings were "
+        "frozen before its own test scoring (the record states both times per kind; CCDD, Latent DM and AR were "
+        "scored after HC-DLM and MDM, nothing of theirs chosen on test); scored by `--no-record` processes into the "
+        "same `--out`, the record written by the command below from their kept results.",
+        summary=_protocol_summary,
     ),
     "hcdlm_lr_search": Question(
         "HC-DLM vs MDM: learning rate chosen on the frozen 6x6 validation split",
@@ -443,107 +482,6 @@ QUESTIONS: dict[str, Question] = {
         "chain (argmax, the givens in place) at 36, 50 and 100 sampling steps. The two runs trained side by side "
         "(`--train-only`), then the search resumed and scored them.",
     ),
-    "hcdlm_variants": Question(
-        "HC-DLM objective variants on 6x6 Sudoku",
-        HCDLM,
-        "Which objective / architecture choice makes HC-DLM's uniform kernel learn at CPU scale?",
-        "The benchmark's HC-DLM (uniform kernel, width 64, blocks 1/6/1, lr 1e-3, batch 64, 1 thread) per "
-        "variant, scored on the validation split only (150 easy + 150 hard, seed 7), 50 steps, argmax.",
-    ),
-    "hcdlm_defaults": Question(
-        "HC-DLM: the command line's 6x6 defaults, chosen on the validation split",
-        HCDLM,
-        "Which defaults should `dihal hcdlm train` use: exposure share 1.0, the hard log-variance clamp and scaffold "
-        "drop always, or the soft variance bound without the drop, at exposure 1.0 or 0.5? Does the model use its "
-        "latent (x_t -> noise) and its scaffold (true - random)?",
-        "bench_hcdlm_variants.py --quick at equal process-CPU budget and seed 0, one thread, scored on the validation "
-        "split only (150 easy + 150 hard, seed 7), 50 steps, argmax, EMA weights; ablations at s = 0.05 / 0.5 / 0.95.",
-    ),
-    "hcdlm_latent6": Question(
-        "HC-DLM: training changes meant to make the latent carry information, 6x6 validation split",
-        HCDLM,
-        "Which training change makes the one-step read-out depend on x_t (it falls by >= 10 points of blank cells "
-        "when x_t becomes noise at s <= 0.5), and what does it do to the boards solved: the latent less noisy than "
-        "the scaffold (`--latent-schedule-power`), all-[MASK] scaffolds in training (`--scaffold-blind`), a stronger "
-        "entropy term with a variance floor? (A read-out that depends on x_t does not show that the sampler's latent "
-        "carries more than its tokens: x_t here is the encoder mean of the true answer, noised.)",
-        "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5 at 4 process-CPU-minutes on one thread, 6x6 benchmark "
-        "configuration (lr 1e-3), seed 0 unless the name says otherwise; validation split only (150 easy + 150 hard, "
-        "seed 7), 50 steps, argmax, EMA weights.",
-    ),
-    "hcdlm_ccdd": Question(
-        "CCDD (joint token + embedding chains) on 6x6 Sudoku at 10 CPU-minutes",
-        HCDLM,
-        "How does CCDD, HC-DLM's strongest same-scale baseline in the paper (a masked token chain and a "
-        "token-embedding chain denoised together by one network), fare in the same harness, parameter budget and "
-        "CPU budget as HC-DLM and MDM? This record measured an earlier CCDD whose masked slots saw (1 - s) times "
-        "the code of their true token: it shows that leak (the token head reads the answer), not CCDD; the "
-        "repaired CCDD (`hcdlm/ccdd.py`) has no record yet.",
-        "The 6x6 puzzles of `hcdlm_sudoku` (300 easy + 300 hard test boards, seed 123; 150 + 150 validation boards, "
-        "seed 7, for the sampler order), 10 process-CPU-minutes on one thread, `dihal hcdlm train`'s defaults.",
-    ),
-    "hcdlm_sudoku9": Question(
-        "HC-DLM vs MDM on 9x9 Sudoku at 30 CPU-minutes: best-of-K and one chain, seeds as rows",
-        HCDLM,
-        "With the command line's 9x9 defaults (12-block denoiser), how many 9x9 boards does HC-DLM solve in 30 "
-        "CPU-minutes over five training seeds, with K chains chosen on validation and with one chain, against the "
-        "18-block MDM and against a 6-block denoiser?",
-        "bench_hcdlm.py's 9x9 configuration (latent 256, --latent-schedule-power 3, lr 3e-3, width 64; 3,000 "
-        "generated singles-grade training puzzles per seed), about 30 process-CPU-minutes per run on one thread; K "
-        "(and MDM's order) chosen on 50 validation boards per group at 50 steps; test 150 boards per group "
-        "(generated easy / hard, seed 123, and the first 150 of each level of `sudoku_kaggle3m_curated5000.csv`).",
-    ),
-    "hcdlm_sudoku9_budget": Question(
-        "HC-DLM vs MDM on 9x9 Sudoku against the training budget: 10, 30, 60 CPU-minutes",
-        HCDLM,
-        "Do HC-DLM and MDM cross as the CPU budget grows on 9x9 boards, and where, with one chain and with best-of-K?",
-        "bench_hcdlm.py's 9x9 configuration (lr 3e-3, width 64; HC-DLM with latent 256 and --latent-schedule-power "
-        "3), one thread; 60 minutes = 30-minute runs resumed; 50 sampling steps (the paper's), the rest of the "
-        "sampler chosen on 50 validation boards per group; test 150 boards per group.",
-    ),
-    "hcdlm_defaults9": Question(
-        "HC-DLM: the command line's 9x9 latent width and latent schedule power, chosen on validation",
-        HCDLM,
-        "Which latent width d and latent schedule power p let the 9x9 HC-DLM learn within 30 CPU-minutes, and does "
-        "its one-step read-out use x_t and the scaffold?",
-        "bench_hcdlm_variants.py --quick on the 9x9 benchmark configuration (lr 3e-3, width 64, blocks 1/6/1, 3,000 "
-        "generated singles puzzles), 30 process-CPU-minutes on one thread, seed 0; scored on the validation split "
-        "only (50 boards per group: generated easy and hard, seed 7, and Kaggle levels 150-199), 50 steps, argmax, "
-        "EMA.",
-    ),
-    "hcdlm_sudoku9_seeds": Question(
-        "HC-DLM on 9x9 Sudoku: why some training seeds learn, one-change runs and the 12-block denoiser, validation "
-        "split",
-        HCDLM,
-        "How do the 30-CPU-minute 9x9 runs that solve boards differ from those that do not in the input ablations, "
-        "and which one-change training run (exposure ramp, latent drop, absorbing kernel, half the learning rate, "
-        "another or a larger training pool, a stronger entropy term, a variance floor, a 12-block denoiser, more "
-        "steps) makes the weak seeds learn?",
-        "bench_hcdlm_variants.py --quick --levels 0.1,0.3,0.5,0.9 on bench_hcdlm.py's 9x9 configuration (latent 256, "
-        "--latent-schedule-power 3, lr 3e-3), 30 process-CPU-minutes on one thread unless the row says otherwise; "
-        "seed1 ... seed5 are the trained runs of `hcdlm_sudoku9` (scored, not retrained); seed2_1550steps the seed-2 "
-        "run resumed to seed 1's 1,550 steps; seed2_ramp1000_1600steps the ramp run's checkpoint at 1,600 steps (it "
-        "ran alone on the machine and so took more steps per CPU-minute: compare at equal steps); seed1_60min the "
-        "seed-1 run resumed to 60 CPU-minutes; seed2_ldrop25, seed2_den12, seed2_absorbing, seed3_absorbing and "
-        "seed2_lr15 (lr 1.5e-3) 30-minute runs with one change each (the absorbing runs `--model hcdlm_absorbing`); "
-        "seed2_pool_of_seed1 seed 2 trained on seed 1's 3,000-puzzle pool, seed2_pool12k on a 12,000-puzzle pool, "
-        "seed2_ent05 with lambda_ent 0.05; seed2_floor25 / seed3_floor25 with `--set model.logvar_min=-2.5` (sigma "
-        ">= 0.29); seed3_den12 / seed1_den12 the 12-block denoiser beside an evaluation (1,074 / 1,171 steps), "
-        "seed3_den12_1482steps and seed1_den12_1550steps copies resumed to the 6-block runs' step counts; validation "
-        "split only (50 boards per group: easy, hard and the five Kaggle levels, 350 in all), 50 steps, one chain, "
-        "argmax, EMA.",
-    ),
-    "hcdlm_mechanism9": Question(
-        "HC-DLM on 9x9 Sudoku: input ablations, decoded trajectory and steps against MDM",
-        HCDLM,
-        "Does the 9x9 HC-DLM's one-step read-out change when x_t is noise or the scaffold is random, does its "
-        "decoded answer improve over the sampling trajectory (against MDM's, the paper's Fig. 3a), and how does "
-        "accuracy change with the number of steps (Fig. 3b)? The x_t ablation feeds the noised encoder mean of the "
-        "true answer, so it does not show what the sampler's own latent carries.",
-        "`dihal hcdlm eval --compare` (through `evaluate_run`) on the 150 easy + 150 hard generated 9x9 test puzzles "
-        "(seed 123): the 30-minute HC-DLM of `hcdlm_sudoku9_budget` (6-block denoiser, --latent-schedule-power 3) "
-        "against that record's 30-minute MDM.",
-    ),
     "hcdlm_countdown": Question(
         "HC-DLM vs MDM / AR: Countdown CD3 / CD4",
         HCDLM,
@@ -596,7 +534,8 @@ is edited by hand or not re-rendered after a record changes: `python bench/rende
 
 Each section below gives what the question measures, the data, the command, the latest run (date,
 machine, commit, record file), the figures with what they mean, and the stated targets with their
-status; the table of targets comes first. Run a bench from the repository root with the venv, e.g.
+status (a section without a **Targets.** table states none: its figures are reported); the table of targets comes
+first. Run a bench from the repository root with the venv, e.g.
 `python bench/bench_knn.py` (`DIHAL_BENCH_RESULTS=/tmp/trial` keeps a trial run's record out of
 `bench/results/`), then `python bench/render_results.py`, and commit the record and this file
 together. A new question is a new `question=` key passed to `report(...)` in `bench/_common.py` plus
@@ -641,17 +580,14 @@ def _section(key: str, record: dict[str, Any] | None) -> str:
         lines += [f"**Runs.** {len(record['runs'])} runs, {record['date']}; {record['machine']}; {link}.", ""]
     else:
         lines += [
-            f"**Command.** `{record['command']}`",
-            "",
-            f"**Latest run.** {record['date']}; {record['machine']}; commit {record['commit']}; {link}.",
+            f"**Command.** `{record['command']}` **Latest run.** {record['date']}; {record['machine']}; commit "
+            f"{record['commit']}; {link}.",
             "",
         ]
-    lines += [record["body"], ""]
-    if record["targets"]:
-        lines += ["**Targets.**", "", "| target | measured | status |", "|---|---|---|"]
+    lines.append(question.summary(record) if question and question.summary else record["body"])
+    if record["targets"]:  # none stated: the figures are reported
+        lines += ["", "**Targets.**", "", "| target | measured | status |", "|---|---|---|"]
         lines += [f"| {t['target']} | {t['measured']} | {t['status']} |" for t in record["targets"]]
-    else:
-        lines += ["**Targets.** None stated: the figures are reported."]
     if record.get("runs"):
         lines += ["", _runs_table(key, record["runs"])]
     return "\n".join(lines + [""])

@@ -287,7 +287,7 @@ def test_every_question_a_script_names_is_registered():
         for script in BENCH.glob("*.py")
         for key in re.findall(r'question(?:: str)? ?= ?"(\w+)"', script.read_text())
     }
-    assert {"knn_vs_faiss", "covariance_throughput", "proxies_vs_sklearn", "hcdlm_variants"} <= named
+    assert {"knn_vs_faiss", "covariance_throughput", "proxies_vs_sklearn"} <= named
     assert named <= set(render_results.QUESTIONS), f"unregistered: {named - set(render_results.QUESTIONS)}"
 
 
@@ -416,3 +416,38 @@ def test_protocol_run_fields_train_a_kind_in_its_own_folder(tmp_path, monkeypatc
     for bad in ("mdm", "ar:hidden=128", "mdm:hidden", "mdm:sample.steps=3"):
         with pytest.raises(SystemExit, match="--run-fields takes KIND:FIELD=VALUE"):
             protocol.parse_run_fields([bad], ["hcdlm", "mdm"])
+
+
+def test_protocol_matches_a_baselines_shape_on_sampling_parameters():
+    """``--match-sampling KIND:WIDTH,...`` gives the kind the width and blocks of ``matched_shape`` against the
+    HC-DLM of the protocol's fields; a malformed one, or one for HC-DLM itself, is refused."""
+    import bench_hcdlm_protocol as protocol
+
+    from dihal_fast.hcdlm.models import matched_shape
+    from dihal_fast.tasks.sudoku_task import SudokuTask
+
+    found = protocol.sampling_matched(["mdm:64,128", "ccdd:64"], ["hcdlm", "mdm", "ccdd"], "2x3", {})
+    mdm = protocol.RunConfig.for_task(name="sudoku", sudoku_box="2x3", kind="mdm").model
+    assert found["mdm"] == matched_shape(SudokuTask(2, 3).spec, mdm, (64, 128)) == {"hidden": 128, "baseline_blocks": 3}
+    assert found["ccdd"] == {"hidden": 64, "baseline_blocks": 8}
+    at64 = protocol.sampling_matched(["mdm:64"], ["hcdlm", "mdm"], "2x3", {})["mdm"]
+    deeper = protocol.sampling_matched(["mdm:64"], ["hcdlm", "mdm"], "2x3", {"hcdlm": {"denoiser_blocks": 12}})
+    assert at64 == {"hidden": 64, "baseline_blocks": 12} and deeper["mdm"]["baseline_blocks"] > 12  # HC-DLM's fields
+    for bad in ("mdm", "mdm:", "mdm:64,x", "hcdlm:64", "ar:64"):
+        with pytest.raises(SystemExit, match="--match-sampling takes KIND:WIDTH"):
+            protocol.sampling_matched([bad], ["hcdlm", "mdm"], "2x3", {})
+
+
+def test_protocol_records_render_as_one_table_of_means():
+    """A protocol record's section is the table its figures give (means, differences, cost, settings), not its
+    whole body; the differences read as ``points_text`` writes them."""
+    from dihal_fast.hcdlm.stats import points_text
+
+    record = _common.read_record(BENCH / "results" / "hcdlm_protocol9.json")
+    text = render_results._protocol_summary(record)
+    gap = record["figures"]["single_minus_hcdlm"]["mdm"]
+    assert render_results._points(gap) == points_text(gap) == "+33.6 [+21.7, +45.3]"
+    assert "| mdm | 2,397,065 | 53.1 | 58.6 | 58.6 | +33.6 [+21.7, +45.3] |" in text
+    assert "| 600 / 2,592 |" in text and "normal - latent_reencoded +3.7 [-2.0, +9.7] points" in text
+    section = render_results._section("hcdlm_protocol9", record)
+    assert text in section and record["body"] not in section and len(section.splitlines()) < 30

@@ -188,6 +188,10 @@ def test_eval_protocol_reports_single_best_of_and_oracle_with_their_cost(tmp_pat
         assert len(row["correct"]) == 3 and sum(row["correct"]) / 3 == pytest.approx(row["accuracy"])
     assert all(o >= b for o, b in zip(oracle["correct"], best["correct"]))
     assert single["passes"] <= protocol["chosen"]["single"]["steps"]
+    mdm_parameters = models.sampling_parameters(build_model(SudokuTask(2, 2).spec, _tiny_mdm()))
+    for row in (single, best, oracle, *protocol["validation"]):  # both counts; block passes at width 64 too
+        assert row["parameters"] == row["sampling_parameters"] == mdm_parameters  # MDM samples with all of them
+        assert row["width64_block_passes"] == pytest.approx(row["block_passes"] * (32 / 64) ** 2)
     assert len(protocol["validation"]) == 2 + 4 * 2  # two step counts, then MDM's four sources x two verifiers
     report = json.loads(out.read_text())
     assert report["trained_s"] > 0 and report["budget_clock"] == "wall"

@@ -16,7 +16,7 @@ class Block(nn.Module):
 
     def __init__(self, hidden: int, heads: int, dropout: float = 0.0, cond_dim: int = 0, causal: bool = False) -> None:
         super().__init__()
-        self.heads, self.causal, self.dropout = heads, causal, dropout
+        self.hidden, self.heads, self.causal, self.dropout = hidden, heads, causal, dropout
         self.norm1 = nn.LayerNorm(hidden, elementwise_affine=not cond_dim)
         self.norm2 = nn.LayerNorm(hidden, elementwise_affine=not cond_dim)
         self.qkv = nn.Linear(hidden, 3 * hidden)

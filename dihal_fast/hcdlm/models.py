@@ -11,8 +11,8 @@ nothing), ``"rules"`` the task's rules (:mod:`dihal_fast.hcdlm.rules`; no networ
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -42,6 +42,14 @@ def _denoiser(model: nn.Module) -> nn.Module:
     return model.denoiser
 
 
+def _nothing(model: nn.Module) -> tuple[nn.Module | None, ...]:
+    return ()
+
+
+def _encoder_and_slot_head(model: nn.Module) -> tuple[nn.Module | None, ...]:
+    return model.encoder, model.denoiser.slot_head
+
+
 @dataclass(frozen=True)
 class ModelKind:
     """One model kind: ``build(spec, cfg)``; ``loss(model, kernel, context, target, objective, generator)``;
@@ -51,7 +59,9 @@ class ModelKind:
     there is refused); ``latent`` (an encoder / denoiser / predictor the mechanism probes can open); ``main`` (the
     module whose forward calls count as the kind's forward passes); ``unread_sample`` (the :class:`SampleConfig`
     fields its sampler never reads, refused by :func:`check_sample` when they differ from their defaults; every kind
-    reads ``steps`` but AR, whose ``steps`` is let through so that one sampler config serves every kind)."""
+    reads ``steps`` but AR, whose ``steps`` is let through so that one sampler config serves every kind);
+    ``not_sampled`` (the modules a chain of the default sampler never runs, None where the model has none: HC-DLM's
+    and Latent DM's encoder and the denoiser's training-only slot head; :func:`sampling_parameters`)."""
 
     name: str
     build: Callable[[TaskSpec, HCDLMModelConfig], nn.Module]
@@ -62,33 +72,77 @@ class ModelKind:
     latent: bool = False
     main: Callable[[nn.Module], nn.Module] = _whole
     unread_sample: tuple[str, ...] = ()
+    not_sampled: Callable[[nn.Module], tuple[nn.Module | None, ...]] = _nothing
+
+
+def sampling_parameters(model: nn.Module) -> int:
+    """The parameters a chain of ``model`` reads when it samples (the count the paper matches models on): a
+    baseline's all (MDM, CCDD and AR sample with their whole network), HC-DLM's and Latent DM's without what
+    :attr:`ModelKind.not_sampled` lists (the encoder and the training-only slot head; ``--clamp`` and the re-encoding
+    diagnostics, not the default sampler, run the encoder too)."""
+    unused = [module for module in kind_of(model).not_sampled(model) if module is not None]
+    return count_parameters(model) - sum(count_parameters(module) for module in unused)
+
+
+def _blocks_field(kind: str) -> str:
+    """The config field that sets how many blocks a kind's sampled network has."""
+    return "denoiser_blocks" if KINDS[kind].latent else "baseline_blocks"
+
+
+def _closest_blocks(spec: TaskSpec, cfg: HCDLMModelConfig, target: int) -> tuple[int, int]:
+    """``(blocks, sampling parameters)`` of ``cfg.kind`` at ``cfg``'s width, the count closest to ``target`` (at least
+    one block): the count is linear in the blocks, read off the networks of one and two blocks."""
+    one, two = (sampling_parameters(build_model(spec, replace(cfg, **{_blocks_field(cfg.kind): n}))) for n in (1, 2))
+    blocks = max(1, round((target - (2 * one - two)) / (two - one)))
+    return blocks, 2 * one - two + blocks * (two - one)
 
 
 def matched_blocks(spec: TaskSpec, cfg: HCDLMModelConfig, kind: str) -> int:
-    """Blocks a baseline needs to come closest to the HC-DLM parameter count (at least one)."""
+    """Blocks a baseline needs to come closest to the HC-DLM parameter count, encoder included (at least one):
+    ``baseline_blocks=0``'s meaning, kept for the runs trained with it; :func:`matched_shape` matches on sampling
+    parameters instead."""
     if cfg.baseline_blocks:
         return cfg.baseline_blocks
-    budget = count_parameters(HCDLM(spec, cfg))
-    net, cond_dim = {"ccdd": (CCDDNet, cfg.hidden), "mdm": (MDMNet, 0), "ar": (ARNet, 0)}[kind]
-    base = count_parameters(net(spec, cfg, 0))
-    one = count_parameters(Block(cfg.hidden, cfg.heads, cond_dim=cond_dim))
-    return max(1, round((budget - base) / one))
+    return _closest_blocks(spec, replace(cfg, kind=kind), count_parameters(HCDLM(spec, cfg)))[0]
+
+
+def matched_shape(
+    spec: TaskSpec, cfg: HCDLMModelConfig, widths: Sequence[int] = (), target: int | None = None
+) -> dict[str, int]:
+    """The width among ``widths`` (default: ``cfg.hidden``) and the block count at which ``cfg.kind`` samples with
+    the parameter count closest to ``target`` (default: the sampling parameters of the HC-DLM of ``cfg``'s fields;
+    ties: the first width), as run fields: ``{"hidden": W, "baseline_blocks": N}`` (``denoiser_blocks`` for HC-DLM
+    and Latent DM), e.g. for the protocol bench's ``--run-fields``."""
+    if target is None:
+        target = sampling_parameters(HCDLM(spec, cfg))
+    best: tuple[int, dict[str, int]] | None = None
+    for width in widths or (cfg.hidden,):
+        blocks, count = _closest_blocks(spec, replace(cfg, hidden=width), target)
+        if best is None or abs(count - target) < best[0]:
+            best = (abs(count - target), {"hidden": width, _blocks_field(cfg.kind): blocks})
+    assert best is not None
+    return best[1]
 
 
 PARAMETER_TOLERANCE = 0.10  # a baseline's parameter count may differ from its HC-DLM's by this share
 
 
 def parameter_match(spec: TaskSpec, cfg: HCDLMModelConfig) -> dict[str, float | int | bool]:
-    """``{parameters, hcdlm_parameters, ratio, matched}``: this kind's count against the HC-DLM of the same fields,
-    ``matched`` when within :data:`PARAMETER_TOLERANCE` (a record prints both counts either way)."""
-    count = count_parameters(build_model(spec, cfg))
-    reference = count_parameters(HCDLM(spec, cfg))
-    ratio = count / reference
+    """``{parameters, hcdlm_parameters, ratio, matched, sampling_parameters, hcdlm_sampling_parameters,
+    sampling_ratio}``: this kind's count against the HC-DLM of the same fields, all parameters (``matched`` when
+    within :data:`PARAMETER_TOLERANCE`, what ``baseline_blocks=0`` matches) and those a chain reads when it samples
+    (:func:`sampling_parameters`, the paper's count); a record prints every count either way."""
+    model, reference = build_model(spec, cfg), HCDLM(spec, cfg)
+    count, reference_count = count_parameters(model), count_parameters(reference)
+    sampling, reference_sampling = sampling_parameters(model), sampling_parameters(reference)
     return {
         "parameters": count,
-        "hcdlm_parameters": reference,
-        "ratio": ratio,
-        "matched": abs(ratio - 1) <= PARAMETER_TOLERANCE,
+        "hcdlm_parameters": reference_count,
+        "ratio": count / reference_count,
+        "matched": abs(count / reference_count - 1) <= PARAMETER_TOLERANCE,
+        "sampling_parameters": sampling,
+        "hcdlm_sampling_parameters": reference_sampling,
+        "sampling_ratio": sampling / reference_sampling,
     }
 
 
@@ -158,6 +212,7 @@ def _latent_kind(name: str, scaffold: bool, unread_sample: tuple[str, ...]) -> M
         latent=True,
         main=_denoiser,
         unread_sample=unread_sample,
+        not_sampled=_encoder_and_slot_head,
     )
 
 
@@ -281,14 +336,21 @@ def generate(
     return choose(tokens, verify_chains(rows, tokens, chain_scores, cfg, task), k)
 
 
+COMMON_WIDTH = 64  # the width block passes are stated at across kinds of other widths (HC-DLM's default)
+COSTS = ("passes", "block_passes", "width64_block_passes")  # PassCounter's figures, in rows
+
+
 class PassCounter:
     """Sampling cost while in use (``with PassCounter(model) as cost: ...``), in rows: ``passes``, the rows through
-    the kind's main network (:attr:`ModelKind.main`: HC-DLM's denoiser, a baseline's whole network), and
-    ``block_passes``, the rows through any transformer block of the model (encoder and predictor too)."""
+    the kind's main network (:attr:`ModelKind.main`: HC-DLM's denoiser, a baseline's whole network);
+    ``block_passes``, the rows through any transformer block of the model (encoder and predictor too); and
+    ``width64_block_passes``, those at the :data:`COMMON_WIDTH`: each block's rows times (its width / 64) ** 2, the
+    size of its weight matrices against a width-64 block's (a width-128 block pass counts 4)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.main, self.model = kind_of(model).main(model), model
-        self.passes, self.block_passes, self._handles = 0, 0, []
+        self.passes, self.block_passes, self.width64_block_passes = 0, 0, 0.0
+        self._handles: list = []
 
     def __enter__(self) -> PassCounter:
         self._handles.append(self.main.register_forward_hook(self._count_main))
@@ -302,6 +364,11 @@ class PassCounter:
 
     def _count_block(self, module, args, output) -> None:
         self.block_passes += args[0].shape[0]
+        self.width64_block_passes += args[0].shape[0] * (module.hidden / COMMON_WIDTH) ** 2
+
+    def figures(self) -> dict[str, float]:
+        """The counts so far, by :data:`COSTS`."""
+        return {name: getattr(self, name) for name in COSTS}
 
     def __exit__(self, *_) -> None:
         for handle in self._handles:

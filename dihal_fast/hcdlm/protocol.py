@@ -10,9 +10,12 @@ the sampling cost it took, and the settings each kind is scored with chosen on a
 - *oracle@K*: the same K chains, counted correct when any one is (an upper bound on any verifier's pick; its cost
   is the chains' without the verifier).
 
-Cost per row, per puzzle: ``passes`` (rows through the kind's main network) and ``block_passes`` (rows through
-every transformer block; a verifier's would count too, and neither ``chain`` nor ``rules`` makes any), measured by
+Cost per row, per puzzle: ``passes`` (rows through the kind's main network), ``block_passes`` (rows through every
+transformer block; a verifier's would count too, and neither ``chain`` nor ``rules`` makes any) and
+``width64_block_passes`` (those at width 64, for kinds of other widths), measured by
 :class:`~dihal_fast.hcdlm.models.PassCounter`, so rows of different kinds compare at stated, not assumed, cost.
+Every row also states the run's ``parameters`` and ``sampling_parameters`` (those a chain reads,
+:func:`~dihal_fast.hcdlm.models.sampling_parameters`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,18 @@ from torch import nn
 
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import VERIFIERS, SampleConfig
-from dihal_fast.hcdlm.models import REVEALING, PassCounter, check_sample, choose, kind_of, sample_chains, verify_chains
+from dihal_fast.hcdlm.layers import count_parameters
+from dihal_fast.hcdlm.models import (
+    COSTS,
+    REVEALING,
+    PassCounter,
+    check_sample,
+    choose,
+    kind_of,
+    sample_chains,
+    sampling_parameters,
+    verify_chains,
+)
 from dihal_fast.hcdlm.scoring import LoadedRun, example_contexts, mean_scores
 from dihal_fast.hcdlm.stats import paired_bootstrap
 from dihal_fast.tasks.base import EvalExample
@@ -75,15 +89,15 @@ def _chains(
     ``cfg.best_of``); ``verifiers`` (default: ``cfg.verifier``) all choose from the same chains. The draws do not
     depend on the verifier (the chain's own log-probability is bookkeeping on logits the sampler has, no draw, no
     pass), so every verifier gets exactly the chains a run with it alone would sample, at one sampling's cost.
-    ``cost``: ``chain_passes``, ``chain_block_passes``, and per verifier ``verifier_passes`` /
-    ``verifier_block_passes`` (dicts)."""
+    ``cost``: ``chain``, the chains' cost per example (by :data:`~dihal_fast.hcdlm.models.COSTS`), and ``verifier``,
+    each verifier's (:func:`_with_verifier` adds them)."""
     verifiers = verifiers or (cfg.verifier,)
     check_sample(run.model, cfg)
     sampling = replace(cfg, verifier="chain" if "chain" in verifiers else cfg.verifier)
     k, generator = cfg.best_of, torch.Generator(run.device).manual_seed(seed)
     chains: list[list[list[int]]] = []
     chosen: dict[str, list[list[int]]] = {verifier: [] for verifier in verifiers}
-    spent = {verifier: [0, 0] for verifier in verifiers}  # passes, block passes
+    spent = {verifier: dict.fromkeys(COSTS, 0.0) for verifier in verifiers}
     with PassCounter(run.model) as total:
         for start in range(0, len(examples), cfg.batch_size):
             rows = example_contexts(examples[start : start + cfg.batch_size], run.device).repeat_interleave(k, dim=0)
@@ -93,29 +107,34 @@ def _chains(
                 if k > 1:
                     with PassCounter(run.model) as verifying:
                         scores = verify_chains(rows, tokens, chain_scores, replace(cfg, verifier=verifier), run.task)
-                    spent[verifier][0] += verifying.passes
-                    spent[verifier][1] += verifying.block_passes
+                    for name, value in verifying.figures().items():
+                        spent[verifier][name] += value
                     picked = choose(tokens, scores, k)
                 chosen[verifier].extend(picked.tolist())
             chains.extend(tokens.view(-1, k, tokens.shape[-1]).tolist())
-    n = len(examples)
+    n, totals = len(examples), total.figures()
     cost = {
-        "chain_passes": (total.passes - sum(p for p, _ in spent.values())) / n,
-        "chain_block_passes": (total.block_passes - sum(b for _, b in spent.values())) / n,
-        "verifier_passes": {verifier: p / n for verifier, (p, _) in spent.items()},
-        "verifier_block_passes": {verifier: b / n for verifier, (_, b) in spent.items()},
+        "chain": {name: (totals[name] - sum(used[name] for used in spent.values())) / n for name in COSTS},
+        "verifier": {verifier: {name: value / n for name, value in used.items()} for verifier, used in spent.items()},
     }
     return chains, chosen, cost
 
 
+def _with_verifier(cost: dict, verifier: str) -> dict[str, float]:
+    """The cost per example of K chains and ``verifier``'s pick among them (``cost`` from :func:`_chains`)."""
+    return {name: cost["chain"][name] + cost["verifier"][verifier][name] for name in COSTS}
+
+
 def _row(run: LoadedRun, examples: list[EvalExample], answers: list[list[int]], **fields) -> tuple[dict, list[float]]:
-    """The row of ``answers`` (mean scores, per group) and its per-example ``correct`` (1.0 / 0.0, in order)."""
+    """The row of ``answers`` (the run's parameter counts, mean scores, per group) and its per-example ``correct``
+    (1.0 / 0.0, in order)."""
     scored = [run.task.score(ex, answer) for ex, answer in zip(examples, answers)]
     groups = {
         g: mean_scores([s for ex, s in zip(examples, scored) if ex.group == g])
         for g in dict.fromkeys(ex.group for ex in examples)
     }
-    return {**fields, **mean_scores(scored), "groups": groups}, [float(s["correct"]) for s in scored]
+    counts = {"parameters": count_parameters(run.model), "sampling_parameters": sampling_parameters(run.model)}
+    return {**fields, **counts, **mean_scores(scored), "groups": groups}, [float(s["correct"]) for s in scored]
 
 
 def _oracle(run: LoadedRun, examples: list[EvalExample], chains: list[list[list[int]]]) -> list[list[int]]:
@@ -130,15 +149,7 @@ def single_chain_row(run: LoadedRun, examples: list[EvalExample], single: Sample
     """The ``single`` row on ``examples``: mean scores, per group, its ``settings``, cost per puzzle and ``correct``
     per example (in order)."""
     _, answers, cost = _chains(run, examples, single, seed)
-    row, correct = _row(
-        run,
-        examples,
-        answers[single.verifier],
-        mode="single",
-        k=1,
-        passes=cost["chain_passes"],
-        block_passes=cost["chain_block_passes"],
-    )
+    row, correct = _row(run, examples, answers[single.verifier], mode="single", k=1, **cost["chain"])
     return {**row, "settings": _settings(single), "correct": correct}
 
 
@@ -157,19 +168,12 @@ def protocol_rows(
         chosen[diverse.verifier],
         mode="best_of",
         k=diverse.best_of,
-        passes=cost["chain_passes"] + cost["verifier_passes"][diverse.verifier],
-        block_passes=cost["chain_block_passes"] + cost["verifier_block_passes"][diverse.verifier],
+        **_with_verifier(cost, diverse.verifier),
     )
     best_row.update(settings=_settings(diverse), correct=best_correct)
     best_row["minus_single"] = paired_bootstrap(best_correct, single_correct, seed=seed)
     oracle_row, oracle_correct = _row(
-        run,
-        examples,
-        _oracle(run, examples, chains),
-        mode="oracle",
-        k=diverse.best_of,
-        passes=cost["chain_passes"],
-        block_passes=cost["chain_block_passes"],
+        run, examples, _oracle(run, examples, chains), mode="oracle", k=diverse.best_of, **cost["chain"]
     )
     oracle_row.update(settings=_settings(diverse), correct=oracle_correct)
     return [single_row, best_row, oracle_row]
@@ -217,7 +221,7 @@ def choose_on_validation(
 
         def score_single(cfg: SampleConfig = cfg) -> list[dict]:
             _, answers, cost = _chains(run, validation, cfg, seed)
-            row, _ = _row(run, validation, answers[cfg.verifier], mode="single", k=1, passes=cost["chain_passes"])
+            row, _ = _row(run, validation, answers[cfg.verifier], mode="single", k=1, **cost["chain"])
             return [{**row, "settings": _settings(cfg)}]
 
         (row,) = _candidate(memo, cfg, score_single)
@@ -233,8 +237,7 @@ def choose_on_validation(
             _, chosen, cost = _chains(run, validation, cfg, seed, VERIFIERS)
             rows = []
             for verifier in VERIFIERS:
-                passes = cost["chain_passes"] + cost["verifier_passes"][verifier]
-                row, _ = _row(run, validation, chosen[verifier], mode="best_of", k=k, passes=passes)
+                row, _ = _row(run, validation, chosen[verifier], mode="best_of", k=k, **_with_verifier(cost, verifier))
                 rows.append({**row, "settings": _settings(replace(cfg, verifier=verifier))})
             return rows
 

@@ -19,7 +19,7 @@ from dihal_fast.common.rundir import run_directory
 from dihal_fast.errors import DihalTypeError, DihalValueError
 from dihal_fast.hcdlm.config import HCDLMTrainConfig, ObjectiveConfig, RunConfig
 from dihal_fast.hcdlm.layers import count_parameters
-from dihal_fast.hcdlm.models import PARAMETER_TOLERANCE, build_model, kind_of, parameter_match
+from dihal_fast.hcdlm.models import PARAMETER_TOLERANCE, build_model, kind_of, parameter_match, sampling_parameters
 from dihal_fast.hcdlm.noise import make_kernel
 from dihal_fast.tasks.registry import build_task
 from dihal_fast.train.settings import LoopSettings
@@ -73,7 +73,7 @@ class RunJob(TrainingJob):
         seed_everything(tc.seed)
         self.task = build_task(config.task, run_dir, tc.seed)
         model = build_model(self.task.spec, config.model).to(device)
-        self.parameters = count_parameters(model)
+        self.parameters, self.sampling_parameters = count_parameters(model), sampling_parameters(model)
         self.objective = RunObjective(
             model, make_kernel(config.model.kernel, self.task.spec.target_vocab), config.objective
         )
@@ -117,8 +117,9 @@ def train(
     config: RunConfig, run_dir: str | os.PathLike, deepspeed_config: str | os.PathLike | None = None
 ) -> StageReport:
     """Train (or resume) the run in ``run_dir``, holding its lock; returns its summary (the final step, the
-    seconds trained on the budget's clock beside the budget, the parameter count beside the HC-DLM it is matched to
-    (:func:`~dihal_fast.hcdlm.models.parameter_match`) and the last logged losses) as a report on ``run_dir``.
+    seconds trained on the budget's clock beside the budget, the parameter counts, all and those sampling reads,
+    beside the HC-DLM's of the same fields (:func:`~dihal_fast.hcdlm.models.parameter_match`) and the last logged
+    losses) as a report on ``run_dir``.
 
     ``(config, out)`` like every stage's entry point. With ``deepspeed_config`` the DeepSpeed ZeRO engine is used
     (launch several processes with torchrun).
@@ -146,10 +147,11 @@ def train(
             if rank == 0:
                 config.save(folder / CONFIG_NAME)
             logger.info(
-                "%s on %s: %d parameters, %d steps, %s",
+                "%s on %s: %d parameters (%d read by sampling), %d steps, %s",
                 config.model.kind,
                 config.task.name,
                 job.parameters,
+                job.sampling_parameters,
                 tc.steps,
                 session_device,
             )
