@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from _common import report, rows_figure, table, target
 
 from dihal_fast.testing.real_models import smollm2_checkpoint
@@ -59,6 +60,34 @@ def parameter_counts(result: dict) -> dict:
     return {"learned_params": learned, "bridge_params": total, "replaced_params": per_layer * hybrid.config.layer}
 
 
+@torch.no_grad()
+def error_by_dimension(result: dict, args: argparse.Namespace, top: int = 4) -> dict:
+    """Where the rebuilt ``h_l*`` misses, on the validation blocks: the share of the teacher's variance and of the
+    bridge's squared error that the ``top`` highest-variance dimensions ("massive activations") hold."""
+    from dihal_fast.common.hf_loading import load_causal_lm
+    from dihal_fast.hybrid import HybridLM, hidden_state
+    from dihal_fast.replace.data import load_blocks
+
+    hybrid = HybridLM.from_pretrained(result["hybrid_dir"]).eval()
+    backbone, tokenizer = load_causal_lm(result["model"], "float32")
+    blocks = load_blocks(tokenizer, args.corpus, 128, args.val_blocks, 4 * 128, args.val_corpus).val
+    error = variance = None
+    for start in range(0, blocks.shape[0], 8):
+        ids = blocks[start : start + 8]
+        target = hybrid.bridge.normalize(hidden_state(backbone, ids, args.layer)).flatten(0, 1).double()
+        rebuilt = hybrid.bridge.normalize(hybrid(ids).bridge_hidden_state).flatten(0, 1).double()
+        batch_error, batch_square = (rebuilt - target).pow(2).sum(0), target.pow(2).sum(0)
+        error = batch_error if error is None else error + batch_error
+        variance = batch_square if variance is None else variance + batch_square
+    assert error is not None and variance is not None
+    massive = torch.topk(variance, top).indices
+    return {
+        "massive_dims": ",".join(map(str, massive.tolist())),
+        "massive_variance_share": float(variance[massive].sum() / variance.sum()),
+        "massive_error_share": float(error[massive].sum() / error.sum()),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layer", type=int, default=3, help="hidden state l* (SmolLM2's selected layer: 3)")
@@ -81,6 +110,7 @@ def main() -> None:
             {
                 "copied_layers": copied,
                 **parameter_counts(result),
+                **error_by_dimension(result, args),
                 "steps": result["steps_trained"],
                 "tokens": result["tokens_seen"],
                 "cpu_s": result["train_seconds"],

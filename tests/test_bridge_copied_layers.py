@@ -109,16 +109,18 @@ def test_bad_copied_layers_are_refused(options, match):
 def test_bad_copied_layers_of_a_training_run_are_refused():
     with pytest.raises(DihalValueError, match="copied-layers"):
         BridgeTrainConfig(copied_layers=-2)
-    with pytest.raises(DihalValueError, match="needs prediction 'x0'"):  # the default copies every replaced layer
-        BridgeTrainConfig(bridge={"prediction": "eps"})
+    with pytest.raises(DihalValueError, match="needs prediction 'x0'"):
+        BridgeTrainConfig(copied_layers=1, bridge={"prediction": "eps"})
     assert BridgeTrainConfig(copied_layers=0, bridge={"prediction": "eps"}).bridge_options(8, 2).copied_layers == 0
 
 
-def test_replace_copies_every_replaced_layer_by_default_and_the_sweep_none():
+def test_replace_copies_all_but_the_last_replaced_layer_by_default_and_the_sweep_none():
     from dihal_fast.pipeline.sweep_stage import SweepBudgetConfig
 
-    assert BridgeTrainConfig().bridge_options(8, layer=3).copied_layers == 3
-    assert BridgeTrainConfig(copied_layers=2).bridge_options(8, layer=3).context_layers == 1
+    assert BridgeTrainConfig().bridge_options(8, layer=3).copied_layers == 2
+    assert BridgeTrainConfig().bridge_options(8, layer=3).context_layers == 1  # one learned block for layer 3
+    assert BridgeTrainConfig().bridge_options(8, layer=1).copied_layers == 0  # l* = 1: the paper's bridge
+    assert BridgeTrainConfig(copied_layers=3).bridge_options(8, layer=3).context_layers == 0
     assert SweepBudgetConfig().train_config().bridge_options(8, layer=3).copied_layers == 0
     with pytest.raises(DihalValueError, match="copied_layers = 4"):
         BridgeTrainConfig(copied_layers=4).bridge_options(8, layer=3)

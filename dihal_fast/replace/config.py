@@ -98,9 +98,10 @@ class BridgeTrainConfig(CheckedConfig):
     # model
     copied_layers: int = option(
         -1,
-        "backbone layers 1..k copied into the bridge's context encoder, the denoiser correcting their h_k in x0 "
-        "space (-1 = all replaced layers, k = l*: the hybrid starts as the backbone; 0 = the paper's bridge, "
-        "everything learned from c(x), as the sweep trains it)",
+        "backbone layers 1..k copied into the bridge's context encoder; the bridge learns layers k+1..l* and "
+        "predicts x0 as the copies' h_k plus its correction (-1 = l* - 1: the diffusion bridge learns the last "
+        "replaced layer; l*: it corrects the backbone's own h_l*; 0 = the paper's bridge, everything learned from "
+        "c(x), as the sweep trains it)",
         min=-1,
     )
     train_copied_layers: bool = option(False, "train the copied backbone layers with the bridge (default: frozen)")
@@ -145,7 +146,7 @@ class BridgeTrainConfig(CheckedConfig):
         unknown = sorted(set(self.bridge) - allowed)
         if unknown:
             raise DihalValueError(f"unknown bridge options {unknown}; expected a subset of {sorted(allowed)}")
-        copied = {"copied_layers": layer if self.copied_layers == -1 else self.copied_layers}
+        copied = {"copied_layers": layer - 1 if self.copied_layers == -1 else self.copied_layers}
         if self.train_copied_layers:
             copied["train_copied_layers"] = True
         return BridgeConfig(hidden_size=hidden_size, condition_size=hidden_size, layer=layer, **copied, **self.bridge)

@@ -1,0 +1,119 @@
+"""What does a training budget buy on a real model? The hybrid's held-out PPL ratio and KL against training tokens
+and CPU seconds: SmolLM2-135M-Instruct at its selected layer, one ``dihal replace`` run validated every
+``--eval-every`` steps (EMA weights, the held-out blocks of ``--val-corpus``).
+
+The run is resumable across sessions: each invocation trains at most ``--session-minutes`` more CPU-minutes (one
+thread, ``--budget-clock cpu``) and continues from the last checkpoint, until ``--total-minutes`` of training; the
+record (a table and ``real_curve_<design>.png``) is rewritten from the validation history after each invocation.
+
+    python bench/bench_real_curve.py --copied-layers 0 --total-minutes 120 --session-minutes 60 \\
+        --corpus ../shared/data/text/*.train.txt --val-corpus VALID_DIR --work /work/runs/real_curve
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from _common import BENCH, report, rows_figure, table, target
+
+from dihal_fast.testing.real_models import smollm2_checkpoint
+
+
+def train(model: Path, args: argparse.Namespace, out: Path) -> None:
+    """One session of ``dihal replace`` (resumed when a checkpoint exists) up to the total CPU budget."""
+    done = json.loads((out / "result.json").read_text())["train_seconds"] if (out / "result.json").is_file() else 0.0
+    budget = min(args.total_minutes, done / 60 + args.session_minutes)
+    command = [
+        sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", "replace",
+        "--model", str(model), "--layer", str(args.layer), "--copied-layers", str(args.copied_layers),
+        "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--checkpoint-every", str(args.eval_every),
+        "--max-minutes", f"{budget:g}", "--budget-clock", "cpu", "--val-blocks", str(args.val_blocks),
+        "--corpus", *map(str, args.corpus), "--val-corpus", str(args.val_corpus), "--out", str(out),
+    ]  # fmt: skip
+    if (out / "checkpoints").is_dir():
+        command.append("--resume")
+    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+
+
+def curve(out: Path) -> list[dict]:
+    """Validation points ``(step, tokens, cpu_s, ppl_ratio, kl, bridge_loss)`` from the run's history and log."""
+    config = json.loads((out / "train_config.json").read_text())
+    tokens_per_step = config["batch_size"] * config["grad_accum_steps"] * config["seq_len"]
+    elapsed = {}
+    for line in (out / "log.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        elapsed[record["step"]] = record.get("elapsed_s")
+    history = json.loads((out / "validation.json").read_text())["history"]
+    return [
+        {
+            "step": point["step"],
+            "tokens": point["step"] * tokens_per_step,
+            "cpu_s": elapsed.get(point["step"]),
+            "ppl_ratio": point["ppl_ratio"],
+            "kl": point["kl"],
+            "bridge_loss": point["bridge_loss"],
+        }
+        for point in sorted({p["step"]: p for p in history}.values(), key=lambda p: p["step"])
+    ]
+
+
+def plot(points: list[dict], path: Path, title: str) -> None:
+    """KL and PPL ratio against training tokens (log axes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    tokens = [p["tokens"] for p in points]
+    for axis, key, label in ((axes[0], "kl", "KL(backbone || hybrid), nats"), (axes[1], "ppl_ratio", "PPL ratio")):
+        axis.plot(tokens, [p[key] for p in points], marker="o")
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("training tokens")
+        axis.set_ylabel(label)
+        axis.grid(True, which="both", alpha=0.3)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layer", type=int, default=3, help="hidden state l* (SmolLM2's selected layer: 3)")
+    parser.add_argument("--copied-layers", type=int, default=0, help="the bridge design (dihal replace's option)")
+    parser.add_argument("--total-minutes", type=float, default=120.0, help="CPU minutes of training in all")
+    parser.add_argument("--session-minutes", type=float, default=60.0, help="CPU minutes this invocation adds")
+    parser.add_argument("--steps", type=int, default=2000, help="--steps (the cosine's length) of the run")
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--val-blocks", type=int, default=32)
+    parser.add_argument("--corpus", type=Path, nargs="+", required=True)
+    parser.add_argument("--val-corpus", type=Path, required=True)
+    parser.add_argument("--work", type=Path, required=True, help="the run directory's parent and the model cache")
+    args = parser.parse_args()
+    out = args.work / f"copied_{args.copied_layers}"
+    train(smollm2_checkpoint(args.work / "models"), args, out)
+    points = curve(out)
+    question = f"real_curve_copied_{args.copied_layers}"
+    title = f"Learning curve on SmolLM2-135M, hidden state {args.layer}, {args.copied_layers} copied layers"
+    plot(points, BENCH / "results" / f"{question}.png", title)
+    columns = list(points[0])
+    values = [[p[c] for c in columns] for p in points]
+    last = points[-1]
+    report(
+        title,
+        table(columns, values) + f"\n\n![curve](results/{question}.png)",
+        question=question,
+        figures={"curve": rows_figure(columns, values), "copied_layers": args.copied_layers, "layer": args.layer},
+        targets=[target("KL <= 0.4 nats", f"{last['kl']:.3f} at {last['tokens']} tokens", last["kl"] <= 0.4)],
+    )
+
+
+if __name__ == "__main__":
+    main()
