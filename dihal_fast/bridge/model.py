@@ -23,8 +23,9 @@ decoder layers ``1..k`` (its architecture, rotary positions, masks and KV cache;
 backbone, frozen unless ``train_copied_layers``), followed by ``layer - k`` of the bridge's blocks by default,
 and the denoiser predicts ``x0`` as the normalised ``h_k`` plus a learned correction (its output layer starts
 at zero, so ``k = layer`` starts as the backbone itself). ``k = 0`` is the paper's bridge, everything learned
-from ``c(x)``. On a real model (SmolLM2-135M, ``l* = 3``) nothing learned from scratch at a CPU budget
-comes near the backbone; see README, "Real checkpoints".
+from ``c(x)``. ``dihal replace`` copies ``layer - 1`` layers by default: on a real model (SmolLM2-135M,
+``l* = 3``) the paper's bridge stays far from the backbone at a CPU budget, one learned layer does not
+(README, "Real checkpoints").
 
 Output ``i`` depends on ``c(x_1..x_i)`` and ``z_{t,i}`` only. Targets are normalised per layer,
 ``z = (h - mean) / std`` with the teacher's per-dimension mean and one scalar std (the root mean
