@@ -50,11 +50,13 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16, help="samples per call")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per sample")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--backbone", help="the hybrid's backbone (default: the shipped one)")
+    parser.add_argument("--question", default="generate_speed", help="the record to write (a real model's: its own)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     hybrid_dir = hybrid_from_options(args)
-    models = {"backbone": load_lm(None, device="cpu"), "hybrid": load_lm(hybrid_dir, device="cpu")}
+    models = {"backbone": load_lm(args.backbone, device="cpu"), "hybrid": load_lm(hybrid_dir, device="cpu")}
     prompt = torch.tensor([models["backbone"].prompt_ids("")]).expand(args.samples, -1)
     ways = {
         "generate": lambda lm, g: lm.sample(prompt, args.tokens, 1.0, None, g).tokens,
@@ -104,7 +106,7 @@ def main() -> None:
     report(
         "Generation speed: the hybrid through generate() against its backbone and a bare loop",
         body,
-        question="generate_speed",
+        question=args.question,
         figures={"speed": rows_figure(header, rows), **ratios},
     )
 

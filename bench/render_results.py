@@ -286,6 +286,16 @@ QUESTIONS: dict[str, Question] = {
         "The shipped backbone and corpus, seed 0, the demo's defaults (200 bridge steps, Diffusion-LM control "
         "with the same budget).",
     ),
+    "real_bridge_smollm2": Question(
+        "Bridge designs on a real model (SmolLM2-135M)",
+        PIPELINE,
+        "Which bridge makes a usable hybrid of a real pretrained model at a CPU budget: the paper's (everything "
+        "learned from c(x)), the last replaced layer learned on copies of the others (the default), or every "
+        "replaced layer copied and corrected (target: PPL <= 1.5x the backbone's, KL <= 0.4 nats)?",
+        "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32) at its selected hidden state 3; the four English "
+        "training texts of the shared data, held-out blocks from their validation parts; 8 x 128 tokens per step, "
+        "the same CPU budget per design on one thread, seed 0.",
+    ),
     "bridge_speed": Question(
         "Bridge cost at generation: tokens/s and PPL together",
         PIPELINE,
@@ -336,6 +346,14 @@ QUESTIONS: dict[str, Question] = {
         "reports) against fresh noise per call, pooled and per block?",
         "The shipped backbone's layer-1 hybrid (`replace --layer 1 --steps 300`), the 32 x 128 held-out blocks of "
         "the shipped corpus that `dihal evaluate` scores; noise seeds 0-3 twice each, 8 stochastic calls.",
+    ),
+    "generate_speed_smollm2": Question(
+        "Generation speed on a real model (SmolLM2-135M)",
+        PIPELINE,
+        "How fast does the default hybrid of a real model sample through generate() against its backbone "
+        "(target: >= 0.95x the backbone's tokens/s)?",
+        "The SmolLM2-135M hybrid of `dihal replace --from-locate` (record `real_bridge_smollm2`'s default design, "
+        "30 CPU-minutes) and its backbone, float32, unconditional samples, one thread, interleaved rounds.",
     ),
     "generate_speed": Question(
         "Generation speed: the hybrid through generate() against its backbone and a bare loop",
