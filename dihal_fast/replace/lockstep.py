@@ -234,10 +234,11 @@ def _register_workers(pool: ProcessPoolExecutor, runs: LayerRuns) -> None:
             register_writers(runs.out_dirs[layer], pids)
 
 
-def _stop_workers(pool: ProcessPoolExecutor, grace_s: float = 10.0) -> None:
+def _stop_workers(pool: ProcessPoolExecutor, grace_s: float = 30.0) -> None:
     """Stop the pool's workers (an interrupt or an error left them training): SIGTERM, which stops a training
-    worker as it stops ``dihal replace`` (every write is atomic), repeated until they are gone (an idle worker
-    ends at the first), SIGKILL after ``grace_s``; then shut the pool down."""
+    worker as it stops ``dihal replace`` (the step in progress finishes and each of its layers' runs is checkpointed;
+    every write is atomic), repeated until they are gone (an idle worker ends at the first), SIGKILL after
+    ``grace_s``; then shut the pool down."""
     processes = list((pool._processes or {}).values())  # noqa: SLF001  (the pool keeps no public handle)
     deadline = time.monotonic() + grace_s
     while (alive := [process for process in processes if process.is_alive()]) and time.monotonic() < deadline:

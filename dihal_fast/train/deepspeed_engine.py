@@ -275,3 +275,11 @@ class DeepSpeedEngine:
 
     def barrier(self) -> None:
         dist.barrier()
+
+    def agree(self, *flags: bool) -> tuple[bool, ...]:
+        """Each flag true on any process (one small all-reduce; none in a single process)."""
+        if self.world_size == 1:
+            return flags
+        votes = torch.tensor([int(flag) for flag in flags], dtype=torch.int32, device=self.device)
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX)
+        return tuple(bool(vote) for vote in votes.tolist())

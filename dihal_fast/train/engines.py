@@ -5,7 +5,8 @@ the LR schedule (:func:`~dihal_fast.train.settings.lr_factor`). ``engine(**input
 one micro-batch, ``backward(loss)`` accumulates its gradient (divided by ``grad_accum_steps``), ``step()``
 updates once per optimizer step (with gradient clipping), ``save(dir)`` / ``load(dir)`` hold the
 engine's optimizer state, ``full_parameters()`` yields the trainable parameters with their full values
-(ZeRO-3 gathers them), ``barrier()`` waits for the other processes. The weights themselves are written
+(ZeRO-3 gathers them), ``barrier()`` waits for the other processes and ``agree(*flags)`` tells each flag true on
+any of them (so that every process stops or checkpoints at the same step). The weights themselves are written
 by :mod:`dihal_fast.train.checkpoint`, the same way for both engines.
 """
 
@@ -49,6 +50,8 @@ class Engine(Protocol):
     def load(self, directory: Path) -> None: ...
 
     def barrier(self) -> None: ...
+
+    def agree(self, *flags: bool) -> tuple[bool, ...]: ...
 
 
 def make_optimizer(
@@ -144,3 +147,7 @@ class TorchEngine:
 
     def barrier(self) -> None:
         """Nothing to wait for in one process."""
+
+    def agree(self, *flags: bool) -> tuple[bool, ...]:
+        """The flags themselves: one process agrees with itself."""
+        return flags

@@ -49,6 +49,10 @@ LOOP_FIELDS: dict[str, dict[str, Any]] = {
     "seed": {"help": "random seed of initialisation, data order and noise"},
     "log_every": {"help": "optimizer steps between lines of log.jsonl", "min": 1},
     "checkpoint_every": {"help": "optimizer steps between checkpoints (a final one is always written)", "min": 1},
+    "checkpoint_minutes": {
+        "help": "wall-clock minutes between checkpoints, beside --checkpoint-every (0 = by steps only)",
+        "min": 0.0,
+    },
     "keep_checkpoints": {"help": "newest checkpoints kept on disk", "min": 1},
     "max_minutes": {"help": "stop after this much training time (0 = no limit)", "min": 0.0},
     "budget_clock": {
@@ -93,6 +97,7 @@ class LoopSettings(CheckedConfig):
     device: str = checked("cpu")
     log_every: int = _loop_checked("log_every", 10)
     checkpoint_every: int = _loop_checked("checkpoint_every", 100)
+    checkpoint_minutes: float = _loop_checked("checkpoint_minutes", 5.0)
     keep_checkpoints: int = _loop_checked("keep_checkpoints", 2)
     max_minutes: float = _loop_checked("max_minutes", 0.0)
     budget_clock: str = _loop_checked("budget_clock", "wall")

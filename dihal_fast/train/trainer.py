@@ -4,7 +4,8 @@
 ``fit`` owns what every family needs the same way: the engine (plain torch or DeepSpeed ZeRO), the LR
 schedule, gradient clipping, the EMA, the JSONL log, checkpoints and exact resume, an optional time
 budget (wall-clock or process CPU time, for equal-time comparisons), thread governance on shared
-machines, the progress bar, NVTX ranges, and a clean stop on SIGTERM (the last checkpoint is kept).
+machines, the progress bar, NVTX ranges, and a clean stop on SIGTERM or Ctrl-C with a checkpoint of the last
+step (:mod:`dihal_fast.train.stop`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import contextlib
 import logging
 import math
 import os
-import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +36,7 @@ from dihal_fast.train.ema import EMA
 from dihal_fast.train.engines import Engine, TorchEngine
 from dihal_fast.train.runlog import RunLog
 from dihal_fast.train.settings import LoopSettings
+from dihal_fast.train.stop import StopRequest, interrupted, stop_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ class TrainingRun:
     ema: EMA | None
     run_dir: Path
     step: int = 0
+    checkpoint_step: int = 0  # the step of the newest checkpoint in run_dir (0: none)
+    checkpoint_time: float = field(default_factory=time.monotonic)  # when it was written (or the run started)
     elapsed_s: float = 0.0
     resumed_s: float = 0.0  # elapsed_s of the checkpoint the run resumed from
     values: dict[str, float] = field(default_factory=dict)
@@ -185,24 +188,6 @@ def _saved(path: Path) -> object:
     return read_json(path, "checkpoint config") if path.is_file() else None
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (``kill PID``) raises KeyboardInterrupt, so that a run stops between steps, keeping its checkpoint."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def fit(
     job: TrainingJob,
     run_dir: str | os.PathLike,
@@ -213,19 +198,16 @@ def fit(
 ) -> TrainingRun:
     """Train ``job`` in ``run_dir`` from ``checkpoint`` (see :func:`resume_point`) up to its ``steps``,
     its time budget, or ``stop_at`` optimizer steps (as if interrupted, with a checkpoint)."""
-    run = _start(job, Path(run_dir), ds_config, checkpoint)
-    end = job.settings.steps if stop_at is None else min(job.settings.steps, stop_at)
-    with _sigterm_as_interrupt():
+    with stop_on_signals() as stop:
+        run = _start(job, Path(run_dir), ds_config, checkpoint)
+        end = job.settings.steps if stop_at is None else min(job.settings.steps, stop_at)
         try:
-            for _ in _steps(job, run, end, progress):
+            for _ in _steps(job, run, end, progress, stop):
                 pass
-        except KeyboardInterrupt:
-            logger.warning(
-                "interrupted at step %d; the last checkpoint in %s is kept (a rerun continues from it)",
-                run.step,
-                run.run_dir,
-            )
-            raise
+        except KeyboardInterrupt:  # a second Ctrl-C: the newest checkpoint stays the latest
+            raise interrupted([run]) from None
+        if stop.requested:
+            raise interrupted([run])
     return run
 
 
@@ -240,20 +222,19 @@ def fit_lockstep(
 
     Each job's run is exactly what :func:`fit` gives it alone (same checkpoints, log and numbers): its time budget
     and ``elapsed_s`` count only its own steps. ``position``: the progress bar's line (one per worker process)."""
-    runs = [_start(job, Path(run_dir), None, checkpoint) for job, run_dir, checkpoint in jobs]
-    pending = [(run, _steps(job, run, job.settings.steps, progress=False)) for (job, _, _), run in zip(jobs, runs)]
-    total = sum(job.settings.steps for job, _, _ in jobs)
-    bar = progress_bar(
-        total=total,
-        initial=sum(run.step for run in runs),
-        desc=desc,
-        unit="step",
-        dynamic_ncols=True,
-        position=position,
-    )
-    with _sigterm_as_interrupt():
+    with stop_on_signals() as stop:
+        runs = [_start(job, Path(run_dir), None, checkpoint) for job, run_dir, checkpoint in jobs]
+        pending = [(run, _steps(job, run, job.settings.steps, False, stop)) for (job, _, _), run in zip(jobs, runs)]
+        bar = progress_bar(
+            total=sum(job.settings.steps for job, _, _ in jobs),
+            initial=sum(run.step for run in runs),
+            desc=desc,
+            unit="step",
+            dynamic_ncols=True,
+            position=position,
+        )
         try:
-            while pending:
+            while pending:  # after a stop request each run checkpoints its last step and ends
                 lowest = min(run.step for run, _ in pending)
                 for item in [item for item in pending if item[0].step == lowest]:
                     if next(item[1], None) is None:
@@ -261,9 +242,10 @@ def fit_lockstep(
                     else:
                         bar.update(1)
         except KeyboardInterrupt:
-            logger.warning("interrupted; the last checkpoint of each run is kept (a rerun continues from it)")
-            raise
-    bar.close()
+            raise interrupted(runs) from None
+        bar.close()
+        if stop.requested:
+            raise interrupted(runs)
     return runs
 
 
@@ -278,6 +260,7 @@ def _start(job: TrainingJob, run_dir: Path, ds_config: dict | None, checkpoint: 
     run = TrainingRun(engine, ema, run_dir)
     if checkpoint is not None:
         run.step, state, stream = load_checkpoint(checkpoint, engine, ema)
+        run.checkpoint_step = run.step
         run.elapsed_s = run.resumed_s = float(state.get("elapsed_s", 0.0))
         job.load_stream_state(*stream)
         logger.info("resumed %s from step %d", run_dir, run.step)
@@ -288,13 +271,17 @@ def _start(job: TrainingJob, run_dir: Path, ds_config: dict | None, checkpoint: 
     return run
 
 
-def _steps(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> Iterator[int]:
+def _steps(job: TrainingJob, run: TrainingRun, end: int, progress: bool, stop: StopRequest) -> Iterator[int]:
     """The training loop, yielding the step count after each optimizer step; time spent by the caller between
-    steps (other jobs' steps in :func:`fit_lockstep`) is not counted in ``run.elapsed_s`` or the time budget."""
+    steps (other jobs' steps in :func:`fit_lockstep`) is not counted in ``run.elapsed_s`` or the time budget.
+
+    Before each step the processes agree whether to stop (a signal on any of them, the time budget) and whether a
+    checkpoint is due by wall time (``checkpoint_minutes`` since the last one); a stopped run checkpoints its last
+    step. Checkpoints hold the exact state between steps, so when they are written never changes the numbers."""
     settings, engine = job.settings, run.engine
     clock: Callable[[], float] = time.process_time if settings.budget_clock == "cpu" else time.perf_counter
-    budget_s = settings.max_minutes * 60
-    started, saved_at = clock() - run.elapsed_s, run.step
+    budget_s, every_s = settings.max_minutes * 60, settings.checkpoint_minutes * 60
+    started = clock() - run.elapsed_s
     bar = progress_bar(
         total=end,
         initial=run.step,
@@ -303,7 +290,16 @@ def _steps(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> Iter
         disable=not progress or engine.rank != 0,
         dynamic_ncols=True,
     )
-    while run.step < end and not (budget_s and clock() - started >= budget_s):
+    while run.step < end:
+        stopping, over_budget, timed = engine.agree(
+            stop.requested,
+            bool(budget_s) and clock() - started >= budget_s,
+            bool(every_s) and time.monotonic() - run.checkpoint_time >= every_s,
+        )
+        if stopping or over_budget:
+            break
+        if timed and run.checkpoint_step != run.step:
+            _save(job, run)
         poll_threads()
         step = run.step
         with nvtx_range(f"{job.name}_step"):
@@ -333,13 +329,12 @@ def _steps(job: TrainingJob, run: TrainingRun, end: int, progress: bool) -> Iter
         kill_point("step")  # test hook: a kill after a step, before its checkpoint
         if run.step % settings.checkpoint_every == 0 or run.step == end:
             _save(job, run)
-            saved_at = run.step
         job.step_done(run.step, run)
         paused = clock()
         yield run.step
         started += clock() - paused
     bar.close()
-    if saved_at != run.step:  # stopped by the time budget between checkpoints
+    if run.checkpoint_step != run.step:  # stopped (a signal, the time budget) between checkpoints
         _save(job, run)
 
 
@@ -362,6 +357,7 @@ def _accumulate(job: TrainingJob, engine: Engine, step: int) -> dict[str, float]
 
 
 def _save(job: TrainingJob, run: TrainingRun) -> None:
+    """Checkpoint ``run`` at its current step (see :mod:`dihal_fast.train.checkpoint`), then the job's hook."""
     save_checkpoint(
         run.run_dir,
         run.step,
@@ -372,4 +368,5 @@ def _save(job: TrainingJob, run: TrainingRun) -> None:
         run.elapsed_s,
         job.stream_state(),
     )
+    run.checkpoint_step, run.checkpoint_time = run.step, time.monotonic()
     job.on_checkpoint(run.step, run)
