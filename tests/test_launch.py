@@ -330,6 +330,7 @@ def test_locate_under_the_deepspeed_launcher(locate_inputs, one_process_report, 
         _bin("dihal"),
         "locate",
         *locate_inputs,
+        "--keep-checkpoints",  # checked below: each process's collection state
         "--out",
         str(out),
     ]
@@ -357,7 +358,7 @@ def test_locate_under_srun_without_torchrun(locate_inputs, one_process_report, t
         }
         procs.append(
             subprocess.Popen(
-                [_bin("dihal"), "locate", *locate_inputs, "--out", str(out)],
+                [_bin("dihal"), "locate", *locate_inputs, "--keep-checkpoints", "--out", str(out)],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

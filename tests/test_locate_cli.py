@@ -99,7 +99,9 @@ def test_stopped_run_leaves_no_report_and_resume_matches_uninterrupted(tiny_chec
     assert code == 3
     assert not (parts / "locate.json").exists() and not (parts / "geometry.png").exists()
     assert (parts / "collect" / "state-rank0000-of-0001.json").is_file()
-    code, _, _ = _locate(capsys, "--model", model, "--corpus", corpus, "--out", parts, "--resume", *SMALL)
+    code, _, _ = _locate(
+        capsys, "--model", model, "--corpus", corpus, "--out", parts, "--resume", "--keep-checkpoints", *SMALL
+    )
     assert code == 0
     whole = json.loads((tmp_path / "whole" / "locate.json").read_text())
     resumed = json.loads((parts / "locate.json").read_text())
@@ -227,7 +229,7 @@ def test_two_process_gloo_run_equals_one_process(tiny_checkpoints, corpus, tmp_p
     dihal = Path(sys.executable).parent / "dihal"
     if not dihal.is_file():
         pytest.skip(f"the dihal console script is not installed next to {sys.executable}")
-    common = ["--model", tiny_checkpoints["qwen3"], "--corpus", corpus, "--save-shards", *SMALL]
+    common = ["--model", tiny_checkpoints["qwen3"], "--corpus", corpus, "--save-shards", "--keep-checkpoints", *SMALL]
     code, _, _ = _locate(capsys, *common, "--out", tmp_path / "one")
     assert code == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -14,7 +14,7 @@ from dihal_fast.collect.distributed import distributed_session, merge_to_rank0, 
 from dihal_fast.collect.reservoir import TokenReservoir, token_keys
 from dihal_fast.collect.run import CollectResult, collect, model_hidden_states
 from dihal_fast.collect.shards import write_shards
-from dihal_fast.collect.state_store import CheckpointStore
+from dihal_fast.collect.state_store import CheckpointStore, remove_collection_state
 from dihal_fast.collect.statistics import LayerStatistics, token_mask
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "merge_to_rank0",
     "model_hidden_states",
     "rank_info",
+    "remove_collection_state",
     "token_keys",
     "token_mask",
     "write_shards",

@@ -17,10 +17,12 @@ RESUMABLE_CHANGES = ("device", "checkpoint_every")
 class CollectConfig(CheckedConfig):
     """What to collect and how. ``max_tokens`` counts block tokens over all processes (``None``: the
     whole corpus); the statistics see fewer because the first position of each block is excluded
-    unless ``keep_first``. ``reservoir_size`` tokens are kept per layer for the kNN/pair proxies.
-    Every field is checked when built (:mod:`dihal_fast.common.validation`; messages name the field)."""
+    unless ``keep_first``. ``reservoir_size`` tokens are kept per layer for the kNN/pair proxies. ``layers``: the
+    hidden-state indices collected (``None``: every one, ``0..L``). Every field is checked when built
+    (:mod:`dihal_fast.common.validation`; messages name the field)."""
 
     flag_names = False
+    legacy = {"layers": None}  # runs saved before the field existed collected every hidden state
 
     model: str = checked()
     corpus: list[str] = field(default_factory=list)
@@ -34,6 +36,7 @@ class CollectConfig(CheckedConfig):
     world_size: int = checked(1, min=1)
     device: str = checked("cpu", device=True)
     checkpoint_every: int = checked(100, min=1)
+    layers: list[int] | None = checked(None, min=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -43,6 +46,10 @@ class CollectConfig(CheckedConfig):
             )
         if not self.corpus:
             raise DihalValueError("corpus is empty: give at least one corpus path")
+        if self.layers is not None and (not self.layers or self.layers != sorted(set(self.layers))):
+            raise DihalValueError(
+                f"layers must be distinct hidden-state indices in increasing order, got {self.layers}"
+            )
 
     @property
     def total_blocks(self) -> int | None:

@@ -113,21 +113,21 @@ class TokenReservoir:
         return self
 
     def sorted(self) -> TokenReservoir:
-        """The same tokens in key order (the canonical order for estimates and files): a copy, or
-        ``self`` when the slots are already in key order."""
+        """Put the tokens in key order (the canonical order for estimates and files), in place, and return
+        ``self``: one layer's vectors are copied at a time, never the whole reservoir."""
         keys = self.keys[: self.size]
         if np.all(keys[1:] > keys[:-1]):  # (not np.diff: uint64 differences wrap around)
             return self
         order = np.argsort(keys, kind="stable")
-        out = TokenReservoir(max(self.size, 1), self.layers, self.dim, self.dtype)
-        out.size = self.size
-        out.keys[: self.size] = self.keys[order]
-        out.positions[: self.size] = self.positions[order]
-        out.token_ids[: self.size] = self.token_ids[order]
-        index = torch.from_numpy(order)
+        n, index = self.size, torch.from_numpy(order)
+        self.keys[:n], self.positions[:n], self.token_ids[:n] = (
+            keys[order],
+            self.positions[order],
+            self.token_ids[order],
+        )
         for layer in self.layers:
-            out.vectors[layer][: self.size] = self.vectors[layer].index_select(0, index)
-        return out
+            self.vectors[layer][:n] = self.vectors[layer][:n].index_select(0, index)
+        return self
 
     def layer_vectors(self, layer: int) -> torch.Tensor:
         """The ``size x dim`` sampled vectors of ``layer`` (a view)."""
@@ -145,23 +145,32 @@ class TokenReservoir:
             state[f"vectors.{layer}"] = self.vectors[layer][:n].contiguous()
         return state
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> TokenReservoir:
-        """Restore :meth:`state_dict` output, checking sizes, layers and dtype."""
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], prefix: str = "") -> TokenReservoir:
+        """Restore :meth:`state_dict` output (its keys after ``prefix``), checking sizes, layers and dtype; the vectors
+        are read one layer at a time (a lazy ``state`` then never holds the reservoir twice)."""
         try:
-            keys = state["keys"].numpy().view(np.uint64)
-            positions, token_ids = state["positions"].numpy(), state["token_ids"].numpy()
-            vectors = {layer: state[f"vectors.{layer}"] for layer in self.layers}
+            keys = state[f"{prefix}keys"].numpy().view(np.uint64)
+            positions, token_ids = state[f"{prefix}positions"].numpy(), state[f"{prefix}token_ids"].numpy()
         except KeyError as exc:
             raise DihalValueError(f"reservoir state is missing {exc.args[0]!r}") from None
         n = keys.size
-        bad = [l for l, v in vectors.items() if tuple(v.shape) != (n, self.dim) or v.dtype != self.dtype]
-        if n > self.capacity or positions.size != n or token_ids.size != n or bad:
+        if n > self.capacity or positions.size != n or token_ids.size != n:
             raise DihalValueError(
-                f"reservoir state does not fit capacity {self.capacity}, dim {self.dim}, dtype {self.dtype} "
-                f"({n} keys; mismatching layers: {bad})"
+                f"reservoir state does not fit capacity {self.capacity} ({n} keys, {positions.size} positions, "
+                f"{token_ids.size} token ids)"
             )
+        for layer in self.layers:
+            name = f"{prefix}vectors.{layer}"
+            if name not in state:
+                raise DihalValueError(f"reservoir state is missing {name!r}")
+            vectors = state[name]
+            if tuple(vectors.shape) != (n, self.dim) or vectors.dtype != self.dtype:
+                raise DihalValueError(
+                    f"reservoir state does not fit capacity {self.capacity}, dim {self.dim}, dtype {self.dtype} "
+                    f"({n} keys; mismatching layers: [{layer}])"
+                )
+            self.vectors[layer][:n] = vectors
+            del vectors
         self.size = n
         self.keys[:n], self.positions[:n], self.token_ids[:n] = keys, positions, token_ids
-        for layer, v in vectors.items():
-            self.vectors[layer][:n] = v
         return self

@@ -6,7 +6,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,12 +14,14 @@ import torch
 
 from dihal_fast.collect.config import CollectConfig
 from dihal_fast.collect.distributed import agree_on_errors, all_reduce_ints, local_device, merge_to_rank0, rank_info
+from dihal_fast.collect.memory import estimate_memory, resident_bytes
 from dihal_fast.collect.state_store import CheckpointStore
 from dihal_fast.collect.statistics import LayerStatistics, token_mask
 from dihal_fast.common.hf_loading import DTYPES, load_causal_lm
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.corpus import iter_token_blocks, read_texts
 from dihal_fast.errors import DihalValueError
+from dihal_fast.hybrid.slicing import decoder_layers
 from dihal_fast.profiling import nvtx_range
 
 logger = logging.getLogger(__name__)
@@ -39,11 +41,65 @@ class CollectResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def model_hidden_states(backbone: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple:
-    """All ``L + 1`` hidden states (embedding output first) of one batch, without the LM head."""
+class _Deepest(Exception):
+    """Ends a forward pass of :func:`model_hidden_states` once the deepest wanted layer has run."""
+
+
+def model_hidden_states(
+    backbone: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    states: Sequence[int] | None = None,
+) -> Sequence[torch.Tensor] | Mapping[int, torch.Tensor]:
+    """Hidden states of one batch by index (0 the embedding output, ``L`` the final normed output), without the LM
+    head: all ``L + 1``, or where ``states`` lie in ``1..L-1`` only those, from a pass that stops after the deepest
+    of them (the layers above it never run)."""
+    blocks = _blocks_to_hook(backbone, states)
     with torch.no_grad():
+        if blocks is not None and states:
+            return _hooked_states(backbone, blocks, input_ids, attention_mask, states)
         out = backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
     return out.hidden_states
+
+
+def _blocks_to_hook(backbone: torch.nn.Module, states: Sequence[int] | None) -> torch.nn.ModuleList | None:
+    """The decoder blocks whose outputs are ``states`` when they all lie in ``1..L-1`` (``None``: a whole pass)."""
+    if not states or min(states) < 1 or max(states) >= backbone.config.num_hidden_layers:
+        return None
+    try:
+        return decoder_layers(backbone)
+    except DihalValueError:  # a family the hybrid cannot cut
+        return None
+
+
+def _hooked_states(
+    backbone: torch.nn.Module,
+    blocks: torch.nn.ModuleList,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    states: Sequence[int],
+) -> dict[int, torch.Tensor]:
+    """The outputs of decoder blocks ``states`` (1-based), the pass stopped after the deepest."""
+    captured: dict[int, torch.Tensor] = {}
+    deepest = max(states)
+
+    def record(layer: int):
+        def hook(module, args, output):
+            captured[layer] = output[0] if isinstance(output, tuple) else output
+            if layer == deepest:
+                raise _Deepest
+
+        return hook
+
+    handles = [blocks[layer - 1].register_forward_hook(record(layer)) for layer in states]
+    try:
+        backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    except _Deepest:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured
 
 
 def _check_model(model, config: CollectConfig) -> tuple[int, int]:
@@ -63,37 +119,54 @@ def _rank_blocks(tokenizer, config: CollectConfig, rank: int, world: int, skip: 
     return itertools.islice(blocks, skip, None)
 
 
-def _check_reservoir_memory(config: CollectConfig, n_states: int, hidden: int) -> None:
-    """Refuse a reservoir larger than this machine's memory before allocating it (one line with the size)."""
-    per_token = n_states * hidden * DTYPES[config.dtype].itemsize + 24  # the vectors, key, position and id
-    needed = config.reservoir_size * per_token
+def _collected_states(config: CollectConfig, n_layers: int) -> list[int]:
+    """The hidden-state indices ``config`` collects (every one, ``0..L``, by default)."""
+    if config.layers is None:
+        return list(range(n_layers + 1))
+    if config.layers[-1] > n_layers:
+        raise DihalValueError(f"layers {config.layers}: the model has hidden states 0..{n_layers} only")
+    return list(config.layers)
+
+
+def _check_memory(
+    config: CollectConfig, model: torch.nn.Module, before_load: int, states: list[int], selection: int
+) -> None:
+    """Log the peak memory of the collection and refuse, in one line, one larger than this machine's memory."""
+    blocks = _blocks_to_hook(model.base_model, states)
+    unread = None if blocks is None else list(blocks[states[-1] :])
+    estimate = estimate_memory(model, before_load, config, len(states), unread, selection)
+    logger.info(
+        "collecting %d hidden states (dim %d) from %s on %s, a reservoir of %d tokens: %s",
+        len(states),
+        model.config.hidden_size,
+        config.model,
+        model.device,
+        config.reservoir_size,
+        estimate.describe(),
+    )
     available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if needed > available:
+    if estimate.peak > available:
         raise DihalValueError(
-            f"--reservoir-size {config.reservoir_size} needs {needed / 2**30:.1f} GiB ({n_states} hidden "
-            f"states x {hidden} values of {config.dtype} per token), more than the {available / 2**30:.1f} "
-            "GiB of memory of this machine; lower --reservoir-size"
+            f"collecting needs {estimate.peak / 2**30:.1f} GiB of memory (the reservoir "
+            f"{estimate.reservoir / 2**30:.1f} GiB: --reservoir-size {config.reservoir_size} tokens x {len(states)} "
+            "hidden states), more than the "
+            f"{available / 2**30:.1f} GiB of this machine; lower --reservoir-size or collect fewer --layers"
         )
 
 
-def _collect_local(config: CollectConfig, run_dir: Path, resume: bool, max_batches: int | None, progress: bool):
+def _collect_local(
+    config: CollectConfig, run_dir: Path, resume: bool, max_batches: int | None, progress: bool, selection: int
+):
     rank, world = rank_info()
     device = local_device(config.device)
+    before_load = resident_bytes()
     model, tokenizer = load_causal_lm(config.model, config.dtype, device)
     n_layers, hidden = _check_model(model, config)
-    _check_reservoir_memory(config, n_layers + 1, hidden)
+    states = _collected_states(config, n_layers)
+    _check_memory(config, model, before_load, states, selection if rank == 0 else 0)
     store = CheckpointStore(run_dir, rank, world)
     store.start(config, resume)
-    stats = LayerStatistics(range(n_layers + 1), hidden, config.reservoir_size, DTYPES[config.dtype], config.seed)
-    logger.info(
-        "collecting %d hidden states (dim %d) from %s on %s; reservoir of %d tokens needs up to %.1f MB",
-        n_layers + 1,
-        hidden,
-        config.model,
-        device,
-        config.reservoir_size,
-        config.reservoir_size * (n_layers + 1) * hidden * stats.reservoir.vectors[0].element_size() / 2**20,
-    )
+    stats = LayerStatistics(states, hidden, config.reservoir_size, DTYPES[config.dtype], config.seed)
     state = {"blocks_done": 0, "batches_done": 0, "exhausted": False}
     if resume:
         state = store.load(stats, config, model.get_input_embeddings().num_embeddings) or state
@@ -139,7 +212,7 @@ def _run_batches(
         positions = (local * world + rank)[:, None] * config.seq_len + offsets
         attention = torch.ones_like(input_ids)
         with nvtx_range("collect"):
-            hidden_states = model_hidden_states(model.base_model, input_ids, attention)
+            hidden_states = model_hidden_states(model.base_model, input_ids, attention, stats.layers)
             stats.update(hidden_states, token_mask(attention, config.keep_first), positions, input_ids)
         del hidden_states
         state["blocks_done"] += len(batch)
@@ -157,19 +230,24 @@ def collect(
     resume: bool = False,
     max_batches: int | None = None,
     progress: bool = True,
+    selection: int = 0,
 ) -> CollectResult:
     """Stream ``config.corpus`` through ``config.model`` into per-layer statistics, checkpointed in ``RUN/collect``.
 
     Every process (``torchrun``) reads its share of blocks; ranks agree on errors, then their states
     are merged to rank 0. ``max_batches`` stops this invocation after that many batches (state
     checkpointed; ``resume=True`` continues and yields the same result as one uninterrupted pass).
+    ``selection``: the bytes rank 0 needs afterwards for the proxies of the sample, counted in the logged and
+    checked memory peak (:mod:`dihal_fast.collect.memory`).
     Raises ``ValueError`` when the corpus yields no block or fewer tokens than ``max_tokens``.
     """
     rank, world = rank_info()
     if config.world_size != world:
         raise DihalValueError(f"config.world_size is {config.world_size} but {world} process(es) are running")
     try:
-        stats, state, n_layers, hidden, seconds = _collect_local(config, Path(run_dir), resume, max_batches, progress)
+        stats, state, n_layers, hidden, seconds = _collect_local(
+            config, Path(run_dir), resume, max_batches, progress, selection
+        )
         error = None
     except Exception as exc:  # every rank must reach the agreement below, or the others would hang
         error = exc

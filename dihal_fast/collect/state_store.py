@@ -16,7 +16,7 @@ import logging
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -121,13 +121,12 @@ class CheckpointStore:
         logger.info("resuming rank %d from %s: %d blocks done", self.rank, path, progress["blocks_done"])
         return progress
 
-    def _read(self, path: Path) -> tuple[dict[str, torch.Tensor], object]:
-        """The state dict and progress of the manifest or legacy file ``path``."""
+    def _read(self, path: Path) -> tuple[Mapping[str, torch.Tensor], object]:
+        """The state dict (each tensor read when asked for) and progress of the manifest or legacy file ``path``."""
         if path == self.legacy_path:
             with safe_open(path, framework="pt") as handle:
-                return {name: handle.get_tensor(name) for name in handle.keys()}, json.loads(
-                    handle.metadata()["progress"]
-                )
+                progress = json.loads(handle.metadata()["progress"])
+            return LazyTensors([path]), progress
         manifest = read_json(path, "collection checkpoint manifest")
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise DihalValueError(f"not a {FORMAT} manifest")
@@ -136,14 +135,13 @@ class CheckpointStore:
             raise DihalValueError(f"field 'parts' is {folder!r}, expected a {self._parts_prefix}* folder beside it")
         if not isinstance(files, dict):
             raise DihalValueError(f"field 'files' is {files!r}, expected an object of file names and sizes")
-        state: dict[str, torch.Tensor] = {}
+        parts = []
         for name, size in files.items():
             part = self.dir / folder / str(name)
             if os.path.basename(str(name)) != name or not part.is_file() or part.stat().st_size != size:
                 raise DihalValueError(f"part {part} is missing or not the {size} bytes the manifest records")
-            with safe_open(part, framework="pt") as handle:
-                state.update({key: handle.get_tensor(key) for key in handle.keys()})
-        return state, manifest.get("progress")
+            parts.append(part)
+        return LazyTensors(parts), manifest.get("progress")
 
     def _manifest_parts(self) -> str | None:
         """The parts folder the manifest names (``None`` when there is no readable manifest)."""
@@ -159,6 +157,44 @@ class CheckpointStore:
             if folder.name != keep and folder.is_dir() and not folder.is_symlink():
                 shutil.rmtree(folder)
                 logger.debug("removed %s (not the checkpoint the manifest names)", folder)
+
+
+class LazyTensors(Mapping[str, torch.Tensor]):
+    """The tensors of safetensors files by name, each read from its file when asked for (only the headers are read
+    up front): restoring a state part by part never holds it twice."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self._file: dict[str, Path] = {}
+        for path in files:
+            with safe_open(path, framework="pt") as handle:
+                self._file.update(dict.fromkeys(handle.keys(), path))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        with safe_open(self._file[name], framework="pt") as handle:
+            return handle.get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._file)
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+
+def remove_collection_state(run_dir: str | Path) -> int:
+    """Delete every process's collection checkpoint in ``RUN/collect`` (``collect/config.json`` stays: it records
+    what was collected), the manifests first, so that a kill midway leaves no manifest naming a missing part; returns
+    the bytes freed."""
+    folder = Path(run_dir) / "collect"
+    states = sorted(folder.glob("state-rank*")) if folder.is_dir() else []
+    freed = 0
+    for path in sorted(states, key=lambda p: p.suffix != ".json"):
+        if path.is_dir() and not path.is_symlink():
+            freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            shutil.rmtree(path)
+        else:
+            freed += path.stat().st_size
+            path.unlink()
+    return freed
 
 
 def _parts(stats: LayerStatistics) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -49,13 +49,14 @@ class LayerStatistics:
 
     def update(
         self,
-        hidden_states: Sequence[torch.Tensor],
+        hidden_states: Sequence[torch.Tensor] | Mapping[int, torch.Tensor],
         mask: torch.Tensor,
         positions: torch.Tensor,
         input_ids: torch.Tensor,
     ) -> int:
-        """Add one batch: ``hidden_states[layer]`` is ``batch x seq x dim``; ``mask``, ``positions``
-        (global token index, int64) and ``input_ids`` are ``batch x seq``. Returns the tokens added."""
+        """Add one batch: ``hidden_states[layer]`` (a sequence of every hidden state, or a mapping holding these
+        layers') is ``batch x seq x dim``; ``mask``, ``positions`` (global token index, int64) and ``input_ids`` are
+        ``batch x seq``. Returns the tokens added."""
         flat = mask.reshape(-1).nonzero().squeeze(1)
         if flat.numel() == 0:
             return 0
@@ -90,14 +91,13 @@ class LayerStatistics:
             state[f"reservoir.{name}"] = value
         return state
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> LayerStatistics:
-        """Restore :meth:`state_dict` output (raises ``ValueError`` on a mismatch)."""
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> LayerStatistics:
+        """Restore :meth:`state_dict` output (raises ``ValueError`` on a mismatch); each tensor is read once, when
+        it is restored (a lazy ``state`` holds one at a time)."""
         for layer, cov in self.covariances.items():
             prefix = f"cov.{layer}."
-            cov.load_state_dict({k[len(prefix) :]: v.numpy() for k, v in state.items() if k.startswith(prefix)})
-        self.reservoir.load_state_dict(
-            {k[len("reservoir.") :]: v for k, v in state.items() if k.startswith("reservoir.")}
-        )
+            cov.load_state_dict({k[len(prefix) :]: state[k].numpy() for k in state if k.startswith(prefix)})
+        self.reservoir.load_state_dict(state, prefix="reservoir.")
         counts = {cov.count for cov in self.covariances.values()}
         if len(counts) != 1:
             raise DihalValueError(

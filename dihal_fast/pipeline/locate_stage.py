@@ -68,6 +68,11 @@ class LocateConfig(CheckedConfig):
         min=1,
     )
     save_shards: bool = option(False, "also write the sampled vectors per layer to RUN/shards")
+    keep_checkpoints: bool = option(
+        False,
+        "keep the collection checkpoint (RUN/collect, GBs on a real model) when the run completes; by default it is "
+        "removed then (a --resume of the finished run collects again)",
+    )
     dtype: str = dtype_option(
         help="model dtype (hidden states keep it): auto (the checkpoint's own), float32, bfloat16, float16 or float64"
     )
@@ -109,11 +114,13 @@ def locate(config: LocateConfig, out: str | Path) -> LocateReport:
         return _locate(config, Path(out), device, rank, world)
 
 
-def _candidate_layers(model_dir: Path, layers: list[int] | None) -> tuple[list[int], int]:
+def _candidate_layers(model_dir: Path, layers: list[int] | None) -> tuple[list[int], int, int]:
+    """The candidate layers, the model's number of layers and its width."""
     from transformers import AutoConfig
 
     try:
-        n_layers = AutoConfig.from_pretrained(model_dir).num_hidden_layers
+        model_config = AutoConfig.from_pretrained(model_dir)
+        n_layers, width = model_config.num_hidden_layers, int(model_config.hidden_size)
     except Exception as exc:  # transformers raises several types for an unusable config
         raise DihalValueError(f"could not read the model config in {model_dir}: {type(exc).__name__}: {exc}") from None
     if not isinstance(n_layers, int) or n_layers < 3:
@@ -121,14 +128,20 @@ def _candidate_layers(model_dir: Path, layers: list[int] | None) -> tuple[list[i
             f"{model_dir}/config.json: need num_hidden_layers >= 3 to compare layers 1..L-1, got {n_layers!r}"
         )
     if layers is None:
-        return list(range(1, n_layers)), n_layers
+        return list(range(1, n_layers)), n_layers, width
     bad = [l for l in layers if not 1 <= l <= n_layers - 1]
     if bad:
         raise DihalValueError(
             f"--layers {bad} out of range: candidates are hidden-state indices 1..{n_layers - 1} "
             f"(0 is the embedding output, {n_layers} the final normed output)"
         )
-    return sorted(set(layers)), n_layers
+    return sorted(set(layers)), n_layers, width
+
+
+def _selection_bytes(sample_size: int, width: int) -> int:
+    """The memory the selection adds after the collection (measured): the proxies of one layer's subsample, about
+    two float64 copies of its ``sample_size x width`` values and 16 MB, then the plot's 32 MB (matplotlib)."""
+    return 2 * sample_size * width * 8 + 48 * 2**20
 
 
 def _saved_reservoir_size(out: Path, resume: bool) -> int | None:
@@ -194,7 +207,7 @@ def _corpus_provenance(config: CollectConfig) -> dict:
 
 def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) -> LocateReport:
     """Collect, estimate, select, and (on rank 0) write the report and the plot."""
-    from dihal_fast.collect import CollectConfig, collect, write_shards
+    from dihal_fast.collect import CollectConfig, collect, remove_collection_state, write_shards
     from dihal_fast.common import atomic_write_json
     from dihal_fast.common.devices import dtype_name
     from dihal_fast.common.hf_loading import resolve_model_dir
@@ -202,7 +215,7 @@ def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) ->
 
     start = time.perf_counter()
     model_dir = resolve_model_dir(cfg.model)
-    candidates, n_layers = _candidate_layers(model_dir, cfg.layers)
+    candidates, n_layers, width = _candidate_layers(model_dir, cfg.layers)
     reservoir_size = cfg.reservoir_size or _saved_reservoir_size(out, cfg.resume) or cfg.repeats * cfg.sample_size
     _check_sizes(cfg, reservoir_size)
     config = CollectConfig(
@@ -218,8 +231,10 @@ def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) ->
         world_size=world,
         device=device,
         checkpoint_every=cfg.checkpoint_every,
+        layers=None if cfg.layers is None else candidates,  # only the candidates; by default every hidden state
     )
-    result = collect(config, out, resume=cfg.resume, max_batches=cfg.max_batches)
+    selection = _selection_bytes(cfg.sample_size, width)
+    result = collect(config, out, resume=cfg.resume, max_batches=cfg.max_batches, selection=selection)
     if not result.complete:
         logger.info("collection stopped after %d blocks; rerun with --resume to continue", result.n_blocks)
         return LocateReport(out, complete=False)
@@ -272,6 +287,9 @@ def _locate(cfg: LocateConfig, out: Path, device: str, rank: int, world: int) ->
         "timings": timings,
     }
     atomic_write_json(out / "locate.json", report)
+    if not cfg.keep_checkpoints:
+        freed = remove_collection_state(out)
+        logger.info("removed the collection checkpoint (%.1f MB; --keep-checkpoints keeps it)", freed / 2**20)
     logger.info(
         "selected layer %d (score %.3f); wrote %s and %s",
         best,
