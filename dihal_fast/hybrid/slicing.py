@@ -122,7 +122,8 @@ def copied_config(config, layers: int) -> dict:
 def copy_lower_layers(copied: nn.Module, backbone: nn.Module, layers: int) -> None:
     """Load the backbone's decoder layers ``1..layers`` (and its other base-model weights except the token
     embedding) into ``copied`` (a base model built from :func:`copied_config`); a learned position table becomes
-    zero (``c(x)`` already holds the positions). Refuses (ValueError) a layer tensor left unloaded."""
+    zero, as is the one-row token embedding (``c(x)`` comes in whole). Refuses (ValueError) a layer tensor left
+    unloaded."""
     base = backbone.base_model
     source = {}
     for key, value in base.state_dict().items():
@@ -136,9 +137,10 @@ def copy_lower_layers(copied: nn.Module, backbone: nn.Module, layers: int) -> No
     if missing:
         raise DihalValueError(f"the backbone's layers do not fit the copied layers' config: {missing[:4]}")
     copied.load_state_dict(loadable, strict=False)
-    table = getattr(copied, "wpe", None)
-    if isinstance(table, nn.Embedding):
-        nn.init.zeros_(table.weight)
+    unused = [copied.get_input_embeddings(), getattr(copied, "wpe", None)]  # c(x) comes in as inputs_embeds
+    for table in unused:
+        if isinstance(table, nn.Embedding):
+            nn.init.zeros_(table.weight)  # not left random: a saved hybrid is a function of the backbone
 
 
 def share_unsaved_buffers(upper: nn.Module, backbone: nn.Module, layer: int) -> None:
