@@ -22,7 +22,16 @@ from dihal_fast.errors import DihalValueError
 
 # Fields that say how a stage runs, not what it computes: not compared.
 _HOW = frozenset(
-    {"resume", "overwrite", "max_batches", "checkpoint_every", "save_every", "log_every", "keep_checkpoints"}
+    {
+        "resume",
+        "overwrite",
+        "max_batches",
+        "checkpoint_every",
+        "checkpoint_minutes",
+        "save_every",
+        "log_every",
+        "keep_checkpoints",
+    }
 )
 
 

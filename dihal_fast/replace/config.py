@@ -56,6 +56,7 @@ class BridgeTrainConfig(CheckedConfig):
         "budget_clock": "wall",
         "copied_layers": 0,
         "train_copied_layers": False,
+        "checkpoint_minutes": 0.0,
     }
 
     # data
@@ -126,6 +127,7 @@ class BridgeTrainConfig(CheckedConfig):
     log_every: int = loop_option("log_every", 10)
     eval_every: int = option(0, "steps between validations (0 = only at the end)")
     checkpoint_every: int = loop_option("checkpoint_every", 100, flag=("--checkpoint-every", "--save-every"))
+    checkpoint_minutes: float = loop_option("checkpoint_minutes", 5.0)
     keep_checkpoints: int = loop_option("keep_checkpoints", 2)
 
     def __post_init__(self) -> None:

@@ -71,6 +71,7 @@ RESUMABLE_CHANGES = frozenset(
         "log_every",
         "eval_every",
         "checkpoint_every",
+        "checkpoint_minutes",
         "save_every",
         "keep_checkpoints",
         "device",
