@@ -224,6 +224,16 @@ def add_hybrid_options(parser: argparse.ArgumentParser, work: str) -> None:
     parser.add_argument("--steps", type=int, default=300, help="bridge training steps when training the hybrid")
 
 
+def add_real_model_options(parser: argparse.ArgumentParser) -> None:
+    """``--layer`` / ``--val-blocks`` / ``--corpus`` / ``--val-corpus`` / ``--work`` of a bench that trains bridges
+    of SmolLM2-135M (``dihal_fast.testing.real_models``, cached in ``WORK/models``)."""
+    parser.add_argument("--layer", type=int, default=3, help="hidden state l* (SmolLM2's selected layer: 3)")
+    parser.add_argument("--val-blocks", type=int, default=32)
+    parser.add_argument("--corpus", type=Path, nargs="+", required=True)
+    parser.add_argument("--val-corpus", type=Path, required=True)
+    parser.add_argument("--work", type=Path, required=True, help="run directories and the model cache")
+
+
 def hybrid_from_options(args: argparse.Namespace) -> str:
     """``--hybrid``, or the layer-1 hybrid of the shipped backbone trained (or reused) in ``--work``."""
     if args.hybrid is not None:

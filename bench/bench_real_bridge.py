@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
-from _common import report, rows_figure, table, target
+from _common import add_real_model_options, report, rows_figure, table, target
 
 from dihal_fast.testing.real_models import smollm2_checkpoint
 
@@ -90,15 +90,11 @@ def error_by_dimension(result: dict, args: argparse.Namespace, top: int = 4) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layer", type=int, default=3, help="hidden state l* (SmolLM2's selected layer: 3)")
+    add_real_model_options(parser)
     parser.add_argument("--copied", type=int, nargs="+", default=[0, 2, 3], help="copied layers k of each design")
     parser.add_argument("--minutes", type=float, default=10.0, help="CPU minutes of bridge training per design")
     parser.add_argument("--steps", type=int, default=300, help="--steps (the schedule's length) of every run")
-    parser.add_argument("--val-blocks", type=int, default=32)
     parser.add_argument("--max-train-tokens", type=int, default=2_000_000)
-    parser.add_argument("--corpus", type=Path, nargs="+", required=True)
-    parser.add_argument("--val-corpus", type=Path, required=True)
-    parser.add_argument("--work", type=Path, required=True, help="run directories and the model cache")
     parser.add_argument("--question", default="real_bridge_smollm2")
     args = parser.parse_args()
     model = smollm2_checkpoint(args.work / "models")

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _common import BENCH, report, rows_figure, table, target
+from _common import BENCH, add_real_model_options, report, rows_figure, table, target
 
 from dihal_fast.testing.real_models import smollm2_checkpoint
 
@@ -86,16 +86,12 @@ def plot(points: list[dict], path: Path, title: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layer", type=int, default=3, help="hidden state l* (SmolLM2's selected layer: 3)")
+    add_real_model_options(parser)
     parser.add_argument("--copied-layers", type=int, default=0, help="the bridge design (dihal replace's option)")
     parser.add_argument("--total-minutes", type=float, default=120.0, help="CPU minutes of training in all")
     parser.add_argument("--session-minutes", type=float, default=60.0, help="CPU minutes this invocation adds")
     parser.add_argument("--steps", type=int, default=2000, help="--steps (the cosine's length) of the run")
     parser.add_argument("--eval-every", type=int, default=25)
-    parser.add_argument("--val-blocks", type=int, default=32)
-    parser.add_argument("--corpus", type=Path, nargs="+", required=True)
-    parser.add_argument("--val-corpus", type=Path, required=True)
-    parser.add_argument("--work", type=Path, required=True, help="the run directory's parent and the model cache")
     args = parser.parse_args()
     out = args.work / f"copied_{args.copied_layers}"
     train(smollm2_checkpoint(args.work / "models"), args, out)

@@ -44,6 +44,7 @@ from transformers import AutoConfig, AutoModel, DynamicCache
 from dihal_fast.bridge.layers import ContextBlock, FiLMBlock, KVCache, Modulation, rotary_tables, sinusoidal_embedding
 from dihal_fast.bridge.samplers import make_sampler
 from dihal_fast.bridge.schedules import Prediction, make_schedule
+from dihal_fast.common.decoder_layers import layer_list
 from dihal_fast.common.serial import SerialConfig
 from dihal_fast.errors import DihalValueError
 
@@ -242,7 +243,9 @@ class Bridge(nn.Module):
         if cache is not None and cache.copied is None:
             cache.copied = DynamicCache(config=self.copied.config)
         captured: list[Tensor] = []
-        last = _decoder_layers(self.copied)[-1]
+        layers = layer_list(self.copied)
+        assert layers is not None  # a transformers base model of the backbone's family (copied_model)
+        last = layers[-1]
         handle = last.register_forward_hook(
             lambda module, args, output: captured.append(output[0] if isinstance(output, tuple) else output)
         )
@@ -324,15 +327,6 @@ class Bridge(nn.Module):
         """Training pass: ``(denoiser output at (noisy, t), sampled normalised x0 from noise)``."""
         context = self.encode(condition, positions, key_mask)
         return self.denoise(noisy, t, context), self.sample(context, noise, nfe)
-
-
-def _decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder blocks of a transformers base model (``layers``, or GPT-2's ``h``)."""
-    for name in ("layers", "h"):
-        layers = getattr(model, name, None)
-        if isinstance(layers, nn.ModuleList):
-            return layers
-    raise DihalValueError(f"{type(model).__name__} has no list of decoder layers named layers or h")
 
 
 def copied_model(config: BridgeConfig) -> nn.Module | None:

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from dihal_fast.common.decoder_layers import LAYER_LISTS, layer_list
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hybrid.config import MODEL_TYPE
 
@@ -35,7 +36,6 @@ from dihal_fast.hybrid.config import MODEL_TYPE
 TESTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2", "gpt_neox")
 _LAYER_KEY = re.compile(r"^(.*\.(?:layers|h))\.(\d+)\.(.*)$")
 _LAYER_MODULE = re.compile(r"^(.*\.(?:layers|h))\.(\d+)((?:\..*)?)$")  # a device-map key: a layer or inside one
-_LAYER_LISTS = ("layers", "h")
 # Per-layer config lists that must be cut like the layers themselves.
 _PER_LAYER_ATTRIBUTES = ("layer_types",)
 
@@ -77,16 +77,14 @@ def check_layer(config, layer: int) -> int:
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder blocks of a causal LM: its base model's ``layers`` or ``h`` list of ``num_hidden_layers`` blocks."""
     family = check_family(model.config)
-    base = model.base_model
-    for name in _LAYER_LISTS:
-        layers = getattr(base, name, None)
-        if isinstance(layers, nn.ModuleList) and len(layers) == model.config.num_hidden_layers:
-            return layers
-    raise DihalValueError(
-        f"backbone family {family!r} cannot be cut into a hybrid: its base model "
-        f"({type(base).__name__}) has no ModuleList of {model.config.num_hidden_layers} decoder blocks "
-        f"named {' or '.join(_LAYER_LISTS)}"
-    )
+    layers = layer_list(model.base_model, model.config.num_hidden_layers)
+    if layers is None:
+        raise DihalValueError(
+            f"backbone family {family!r} cannot be cut into a hybrid: its base model "
+            f"({type(model.base_model).__name__}) has no ModuleList of {model.config.num_hidden_layers} decoder blocks "
+            f"named {' or '.join(LAYER_LISTS)}"
+        )
+    return layers
 
 
 def upper_config(config, layer: int):
