@@ -146,3 +146,25 @@ def test_a_sweep_rerun_with_other_inputs_is_refused_never_relabelled(tiny_checkp
     for layer in (1, 2, 3):
         assert read_json(out / f"layer_{layer:02d}" / "train_config.json")["steps"] == 3
         assert read_json(out / f"layer_{layer:02d}" / "result.json")["steps"] == 3
+
+
+def test_sweep_passes_its_rate_on_and_warns_when_no_bridge_learned(tiny_checkpoints, tmp_path, monkeypatch, caplog):
+    import logging
+
+    from dihal_fast.pipeline import sweep_stage
+    from dihal_fast.pipeline.sweep_stage import SweepBudgetConfig, SweepConfig
+
+    train = SweepBudgetConfig(lr=1e-4, warmup_steps=3).train_config()
+    assert (train.lr, train.warmup_steps, train.copied_layers) == (1e-4, 3, 0)
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("\n\n".join(f"A fox and a dog went to the river {i % 7} and read books." for i in range(60)))
+
+    def no_learning(out, model, layers, corpus, train, workers=1):
+        return {layer: {"bridge_loss": 1.0 + layer / 100, "hybrid_dir": str(out / str(layer))} for layer in layers}
+
+    monkeypatch.setattr(sweep_stage, "sweep_bridges", no_learning)
+    settings = SweepBudgetConfig(budget_steps=1, score_repeats=3, score_sample=64, max_tokens=1024, seq_len=32)
+    config = SweepConfig(model=str(tiny_checkpoints["llama"]), corpus=[str(corpus)], settings=settings)
+    with caplog.at_level(logging.WARNING):
+        report = sweep_stage.sweep(config, tmp_path / "sweep")
+    assert report["bridges_learned"] is False and "no better than predicting the mean" in caplog.text

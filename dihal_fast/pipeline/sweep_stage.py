@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 class SweepBudgetConfig(CheckedConfig):
     """Budget and sizes of a sweep (saved in ``sweep.json``)."""
 
+    legacy = {"lr": 3e-3, "warmup_steps": 20}  # fields added since sweeps were saved, with the values those used
+
     budget_steps: int = option(200, "bridge training steps per layer", min=1)
     score_repeats: int = option(30, "repeated score runs (subsamples)", min=1)
     score_sample: int = option(500, "tokens per score run", min=1)
@@ -46,6 +48,8 @@ class SweepBudgetConfig(CheckedConfig):
     seq_len: int = option(128, "tokens per block (locate and training)", min=2)
     batch_size: int = option(8, "blocks per bridge training step", min=1)
     val_blocks: int = option(16, "held-out blocks (corpus tail) for the bridge loss", min=1)
+    lr: float = option(3e-3, "peak bridge learning rate, as dihal replace's --lr (width-scaled above 128)", gt=0.0)
+    warmup_steps: int = option(20, "linear warm-up steps of every bridge", min=0)
     seed: int = option(0, "random seed")
 
     def train_config(self):
@@ -58,6 +62,8 @@ class SweepBudgetConfig(CheckedConfig):
             seq_len=self.seq_len,
             batch_size=self.batch_size,
             val_blocks=self.val_blocks,
+            lr=self.lr,
+            warmup_steps=self.warmup_steps,
             seed=self.seed,
         )
 
@@ -136,6 +142,12 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
             }
         )
     correlations = score_loss_correlations(candidates, score_runs, [r["bridge_loss"] for r in rows])
+    learned_nothing = all(r["bridge_loss"] >= 1.0 for r in rows)
+    if learned_nothing:
+        logger.warning(
+            "every bridge's validation loss is >= 1 (no better than predicting the mean of h_l): the correlations "
+            "rank failures, not bridgeability; train longer (--budget-steps) or at another --lr / --warmup-steps"
+        )
     bridges = results[candidates[0]]  # every layer trains on the same blocks
     report = {
         "model": locate["model"],
@@ -148,6 +160,7 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
         "predicted_layer": correlations["predicted_layer"],
         "observed_best_layer": correlations["observed_best_layer"],
         "selected_in_best_third": correlations["predicted_loss_rank_fraction"] <= 1 / 3,
+        "bridges_learned": not learned_nothing,
         "protocol": {
             "correlation": correlations["protocol"],
             "bridge_loss": "validation (corpus tail) bridge loss of dihal_fast.replace: " + BRIDGE_LOSS_PROTOCOL,
