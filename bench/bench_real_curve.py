@@ -4,7 +4,8 @@ and CPU seconds: SmolLM2-135M-Instruct at its selected layer, one ``dihal replac
 
 The run is resumable across sessions: each invocation trains at most ``--session-minutes`` more CPU-minutes (one
 thread, ``--budget-clock cpu``) and continues from the last checkpoint, until ``--total-minutes`` of training; the
-record (a table and ``real_curve_<design>.png``) is rewritten from the validation history after each invocation.
+record (a table and ``real_curve_<design>.png``) is rewritten from the validation history after each invocation
+(``--session-minutes 0``: from a run stopped between sessions, without training).
 
     python bench/bench_real_curve.py --copied-layers 0 --total-minutes 120 --session-minutes 60 \\
         --corpus ../shared/data/text/*.train.txt --val-corpus VALID_DIR --work /work/runs/real_curve
@@ -19,47 +20,59 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 from _common import BENCH, add_real_model_options, report, rows_figure, table, target
 
 from dihal_fast.testing.real_models import smollm2_checkpoint
 
 
-def train(model: Path, args: argparse.Namespace, out: Path) -> None:
-    """One session of ``dihal replace`` (resumed when a checkpoint exists) up to the total CPU budget."""
-    done = json.loads((out / "result.json").read_text())["train_seconds"] if (out / "result.json").is_file() else 0.0
-    budget = min(args.total_minutes, done / 60 + args.session_minutes)
-    command = [
-        sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", "replace",
-        "--model", str(model), "--layer", str(args.layer), "--copied-layers", str(args.copied_layers),
-        "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--checkpoint-every", str(args.eval_every),
-        "--max-minutes", f"{budget:g}", "--budget-clock", "cpu", "--val-blocks", str(args.val_blocks),
-        "--corpus", *map(str, args.corpus), "--val-corpus", str(args.val_corpus), "--out", str(out),
-    ]  # fmt: skip
-    if (out / "checkpoints").is_dir():
-        command.append("--resume")
-    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+def trained_seconds(out: Path) -> float:
+    """CPU seconds the run has trained so far: its latest checkpoint's (a killed session keeps them), else 0."""
+    latest = out / "checkpoints" / "latest"
+    if not latest.is_file():
+        return 0.0
+    return float(json.loads((out / "checkpoints" / latest.read_text().strip() / "state.json").read_text())["elapsed_s"])
 
 
 def curve(out: Path) -> list[dict]:
-    """Validation points ``(step, tokens, cpu_s, ppl_ratio, kl, bridge_loss)`` from the run's history and log."""
+    """Validation points ``(step, tokens, cpu_s, ppl_ratio, kl, bridge_loss)`` from the run's history (the final
+    report's, or the latest checkpoint's while the run goes on) and its log."""
     config = json.loads((out / "train_config.json").read_text())
     tokens_per_step = config["batch_size"] * config["grad_accum_steps"] * config["seq_len"]
-    elapsed = {}
-    for line in (out / "log.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        elapsed[record["step"]] = record.get("elapsed_s")
-    history = json.loads((out / "validation.json").read_text())["history"]
+    logged = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    steps, seconds = [r["step"] for r in logged], [r["elapsed_s"] for r in logged]
+    if (out / "validation.json").is_file():
+        history = json.loads((out / "validation.json").read_text())["history"]
+    else:
+        latest = (out / "checkpoints" / "latest").read_text().strip()
+        history = json.loads((out / "checkpoints" / latest / "stream.json").read_text())["validation_history"]
     return [
         {
             "step": point["step"],
             "tokens": point["step"] * tokens_per_step,
-            "cpu_s": elapsed.get(point["step"]),
+            "cpu_s": round(float(np.interp(point["step"], steps, seconds)), 1),  # between logged steps: linear
             "ppl_ratio": point["ppl_ratio"],
             "kl": point["kl"],
             "bridge_loss": point["bridge_loss"],
         }
         for point in sorted({p["step"]: p for p in history}.values(), key=lambda p: p["step"])
     ]
+
+
+def train(model: Path, args: argparse.Namespace, out: Path) -> None:
+    """One session of ``dihal replace`` (resumed when a checkpoint exists) up to the total CPU budget."""
+    budget = min(args.total_minutes, trained_seconds(out) / 60 + args.session_minutes)
+    command = [
+        sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", "replace",
+        "--model", str(model), "--layer", str(args.layer), "--copied-layers", str(args.copied_layers),
+        "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--checkpoint-every", str(args.eval_every),
+        "--log-every", str(args.eval_every),
+        "--max-minutes", f"{budget:g}", "--budget-clock", "cpu", "--val-blocks", str(args.val_blocks),
+        "--corpus", *map(str, args.corpus), "--val-corpus", str(args.val_corpus), "--out", str(out),
+    ]  # fmt: skip
+    if (out / "checkpoints").is_dir():
+        command.append("--resume")
+    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
 
 
 def plot(points: list[dict], path: Path, title: str) -> None:
@@ -89,12 +102,15 @@ def main() -> None:
     add_real_model_options(parser)
     parser.add_argument("--copied-layers", type=int, default=0, help="the bridge design (dihal replace's option)")
     parser.add_argument("--total-minutes", type=float, default=120.0, help="CPU minutes of training in all")
-    parser.add_argument("--session-minutes", type=float, default=60.0, help="CPU minutes this invocation adds")
+    parser.add_argument(
+        "--session-minutes", type=float, default=60.0, help="CPU minutes this invocation adds (0: report only)"
+    )
     parser.add_argument("--steps", type=int, default=2000, help="--steps (the cosine's length) of the run")
     parser.add_argument("--eval-every", type=int, default=25)
     args = parser.parse_args()
     out = args.work / f"copied_{args.copied_layers}"
-    train(smollm2_checkpoint(args.work / "models"), args, out)
+    if args.session_minutes > 0:
+        train(smollm2_checkpoint(args.work / "models"), args, out)
     points = curve(out)
     question = f"real_curve_copied_{args.copied_layers}"
     title = f"Learning curve on SmolLM2-135M, hidden state {args.layer}, {args.copied_layers} copied layers"
