@@ -347,6 +347,15 @@ QUESTIONS: dict[str, Question] = {
         "The shipped backbone's layer-1 hybrid (`replace --layer 1 --steps 300`), the 32 x 128 held-out blocks of "
         "the shipped corpus that `dihal evaluate` scores; noise seeds 0-3 twice each, 8 stochastic calls.",
     ),
+    "real_curve_copied_2": Question(
+        "Learning curve of the default bridge on a real model (SmolLM2-135M)",
+        PIPELINE,
+        "What does a training budget buy: the default hybrid's held-out PPL ratio and KL against training tokens "
+        "and CPU seconds (target: KL <= 0.4 nats)?",
+        "SmolLM2-135M-Instruct at hidden state 3, the default bridge (layers 1-2 copied, layer 3 learned); the four "
+        "English training texts, 32 held-out blocks of their validation parts, validated every 25 steps (EMA "
+        "weights); 8 x 128 tokens per step, one thread, a 2,000-step cosine, resumed across sessions.",
+    ),
     "generate_speed_smollm2": Question(
         "Generation speed on a real model (SmolLM2-135M)",
         PIPELINE,
