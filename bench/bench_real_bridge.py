@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
-from _common import add_real_model_options, report, rows_figure, table, target
+from _common import add_real_model_options, real_model_replace, report, rows_figure, table, target
 
 from dihal_fast.testing.real_models import smollm2_checkpoint
 
@@ -32,18 +29,11 @@ def replace_run(model: Path, args: argparse.Namespace, copied: int) -> dict:
     out = args.work / f"copied_{copied}"
     if (out / "result.json").is_file():
         return json.loads((out / "result.json").read_text())
-    command = [
-        sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", "replace",
-        "--model", str(model), "--layer", str(args.layer),
-        "--copied-layers", str(copied), "--max-minutes", str(args.minutes), "--budget-clock", "cpu",
-        "--steps", str(args.steps), "--checkpoint-every", "25", "--val-blocks", str(args.val_blocks),
-        "--max-train-tokens", str(args.max_train_tokens), "--corpus", *map(str, args.corpus),
-        "--val-corpus", str(args.val_corpus), "--out", str(out),
-    ]  # fmt: skip
-    if (out / "checkpoints").is_dir():
-        command.append("--resume")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    subprocess.run(command, check=True, env=env)
+    real_model_replace(
+        model, args, out,
+        "--copied-layers", str(copied), "--max-minutes", str(args.minutes), "--steps", str(args.steps),
+        "--checkpoint-every", "25", "--max-train-tokens", str(args.max_train_tokens),
+    )  # fmt: skip
     return json.loads((out / "result.json").read_text())
 
 

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
-from _common import BENCH, add_real_model_options, report, rows_figure, table, target
+from _common import BENCH, add_real_model_options, real_model_replace, report, rows_figure, table, target
 
 from dihal_fast.testing.real_models import smollm2_checkpoint
 
@@ -62,17 +59,11 @@ def curve(out: Path) -> list[dict]:
 def train(model: Path, args: argparse.Namespace, out: Path) -> None:
     """One session of ``dihal replace`` (resumed when a checkpoint exists) up to the total CPU budget."""
     budget = min(args.total_minutes, trained_seconds(out) / 60 + args.session_minutes)
-    command = [
-        sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", "replace",
-        "--model", str(model), "--layer", str(args.layer), "--copied-layers", str(args.copied_layers),
-        "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--checkpoint-every", str(args.eval_every),
-        "--log-every", str(args.eval_every),
-        "--max-minutes", f"{budget:g}", "--budget-clock", "cpu", "--val-blocks", str(args.val_blocks),
-        "--corpus", *map(str, args.corpus), "--val-corpus", str(args.val_corpus), "--out", str(out),
-    ]  # fmt: skip
-    if (out / "checkpoints").is_dir():
-        command.append("--resume")
-    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    real_model_replace(
+        model, args, out,
+        "--copied-layers", str(args.copied_layers), "--steps", str(args.steps), "--eval-every", str(args.eval_every),
+        "--checkpoint-every", str(args.eval_every), "--log-every", str(args.eval_every), "--max-minutes", f"{budget:g}",
+    )  # fmt: skip
 
 
 def plot(points: list[dict], path: Path, title: str) -> None:

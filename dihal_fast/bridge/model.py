@@ -44,7 +44,7 @@ from transformers import AutoConfig, AutoModel, DynamicCache
 from dihal_fast.bridge.layers import ContextBlock, FiLMBlock, KVCache, Modulation, rotary_tables, sinusoidal_embedding
 from dihal_fast.bridge.samplers import make_sampler
 from dihal_fast.bridge.schedules import Prediction, make_schedule
-from dihal_fast.common.decoder_layers import layer_list
+from dihal_fast.common.decoder_layers import block_output, layer_list
 from dihal_fast.common.serial import SerialConfig
 from dihal_fast.errors import DihalValueError
 
@@ -246,9 +246,7 @@ class Bridge(nn.Module):
         layers = layer_list(self.copied)
         assert layers is not None  # a transformers base model of the backbone's family (copied_model)
         last = layers[-1]
-        handle = last.register_forward_hook(
-            lambda module, args, output: captured.append(output[0] if isinstance(output, tuple) else output)
-        )
+        handle = last.register_forward_hook(lambda module, args, output: captured.append(block_output(output)))
         try:
             self.copied(
                 inputs_embeds=condition.to(self.dtype),

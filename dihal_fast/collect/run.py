@@ -21,7 +21,7 @@ from dihal_fast.common.hf_loading import DTYPES, load_causal_lm
 from dihal_fast.common.progress import progress_bar
 from dihal_fast.corpus import iter_token_blocks, read_texts
 from dihal_fast.errors import DihalValueError
-from dihal_fast.hybrid.slicing import decoder_layers
+from dihal_fast.hybrid.slicing import decoder_layers, hidden_states_up_to
 from dihal_fast.profiling import nvtx_range
 
 logger = logging.getLogger(__name__)
@@ -41,10 +41,6 @@ class CollectResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-class _Deepest(Exception):
-    """Ends a forward pass of :func:`model_hidden_states` once the deepest wanted layer has run."""
-
-
 def model_hidden_states(
     backbone: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -54,10 +50,9 @@ def model_hidden_states(
     """Hidden states of one batch by index (0 the embedding output, ``L`` the final normed output), without the LM
     head: all ``L + 1``, or where ``states`` lie in ``1..L-1`` only those, from a pass that stops after the deepest
     of them (the layers above it never run)."""
-    blocks = _blocks_to_hook(backbone, states)
     with torch.no_grad():
-        if blocks is not None and states:
-            return _hooked_states(backbone, blocks, input_ids, attention_mask, states)
+        if states and _blocks_to_hook(backbone, states) is not None:
+            return hidden_states_up_to(backbone, input_ids, states, attention_mask)
         out = backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
     return out.hidden_states
 
@@ -70,36 +65,6 @@ def _blocks_to_hook(backbone: torch.nn.Module, states: Sequence[int] | None) -> 
         return decoder_layers(backbone)
     except DihalValueError:  # a family the hybrid cannot cut
         return None
-
-
-def _hooked_states(
-    backbone: torch.nn.Module,
-    blocks: torch.nn.ModuleList,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    states: Sequence[int],
-) -> dict[int, torch.Tensor]:
-    """The outputs of decoder blocks ``states`` (1-based), the pass stopped after the deepest."""
-    captured: dict[int, torch.Tensor] = {}
-    deepest = max(states)
-
-    def record(layer: int):
-        def hook(module, args, output):
-            captured[layer] = output[0] if isinstance(output, tuple) else output
-            if layer == deepest:
-                raise _Deepest
-
-        return hook
-
-    handles = [blocks[layer - 1].register_forward_hook(record(layer)) for layer in states]
-    try:
-        backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    except _Deepest:
-        pass
-    finally:
-        for handle in handles:
-            handle.remove()
-    return captured
 
 
 def _check_model(model, config: CollectConfig) -> tuple[int, int]:

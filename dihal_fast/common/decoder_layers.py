@@ -3,7 +3,7 @@ Qwen, Gemma, Phi3, GPT-NeoX, ...) or ``h`` (GPT-2). Shared by the cut of a backb
 
 from __future__ import annotations
 
-from torch import nn
+from torch import Tensor, nn
 
 LAYER_LISTS = ("layers", "h")
 
@@ -15,3 +15,8 @@ def layer_list(base_model: nn.Module, count: int | None = None) -> nn.ModuleList
         if isinstance(layers, nn.ModuleList) and (count is None or len(layers) == count):
             return layers
     return None
+
+
+def block_output(output: object) -> Tensor:
+    """The hidden states a decoder block returned (blocks of some families return a tuple, others the tensor)."""
+    return output[0] if isinstance(output, tuple) else output

@@ -95,9 +95,7 @@ def _verify_copied(hybrid: HybridLM, backbone: nn.Module, layers: int, length: i
     positions = torch.arange(length, device=device)[None]
     expected, _ = slicing.backbone_targets(backbone, ids, layers)
     copied = hybrid.bridge.copied_hidden_state(hybrid.condition(ids, positions), positions, None, None)
-    scale = float(expected.abs().max()) + 1.0
-    tolerance = 1e-4 if expected.dtype in (torch.float32, torch.float64) else 3e-2
-    if not torch.allclose(copied.float(), expected.float(), atol=tolerance * scale, rtol=tolerance):
+    if not slicing.reproduces(copied, expected, expected, low_precision=3e-2):
         raise DihalValueError(
             f"backbone family {backbone.config.model_type!r}: its layers 1..{layers} copied into the bridge do not "
             f"reproduce h_{layers} (max difference {float((copied.float() - expected.float()).abs().max()):.3g})"

@@ -22,13 +22,13 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
-from dihal_fast.common.decoder_layers import LAYER_LISTS, layer_list
+from dihal_fast.common.decoder_layers import LAYER_LISTS, block_output, layer_list
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hybrid.config import MODEL_TYPE
 
@@ -87,30 +87,30 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
+def _sliced_config(config, layers: slice):
+    """A deep copy of ``config`` holding the decoder layers ``layers`` of it (per-layer attributes sliced alike)."""
+    check_family(config)
+    part = copy.deepcopy(config)
+    part.num_hidden_layers = len(range(config.num_hidden_layers)[layers])
+    for name in _PER_LAYER_ATTRIBUTES:
+        values = getattr(config, name, None)
+        if values is not None:
+            setattr(part, name, list(values)[layers])
+    return part
+
+
 def upper_config(config, layer: int):
     """Config of the retained part: ``L - layer`` layers, per-layer attributes sliced alike."""
     check_family(config)
     check_layer(config, layer)
-    upper = copy.deepcopy(config)
-    upper.num_hidden_layers = config.num_hidden_layers - layer
-    for name in _PER_LAYER_ATTRIBUTES:
-        values = getattr(config, name, None)
-        if values is not None:
-            setattr(upper, name, list(values)[layer:])
-    return upper
+    return _sliced_config(config, slice(layer, None))
 
 
 def copied_config(config, layers: int) -> dict:
     """The Hugging Face config (as a dict) of the backbone's layers ``1..layers`` as a base model that the bridge's
     context encoder runs on ``c(x)`` (``inputs_embeds``): per-layer attributes sliced alike, a one-row token
     embedding (the condition is the backbone's embedding output, computed outside)."""
-    check_family(config)
-    lower = copy.deepcopy(config)
-    lower.num_hidden_layers = layers
-    for name in _PER_LAYER_ATTRIBUTES:
-        values = getattr(config, name, None)
-        if values is not None:
-            setattr(lower, name, list(values)[:layers])
+    lower = _sliced_config(config, slice(None, layers))
     lower.vocab_size = 1
     lower.pad_token_id = lower.bos_token_id = lower.eos_token_id = None  # no token ids in a one-row vocabulary
     settings = json.loads(lower.to_json_string())
@@ -201,7 +201,7 @@ def tap_hidden_state(model: nn.Module, layer: int) -> Iterator[list[Tensor]]:
     captured: list[Tensor] = []
 
     def hook(module, args, output):
-        captured.append(output[0] if isinstance(output, tuple) else output)
+        captured.append(block_output(output))
 
     handle = decoder_layers(model)[layer - 1].register_forward_hook(hook)
     try:
@@ -211,27 +211,42 @@ def tap_hidden_state(model: nn.Module, layer: int) -> Iterator[list[Tensor]]:
 
 
 class _Stop(Exception):
-    """Raised by :func:`hidden_state`'s hook to end a forward pass once the wanted layer has run."""
+    """Raised by :func:`hidden_states_up_to`'s hook to end a forward pass once the deepest wanted layer has run."""
 
 
 @torch.no_grad()
-def hidden_state(model: nn.Module, input_ids: Tensor, layer: int, attention_mask: Tensor | None = None) -> Tensor:
-    """The teacher's ``h_layer`` ``(B, T, D)`` from a forward pass that stops after decoder layer ``layer`` (the
-    layers above it, the head and the logits are never computed), on the device of ``input_ids``."""
-    captured: list[Tensor] = []
+def hidden_states_up_to(
+    model: nn.Module, input_ids: Tensor, layers: Sequence[int], attention_mask: Tensor | None = None
+) -> dict[int, Tensor]:
+    """``{l: h_l (B, T, D)}`` for decoder layers ``layers`` (1-based) from a forward pass that stops after the
+    deepest of them (the layers above it, the head and the logits are never computed)."""
+    captured: dict[int, Tensor] = {}
+    deepest = max(layers)
 
-    def stop(module, args, output):
-        captured.append(output[0] if isinstance(output, tuple) else output)
-        raise _Stop
+    def record(layer: int):
+        def hook(module, args, output):
+            captured[layer] = block_output(output)
+            if layer == deepest:
+                raise _Stop
 
-    handle = decoder_layers(model)[layer - 1].register_forward_hook(stop)
+        return hook
+
+    blocks = decoder_layers(model)
+    handles = [blocks[layer - 1].register_forward_hook(record(layer)) for layer in layers]
     try:
         model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     except _Stop:
         pass
     finally:
-        handle.remove()
-    return captured[-1].to(input_ids.device)
+        for handle in handles:
+            handle.remove()
+    return captured
+
+
+def hidden_state(model: nn.Module, input_ids: Tensor, layer: int, attention_mask: Tensor | None = None) -> Tensor:
+    """The teacher's ``h_layer`` ``(B, T, D)`` from a pass stopped after decoder layer ``layer``
+    (:func:`hidden_states_up_to`), on the device of ``input_ids``."""
+    return hidden_states_up_to(model, input_ids, [layer], attention_mask)[layer].to(input_ids.device)
 
 
 @torch.no_grad()
@@ -243,6 +258,14 @@ def backbone_targets(
     with tap_hidden_state(model, layer) as captured:
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     return captured[-1].to(input_ids.device), logits.to(input_ids.device)
+
+
+def reproduces(got: Tensor, want: Tensor, scale_of: Tensor, low_precision: float = 2e-2) -> bool:
+    """Whether a probe's ``got`` equals ``want`` up to the rounding of ``scale_of``'s dtype: relative ``1e-4`` in
+    float32/64, ``low_precision`` in narrower dtypes, with an absolute slack of that times ``max |scale_of| + 1``."""
+    tolerance = 1e-4 if scale_of.dtype in (torch.float32, torch.float64) else low_precision
+    scale = float(scale_of.abs().max()) + 1.0
+    return torch.allclose(got.float(), want.float(), atol=tolerance * scale, rtol=tolerance)
 
 
 @torch.no_grad()
@@ -261,18 +284,14 @@ def verify_cut(backbone: nn.Module, upper: nn.Module, layer: int, table: nn.Embe
         hidden, logits = backbone_targets(backbone, ids, layer)
     finally:
         handle.remove()
-    scale = float(logits.abs().max()) + 1.0
-    tolerance = 1e-4 if logits.dtype in (torch.float32, torch.float64) else 2e-2
     condition = embedding_output(backbone, ids, positions, table)
-    if not first_input or not torch.allclose(
-        first_input[0].to(condition.device).float(), condition.float(), atol=tolerance * scale, rtol=tolerance
-    ):
+    if not first_input or not reproduces(first_input[0].to(condition.device), condition, logits):
         raise DihalValueError(
             f"backbone family {family!r} cannot be cut into a hybrid: its first decoder block does not see "
             "the input embedding (the model transforms it first, e.g. a norm or scale outside the embedding module)"
         )
     rebuilt = upper(inputs_embeds=hidden, position_ids=positions, use_cache=False).logits.to(logits.device)
-    if not torch.allclose(rebuilt.float(), logits.float(), atol=tolerance * scale, rtol=tolerance):
+    if not reproduces(rebuilt, logits, logits):
         raise DihalValueError(
             f"backbone family {family!r} cannot be cut into a hybrid: its layers {layer + 1}.."
             f"{backbone.config.num_hidden_layers} rebuilt as a smaller model and fed the true h_{layer} do not "
