@@ -96,7 +96,8 @@ class BridgeConfig(SerialConfig):
         }
         for name, ok in checks.items():
             if not ok:
-                raise DihalValueError(f"invalid bridge config: {name} = {getattr(self, name)!r}")
+                hint = f" (the replaced layers are 1..{self.layer})" if name == "copied_layers" else ""
+                raise DihalValueError(f"invalid bridge config: {name} = {getattr(self, name)!r}{hint}")
         if self.width % self.heads or (self.width // self.heads) % 2:
             raise DihalValueError(f"bridge width {self.width} must split into {self.heads} heads of even size")
         Prediction(self.prediction).check_schedule(make_schedule(self.schedule))
