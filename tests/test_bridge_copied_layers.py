@@ -131,3 +131,37 @@ def test_copied_layers_need_the_backbones_config():
         from dihal_fast.bridge import Bridge
 
         Bridge(BridgeConfig(hidden_size=8, condition_size=8, layer=2, copied_layers=1))
+
+
+def test_random_copies_are_refused_frozen():
+    with pytest.raises(DihalValueError, match="--copied-init random needs --train-copied-layers"):
+        BridgeTrainConfig(copied_layers=1, copied_init="random")
+
+
+def test_the_from_scratch_control_trains_randomly_initialised_copies(checkpoints, tmp_path):
+    from dihal_fast.replace import train_bridge
+
+    model, tokenizer = load_causal_lm(checkpoints["llama"])
+    ids = _ids(model)
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    expected, _ = backbone_targets(model, ids, 1)
+    options = {**SMALL, "copied_layers": 1, "train_copied_layers": True}
+    fresh = HybridLM.from_backbone(model, 2, options, tokenizer, copy_weights=False).eval()
+    with torch.no_grad():
+        random_h1 = fresh.bridge.copied_hidden_state(fresh.condition(ids, positions), positions, None, None)
+    assert (random_h1 - expected).norm() > 0.3 * expected.norm()  # not the backbone's layer 1
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 60)
+    config = BridgeTrainConfig(
+        seq_len=16, batch_size=2, val_blocks=2, stats_blocks=4, steps=3, warmup_steps=1, log_every=1,
+        copied_layers=1, train_copied_layers=True, copied_init="random", bridge=SMALL,
+    )  # fmt: skip
+    result = train_bridge(checkpoints["llama"], 2, corpus, tmp_path / "run", config)
+    trained = HybridLM.from_pretrained(result["hybrid_dir"]).eval()
+    copied = dict(trained.bridge.copied.layers.named_parameters())
+    started = dict(fresh.bridge.copied.layers.named_parameters())
+    backbone_layer = dict(model.model.layers[0].named_parameters())
+    assert all(p.requires_grad for p in copied.values())
+    for name, value in copied.items():  # started from the seed's random init, moved by training; never the backbone's
+        assert not torch.equal(value, backbone_layer[name.removeprefix("0.")])
+    assert any(not torch.equal(copied[n], started[n]) for n in copied)

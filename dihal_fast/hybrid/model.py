@@ -243,10 +243,13 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         tokenizer=None,
         backbone_dir: str | os.PathLike = "",
         freeze_upper: bool = True,
+        copy_weights: bool = True,
     ) -> HybridLM:
         """A hybrid replacing layers ``1..layer`` of ``backbone`` with a fresh bridge (``bridge_config`` overrides).
 
-        The retained part keeps the backbone's dtype; the bridge is float32 (see README, "dtype").
+        The retained part keeps the backbone's dtype; the bridge is float32 (see README, "dtype"). The bridge's
+        copied layers get the backbone's weights, or keep their fresh initialisation with ``copy_weights=False``
+        (the from-scratch control, ``dihal replace --copied-init random``).
         """
         from dihal_fast.bridge import BridgeConfig
 
@@ -298,11 +301,12 @@ class HybridLM(PreTrainedModel, GenerationMixin):
         table = slicing.position_table(backbone)
         if table is not None:
             hybrid.condition_position_table.to(dtype).load_state_dict(table.state_dict())
-        if hybrid.bridge.copied is not None:
+        copied = hybrid.bridge.copied is not None and copy_weights
+        if copied:
             slicing.copy_lower_layers(hybrid.bridge.copied, backbone, bridge.copied_layers)
         slicing.place_like_backbone(hybrid, backbone, layer)  # a spread backbone: on its devices
         slicing.verify_cut(backbone, hybrid.upper, layer, table)
-        if hybrid.bridge.copied is not None:
+        if copied:
             _verify_copied(hybrid, backbone, bridge.copied_layers)
         if getattr(backbone, "generation_config", None) is not None:
             hybrid.generation_config = GenerationConfig.from_dict(backbone.generation_config.to_dict())

@@ -42,6 +42,8 @@ BRIDGE_OPTIONS: dict[str, dict] = {
 # output by ~lr x fan-in: SmolLM2's 576-wide bridge diverged at 3e-3, the shipped backbones' 96-128-wide ones train).
 LR_WIDTH = 128
 
+COPIED_INITS = ("backbone", "random")
+
 
 @dataclass
 class BridgeTrainConfig(CheckedConfig):
@@ -56,6 +58,7 @@ class BridgeTrainConfig(CheckedConfig):
         "budget_clock": "wall",
         "copied_layers": 0,
         "train_copied_layers": False,
+        "copied_init": "backbone",
         "checkpoint_minutes": 0.0,
     }
 
@@ -106,6 +109,13 @@ class BridgeTrainConfig(CheckedConfig):
         min=-1,
     )
     train_copied_layers: bool = option(False, "train the copied backbone layers with the bridge (default: frozen)")
+    copied_init: str = option(
+        "backbone",
+        "weights the copied layers start from: the backbone's, or random (the same architecture initialised as a "
+        "fresh model of the family and trained with the bridge: the from-scratch control of what the copies' "
+        "weights contribute; needs --train-copied-layers)",
+        choices=COPIED_INITS,
+    )
     train_upper: bool = option(False, "also train the retained decoder layers and final norm (default: frozen)")
     dtype: str = dtype_option(
         help="dtype of the backbone (teacher) and retained layers: auto (the checkpoint's own), "
@@ -135,6 +145,10 @@ class BridgeTrainConfig(CheckedConfig):
         if self.w_diff + self.w_rec + self.w_lm + self.w_kd == 0:
             raise DihalValueError("all loss weights are 0: nothing to train")
         self.bridge_options(hidden_size=8, layer=max(1, self.copied_layers))  # checks the overrides
+        if self.copied_init == "random" and not self.train_copied_layers:
+            raise DihalValueError(
+                "--copied-init random needs --train-copied-layers: frozen random layers would compute nothing useful"
+            )
 
     def loop_settings(self, device: str | None = None, width: int = LR_WIDTH) -> LoopSettings:
         """The shared loop's view of a bridge run of width ``width`` (its peak rate, then a cosine to a tenth)."""

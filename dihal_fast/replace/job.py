@@ -116,10 +116,14 @@ def export_hybrid(
     model_dir: Path,
     train_upper: bool,
     weights: dict[str, torch.Tensor],
+    copy_weights: bool = True,
 ) -> HybridLM:
-    """A fresh HybridLM (plain modules, whatever the engine) carrying ``weights`` (EMA of the trainable parameters)."""
+    """A fresh HybridLM (plain modules, whatever the engine) carrying ``weights`` (EMA of the trainable parameters;
+    ``copy_weights``: the copied layers start as the backbone's, else freshly initialised)."""
     options = {k: v for k, v in bridge_config.to_dict().items() if k not in ("hidden_size", "condition_size", "layer")}
-    hybrid = HybridLM.from_backbone(backbone, layer, options, tokenizer, model_dir, freeze_upper=not train_upper)
+    hybrid = HybridLM.from_backbone(
+        backbone, layer, options, tokenizer, model_dir, freeze_upper=not train_upper, copy_weights=copy_weights
+    )
     prefix = "hybrid."
     state = {name[len(prefix) :]: value for name, value in weights.items()}
     missing = set(state) - {name for name, _ in hybrid.named_parameters()}
@@ -194,7 +198,16 @@ def bridge_job(
         atomic_write_json(out_dir / CONFIG_NAME, config.to_dict())
         atomic_write_json(out_dir / BRIDGE_CONFIG_NAME, bridge_config.to_dict())
     seed_everything(config.seed)
-    export = functools.partial(export_hybrid, backbone, tokenizer, layer, bridge_config, model_dir, config.train_upper)
+    export = functools.partial(
+        export_hybrid,
+        backbone,
+        tokenizer,
+        layer,
+        bridge_config,
+        model_dir,
+        config.train_upper,
+        copy_weights=config.copied_init == "backbone",
+    )
     return BridgeJob(
         BridgeObjective(export({}).train(), config),
         config,
