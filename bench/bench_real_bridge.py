@@ -3,12 +3,15 @@ selected layer, one ``dihal replace`` run per design, each with the same CPU-sec
 
 Designs: ``--copied-layers k`` for each given ``k`` (``0``: the paper's bridge, everything learned from ``c(x)``;
 ``l*``: the backbone's layers ``1..l*`` copied into the context encoder, the denoiser learning a correction; in
-between: the last ``l* - k`` replaced layers learned). Each run is ``dihal replace`` in its own process on one thread
-(resumable: a rerun continues a killed run; a finished one is read back), ``--budget-clock cpu``; the table gives
-the validation hybrid and backbone PPL, their ratio, KL(backbone || hybrid), the bridge loss, steps, tokens and
-CPU seconds, and the bridge's parameters (trainable, and all of them) beside the replaced layers'.
+between: the last ``l* - k`` replaced layers learned); ``k:random`` is the from-scratch control of design ``k``: the
+same architecture with the copied layers freshly initialised and trained with the bridge (``--copied-init random
+--train-copied-layers``), so the gap to ``k`` is what the backbone's weights contribute. Each run is ``dihal
+replace`` in its own process on one thread (resumable: a rerun continues a killed run; a finished one is read back),
+``--budget-clock cpu``; the table gives the validation hybrid and backbone PPL, their ratio, KL(backbone || hybrid),
+the bridge loss, steps, tokens and CPU seconds, and the bridge's parameters (trainable, and all of them) beside the
+replaced layers'.
 
-    python bench/bench_real_bridge.py --layer 3 --copied 0 2 3 --minutes 10 \\
+    python bench/bench_real_bridge.py --layer 3 --copied 0 2 2:random 3 --minutes 10 \\
         --corpus ../shared/data/text/*.train.txt --val-corpus valid.txt --work /work/runs/real_bridge
 """
 
@@ -24,15 +27,25 @@ from _common import add_real_model_options, real_model_replace, report, rows_fig
 from dihal_fast.testing.real_models import smollm2_checkpoint
 
 
-def replace_run(model: Path, args: argparse.Namespace, copied: int) -> dict:
-    """``dihal replace`` for ``copied`` copied layers in ``WORK/copied_K`` (resumed if killed); its result.json."""
-    out = args.work / f"copied_{copied}"
+def design(text: str) -> tuple[int, str]:
+    """``K`` or ``K:random`` -> (copied layers, their initialisation)."""
+    copied, _, init = text.partition(":")
+    if not copied.isdigit() or init not in ("", "random"):
+        raise argparse.ArgumentTypeError(f"a design is K or K:random, got {text!r}")
+    return int(copied), init or "backbone"
+
+
+def replace_run(model: Path, args: argparse.Namespace, copied: int, init: str) -> dict:
+    """``dihal replace`` for ``copied`` copied layers initialised from ``init`` in ``WORK/copied_K[_random]``
+    (resumed if killed); its result.json."""
+    out = args.work / (f"copied_{copied}" + ("" if init == "backbone" else f"_{init}"))
     if (out / "result.json").is_file():
         return json.loads((out / "result.json").read_text())
+    from_scratch = ("--copied-init", init, "--train-copied-layers") if init != "backbone" else ()
     real_model_replace(
         model, args, out,
         "--copied-layers", str(copied), "--max-minutes", str(args.minutes), "--steps", str(args.steps),
-        "--checkpoint-every", "25", "--max-train-tokens", str(args.max_train_tokens),
+        "--checkpoint-every", "25", "--max-train-tokens", str(args.max_train_tokens), *from_scratch,
     )  # fmt: skip
     return json.loads((out / "result.json").read_text())
 
@@ -81,7 +94,13 @@ def error_by_dimension(result: dict, args: argparse.Namespace, top: int = 4) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_real_model_options(parser)
-    parser.add_argument("--copied", type=int, nargs="+", default=[0, 2, 3], help="copied layers k of each design")
+    parser.add_argument(
+        "--copied",
+        type=design,
+        nargs="+",
+        default=[design(d) for d in ("0", "2", "2:random", "3")],
+        help="each design: copied layers K, or K:random (the same layers freshly initialised and trained)",
+    )
     parser.add_argument("--minutes", type=float, default=10.0, help="CPU minutes of bridge training per design")
     parser.add_argument("--steps", type=int, default=300, help="--steps (the schedule's length) of every run")
     parser.add_argument("--max-train-tokens", type=int, default=2_000_000)
@@ -89,12 +108,13 @@ def main() -> None:
     args = parser.parse_args()
     model = smollm2_checkpoint(args.work / "models")
     rows = []
-    for copied in args.copied:
-        result = replace_run(model, args, copied)
+    for copied, init in args.copied:
+        result = replace_run(model, args, copied, init)
         validation = result["validation"]
         rows.append(
             {
                 "copied_layers": copied,
+                "copied_init": init,
                 **parameter_counts(result),
                 **error_by_dimension(result, args),
                 "steps": result["steps_trained"],
@@ -114,7 +134,8 @@ def main() -> None:
     targets = [
         target(
             f"hybrid PPL <= 1.5x the backbone's and KL <= 0.4 nats at {args.minutes:g} CPU-minutes",
-            f"best design copies {best['copied_layers']} layers: ratio {best['ppl_ratio']:.3f}, KL {best['kl']:.3f}",
+            f"best design copies {best['copied_layers']} layers ({best['copied_init']}): "
+            f"ratio {best['ppl_ratio']:.3f}, KL {best['kl']:.3f}",
             best["ppl_ratio"] <= 1.5 and best["kl"] <= 0.4,
         )
     ]

@@ -171,6 +171,25 @@ def test_another_rank_that_runs_ahead_leaves_the_fresh_directory_to_rank_0(tmp_p
         assert read_marker(path)["inputs"] == {"": {"layer": 1}}
 
 
+def test_a_run_recorded_before_a_config_field_existed_resumes_at_the_fields_legacy_value(tmp_path):
+    from dihal_fast.errors import DihalValueError
+    from dihal_fast.pipeline.run_inputs import check_inputs, replace_inputs
+    from dihal_fast.replace import BridgeTrainConfig
+
+    config = BridgeTrainConfig()
+    inputs = replace_inputs(None, 1, ["c.txt"], config)
+    older = {**inputs, "train": {k: v for k, v in inputs["train"].items() if k != "copied_init"}}
+    legacy = {"train": config.legacy}
+    with run_directory(tmp_path / "run", "dihal replace") as path:
+        check_inputs(path, "", older)  # what the older release recorded
+        check_inputs(path, "", inputs, legacy=legacy)  # the new field at its legacy value: the same run
+        with pytest.raises(DihalValueError, match="copied_init 'backbone' -> 'random'"):
+            check_inputs(path, "", replace_inputs(None, 1, ["c.txt"], BridgeTrainConfig(copied_init="random",
+                         train_copied_layers=True)), legacy=legacy)  # fmt: skip
+        with pytest.raises(DihalValueError, match="copied_init None -> 'backbone'"):
+            check_inputs(path, "", inputs)  # without the legacy values a new field differs
+
+
 def test_without_file_locks_the_recorded_holder_is_checked(holder, monkeypatch, caplog):
     run, proc = holder
 

@@ -92,7 +92,9 @@ def replace(config: ReplaceConfig, out: str | Path) -> ReplaceReport:
     with run_directory(out, "dihal replace", resume=config.resume, overwrite=config.overwrite, resume_hint=RESUME_HINT):
         check_checkpoint_config(model, config.train.seq_len)  # a bad config.json, a too long --seq-len
         inputs = replace_inputs(model, layer, corpus, config.train, RESUMABLE_CHANGES)
-        check_inputs(Path(out), "", {**inputs, "val_corpus": config.val_corpus})  # --resume with another corpus
+        check_inputs(  # --resume with another corpus
+            Path(out), "", {**inputs, "val_corpus": config.val_corpus}, legacy={"train": config.train.legacy}
+        )
         result = train_bridge(
             model,
             layer,

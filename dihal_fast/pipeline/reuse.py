@@ -30,7 +30,7 @@ def ensure_locate(out: Path, config) -> dict:
     folder of the run this process holds, whose marker records the inputs (:func:`check_inputs`)."""
     from dihal_fast.pipeline.locate_stage import locate
 
-    check_inputs(out.parent, out.name, {"locate": config})
+    check_inputs(out.parent, out.name, {"locate": config}, legacy={"locate": config.legacy})
     report = out / "locate.json"
     if report.is_file():
         logger.info("reusing %s", report)
@@ -45,7 +45,7 @@ def ensure_locate(out: Path, config) -> dict:
 def finished_replace(out: Path, model: str | Path | None, layer: int, corpus: list[str], config) -> dict | None:
     """The summary ``out/result.json`` of a finished bridge training made with these inputs, None when it has not
     finished (refused when it was made with others: :func:`check_inputs` on ``out``'s parent run)."""
-    check_inputs(out.parent, out.name, replace_inputs(model, layer, corpus, config))
+    check_inputs(out.parent, out.name, replace_inputs(model, layer, corpus, config), legacy={"train": config.legacy})
     result = out / "result.json"
     return read_json(result, "bridge training summary") if result.is_file() else None
 

@@ -61,9 +61,26 @@ def _differences(saved: Any, wanted: Any, prefix: str = "") -> list[str]:
     return [] if saved == wanted else [f"{prefix.rstrip('.') or 'inputs'} {saved!r} -> {wanted!r}"]
 
 
-def check_inputs(run: Path, part: str, inputs: Mapping[str, Any]) -> None:
+def _with_legacy(saved: Any, wanted: Any, legacy: Mapping[str, Mapping[str, Any]]) -> Any:
+    """``saved`` inputs with the fields that ``wanted`` compares and a config gained since they were recorded set
+    to the values those runs used (``legacy``: input name -> the config class's ``legacy``), so that a run of an
+    older release resumes."""
+    if not isinstance(saved, dict) or not isinstance(wanted, dict):
+        return saved
+    filled = dict(saved)
+    for key, fields in legacy.items():
+        if isinstance(filled.get(key), dict) and isinstance(wanted.get(key), dict):
+            added = {k: v for k, v in _plain(dict(fields)).items() if k in wanted[key]}
+            filled[key] = {**added, **filled[key]}
+    return filled
+
+
+def check_inputs(
+    run: Path, part: str, inputs: Mapping[str, Any], legacy: Mapping[str, Mapping[str, Any]] | None = None
+) -> None:
     """Record ``inputs`` of ``part`` of run directory ``run`` (held by this process; ``part`` ``""``: the run
-    itself), or refuse in one line when the run recorded other inputs for it (see the module doc).
+    itself), or refuse in one line when the run recorded other inputs for it (see the module doc); ``legacy``
+    (input name -> its config's ``legacy``) fills the fields a run of an older release did not record.
 
     Only global rank 0 checks and records: it holds the run (:func:`~dihal_fast.common.rundir.run_directory`),
     and another rank that ran ahead would write the marker before rank 0 claimed the directory."""
@@ -75,7 +92,7 @@ def check_inputs(run: Path, part: str, inputs: Mapping[str, Any]) -> None:
     if part not in recorded:
         update_marker(run, inputs={**recorded, part: wanted})
         return
-    changed = _differences(recorded[part], wanted)
+    changed = _differences(_with_legacy(recorded[part], wanted, legacy or {}), wanted)
     if changed:
         shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")
         raise DihalValueError(
