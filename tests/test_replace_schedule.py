@@ -46,6 +46,18 @@ def test_lm_every_leaves_the_retained_layers_out_between_its_steps(tiny_checkpoi
     assert all(r["rec"] > 0 and r["diff"] > 0 for r in records)
 
 
+def test_without_next_token_and_distillation_weights_no_step_runs_the_retained_layers(
+    tiny_checkpoints, corpus, tmp_path
+):
+    from dihal_fast.pipeline.sweep_stage import SweepBudgetConfig
+
+    train = SweepBudgetConfig(w_lm=0.0, w_kd=0.0).train_config()
+    assert (train.w_lm, train.w_kd) == (0.0, 0.0)
+    train_bridge(tiny_checkpoints["llama"], 2, corpus, tmp_path / "run", _config(w_lm=0.0, w_kd=0.0, steps=3))
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [sorted(set(r) & {"lm", "kd", "diff", "rec"}) for r in records] == [["diff", "rec"]] * 3
+
+
 def test_a_wide_bridge_trains_at_a_rate_scaled_by_its_width():
     config = BridgeTrainConfig(lr=2e-3)
     assert config.loop_settings(width=LR_WIDTH).lr == 2e-3

@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 class SweepBudgetConfig(CheckedConfig):
     """Budget and sizes of a sweep (saved in ``sweep.json``)."""
 
-    legacy = {"lr": 3e-3, "warmup_steps": 20}  # fields added since sweeps were saved, with the values those used
+    # fields added since sweeps were saved, with the values those used
+    legacy = {"lr": 3e-3, "warmup_steps": 20, "w_lm": 0.1, "w_kd": 1.0}
 
     budget_steps: int = option(200, "bridge training steps per layer", min=1)
     score_repeats: int = option(30, "repeated score runs (subsamples)", min=1)
@@ -50,6 +51,16 @@ class SweepBudgetConfig(CheckedConfig):
     val_blocks: int = option(16, "held-out blocks (corpus tail) for the bridge loss", min=1)
     lr: float = option(3e-3, "peak bridge learning rate, as dihal replace's --lr (width-scaled above 128)", gt=0.0)
     warmup_steps: int = option(20, "linear warm-up steps of every bridge", min=0)
+    w_lm: float = option(
+        0.1, "weight of the next-token loss through the retained layers, as dihal replace's --w-lm", min=0.0
+    )
+    w_kd: float = option(
+        1.0,
+        "weight of the distillation loss, as dihal replace's --w-kd; --w-lm 0 --w-kd 0 trains every bridge on its "
+        "diffusion and reconstruction losses alone (the rebuilt h_l that the score is about; no retained layer "
+        "runs, so each step is cheaper)",
+        min=0.0,
+    )
     seed: int = option(0, "random seed")
 
     def train_config(self):
@@ -64,6 +75,8 @@ class SweepBudgetConfig(CheckedConfig):
             val_blocks=self.val_blocks,
             lr=self.lr,
             warmup_steps=self.warmup_steps,
+            w_lm=self.w_lm,
+            w_kd=self.w_kd,
             seed=self.seed,
         )
 
@@ -146,7 +159,8 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
     if learned_nothing:
         logger.warning(
             "every bridge's validation loss is >= 1 (no better than predicting the mean of h_l): the correlations "
-            "rank failures, not bridgeability; train longer (--budget-steps) or at another --lr / --warmup-steps"
+            "rank failures, not bridgeability; train longer (--budget-steps), at another --lr / --warmup-steps, or on "
+            "the bridge losses alone (--w-lm 0 --w-kd 0)"
         )
     bridges = results[candidates[0]]  # every layer trains on the same blocks
     report = {
@@ -166,6 +180,12 @@ def _sweep(config: SweepConfig, out: Path) -> dict:
             "bridge_loss": "validation (corpus tail) bridge loss of dihal_fast.replace: " + BRIDGE_LOSS_PROTOCOL,
             "scores": f"locate with {settings.score_repeats} repeats of {settings.score_sample} tokens",
             "budget": f"{settings.budget_steps} bridge training steps per layer (same for every layer)",
+            "objective": "diffusion + reconstruction"
+            + (
+                f" + {settings.w_lm:g} x next-token + {settings.w_kd:g} x distillation"
+                if settings.w_lm or settings.w_kd
+                else " only (no retained layer runs)"
+            ),
             "documents": bridges.get("documents"),
         },
     }

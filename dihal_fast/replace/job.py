@@ -265,7 +265,8 @@ class BridgeJob(TrainingJob):
             step, self.blocks.train.shape[0], config.batch_size, engine.world_size, self.rank, config.seed
         )
         ids = self.blocks.train[rows].to(engine.device)
-        decode = (step // config.grad_accum_steps) % config.lm_every == 0
+        decoding = config.w_lm > 0 or config.w_kd > 0  # else no step runs the retained layers
+        decode = decoding and (step // config.grad_accum_steps) % config.lm_every == 0
         if decode or self.shared_teacher:
             hidden, teacher_logits = self.teacher(ids, self.layer)
         else:
