@@ -229,37 +229,47 @@ TARGETS = {
     "Llama-3.1-8B": (32, 4096, 14336, 128256, 8 * 128, False),
     "Qwen3-8B": (36, 4096, 12288, 151936, 8 * 128, False),
 }
-BRIDGE_PER_D2 = 515_829_888 / 4096**2  # the default bridge's float32 parameters over D^2 (counted at D = 4,096)
+# The default bridge's learned float32 parameters over D^2 (one context block and the UNet, counted at D = 4,096):
+# the same at every l*, since the default copies the backbone's layers 1..l*-1 and learns layer l*.
+BRIDGE_PER_D2 = 381_567_104 / 4096**2
+PLAN_LAYER = 3  # the plan's l*: the paper's selected hidden state of Llama-3.1-8B
 
 
-def cluster_plan(tokens: int = 32768, reservoir: int = 30000, ranks: int = 8, batch: int = 8, seq: int = 128):
-    """Memory (GB) and FLOPs of each stage for the 8B targets from docs/DESIGN.md's formula, bf16 weights:
-    GPU holds the weights, the bridge's training states and one batch's logits; the host holds locate's
-    float64 covariances and bf16 reservoir; ZeRO-3 splits the bridge's gradient and Adam moments over ``ranks``
-    (the EMA and the teacher stay whole on every rank); a training step's activations are taken at the deepest
-    possible cut (bridge for hidden state 1: every layer but one retained), per rank at ``batch``."""
+def cluster_plan(
+    tokens: int = 32768, reservoir: int = 30000, ranks: int = 8, batch: int = 8, seq: int = 128, layer: int = PLAN_LAYER
+):
+    """Memory (GB) and FLOPs of each stage for the 8B targets from docs/DESIGN.md's formula, bf16 weights, the
+    default bridge at hidden state ``layer``: GPU holds the weights, the bridge's training states (its learned
+    parameters with gradient, two Adam moments and EMA; its ``layer - 1`` copied backbone layers in float32, frozen:
+    weights only) and one batch's logits; the host holds locate's float64 covariances and bf16 reservoir; ZeRO-3
+    splits the learned parameters' gradient and Adam moments over ``ranks`` (the EMA, the copies and the teacher
+    stay whole on every rank); a training step's activations are those of the retained layers ``layer..L-1``, per
+    rank at ``batch``."""
     rows = []
     for name, (layers, d, ffn, vocab, kv, tied) in TARGETS.items():
         per_layer = 2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d
         params = layers * per_layer + vocab * d * (1 if tied else 2) + d
         weights = 2 * params / 1e9
         bridge = BRIDGE_PER_D2 * d * d
+        copied = 4 * (layer - 1) * per_layer / 1e9
         logits = batch * seq * vocab * 4 / 1e9
         covariances = (layers + 1) * d * d * 8 / 1e9
         reservoir_gb = (layers + 1) * reservoir * d * 2 / 1e9
-        states = 5 * 4 * bridge / 1e9
-        activations = (layers - 1) * batch * seq * ACTIVATION_VALUES * (d + ffn) * 2 / 1e9
-        zero3 = (4 * bridge + 4 * 4 * bridge / ranks) / 1e9  # EMA whole + (param, grad, 2 moments) / ranks
+        states = 5 * 4 * bridge / 1e9 + copied
+        activations = (layers - layer) * batch * seq * ACTIVATION_VALUES * (d + ffn) * 2 / 1e9
+        zero3 = (4 * bridge + 4 * 4 * bridge / ranks) / 1e9 + copied  # EMA whole + (param, grad, 2 moments) / ranks
         checkpoint = 4 * 4 * bridge / 1e9  # bridge + 2 Adam moments + EMA, float32
         locate_flops = 2 * params * tokens
-        step_flops = (2 * params + 6 * bridge + 4 * params) * batch * seq  # teacher; bridge fwd+bwd; upper fwd+bwd
+        # teacher; the copies' forward; the learned bridge's forward and backward; the retained layers' both ways
+        step_flops = (2 * params + 2 * (layer - 1) * per_layer + 6 * bridge + 4 * params) * batch * seq
         rows.append({
             "model": name, "params_b": params / 1e9, "weights_gb": weights, "bridge_params_m": bridge / 1e6,
+            "copied_params_m": (layer - 1) * per_layer / 1e6,
             "locate_gpu_gb": weights + logits, "locate_host_gb": covariances + reservoir_gb,
             "replace_gpu_gb": weights + states + activations + 2 * logits,
             "replace_zero3_gpu_gb_per_rank": weights + zero3 + activations + 2 * logits,
-            "evaluate_gpu_gb": weights + 4 * bridge / 1e9 + logits, "checkpoint_gb": checkpoint,
-            "hybrid_dir_gb": weights + 4 * bridge / 1e9, "locate_tflop": locate_flops / 1e12,
+            "evaluate_gpu_gb": weights + 4 * bridge / 1e9 + copied + logits, "checkpoint_gb": checkpoint,
+            "hybrid_dir_gb": weights + 4 * bridge / 1e9 + copied, "locate_tflop": locate_flops / 1e12,
             "replace_step_tflop": step_flops / 1e12,
         })  # fmt: skip
     return rows
