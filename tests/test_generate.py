@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -92,6 +93,20 @@ def test_generative_perplexity_matches_manual_scoring(tiny_lm):
     assert report["gen_ppl_per_sample"] == pytest.approx(sum(per_sample) / 3, rel=1e-4)
     assert report["evaluator_dtype"] == "float32" and "retokenised" in report["protocol"]
     assert report["token_ids"][2] == tokenizer("dog", add_special_tokens=False)["input_ids"]
+    low, high = report["gen_ppl_interval"]  # a resample is a token-weighted mean of the samples' NLLs
+    assert min(per_sample) * (1 - 1e-5) <= low <= report["gen_ppl"] <= high <= max(per_sample) * (1 + 1e-5)
+
+
+def test_gen_ppl_interval_is_the_bootstrap_of_the_pooled_nll():
+    from dihal_fast.evaluate.scoring import pooled_interval
+
+    rng = np.random.default_rng(1)
+    sums, counts = rng.uniform(10, 80, size=7), rng.integers(5, 30, size=7)
+    rows = np.random.default_rng(0).integers(0, 7, size=(2000, 7))
+    pooled = np.exp(sums[rows].sum(axis=1) / counts[rows].sum(axis=1))
+    expected = np.quantile(np.log(pooled), [0.025, 0.975])
+    assert pooled_interval(sums.tolist(), counts.tolist()) == pytest.approx(np.exp(expected).tolist(), rel=1e-12)
+    assert pooled_interval([3.0, 3.0], [2, 2]) == pytest.approx([math.exp(1.5)] * 2)  # no spread, no width
 
 
 def test_generative_perplexity_truncates_and_reports_empty(tiny_lm):

@@ -28,15 +28,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dihal_fast.evaluate.markdown import METRICS, downstream_table
+    from dihal_fast.evaluate.markdown import METRICS, downstream_table, metric_cell
     from dihal_fast.pipeline import EvaluateConfig, evaluate
 
     report = evaluate(dataclass_from_options(EvaluateConfig, args), args.out)
     columns = {"backbone": report["backbone"], "hybrid": report["hybrid"], **report["controls"]}
-    print("metric".ljust(16) + "".join(name.rjust(14) for name in columns))
+    print("metric".ljust(16) + "".join(name.rjust(24) for name in columns))
     for metric in METRICS:
-        cells = ["n/a" if col.get(metric) is None else f"{col[metric]:.4g}" for col in columns.values()]
-        print(metric.ljust(16) + "".join(c.rjust(14) for c in cells))
+        cells = [metric_cell(col, metric) for col in columns.values()]
+        print(metric.ljust(16) + "".join(c.rjust(24) for c in cells))
     if report.get("downstream"):
         print("\n" + downstream_table(report))
     print(f"report: {args.out}/evaluate.json")

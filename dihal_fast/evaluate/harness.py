@@ -90,6 +90,7 @@ def sample_metrics(generation: Generation, tokenizer, evaluator) -> tuple[dict, 
         section["notes"]["gen_ppl"] = str(exc)
     token_ids = [ids for ids in gen.pop("token_ids") if ids]
     section["gen_ppl"] = gen.get("gen_ppl")
+    section["gen_ppl_interval"] = gen.get("gen_ppl_interval")
     section["gen_ppl_details"] = gen
     for name, fn in (
         ("entropy", metrics.mean_unigram_entropy),

@@ -10,7 +10,14 @@ from dihal_fast.common import atomic_write_bytes
 METRICS = ("nll", "ppl", "kl", "gen_ppl", "entropy", "diversity_dihal", "diversity_ld4lg", "tokens_per_s")
 
 
-def _fmt(value) -> str:
+def metric_cell(column: Mapping, metric: str) -> str:
+    """One model's value of ``metric``; Gen PPL with its bootstrap interval over the samples."""
+    interval = column.get(f"{metric}_interval")
+    value = format_value(column.get(metric))
+    return value if not interval else f"{value} [{format_value(interval[0])}, {format_value(interval[1])}]"
+
+
+def format_value(value) -> str:
     if value is None:
         return "n/a"
     if isinstance(value, float):
@@ -22,13 +29,13 @@ def _mean_std(cell: Mapping | None) -> str:
     if not cell:
         return "n/a"
     std = cell.get("std")
-    return _fmt(cell.get("mean")) + ("" if std is None else f" ± {_fmt(std)}")
+    return format_value(cell.get("mean")) + ("" if std is None else f" ± {format_value(std)}")
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     """A GitHub-flavoured markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_fmt(c) if not isinstance(c, str) else c for c in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(format_value(c) if not isinstance(c, str) else c for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -36,7 +43,7 @@ def metrics_table(evaluation: Mapping) -> str:
     """Metric rows, one column per evaluated model (backbone, hybrid, controls)."""
     columns = {"backbone": evaluation["backbone"], "hybrid": evaluation["hybrid"], **evaluation.get("controls", {})}
     header = ["metric", *columns]
-    out = table(header, [[m, *(col.get(m) for col in columns.values())] for m in METRICS])
+    out = table(header, [[m, *(metric_cell(col, m) for col in columns.values())] for m in METRICS])
     notes = [
         f"- {name}, {metric}: {why}"
         for name, col in columns.items()
@@ -65,7 +72,9 @@ def downstream_table(evaluation: Mapping) -> str:
             cells = []
             for model in results.values():
                 stderr = model[task].get(f"{metric}_stderr")
-                cells.append(_fmt(model[task][metric]) + ("" if stderr is None else f" ± {_fmt(stderr)}"))
+                cells.append(
+                    format_value(model[task][metric]) + ("" if stderr is None else f" ± {format_value(stderr)}")
+                )
             rows.append([task, metric, *cells])
     limit = "" if downstream.get("limit") is None else f", first {downstream['limit']} examples per task"
     return table(["task", "metric", *results], rows) + f"\n\n(lm-eval {downstream['lm_eval_version']}{limit})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from dihal_fast.common.hf_loading import input_device
@@ -24,8 +25,19 @@ GEN_PPL_PROTOCOL = (
     "EOS) is prepended when it has one so every sample token is scored (otherwise the first token is unscored); "
     "truncated to the evaluator context; no EOS appended; "
     "gen_ppl = exp(token-pooled NLL over all samples); gen_ppl_per_sample = mean over samples of "
-    "exp(per-sample mean NLL)"
+    "exp(per-sample mean NLL); gen_ppl_interval = the 2.5 and 97.5 percentiles of gen_ppl over 2,000 bootstrap "
+    "draws of the samples with replacement (seed 0)"
 )
+INTERVAL_DRAWS = 2000
+
+
+def pooled_interval(sums: Sequence[float], counts: Sequence[int], draws: int = INTERVAL_DRAWS) -> list[float]:
+    """95 % bootstrap interval of ``exp(sum(sums) / sum(counts))`` over the samples (rows drawn with replacement;
+    one NumPy generator of seed 0, so the same samples give the same interval)."""
+    nll, tokens = np.asarray(sums, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    rows = np.random.default_rng(0).integers(0, len(nll), size=(draws, len(nll)))
+    pooled = nll[rows].sum(axis=1) / tokens[rows].sum(axis=1)
+    return [float(np.exp(q)) for q in np.quantile(pooled, [0.025, 0.975])]
 
 
 def logits_fn(model) -> LogitsFn:
@@ -116,8 +128,8 @@ def generative_perplexity(
         )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     device = input_device(model) if device is None else device
-    per_sample_nll: list[float] = []
-    nll_total, count_total = 0.0, 0
+    sample_sums: list[float] = []
+    sample_counts: list[int] = []
     for start in range(0, len(scored), batch_size):
         batch = [ids for _, ids in scored[start : start + batch_size]]
         width = max(len(ids) for ids in batch)
@@ -129,13 +141,15 @@ def generative_perplexity(
         input_ids, mask = input_ids.to(device), mask.to(device)
         logits = model(input_ids=input_ids, attention_mask=mask).logits
         sums, counts = token_nll(logits, input_ids.to(logits.device), mask.to(logits.device))
-        nll_total += float(sums.sum())
-        count_total += int(counts.sum())
-        per_sample_nll += (sums / counts).tolist()
-    nll = pooled_nll(nll_total, count_total)
+        sample_sums += sums.tolist()
+        sample_counts += counts.tolist()
+    count_total = int(sum(sample_counts))
+    nll = pooled_nll(float(sum(sample_sums)), count_total)
+    per_sample_nll = [total / count for total, count in zip(sample_sums, sample_counts)]
     return {
         "gen_ppl": perplexity(nll),
         "gen_nll": nll,
+        "gen_ppl_interval": pooled_interval(sample_sums, sample_counts),
         "gen_ppl_per_sample": sum(perplexity(v) for v in per_sample_nll) / len(per_sample_nll),
         "n_samples": len(texts),
         "n_scored_tokens": count_total,
