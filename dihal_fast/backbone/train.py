@@ -31,6 +31,7 @@ from dihal_fast.backbone.data import WindowSampler
 from dihal_fast.backbone.model import autocast_context, build_model, resolve_precision
 from dihal_fast.backbone.perplexity import stream_nll
 from dihal_fast.common import atomic_write_bytes, atomic_write_json, read_json, seed_everything
+from dihal_fast.common.deepspeed_banner import without_deepspeed_banner
 from dihal_fast.common.io import append_line, write_into
 from dihal_fast.common.reports import StageReport
 from dihal_fast.errors import DihalValueError
@@ -221,7 +222,8 @@ class BackboneJob(TrainingJob):
 
     def on_checkpoint(self, step: int, run: TrainingRun) -> None:
         if run.engine.rank == 0:
-            write_into(self.out, self.model.save_pretrained)
+            with without_deepspeed_banner():
+                write_into(self.out, self.model.save_pretrained)
 
 
 def train_backbone(

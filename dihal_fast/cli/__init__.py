@@ -18,6 +18,7 @@ import os
 import sys
 
 from dihal_fast._version import __version__
+from dihal_fast.common.deepspeed_banner import DEEPSPEED_BANNER, DEEPSPEED_LOGGER
 from dihal_fast.cpu_malloc import configure_malloc
 from dihal_fast.cpu_threads import configure_openmp, govern_threads
 from dihal_fast.errors import DihalError
@@ -68,10 +69,7 @@ class _LibraryLogToStderr(logging.Filter):
         return False
 
 
-DEEPSPEED_BANNER = "Setting accelerator to CPU"
-
-
-STDOUT_LOGGERS = ("DeepSpeed",)  # libraries whose logger writes to stdout
+STDOUT_LOGGERS = (DEEPSPEED_LOGGER,)  # libraries whose logger writes to stdout
 
 
 def keep_stdout_for_output() -> None:

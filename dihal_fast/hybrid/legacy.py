@@ -11,6 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from dihal_fast.common.deepspeed_banner import without_deepspeed_banner
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hybrid.config import LEGACY_MARKER, check_not_legacy, is_legacy
 
@@ -80,7 +81,8 @@ def convert_legacy_hybrid(source: str | Path, target: str | Path | None = None) 
         )
     if (source / "tokenizer_config.json").is_file():
         model.tokenizer = AutoTokenizer.from_pretrained(source)
-    model.save_pretrained(target)
+    with without_deepspeed_banner():
+        model.save_pretrained(target)
     if target == source:  # save_pretrained leaves the files it does not write: the old layout's go here
         for name in _LEGACY_FILES:
             (source / name).unlink(missing_ok=True)

@@ -43,6 +43,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from dihal_fast._version import __version__
 from dihal_fast.bridge import Bridge, position_noise
+from dihal_fast.common.deepspeed_banner import without_deepspeed_banner
 from dihal_fast.common.devices import resolve_device
 from dihal_fast.common.hf_loading import (
     LOAD_ERRORS,
@@ -572,7 +573,8 @@ class HybridLM(PreTrainedModel, GenerationMixin):
                 self.tokenizer.save_pretrained(folder)
             written.update(path.name for path in folder.iterdir())
 
-        write_into(directory, write)
+        with without_deepspeed_banner():
+            write_into(directory, write)
         for stale in directory.iterdir():
             if _WEIGHT_FILE.match(stale.name) and stale.name not in written and stale.is_file():
                 stale.unlink()

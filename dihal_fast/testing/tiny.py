@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dihal_fast.common.deepspeed_banner import without_deepspeed_banner
 from dihal_fast.errors import DihalValueError
 
 FAMILIES = ("llama", "qwen3", "gpt2", "mistral")  # the session fixture's set
@@ -180,6 +181,7 @@ def make_tiny_checkpoint(
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     out = Path(out_dir)
-    model.save_pretrained(out)
+    with without_deepspeed_banner():
+        model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
