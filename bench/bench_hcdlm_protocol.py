@@ -361,12 +361,13 @@ def faithfulness(kind: str, args: argparse.Namespace) -> None:
     a variant with no run fields is the protocol's own seed-0 run) scored by its single chain on validation at each
     of ``--steps-choices``; the best steps' per-puzzle results against the first variant's, with a paired bootstrap
     interval over the validation puzzles; a latent kind adds, at the best steps, the accuracy the chain loses with
-    its latent re-encoded from its argmax tokens at every step (what the latent carries beyond the tokens); the
-    record ``--question``."""
+    the denoiser's x_t reset to the prior at every step (what the latent carries at all) and with its latent
+    re-encoded from its argmax tokens at every step (what it carries beyond the tokens); the record
+    ``--question``."""
     variants = [parse_variant(text) for text in args.variant]
     header = ["variant", "run fields", "sampler fields", "trained s", "steps", "parameters", "sampling parameters"]
     header += [f"{steps} steps %" for steps in args.steps_choices] + ["easy / hard % (best)", "minus first (points)"]
-    header += ["normal - re-encoded (points)"] if KINDS[kind].latent else []
+    header += ["normal - x_t prior (points)", "normal - re-encoded (points)"] if KINDS[kind].latent else []
     rows, found, reference = [], {}, None
     for name, run_fields, sample_fields in variants:
         folder, summary = train_one(kind, 0, args, fields=run_fields)
@@ -387,9 +388,12 @@ def faithfulness(kind: str, args: argparse.Namespace) -> None:
         probe = []
         if KINDS[kind].latent:
             single = SampleConfig(**{**sample_fields, **best["settings"]})
-            beyond = in_sampler_interventions(run, validation, single, interventions=("latent_reencoded",))
-            found[name]["latent_beyond_tokens"] = beyond["latent_beyond_tokens"]
-            probe = [points_text(beyond["latent_beyond_tokens"])]
+            probes = in_sampler_interventions(
+                run, validation, single, interventions=("latent_prior", "latent_reencoded")
+            )
+            found[name]["latent_beyond_tokens"] = probes["latent_beyond_tokens"]
+            found[name]["latent_carried"] = probes["normal_minus"]["latent_prior"]
+            probe = [points_text(probes["normal_minus"][which]) for which in ("latent_prior", "latent_reencoded")]
         fields_text = " ".join(f"{key}={value}" for key, value in sorted(run_fields.items()))
         rows.append([name, fields_text or "(defaults)", " ".join(f"{k}={v}" for k, v in sample_fields.items()),
                      round(summary["elapsed_s"]), summary["step"], *parameter_counts(summary),

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dihal_fast.common.sampling import sample_categorical
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.layers import Block, SlotPositions, count_parameters
 from dihal_fast.hcdlm.models import build_model, generate, kind_of
@@ -22,6 +23,7 @@ from dihal_fast.testing.tiny import HCDLM_TINY
 
 KINDS = ("hcdlm", "latent", "mdm", "ar")
 TINY = HCDLM_TINY
+SHORTCUT_NET = {"slot_readout": True, "slot_head": True}  # the scaffold -> x_hat_0 paths of the shortcut design
 
 
 @pytest.fixture(scope="module")
@@ -182,11 +184,13 @@ def test_latent_flow_is_the_old_formulas_bit_for_bit():
 
 def test_objective_and_sampler_numbers_are_unchanged(sudoku4):
     """Fixed-seed loss, last latent and tokens recorded with the code before the flow schedule was shared
-    (with the options of that time named: the hard log-variance clamp and the scaffold drop always on)."""
+    (with the options of that time named: the hard log-variance clamp, the scaffold drop always on, the slot
+    read-out and the slot head)."""
     context, target = _batch(sudoku4)
     torch.manual_seed(0)
     model = build_model(
-        sudoku4.spec, HCDLMModelConfig(kind="hcdlm", kernel="uniform", latents=2, logvar_bound="clamp", **TINY)
+        sudoku4.spec,
+        HCDLMModelConfig(kind="hcdlm", kernel="uniform", latents=2, logvar_bound="clamp", **TINY, **SHORTCUT_NET),
     )
     kernel = make_kernel("uniform", 4)
     loss, _ = hcdlm_loss(
@@ -194,7 +198,7 @@ def test_objective_and_sampler_numbers_are_unchanged(sudoku4):
         kernel,
         context,
         target,
-        ObjectiveConfig(exposure_share=0.5, latent_drop=0.1, guidance_training=True),
+        ObjectiveConfig(exposure_share=0.5, latent_drop=0.1, guidance_training=True, slot_aux_weight=1.0),
         torch.Generator().manual_seed(3),
     )
     assert loss.item() == pytest.approx(5.574204921722412, rel=1e-6, abs=0)
@@ -248,6 +252,31 @@ def test_sampler_follows_algorithm_2(sudoku4):
     assert bool((trace[0][3] == 4).all())  # k_T = all [MASK]
     masked_per_step = [int((k == 4).sum(1)[0]) for *_, k in trace]
     assert masked_per_step == [16, round(16 * 4 / 5), round(16 * 3 / 5), round(16 * 2 / 5), round(16 * 1 / 5)]
+
+
+@pytest.mark.parametrize("power", [1.0, 3.0])
+def test_renoise_update_draws_the_next_latent_around_x_hat(sudoku4, power):
+    """``latent_update="renoise"``: x_{t-1} = (1 - b) x_hat_0 + b eps with fresh N(0, I) noise at the latent's next
+    level b (not the DDIM step)."""
+    from dihal_fast.hcdlm.noise import latent_level, latent_step
+
+    torch.manual_seed(0)
+    model = HCDLM(sudoku4.spec, HCDLMModelConfig(latents=64, latent_schedule_power=power, **TINY)).eval()
+    context, _ = _batch(sudoku4, 8)
+    trace, steps = [], 4
+    sample_hcdlm(
+        model,
+        UniformKernel(4),
+        context,
+        SampleConfig(steps=steps, latent_update="renoise"),
+        torch.Generator().manual_seed(0),
+        on_step=lambda t, x, x_hat, *_: trace.append((t, x.clone(), x_hat.clone())),
+    )
+    for (t, x, x_hat), (_, x_next, _) in zip(trace, trace[1:]):
+        level = latent_level((t - 1) / steps, power)
+        eps = (x_next - (1 - level) * x_hat) / level
+        assert abs(float(eps.mean())) < 0.1 and abs(float(eps.std()) - 1) < 0.1
+        assert not torch.allclose(x_next, latent_step(x, x_hat, t, steps, power))
 
 
 def _recording_denoiser(model: HCDLM) -> list:
@@ -399,7 +428,7 @@ def test_slot_auxiliary_reaches_only_the_denoiser(sudoku4):
             cfg,
             torch.Generator().manual_seed(0),
         )
-    model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY))
+    model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY, slot_head=True))
     loss, parts = hcdlm_loss(model, UniformKernel(4), context, target, cfg, torch.Generator().manual_seed(0))
     loss.backward()
     assert parts["loss"] == pytest.approx(parts["slot_aux"]) and parts["slot_aux"] > 0
@@ -411,10 +440,10 @@ def test_slot_auxiliary_reaches_only_the_denoiser(sudoku4):
 
 
 def test_without_the_slot_readout_x0_is_the_latent_tokens_output(sudoku4):
-    """``slot_readout=False`` (the paper's denoiser): exactly the read-out-free path of the default network."""
+    """``slot_readout=False`` (the paper's denoiser): exactly the read-out-free path of the shortcut network."""
     context, target = _batch(sudoku4, 3)
     torch.manual_seed(0)
-    ours = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY)).eval()
+    ours = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY, slot_readout=True)).eval()
     paper = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY, slot_readout=False)).eval()
     missing, unexpected = paper.load_state_dict(ours.state_dict(), strict=False)
     assert not missing and unexpected and all(key.startswith("denoiser.readout.") for key in unexpected)
@@ -427,6 +456,30 @@ def test_without_the_slot_readout_x0_is_the_latent_tokens_output(sudoku4):
             weight.zero_()
         assert not torch.allclose(with_readout, ours.denoiser(x_t, target, s, context))
         assert torch.equal(paper.denoiser(x_t, target, s, context), ours.denoiser(x_t, target, s, context))
+
+
+def test_cells_layout_gives_one_latent_per_slot(sudoku4):
+    """``latent_layout="cells"``: M = L latents, each slot's own; every network trains through the loss, and a
+    chain samples; any other M is refused where the model is built."""
+    length = sudoku4.spec.target_len
+    with pytest.raises(DihalValueError, match="--latents 16"):
+        HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY, latent_layout="cells", latents=3))
+    cfg = HCDLMModelConfig(**TINY, latent_layout="cells", latents=length, slot_readout=False, slot_head=False)
+    torch.manual_seed(0)
+    model = HCDLM(sudoku4.spec, cfg)
+    context, target = _batch(sudoku4, 4)
+    mean, logvar = model.encoder(target, context)
+    assert mean.shape == logvar.shape == (4, length, cfg.latent_dim)
+    x_hat = model.denoiser(torch.randn(4, length, cfg.latent_dim), target, torch.rand(4), context)
+    assert x_hat.shape == (4, length, cfg.latent_dim)
+    assert model.predictor(x_hat, context).shape == (4, length, sudoku4.spec.target_vocab)
+    objective, kernel = ObjectiveConfig(slot_aux_weight=0.0), make_kernel("uniform", sudoku4.spec.target_vocab)
+    loss, _ = hcdlm_loss(model, kernel, context, target, objective, torch.Generator())
+    loss.backward()
+    for part in (model.encoder, model.denoiser, model.predictor):
+        assert any(float(p.grad.abs().sum()) > 0 for p in part.parameters() if p.grad is not None)
+    tokens = sample_hcdlm(model.eval(), kernel, context, SampleConfig(steps=4))
+    assert tokens.shape == (4, length)
 
 
 def test_token_term_matches_cross_entropy():
@@ -527,9 +580,10 @@ def test_slot_positions_share_group_vectors(sudoku4):
 
 
 def test_denoiser_reads_every_slot(sudoku4):
-    """x_hat_0 depends on the scaffold token at every position (the slot read-out), from initialisation."""
+    """With the slot read-out (the shortcut design) x_hat_0 depends on the scaffold token at every position, from
+    initialisation."""
     torch.manual_seed(0)
-    model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY))
+    model = HCDLM(sudoku4.spec, HCDLMModelConfig(**TINY, slot_readout=True))
     context, target = _batch(sudoku4, 1)
     x_t, s = torch.randn(1, 1, TINY["latent_dim"]), torch.tensor([0.5])
     base = model.denoiser(x_t, target, s, context)

@@ -17,6 +17,8 @@ from dihal_fast.train.settings import loop_option
 MODEL_KINDS = ("hcdlm", "latent", "mdm", "ar", "ccdd")
 KERNELS = ("uniform", "absorbing")
 LOGVAR_BOUNDS = ("soft", "clamp")
+LATENT_LAYOUTS = ("pooled", "cells")
+LATENT_UPDATES = ("ddim", "renoise")
 REMASKS = ("auto", "random", "confidence")
 VERIFIERS = ("chain", "rules")
 REMOVED_VERIFIERS = {
@@ -37,6 +39,7 @@ class HCDLMModelConfig(CheckedConfig):
         "latent_schedule_power": 1.0,
         "slot_readout": True,
         "self_condition": False,
+        "latent_layout": "pooled",
     }
 
     kind: str = option(
@@ -57,7 +60,15 @@ class HCDLMModelConfig(CheckedConfig):
         cli_default=None,
     )
     predictor_blocks: int = option(1, "blocks of the token predictor p(k0|x0)", min=1)
-    latents: int = option(1, "M, number of continuous latent vectors", min=1)
+    latents: int = option(1, "M, number of continuous latent vectors (the cells layout: one per target slot)", min=1)
+    latent_layout: str = option(
+        "pooled",
+        "how the M latents meet the L target slots: 'pooled' (any M; the encoder writes every latent from all slots "
+        "through one flat linear, the predictor reads them back the same way) or 'cells' (M = L, one latent per slot: "
+        "the encoder writes latent i from slot i, the denoiser's latent token i carries slot i's position and given, "
+        "the predictor reads slot i from latent i)",
+        choices=LATENT_LAYOUTS,
+    )
     latent_dim: int = option(
         64,
         "d, size of each latent vector; the command line's default is 256 for 9x9 Sudoku (--sudoku-box 3x3), "
@@ -96,8 +107,8 @@ class HCDLMModelConfig(CheckedConfig):
     )
     slot_readout: bool = option(
         True,
-        "the denoiser adds a read-out of its slot states to x_hat_0 (not in the paper, whose x_hat_0 is the latent "
-        "tokens' output only)",
+        "the denoiser adds a read-out of its slot states to x_hat_0, a path from the scaffold to x_hat_0 around the "
+        "latent (not in the paper, whose x_hat_0 is the latent tokens' output only; off = the paper's)",
     )
     self_condition: bool = option(
         False,
@@ -287,6 +298,13 @@ class SampleConfig(CheckedConfig):
     batch_size: int = option(128, "examples per sampling batch", min=1)
     clamp: bool = option(
         False, "HC-DLM: replace x_hat_0 at every step by the encoder mean of its argmax tokens (not in the paper)"
+    )
+    latent_update: str = option(
+        "ddim",
+        "HC-DLM / Latent DM: how the latent moves to the next level: 'ddim' (x_hat_0 plus the current noise, scaled: "
+        "the paper's deterministic step) or 'renoise' (x_hat_0 noised afresh to the next level, as the exposure "
+        "training builds x_t from the model's own estimate; ours)",
+        choices=LATENT_UPDATES,
     )
     # Ours (test-time scaling): every kind's best-of-K under one protocol: bench/results/hcdlm_protocol6.json.
     best_of: int = option(

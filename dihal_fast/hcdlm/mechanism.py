@@ -62,9 +62,10 @@ def in_sampler_interventions(
     interventions: tuple[str, ...] = INTERVENTIONS,
 ) -> dict:
     """HC-DLM / Latent DM: ``{variants: {normal | <intervention>: scores}, correct: {variant: per puzzle},
-    latent_beyond_tokens: interval}`` - one chain per puzzle (``cfg`` without best-of), every variant from the same
-    seed; ``latent_beyond_tokens`` is the paired bootstrap of the normal chain's minus the ``latent_reencoded``
-    chain's per-puzzle ``correct``. ``interventions``: which to run (``latent_reencoded`` among them)."""
+    normal_minus: {intervention: interval}, latent_beyond_tokens: interval}`` - one chain per puzzle (``cfg``
+    without best-of), every variant from the same seed; ``normal_minus`` is the paired bootstrap of the normal
+    chain's minus each intervention's per-puzzle ``correct``, ``latent_beyond_tokens`` its ``latent_reencoded``
+    entry. ``interventions``: which to run (``latent_reencoded`` among them)."""
     if "latent_reencoded" not in interventions:
         raise DihalValueError(f"the interventions must include latent_reencoded, got {interventions}")
     if not kind_of(run.model).latent:
@@ -86,10 +87,14 @@ def in_sampler_interventions(
             rows.extend(run.task.score(ex, target) for ex, target in zip(batch, tokens.tolist()))
         scored[intervention or "normal"] = rows
     correct = {name: [float(r["correct"]) for r in rows] for name, rows in scored.items()}
+    gaps = {
+        name: paired_bootstrap(correct["normal"], hits, seed=seed) for name, hits in correct.items() if name != "normal"
+    }
     return {
         "variants": {name: mean_scores(rows) for name, rows in scored.items()},
         "correct": correct,
-        "latent_beyond_tokens": paired_bootstrap(correct["normal"], correct["latent_reencoded"], seed=seed),
+        "normal_minus": gaps,
+        "latent_beyond_tokens": gaps["latent_reencoded"],
         "steps": cfg.steps,
     }
 

@@ -12,6 +12,7 @@ import math
 import torch
 from torch import nn
 
+from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import HCDLMModelConfig
 from dihal_fast.hcdlm.layers import (
     Block,
@@ -61,6 +62,26 @@ class SlotReadout(nn.Module):
         return self.linear(self.squeeze(slots).flatten(1))
 
 
+class CellProjection(nn.Module):
+    """``[B, L, H]`` slot states -> ``[B, L, out]``, each slot on its own (the ``cells`` layout's read-out)."""
+
+    def __init__(self, hidden: int, out: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.linear = nn.Linear(hidden, out)
+
+    def forward(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.norm(slots))
+
+
+def check_layout(spec: TaskSpec, cfg: HCDLMModelConfig) -> None:
+    """The ``cells`` layout needs one latent per target slot."""
+    if cfg.latent_layout == "cells" and cfg.latents != spec.target_len:
+        raise DihalValueError(
+            f"--latent-layout cells needs one latent per target slot: --latents {spec.target_len}, got {cfg.latents}"
+        )
+
+
 class Encoder(nn.Module):
     """q_psi(x_0 | k_0): a diagonal Gaussian over ``M`` latents.
 
@@ -68,7 +89,8 @@ class Encoder(nn.Module):
     ``[L * k]`` vector is mapped to the ``M`` latents, so each position writes to its own directions.
     (Pooling with learned queries starts out as a uniform average, which is the same for every Sudoku
     solution - each digit appears ``n`` times - and the reconstruction then stalls for hundreds of
-    steps.) The mean is layer-normalised per latent (no affine), the scale of the flow's N(0, I) noise.
+    steps.) With ``latent_layout="cells"`` latent ``i`` is a projection of slot ``i``'s state alone. The mean is
+    layer-normalised per latent (no affine), the scale of the flow's N(0, I) noise.
     The log-variance lies in ``[logvar_min, 0]``: by a scaled tanh (``logvar_bound="soft"``, slope 1 at
     the middle, a gradient everywhere; ours) or a hard clamp (``"clamp"``, the old behaviour: zero
     gradient outside, and sigma stuck at the floor once the reconstruction pushed it there).
@@ -79,10 +101,15 @@ class Encoder(nn.Module):
         self.latents, self.latent_dim = cfg.latents, cfg.latent_dim
         self.slots = TokenSlots(spec, cfg.hidden)
         self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.heads, cfg.dropout) for _ in range(cfg.encoder_blocks))
-        self.out = SlotReadout(spec.target_len, cfg.hidden, 2 * cfg.latents * cfg.latent_dim)
+        self.out: nn.Module = (
+            CellProjection(cfg.hidden, 2 * cfg.latent_dim)
+            if cfg.latent_layout == "cells"
+            else SlotReadout(spec.target_len, cfg.hidden, 2 * cfg.latents * cfg.latent_dim)
+        )
         self.mean_norm = nn.LayerNorm(cfg.latent_dim, elementwise_affine=False)
         self.logvar_bound, self.logvar_min = cfg.logvar_bound, cfg.logvar_min
-        nn.init.constant_(self.out.linear.bias.view(cfg.latents, 2, cfg.latent_dim)[:, 1], self.raw_logvar(LOGVAR_INIT))
+        logvar_bias = self.out.linear.bias.view(-1, 2, cfg.latent_dim)[:, 1]
+        nn.init.constant_(logvar_bias, self.raw_logvar(LOGVAR_INIT))
 
     def raw_logvar(self, logvar: float) -> float:
         """The pre-activation that gives ``logvar`` (clipped into the open range), for the initial bias."""
@@ -114,7 +141,8 @@ class Denoiser(nn.Module):
     ``x_hat_0`` = the latent tokens' output + a ``SlotReadout`` of the slot states (the encoder's read-out
     shape; ``slot_readout=False``: the latent tokens' output only, the paper's): the slots do the per-cell
     work, as in a masked-diffusion network, and write it to the latent directly. Through the latent tokens
-    alone, ``M`` queries must gather ``L`` cells by attention.
+    alone, ``M`` queries must gather ``L`` cells by attention; with ``latent_layout="cells"`` latent token ``i``
+    carries slot ``i``'s position and given (a second token per cell, the latent's).
     """
 
     def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig, scaffold: bool = True) -> None:
@@ -122,7 +150,8 @@ class Denoiser(nn.Module):
         self.scaffold = scaffold
         self.latent_in = nn.Linear(cfg.latent_dim, cfg.hidden)
         self.self_condition = nn.Linear(cfg.latent_dim, cfg.hidden, bias=False) if cfg.self_condition else None
-        self.latent_position = position_table(cfg.latents, cfg.hidden)
+        self.latent_position = position_table(cfg.latents, cfg.hidden) if cfg.latent_layout == "pooled" else None
+        self.latent_cells = TokenSlots(spec, cfg.hidden, with_tokens=False) if cfg.latent_layout == "cells" else None
         self.slots = TokenSlots(spec, cfg.hidden, with_tokens=scaffold)
         self.time = TimeEmbedding(cfg.hidden)
         self.blocks = nn.ModuleList(
@@ -152,7 +181,10 @@ class Denoiser(nn.Module):
         yet); ignored without ``self_condition``."""
         batch, m = x_t.shape[0], x_t.shape[1]
         prefix, slots = self.slots(scaffold if self.scaffold else None, context, batch)
-        latents = self.latent_in(x_t) + self.latent_position
+        if self.latent_cells is not None:
+            latents = self.latent_in(x_t) + self.latent_cells(None, context, batch)[1]
+        else:
+            latents = self.latent_in(x_t) + self.latent_position
         if self.self_condition is not None and x_prev is not None:
             latents = latents + self.self_condition(x_prev)
         h = run_blocks(self.blocks, [latents, slots, prefix], self.time(s))
@@ -171,16 +203,21 @@ class Predictor(nn.Module):
     The flattened latents are also mapped to ``k = READOUT_RANK`` features per position and added to
     each slot (mirror of the encoder's read-out): a direct, position-specific path from ``x_0`` to every
     slot. Through attention alone one latent among ``L`` slots is ignored for hundreds of steps and the
-    reconstruction stalls at copying the context.
+    reconstruction stalls at copying the context. With ``latent_layout="cells"`` slot ``i`` reads latent ``i``
+    (a linear map added to it) and the slots attend among themselves: no latent tokens.
     """
 
     def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig) -> None:
         super().__init__()
         self.target_len = spec.target_len
-        self.expand = nn.Linear(cfg.latents * cfg.latent_dim, spec.target_len * READOUT_RANK)
-        self.lift = nn.Linear(READOUT_RANK, cfg.hidden)
-        self.latent_in = nn.Linear(cfg.latent_dim, cfg.hidden)
-        self.latent_position = position_table(cfg.latents, cfg.hidden)
+        self.cells = cfg.latent_layout == "cells"
+        if self.cells:
+            self.cell_in = nn.Linear(cfg.latent_dim, cfg.hidden)
+        else:
+            self.expand = nn.Linear(cfg.latents * cfg.latent_dim, spec.target_len * READOUT_RANK)
+            self.lift = nn.Linear(READOUT_RANK, cfg.hidden)
+            self.latent_in = nn.Linear(cfg.latent_dim, cfg.hidden)
+            self.latent_position = position_table(cfg.latents, cfg.hidden)
         self.slots = TokenSlots(spec, cfg.hidden, with_tokens=False)
         self.blocks = nn.ModuleList(Block(cfg.hidden, cfg.heads, cfg.dropout) for _ in range(cfg.predictor_blocks))
         self.head = nn.Sequential(nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, spec.target_vocab))
@@ -189,6 +226,8 @@ class Predictor(nn.Module):
         """``logits[B, L, V]``."""
         batch, m = x_0.shape[0], x_0.shape[1]
         prefix, slots = self.slots(None, context, batch)
+        if self.cells:
+            return self.head(run_blocks(self.blocks, [slots + self.cell_in(x_0), prefix])[:, : slots.shape[1]])
         slots = slots + self.lift(self.expand(x_0.flatten(1)).view(batch, self.target_len, READOUT_RANK))
         h = run_blocks(self.blocks, [self.latent_in(x_0) + self.latent_position, slots, prefix])
         return self.head(h[:, m : m + slots.shape[1]])
@@ -199,6 +238,7 @@ class HCDLM(nn.Module):
 
     def __init__(self, spec: TaskSpec, cfg: HCDLMModelConfig, scaffold: bool = True) -> None:
         super().__init__()
+        check_layout(spec, cfg)
         self.spec, self.cfg, self.scaffold = spec, cfg, scaffold
         self.encoder = Encoder(spec, cfg)
         self.denoiser = Denoiser(spec, cfg, scaffold)

@@ -115,7 +115,12 @@ def sample_hcdlm(
                 x_hat = model.encoder(clean, context)[0]
             if on_step is not None:
                 on_step(t, x, x_hat, scaffold, clean)
-        x = latent_step(x, x_hat, t, cfg.steps, model.cfg.latent_schedule_power)
+        if cfg.latent_update == "renoise":
+            level = latent_level((t - 1) / cfg.steps, model.cfg.latent_schedule_power)
+            eps = torch.randn(shape, generator=generator, device=device)
+            x = LATENT_FLOW.noise(x_hat, torch.full((batch,), level, device=device), eps)
+        else:
+            x = latent_step(x, x_hat, t, cfg.steps, model.cfg.latent_schedule_power)
         x_prev = x_hat if model.cfg.self_condition else None
         if intervention == "latent_reencoded":
             level = latent_level((t - 1) / cfg.steps, model.cfg.latent_schedule_power)
