@@ -356,6 +356,25 @@ QUESTIONS: dict[str, Question] = {
         "English training texts, 32 held-out blocks of their validation parts, validated every 25 steps (EMA "
         "weights); 8 x 128 tokens per step, one thread, a 2,000-step cosine, resumed across sessions.",
     ),
+    "real_sweep_smollm2": Question(
+        "Layer sweep on a real model (SmolLM2-135M)",
+        PIPELINE,
+        "Does the selection score predict bridgeability on a real model, once the bridges learn: the paper's bridge "
+        "trained with one fixed budget at each of 8 layers, scores against validation bridge losses (target: every "
+        "loss below the mean predictor's, the selected layer among the best third)?",
+        "SmolLM2-135M-Instruct (Q4_1 GGUF, float32); `dihal sweep` with locate's repeated scores (30 x 500 tokens "
+        "of 40,960) and, per layer, 100 steps of 8 x 128 tokens on the diffusion and reconstruction losses alone "
+        "(`--w-lm 0 --w-kd 0`), the four English training texts, the corpus tail held out; one thread, seed 0.",
+    ),
+    "real_samples_smollm2": Question(
+        "The default hybrid of a real model on its backbone's own samples (SmolLM2-135M)",
+        PIPELINE,
+        "Is the default hybrid as close to its backbone on the text the backbone itself writes as on held-out "
+        "English text, and does adding the backbone's own samples to the training data close the gap?",
+        "SmolLM2-135M-Instruct at hidden state 3, the default bridge, 15 CPU-minutes per run on one thread; "
+        "256 unconditional backbone samples of 128 tokens (seed 1): 192 for training, 64 held out; each source "
+        "an equal share of the training tokens; `dihal evaluate` on the held-out samples (64 Gen PPL samples).",
+    ),
     "generate_speed_smollm2": Question(
         "Generation speed on a real model (SmolLM2-135M)",
         PIPELINE,
@@ -474,6 +493,21 @@ QUESTIONS: dict[str, Question] = {
         "trained again with fused AdamW, as every other variant (`ours` used the multi-tensor AdamW); single "
         "chain (argmax) at 36, 50 and 100 steps, the best per variant, the re-encoded chain at those steps; the "
         "latent noise power p is 1 on 6x6 by default (the paper's), so no row.",
+    ),
+    "hcdlm_faithful_design6": Question(
+        "HC-DLM without the scaffold shortcuts: latent designs on the frozen 6x6 validation split",
+        HCDLM,
+        "With the denoiser's slot read-out and the per-slot token head off (x_hat_0 is the latent tokens' output "
+        "alone, the paper's), which latent design trains in 10 CPU-minutes: one 16-wide latent per cell "
+        "(`latent_layout=cells`, M = L = 36), 36 pooled 16-wide latents or one 64-wide latent; the latent at the "
+        "scaffold's noise level (p = 1) or less noisy (p = 3); the paper's deterministic latent step or the latent "
+        "noised afresh around x_hat_0 at every step (`latent_update=renoise`)? And does each chain run on its latent: "
+        "what it loses with the denoiser's x_t reset to the prior at every step, and with the latent re-encoded from "
+        "its argmax tokens at every step?",
+        "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards); HC-DLM seed 0, lr 3e-3, 10 process-CPU-"
+        "minutes on one thread each, trained one after another by `--train-only`; a row with sampler fields only "
+        "scores the run of the row with the same run fields; single chain (argmax) at 50 steps, both interventions "
+        "at 50 steps, same seed; nothing here was scored on a test file.",
     ),
     "hcdlm_latent_push6": Question(
         "HC-DLM: training changes that could make the latent carry the solution, on the frozen 6x6 validation split",
