@@ -67,6 +67,17 @@ def tensor_bytes(module: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
+def embedding_bytes_read(embedding: torch.nn.Module, tokens: int | None) -> int:
+    """Bytes of the input embedding a pass over ``tokens`` tokens makes resident when its table is mapped from a file
+    (a safetensors load): at most one row and one page per token, and never more than the table. A 262,144-row
+    vocabulary is mostly never read; ``tokens`` None (a pass over the whole corpus) counts the whole table."""
+    table = tensor_bytes(embedding)
+    rows = int(getattr(embedding, "num_embeddings", 0) or 0)
+    if tokens is None or rows == 0:
+        return table
+    return min(table, tokens * (table // rows + os.sysconf("SC_PAGE_SIZE")))
+
+
 def estimate_memory(
     model: torch.nn.Module,
     before_load: int,
@@ -79,11 +90,13 @@ def estimate_memory(
     having held ``before_load`` bytes before loading it. ``unread``: the decoder blocks above the deepest collected one,
     which a stopped pass never runs (``None``: a whole pass, holding every hidden state); ``selection``: the bytes the
     selection needs afterwards. Weights are counted as the pass reads them: a safetensors load maps the file, and a
-    page becomes resident when first read."""
+    page becomes resident when first read (of the input embedding, only the rows of the tokens it embeds)."""
     dim = int(model.config.hidden_size)
     heads = int(getattr(model.config, "num_attention_heads", 1) or 1)
     inner = int(getattr(model.config, "intermediate_size", None) or getattr(model.config, "n_inner", None) or 4 * dim)
+    embedding = model.get_input_embeddings()
     weights = tensor_bytes(model.base_model) - sum(tensor_bytes(block) for block in unread or ())
+    weights -= tensor_bytes(embedding) - embedding_bytes_read(embedding, config.max_tokens)
     forward_states = states if unread is not None else int(model.config.num_hidden_layers) + 1
     on_host = next(model.parameters()).device.type == "cpu"
     itemsize, tokens = DTYPES[config.dtype].itemsize, config.batch_size * config.seq_len
