@@ -175,15 +175,6 @@ QUESTIONS: dict[str, Question] = {
         "`dihal replace --layer 1 --steps 60` on the shipped backbone and 10 calls of `geometry_proxies` on "
         "3,000 x 1,024 float32 rows, each in a fresh process, alone and beside one `while True: pass` process.",
     ),
-    "pipeline_targets": Question(
-        "DiHAL pipeline targets: layer sweep and evaluation",
-        PIPELINE,
-        "Does the pipeline meet its paper-level targets on the shipped backbone: does the geometry score rank "
-        "the layers as the bridge losses do (Spearman >= 0.8, selected layer in the best third), and is the "
-        "hybrid's PPL within 1.25x of the backbone's?",
-        "The shipped backbone and corpus; 7 candidate layers with 60 bridge steps each (batch 8 x 128 tokens); "
-        "scores from 30 runs of 500 tokens; evaluation on 16 held-out blocks, 16 samples of 64 tokens; 1 thread.",
-    ),
     "layer_tables_tiny_llama_8l": Question(
         "Layer tables on tiny-llama-8l (paper Tables 1, 2, 4)",
         PIPELINE,
@@ -690,8 +681,8 @@ def render(records: dict[str, dict[str, Any]]) -> str:
         by_group.setdefault(question.group if question else "Not yet described", []).append(key)
     contents = ["## Contents", ""]
     for group, keys in by_group.items():
-        contents.append(f"- {group}")
-        contents += [f"  - [{_heading(k, records)}]({_anchor(_heading(k, records))})" for k in keys]
+        links = " · ".join(f"[{_heading(k, records)}]({_anchor(_heading(k, records))})" for k in keys)
+        contents.append(f"- **{group}**: {links}")
     parts = [INTRO, "\n".join(contents) + "\n", _glance([k for keys in by_group.values() for k in keys], records)]
     for group, keys in by_group.items():
         parts.append(f"## {group}\n")
