@@ -109,9 +109,11 @@ def main() -> None:
     columns = list(points[0])
     values = [[p[c] for c in columns] for p in points]
     last = points[-1]
+    shown = [row for row, p in zip(values, points, strict=True) if p["step"] % 50 == 0 or p is last]
     report(
         title,
-        table(columns, values) + f"\n\n![curve](results/{question}.png)",
+        table(columns, shown) + f"\n\nEvery 50 steps and the last; the record's figures hold every validation point."
+        f"\n\n![curve](results/{question}.png)",
         question=question,
         figures={"curve": rows_figure(columns, values), "copied_layers": args.copied_layers, "layer": args.layer},
         targets=[target("KL <= 0.4 nats", f"{last['kl']:.3f} at {last['tokens']} tokens", last["kl"] <= 0.4)],

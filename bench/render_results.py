@@ -507,6 +507,17 @@ QUESTIONS: dict[str, Question] = {
         "The same runs and validation file as the record above (no new training); single chain (argmax) at 36, 50 "
         "and 100 steps, both interventions at the best steps, same seed; nothing here was scored on a test file.",
     ),
+    "hcdlm_faithful_cells_p1_20min": Question(
+        "HC-DLM without the scaffold shortcuts at twice the budget: one latent per cell, 20 CPU-minutes",
+        HCDLM,
+        "Does the one shortcut-free design whose chain ran on its latent at 10 CPU-minutes (one latent per cell, "
+        "p = 1, the latent noised afresh at every step) solve more validation boards with twice the training, and "
+        "does its chain still run on its latent (x_t reset to the prior, latent re-encoded from its tokens)?",
+        "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards); HC-DLM seed 0, lr 3e-3, 20 process-CPU-"
+        "minutes on one thread, a fresh run; scored with the latent noised afresh (`latent_update=renoise`, the "
+        "reference row) and with the paper's deterministic step; single chain (argmax) at 36, 50 and 100 steps, "
+        "both interventions at the best steps; nothing here was scored on a test file.",
+    ),
     "hcdlm_latent_push6": Question(
         "HC-DLM: training changes that could make the latent carry the solution, on the frozen 6x6 validation split",
         HCDLM,
