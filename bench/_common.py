@@ -234,19 +234,23 @@ def add_real_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work", type=Path, required=True, help="run directories and the model cache")
 
 
+def dihal_one_thread(*argv: str) -> None:
+    """``dihal ARGV`` in its own process on one thread (the real-model benches' runs and their CPU-second budgets)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "DIHAL_NUM_THREADS": "1"}
+    command = [sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", *argv]
+    subprocess.run(command, check=True, env=env)
+
+
 def real_model_replace(model: Path, args: argparse.Namespace, out: Path, *options: str) -> None:
     """``dihal replace`` of ``model`` at ``--layer`` on ``--corpus`` / ``--val-corpus`` (:func:`add_real_model_options`)
     into ``out`` with ``options``, in its own process on one thread, CPU-second budget; resumed when ``out`` holds a
     checkpoint (a run killed in an earlier session continues)."""
-    command = [
-        sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", "replace",
-        "--model", str(model), "--layer", str(args.layer), "--budget-clock", "cpu",
+    resume = ["--resume"] if (out / "checkpoints").is_dir() else []
+    dihal_one_thread(
+        "replace", "--model", str(model), "--layer", str(args.layer), "--budget-clock", "cpu",
         "--val-blocks", str(args.val_blocks), "--corpus", *map(str, args.corpus), "--val-corpus", str(args.val_corpus),
-        "--out", str(out), *options,
-    ]  # fmt: skip
-    if (out / "checkpoints").is_dir():
-        command.append("--resume")
-    subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+        "--out", str(out), *options, *resume,
+    )  # fmt: skip
 
 
 def hybrid_from_options(args: argparse.Namespace) -> str:

@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
-from _common import report, rows_figure, table, target
+from _common import dihal_one_thread, report, rows_figure, table, target
 
 from dihal_fast.testing.real_models import smollm2_checkpoint
 
@@ -51,19 +48,12 @@ def generate_samples(model: Path, out: Path, count: int, tokens: int, seed: int)
     out.write_text("\n".join(lines) + "\n")
 
 
-def dihal(*argv: str) -> None:
-    """``dihal ARGV`` in its own process on one thread."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "DIHAL_NUM_THREADS": "1"}
-    command = [sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", *argv]
-    subprocess.run(command, check=True, env=env)
-
-
 def replace_and_evaluate(name: str, corpus: list[Path], tokens: int, heldout: Path, args: argparse.Namespace) -> dict:
     """The replace run ``name`` (reused when finished, resumed when killed) and its evaluation on the held-out
     samples; ``{result, evaluation}``."""
     out = args.work / name
     if not (out / "result.json").is_file():
-        dihal(
+        dihal_one_thread(
             "replace", "--model", str(args.model), "--layer", "3", "--val-corpus", str(args.val_corpus),
             "--max-minutes", f"{args.minutes:g}", "--budget-clock", "cpu", "--checkpoint-every", "25",
             "--corpus", *map(str, corpus), "--max-train-tokens", str(tokens), "--out", str(out),
@@ -71,7 +61,9 @@ def replace_and_evaluate(name: str, corpus: list[Path], tokens: int, heldout: Pa
         )  # fmt: skip
     evaluation = args.work / f"{name}_eval"
     if not (evaluation / "evaluate.json").is_file():
-        dihal("evaluate", "--hybrid", str(out), "--corpus", str(heldout), "--n-samples", "64", "--out", str(evaluation))
+        dihal_one_thread(
+            "evaluate", "--hybrid", str(out), "--corpus", str(heldout), "--n-samples", "64", "--out", str(evaluation)
+        )
     return {
         "result": json.loads((out / "result.json").read_text()),
         "evaluation": json.loads((evaluation / "evaluate.json").read_text()),

@@ -15,28 +15,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-from _common import BENCH, report, rows_figure, table, target
+from _common import BENCH, dihal_one_thread, report, rows_figure, table, target
 
 from dihal_fast.testing.real_models import smollm2_checkpoint
 
 
 def run_sweep(model: Path, args: argparse.Namespace, out: Path) -> dict:
     """``dihal sweep`` into ``out`` on one thread (resumed when ``out`` exists); its sweep.json."""
-    command = [
-        sys.executable, "-c", "import sys; from dihal_fast.cli import main; sys.exit(main())", "sweep",
-        "--model", str(model), "--corpus", *map(str, args.corpus), "--layers", *map(str, args.layers),
+    dihal_one_thread(
+        "sweep", "--model", str(model), "--corpus", *map(str, args.corpus), "--layers", *map(str, args.layers),
         "--budget-steps", str(args.budget_steps), "--w-lm", "0", "--w-kd", "0", "--workers", "1", "--out", str(out),
-    ]  # fmt: skip
-    if out.is_dir():
-        command.append("--resume")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "DIHAL_NUM_THREADS": "1"}
-    subprocess.run(command, check=True, env=env)
+        *(["--resume"] if out.is_dir() else []),
+    )  # fmt: skip
     return json.loads((out / "sweep.json").read_text())
 
 
