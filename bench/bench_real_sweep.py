@@ -62,7 +62,9 @@ def main() -> None:
     summary = {k: sweep[k] for k in ("spearman", "kendall", "pearson", "rank_gap", "layer_gap")}
     chosen = {k: sweep[k] for k in ("selected_layer", "predicted_layer", "observed_best_layer")}
     lines = [f"- {name}: {json.dumps(value)}" for name, value in {**summary, **chosen}.items()]
-    best_loss = min(r[3] for r in rows)
+    losses = sorted(r[3] for r in rows)
+    selected_loss = next(r[3] for r in rows if r[0] == sweep["selected_layer"])
+    rank = f"layer {sweep['selected_layer']}: loss rank {losses.index(selected_loss) + 1} of {len(rows)}"
     report(
         f"Layer sweep on SmolLM2-135M: {len(rows)} layers, {args.budget_steps} bridge steps each",
         table(columns, rows) + "\n\n" + "\n".join(lines) + f"\n\n![sweep](results/{plot.name})",
@@ -71,7 +73,7 @@ def main() -> None:
         targets=[
             target("every bridge below the mean predictor (loss < 1)", f"worst {max(r[3] for r in rows):.3f}",
                    sweep["bridges_learned"] and max(r[3] for r in rows) < 1),
-            target("the selected layer among the best third by bridge loss", f"best loss {best_loss:.3f}",
+            target("the selected layer among the best third by bridge loss", rank,
                    sweep["selected_in_best_third"]),
             target("Spearman(score, bridge loss) reported", json.dumps(summary["spearman"]), None),
         ],
