@@ -225,13 +225,21 @@ def add_hybrid_options(parser: argparse.ArgumentParser, work: str) -> None:
 
 
 def add_real_model_options(parser: argparse.ArgumentParser) -> None:
-    """``--layer`` / ``--val-blocks`` / ``--corpus`` / ``--val-corpus`` / ``--work`` of a bench that trains bridges
-    of SmolLM2-135M (``dihal_fast.testing.real_models``, cached in ``WORK/models``)."""
+    """``--model`` / ``--layer`` / ``--val-blocks`` / ``--corpus`` / ``--val-corpus`` / ``--work`` of a bench that
+    trains bridges of a real model: SmolLM2-135M unless ``--model`` names another (:func:`real_model`)."""
+    parser.add_argument("--model", type=Path, default=None, help="the checkpoint (default: SmolLM2-135M's GGUF)")
     parser.add_argument("--layer", type=int, default=3, help="hidden state l* (SmolLM2's selected layer: 3)")
     parser.add_argument("--val-blocks", type=int, default=32)
     parser.add_argument("--corpus", type=Path, nargs="+", required=True)
     parser.add_argument("--val-corpus", type=Path, required=True)
     parser.add_argument("--work", type=Path, required=True, help="run directories and the model cache")
+
+
+def real_model(args: argparse.Namespace) -> Path:
+    """``--model``, or SmolLM2-135M-Instruct's GGUF file fetched once into ``WORK/models``."""
+    from dihal_fast.testing.real_models import smollm2_checkpoint
+
+    return args.model or smollm2_checkpoint(args.work / "models")
 
 
 def dihal_one_thread(*argv: str) -> None:

@@ -22,9 +22,7 @@ import json
 from pathlib import Path
 
 import torch
-from _common import add_real_model_options, real_model_replace, report, rows_figure, table, target
-
-from dihal_fast.testing.real_models import smollm2_checkpoint
+from _common import add_real_model_options, real_model, real_model_replace, report, rows_figure, table, target
 
 
 def design(text: str) -> tuple[int, str]:
@@ -106,7 +104,7 @@ def main() -> None:
     parser.add_argument("--max-train-tokens", type=int, default=2_000_000)
     parser.add_argument("--question", default="real_bridge_smollm2")
     args = parser.parse_args()
-    model = smollm2_checkpoint(args.work / "models")
+    model = real_model(args)
     rows = []
     for copied, init in args.copied:
         result = replace_run(model, args, copied, init)

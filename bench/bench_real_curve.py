@@ -1,5 +1,5 @@
 """What does a training budget buy on a real model? The hybrid's held-out PPL ratio and KL against training tokens
-and CPU seconds: SmolLM2-135M-Instruct at its selected layer, one ``dihal replace`` run validated every
+and CPU seconds: SmolLM2-135M-Instruct (or ``--model``) at its selected layer, one ``dihal replace`` run validated every
 ``--eval-every`` steps (EMA weights, the held-out blocks of ``--val-corpus``).
 
 The run is resumable across sessions: each invocation trains at most ``--session-minutes`` more CPU-minutes (one
@@ -18,9 +18,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from _common import BENCH, add_real_model_options, real_model_replace, report, rows_figure, table, target
-
-from dihal_fast.testing.real_models import smollm2_checkpoint
+from _common import BENCH, add_real_model_options, real_model, real_model_replace, report, rows_figure, table, target
 
 
 def trained_seconds(out: Path) -> float:
@@ -98,13 +96,15 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=2000, help="--steps (the cosine's length) of the run")
     parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--question", default=None, help="the record's key (default: real_curve_copied_K)")
     args = parser.parse_args()
     out = args.work / f"copied_{args.copied_layers}"
+    model = real_model(args)
     if args.session_minutes > 0:
-        train(smollm2_checkpoint(args.work / "models"), args, out)
+        train(model, args, out)
     points = curve(out)
-    question = f"real_curve_copied_{args.copied_layers}"
-    title = f"Learning curve on SmolLM2-135M, hidden state {args.layer}, {args.copied_layers} copied layers"
+    question = args.question or f"real_curve_copied_{args.copied_layers}"
+    title = f"Learning curve on {model.stem}, hidden state {args.layer}, {args.copied_layers} copied layers"
     plot(points, BENCH / "results" / f"{question}.png", title)
     columns = list(points[0])
     values = [[p[c] for c in columns] for p in points]

@@ -21,9 +21,7 @@ import json
 from pathlib import Path
 
 import torch
-from _common import dihal_one_thread, report, rows_figure, table, target
-
-from dihal_fast.testing.real_models import smollm2_checkpoint
+from _common import dihal_one_thread, real_model, report, rows_figure, table, target
 
 BATCH = 32
 
@@ -84,7 +82,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=15.0, help="CPU minutes of each replace run")
     parser.add_argument("--question", default="real_samples_smollm2")
     args = parser.parse_args()
-    args.model = args.model or smollm2_checkpoint(args.work / "models")
+    args.model = real_model(args)
     folder = args.samples_dir or args.work
     folder.mkdir(parents=True, exist_ok=True)
     every = folder / f"samples{args.samples}_seed{args.seed}.jsonl"

@@ -18,9 +18,7 @@ import json
 import shutil
 from pathlib import Path
 
-from _common import BENCH, dihal_one_thread, report, rows_figure, table, target
-
-from dihal_fast.testing.real_models import smollm2_checkpoint
+from _common import BENCH, dihal_one_thread, real_model, report, rows_figure, table, target
 
 
 def run_sweep(model: Path, args: argparse.Namespace, out: Path) -> dict:
@@ -39,10 +37,11 @@ def main() -> None:
     parser.add_argument("--budget-steps", type=int, default=100, help="bridge training steps per layer")
     parser.add_argument("--corpus", type=Path, nargs="+", required=True)
     parser.add_argument("--work", type=Path, required=True, help="the sweep's run directory and the model cache")
+    parser.add_argument("--model", type=Path, default=None, help="the checkpoint (default: SmolLM2-135M's GGUF)")
     parser.add_argument("--question", default="real_sweep_smollm2")
     args = parser.parse_args()
     out = args.work / "sweep"
-    sweep = run_sweep(smollm2_checkpoint(args.work / "models"), args, out)
+    sweep = run_sweep(real_model(args), args, out)
     rows = []
     for row in sweep["layers"]:
         validation = json.loads((Path(row["hybrid_dir"]).parent / "result.json").read_text())["validation"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 
@@ -61,12 +62,13 @@ def test_tokens_per_second_comes_from_the_fastest_identical_call():
     class Timed:
         calls = []
 
-        def sample(self, prompt, max_new_tokens, temperature, top_k, generator):
+        def sample(self, prompt, max_new_tokens, temperature, top_k, generator, top_p):
+            assert top_p == 0.5
             self.calls.append(int(torch.randint(0, 1000, (1,), generator=generator)))
             return Generation(torch.zeros(2, max_new_tokens, dtype=torch.long), [3.0, 1.0, 2.0][len(self.calls) - 1])
 
     lm = Timed()
-    generation = timed_sample(lm, torch.zeros(2, 1, dtype=torch.long), SETTINGS)
+    generation = timed_sample(lm, torch.zeros(2, 1, dtype=torch.long), dataclasses.replace(SETTINGS, top_p=0.5))
     assert generation.seconds == 1.0 and len(set(lm.calls)) == 1 and len(lm.calls) == TIMING_REPEATS == 3
 
 

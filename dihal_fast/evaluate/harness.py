@@ -32,6 +32,9 @@ class EvalProtocolConfig(CheckedConfig):
     n_samples: int = option(16, "samples per model for Gen PPL, entropy, diversity, speed", min=1)
     max_new_tokens: int = option(64, "tokens per sample", min=1)
     temperature: float = option(1.0, "sampling temperature", min=0.0)
+    top_p: float = option(
+        1.0, "nucleus sampling: draw from the most probable tokens holding this mass (1 = all)", gt=0.0, max=1.0
+    )
     nfe: int | None = option(None, "denoising steps of hybrid bridges (default: each hybrid's own)", min=1)
     bridge_dtype: str | None = bridge_dtype_option("hybrid bridges")
     seed: int = option(0, "random seed")
@@ -46,7 +49,7 @@ def protocol(settings: EvalProtocolConfig, documents: str) -> dict:
         "(documents joined into one token stream, no padding)",
         "documents": documents,
         "generation": f"{settings.n_samples} unconditional samples of {settings.max_new_tokens} tokens from the "
-        f"start-of-document token, temperature {settings.temperature}, no early stop at EOS; "
+        f"start-of-document token, temperature {settings.temperature}, top-p {settings.top_p}, no early stop at EOS; "
         f"sampling: {SAMPLING_PROTOCOL}",
         "gen_ppl": GEN_PPL_PROTOCOL,
         "tokens_per_s": f"generated tokens / wall seconds of the whole sampling call (batch of all samples), "
@@ -110,7 +113,12 @@ def timed_sample(lm, prompt: torch.Tensor, settings: EvalProtocolConfig) -> Gene
     tokens): the cost of sampling rather than of whatever else a shared machine ran during one call."""
     runs = [
         lm.sample(
-            prompt, settings.max_new_tokens, settings.temperature, None, torch.Generator().manual_seed(settings.seed)
+            prompt,
+            settings.max_new_tokens,
+            settings.temperature,
+            None,
+            torch.Generator().manual_seed(settings.seed),
+            top_p=settings.top_p,
         )
         for _ in range(TIMING_REPEATS)
     ]

@@ -43,6 +43,7 @@ BRIDGE_OPTIONS: dict[str, dict] = {
 LR_WIDTH = 128
 
 COPIED_INITS = ("backbone", "random")
+KD_DIVERGENCES = ("forward", "reverse")
 
 
 @dataclass
@@ -60,6 +61,9 @@ class BridgeTrainConfig(CheckedConfig):
         "train_copied_layers": False,
         "copied_init": "backbone",
         "checkpoint_minutes": 0.0,
+        "kd_divergence": "forward",
+        "on_policy_every": 0,
+        "on_policy_prefix": 32,
     }
 
     # data
@@ -99,6 +103,21 @@ class BridgeTrainConfig(CheckedConfig):
         min=1,
     )
     kd_temperature: float = option(1.0, "softmax temperature of the distillation loss (loss scaled by T^2)", gt=0.0)
+    kd_divergence: str = option(
+        "forward",
+        "the distillation loss: forward KL(teacher || hybrid) covers the teacher's mass; reverse KL(hybrid || "
+        "teacher) penalises the tokens the hybrid would draw that the teacher finds unlikely (what its samples' "
+        "Gen PPL measures)",
+        choices=KD_DIVERGENCES,
+    )
+    on_policy_every: int = option(
+        0,
+        "every n-th step with the distillation loss trains on the hybrid's own continuations: each block keeps its "
+        "first --on-policy-prefix tokens and the rest is sampled from the hybrid being trained (temperature 1), "
+        "the next-token loss left out on those steps (0 = never: teacher-forced on the corpus only)",
+        min=0,
+    )
+    on_policy_prefix: int = option(32, "tokens of each block kept as the prompt of an on-policy step", min=1)
     # model
     copied_layers: int = option(
         -1,
@@ -145,6 +164,12 @@ class BridgeTrainConfig(CheckedConfig):
         if self.w_diff + self.w_rec + self.w_lm + self.w_kd == 0:
             raise DihalValueError("all loss weights are 0: nothing to train")
         self.bridge_options(hidden_size=8, layer=max(1, self.copied_layers))  # checks the overrides
+        if self.on_policy_every and (self.w_kd == 0 or self.on_policy_prefix >= self.seq_len):
+            raise DihalValueError(
+                f"--on-policy-every needs --w-kd > 0 (it distils on the hybrid's own samples) and --on-policy-prefix "
+                f"below --seq-len, got --w-kd {self.w_kd:g}, --on-policy-prefix {self.on_policy_prefix}, --seq-len "
+                f"{self.seq_len}"
+            )
         if self.copied_init == "random" and not self.train_copied_layers:
             raise DihalValueError(
                 "--copied-init random needs --train-copied-layers: frozen random layers would compute nothing useful"

@@ -37,6 +37,7 @@ from dihal_fast.hybrid.slicing import check_family, check_layer
 from dihal_fast.replace.config import BridgeTrainConfig
 from dihal_fast.replace.data import Blocks, batch_indices, load_blocks, step_generator
 from dihal_fast.replace.objective import BridgeObjective
+from dihal_fast.replace.on_policy import own_continuations
 from dihal_fast.replace.placement import check_replace_placement, check_teacher_placed, training_device
 from dihal_fast.replace.statistics import Teacher, target_statistics
 from dihal_fast.replace.validation import validation_bridge_loss
@@ -267,16 +268,25 @@ class BridgeJob(TrainingJob):
         ids = self.blocks.train[rows].to(engine.device)
         decoding = config.w_lm > 0 or config.w_kd > 0  # else no step runs the retained layers
         decode = decoding and (step // config.grad_accum_steps) % config.lm_every == 0
+        generator = step_generator(config.seed, step, self.rank)
+        on_policy = (
+            decode
+            and config.on_policy_every > 0
+            and (step // config.grad_accum_steps // config.lm_every) % config.on_policy_every == 0
+        )
+        if on_policy:
+            ids = own_continuations(engine.module.hybrid, ids, config.on_policy_prefix, generator)
         if decode or self.shared_teacher:
             hidden, teacher_logits = self.teacher(ids, self.layer)
         else:
             hidden, teacher_logits = hidden_state(self.backbone, ids, self.layer), None
-        randoms = engine.module.random_inputs(*ids.shape, step_generator(config.seed, step, self.rank))
+        randoms = engine.module.random_inputs(*ids.shape, generator)
         return {
             "input_ids": ids,
             "target_hidden": hidden,
             "teacher_logits": teacher_logits if config.w_kd > 0 and decode else None,
             "decode": decode,
+            "next_token": not on_policy,
             **{k: v.to(engine.device) for k, v in randoms.items()},
         }
 

@@ -6,7 +6,8 @@ so that both engines (plain torch, DeepSpeed) call a single forward that returns
 * ``L_rec``: MSE between the bridge's sampled ``x0`` (the full ``nfe``-step sampler, as at inference,
   differentiated through) and the teacher's ``z``: the fraction of variance of ``h_l`` left unexplained.
 * ``L_LM``: next-token cross-entropy of the hybrid's logits (sampled ``h_l`` through the retained layers).
-* ``L_KD``: ``T^2 KL(softmax(teacher / T) || softmax(hybrid / T))`` per token.
+* ``L_KD``: ``T^2 KL(softmax(teacher / T) || softmax(hybrid / T))`` per token (``kd_divergence = "reverse"``: the
+  hybrid's distribution first), on the corpus or, on on-policy steps, on the hybrid's own continuations.
 All randomness (times, noise) comes in as arguments, so a step is a pure function of its inputs.
 """
 
@@ -20,10 +21,13 @@ from dihal_fast.hybrid import HybridLM
 from dihal_fast.replace.config import BridgeTrainConfig
 
 
-def kd_loss(teacher_logits: Tensor, student_logits: Tensor, temperature: float) -> Tensor:
-    """Mean over tokens of ``T^2 KL(softmax(teacher / T) || softmax(student / T))`` (``(..., V)`` logits)."""
+def kd_loss(teacher_logits: Tensor, student_logits: Tensor, temperature: float, divergence: str = "forward") -> Tensor:
+    """Mean over tokens of ``T^2 KL(softmax(teacher / T) || softmax(student / T))`` (``(..., V)`` logits), or of
+    ``KL(student || teacher)`` with ``divergence = "reverse"``."""
     log_p = torch.log_softmax(teacher_logits.float() / temperature, dim=-1)
     log_q = torch.log_softmax(student_logits.float() / temperature, dim=-1)
+    if divergence == "reverse":
+        log_p, log_q = log_q, log_p
     return temperature**2 * (log_p.exp() * (log_p - log_q)).sum(-1).mean()
 
 
@@ -57,8 +61,10 @@ class BridgeObjective(nn.Module):
         eps: Tensor,
         sample_noise: Tensor,
         decode: bool = True,
+        next_token: bool = True,
     ) -> dict[str, Tensor]:
-        """The losses of one batch; ``decode = False`` leaves out ``L_LM`` and ``L_KD`` (no retained layer runs)."""
+        """The losses of one batch; ``decode = False`` leaves out ``L_LM`` and ``L_KD`` (no retained layer runs),
+        ``next_token = False`` leaves out ``L_LM`` (a batch of the hybrid's own samples is no next-token target)."""
         cfg, bridge = self.config, self.hybrid.bridge
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         with torch.no_grad():
@@ -72,9 +78,10 @@ class BridgeObjective(nn.Module):
         }
         if decode and (cfg.w_lm > 0 or cfg.w_kd > 0):
             logits = self.hybrid.decode(bridge.denormalize(x0), None, positions).to(input_ids.device)
-            terms["lm"] = lm_loss(logits, input_ids)
+            if next_token:
+                terms["lm"] = lm_loss(logits, input_ids)
             if teacher_logits is not None:
-                terms["kd"] = kd_loss(teacher_logits, logits, cfg.kd_temperature)
+                terms["kd"] = kd_loss(teacher_logits, logits, cfg.kd_temperature, cfg.kd_divergence)
         weights = {"diff": cfg.w_diff, "rec": cfg.w_rec, "lm": cfg.w_lm, "kd": cfg.w_kd}
         terms["loss"] = sum(weights[name] * value for name, value in terms.items())
         return terms
