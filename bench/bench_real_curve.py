@@ -34,8 +34,11 @@ def curve(out: Path) -> list[dict]:
     report's, or the latest checkpoint's while the run goes on) and its log."""
     config = json.loads((out / "train_config.json").read_text())
     tokens_per_step = config["batch_size"] * config["grad_accum_steps"] * config["seq_len"]
-    logged = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    steps, seconds = [r["step"] for r in logged], [r["elapsed_s"] for r in logged]
+    logged = {r["step"]: r["elapsed_s"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())}
+    if (out / "result.json").is_file():  # a session's last step, which the log holds only on a multiple of its period
+        final = json.loads((out / "result.json").read_text())
+        logged[final["steps_trained"]] = final["train_seconds"]
+    steps, seconds = zip(*sorted(logged.items()), strict=True)
     if (out / "validation.json").is_file():
         history = json.loads((out / "validation.json").read_text())["history"]
     else:
