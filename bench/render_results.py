@@ -109,6 +109,13 @@ def _protocol_summary(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _tables_and_last_samples(record: dict[str, Any]) -> str:
+    """A body of tables followed by sample excerpts per setting (each under a ``**T ...**`` line): the tables and
+    the last setting's samples, the others left in the record."""
+    head, *settings = record["body"].split("\n**T")
+    return "\n**T".join([head, *settings[-1:]]) + "\n\nThe other settings' samples are in the record."
+
+
 def _latest_table_summary(record: dict[str, Any]) -> str:
     """A record whose body holds its latest table, then earlier runs' tables, then what the numbers show: the first
     and the last, the earlier tables left in the record."""
@@ -407,9 +414,7 @@ QUESTIONS: dict[str, Question] = {
         "SmolLM2-135M-Instruct at hidden state 3, `dihal replace` on the four English training texts, one thread, "
         "CPU-second budgets; `dihal evaluate` on the held-out English blocks, 64 unconditional samples of 128 tokens "
         "per model and setting (seed 0, the backbone as Gen PPL evaluator, 95 % bootstrap intervals).",
-        summary=lambda record: (
-            "\n**T".join(record["body"].split("\n**T")[:2]) + "\n\nThe other settings' samples are in the record."
-        ),
+        summary=_tables_and_last_samples,
     ),
     "generate_speed_smollm2": Question(
         "Generation speed on a real model (SmolLM2-135M)",
