@@ -227,12 +227,17 @@ def add_hybrid_options(parser: argparse.ArgumentParser, work: str) -> None:
 def add_real_model_options(parser: argparse.ArgumentParser) -> None:
     """``--model`` / ``--layer`` / ``--val-blocks`` / ``--corpus`` / ``--val-corpus`` / ``--work`` of a bench that
     trains bridges of a real model: SmolLM2-135M unless ``--model`` names another (:func:`real_model`)."""
-    parser.add_argument("--model", type=Path, default=None, help="the checkpoint (default: SmolLM2-135M's GGUF)")
+    add_model_option(parser)
     parser.add_argument("--layer", type=int, default=3, help="hidden state l* (SmolLM2's selected layer: 3)")
     parser.add_argument("--val-blocks", type=int, default=32)
     parser.add_argument("--corpus", type=Path, nargs="+", required=True)
     parser.add_argument("--val-corpus", type=Path, required=True)
     parser.add_argument("--work", type=Path, required=True, help="run directories and the model cache")
+
+
+def add_model_option(parser: argparse.ArgumentParser) -> None:
+    """``--model``: the real checkpoint a bench uses, read by :func:`real_model`."""
+    parser.add_argument("--model", type=Path, default=None, help="the checkpoint (default: SmolLM2-135M's GGUF)")
 
 
 def real_model(args: argparse.Namespace) -> Path:

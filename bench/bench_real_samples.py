@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 import torch
-from _common import dihal_one_thread, real_model, report, rows_figure, table, target
+from _common import add_model_option, dihal_one_thread, real_model, report, rows_figure, table, target
 
 BATCH = 32
 
@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, nargs="+", required=True, help="the English training texts")
     parser.add_argument("--val-corpus", type=Path, required=True)
     parser.add_argument("--work", type=Path, required=True, help="run directories and the model cache")
-    parser.add_argument("--model", type=Path, default=None, help="the GGUF file (default: fetched into WORK/models)")
+    add_model_option(parser)
     parser.add_argument("--samples-dir", type=Path, default=None, help="the generated samples (default: WORK)")
     parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--heldout", type=int, default=64)

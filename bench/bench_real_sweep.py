@@ -18,7 +18,7 @@ import json
 import shutil
 from pathlib import Path
 
-from _common import BENCH, dihal_one_thread, real_model, report, rows_figure, table, target
+from _common import BENCH, add_model_option, dihal_one_thread, real_model, report, rows_figure, table, target
 
 
 def run_sweep(model: Path, args: argparse.Namespace, out: Path) -> dict:
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--budget-steps", type=int, default=100, help="bridge training steps per layer")
     parser.add_argument("--corpus", type=Path, nargs="+", required=True)
     parser.add_argument("--work", type=Path, required=True, help="the sweep's run directory and the model cache")
-    parser.add_argument("--model", type=Path, default=None, help="the checkpoint (default: SmolLM2-135M's GGUF)")
+    add_model_option(parser)
     parser.add_argument("--question", default="real_sweep_smollm2")
     args = parser.parse_args()
     out = args.work / "sweep"

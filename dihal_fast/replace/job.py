@@ -267,13 +267,10 @@ class BridgeJob(TrainingJob):
         )
         ids = self.blocks.train[rows].to(engine.device)
         decoding = config.w_lm > 0 or config.w_kd > 0  # else no step runs the retained layers
-        decode = decoding and (step // config.grad_accum_steps) % config.lm_every == 0
+        decoding_step, off_period = divmod(step // config.grad_accum_steps, config.lm_every)
+        decode = decoding and off_period == 0
         generator = step_generator(config.seed, step, self.rank)
-        on_policy = (
-            decode
-            and config.on_policy_every > 0
-            and (step // config.grad_accum_steps // config.lm_every) % config.on_policy_every == 0
-        )
+        on_policy = decode and config.on_policy_every > 0 and decoding_step % config.on_policy_every == 0
         if on_policy:
             ids = own_continuations(engine.module.hybrid, ids, config.on_policy_prefix, generator)
         if decode or self.shared_teacher:

@@ -19,7 +19,7 @@ def own_continuations(hybrid, ids: Tensor, prefix: int, generator: torch.Generat
     """``ids[B, T]`` with every position after the first ``prefix`` replaced by the hybrid's own sample (temperature
     1, float64 draws from the CPU ``generator``, so a resumed step draws the same tokens)."""
     prompt = ids[:, :prefix]
-    out = hybrid.generate(
+    return hybrid.generate(
         prompt,
         attention_mask=torch.ones_like(prompt),
         max_new_tokens=ids.shape[1] - prefix,
@@ -27,4 +27,3 @@ def own_continuations(hybrid, ids: Tensor, prefix: int, generator: torch.Generat
         pad_token_id=0,
         **float64_sampling(1.0, None, 1.0, generator),
     )
-    return out[:, : ids.shape[1]]
