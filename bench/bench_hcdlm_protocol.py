@@ -24,7 +24,9 @@ score disjoint kinds, then the full command reads their results and writes the r
 ``--variant NAME=FIELD=VALUE;...;sample.FIELD=VALUE`` (repeated; one kind in ``--models``, ``--val``, no test):
 each variant's seed-0 run (``OUT/variants/...``; a variant without run fields is the protocol's own seed-0 run)
 scored by its single chain on validation at each of ``--steps-choices``, against the first variant with a
-paired bootstrap interval; ``--train-only`` with ``--variant`` trains those runs only. The faithfulness rows:
+paired bootstrap interval; ``--train-only`` with ``--variant`` trains those runs only; ``--curve`` keeps the record's
+rows at other ``--minutes``, so the same command at growing budgets (the runs resumed) builds a learning curve in
+one record. The faithfulness rows:
 
     --models hcdlm --lr hcdlm=3e-3 --variant ours --variant slot_off=slot_aux_weight=0 \\
         --variant guidance=guidance_training=true;sample.cfg_weight=2.75
@@ -363,12 +365,15 @@ def faithfulness(kind: str, args: argparse.Namespace) -> None:
     interval over the validation puzzles; a latent kind adds, at the best steps, the accuracy the chain loses with
     the denoiser's x_t reset to the prior at every step (what the latent carries at all) and with its latent
     re-encoded from its argmax tokens at every step (what it carries beyond the tokens); the record
-    ``--question``."""
+    ``--question`` (with ``--curve``, the record's rows at other budgets kept beside this budget's)."""
     variants = [parse_variant(text) for text in args.variant]
-    header = ["variant", "run fields", "sampler fields", "trained s", "steps", "parameters", "sampling parameters"]
+    header = ["variant", *(["CPU min"] if args.curve else []), "run fields", "sampler fields", "trained s", "steps"]
+    header += ["parameters", "sampling parameters"]
     header += [f"{steps} steps %" for steps in args.steps_choices] + ["easy / hard % (best)", "minus first (points)"]
     header += ["normal - x_t prior (points)", "normal - re-encoded (points)"] if KINDS[kind].latent else []
     rows, found, reference = [], {}, None
+    if args.curve:  # the record's rows at the other budgets stay: one record per curve
+        rows, found = earlier_budgets(args, header)
     for name, run_fields, sample_fields in variants:
         folder, summary = train_one(kind, 0, args, fields=run_fields)
         run = load_run(folder, device="cpu")
@@ -382,31 +387,54 @@ def faithfulness(kind: str, args: argparse.Namespace) -> None:
         reference = best if reference is None else reference
         gap = paired_bootstrap([best["correct"]], [reference["correct"]])
         groups = " / ".join(f"{100 * g['accuracy']:.1f}" for g in best["groups"].values())
-        found[name] = {"run_fields": run_fields, "sample_fields": sample_fields, "summary": summary,
-                       "accuracy_by_steps": {r["settings"]["steps"]: r["accuracy"] for r in scored},
-                       "best": best, "minus_first": gap}  # fmt: skip
+        entry = f"{name}@{args.minutes:g}min" if args.curve else name
+        found[entry] = {"minutes": args.minutes, "run_fields": run_fields, "sample_fields": sample_fields,
+                        "summary": summary, "best": best, "minus_first": gap,
+                        "accuracy_by_steps": {r["settings"]["steps"]: r["accuracy"] for r in scored}}  # fmt: skip
         probe = []
         if KINDS[kind].latent:
             single = SampleConfig(**{**sample_fields, **best["settings"]})
             probes = in_sampler_interventions(
                 run, validation, single, interventions=("latent_prior", "latent_reencoded")
             )
-            found[name]["latent_beyond_tokens"] = probes["latent_beyond_tokens"]
-            found[name]["latent_carried"] = probes["normal_minus"]["latent_prior"]
+            found[entry]["latent_beyond_tokens"] = probes["latent_beyond_tokens"]
+            found[entry]["latent_carried"] = probes["normal_minus"]["latent_prior"]
             probe = [points_text(probes["normal_minus"][which]) for which in ("latent_prior", "latent_reencoded")]
         fields_text = " ".join(f"{key}={value}" for key, value in sorted(run_fields.items()))
-        rows.append([name, fields_text or "(defaults)", " ".join(f"{k}={v}" for k, v in sample_fields.items()),
+        rows.append([name, *([args.minutes] if args.curve else []), fields_text or "(defaults)",
+                     " ".join(f"{k}={v}" for k, v in sample_fields.items()),
                      round(summary["elapsed_s"]), summary["step"], *parameter_counts(summary),
                      *[round(100 * r["accuracy"], 1) for r in scored], groups,
                      "" if best is reference else points_text(gap), *probe])  # fmt: skip
+    if args.curve:
+        rows.sort(key=lambda row: (row[0], row[1]))
     figures = {"variants": found, "table": rows_figure(header, rows), "validation_sha256": file_sha256(args.val)}
+    budget = "each row one run resumed to its CPU-minutes" if args.curve else f"{args.minutes:g} CPU-minutes"
     body = (
-        f"{kind}, seed 0, {args.minutes:g} CPU-minutes, validation {figures['validation_sha256'][:16]} (sha256), "
+        f"{kind}, seed 0, {budget}, validation {figures['validation_sha256'][:16]} (sha256), "
         f"single chain (argmax), best steps per variant; interval: paired bootstrap over validation puzzles "
         f"(2,000 draws, 95 %)\n\n{table(header, rows)}"
     )
     report(f"Sudoku {args.sudoku_box}: {kind} variants, one at a time (single chain, validation)",
            body, question=args.question, figures=figures)  # fmt: skip
+
+
+def earlier_budgets(args: argparse.Namespace, header: list[str]) -> tuple[list[list], dict]:
+    """The rows and variants of the ``--curve`` record ``--question`` scored at budgets other than ``--minutes``
+    (none when there is no record yet); refused when it was scored on another validation file or grid."""
+    path = RESULTS_DIR / f"{args.question}.json"
+    if not path.is_file():
+        return [], {}
+    figures = read_record(path)["figures"]
+    if figures["validation_sha256"] != file_sha256(args.val):
+        raise SystemExit(f"{path} was scored on another validation file than {args.val}")
+    if figures["table"]["columns"] != header:
+        raise SystemExit(
+            f"{path} has other columns (steps choices, kind) than this run's: {figures['table']['columns']}"
+        )
+    rows = [row for row in figures["table"]["rows"] if row[1] != args.minutes]
+    variants = {key: value for key, value in figures["variants"].items() if value["minutes"] != args.minutes}
+    return rows, variants
 
 
 def frozen_lr(args: argparse.Namespace) -> dict:
@@ -481,6 +509,12 @@ def main() -> None:
         action="append",
         default=[],
         help="NAME[=FIELD=VALUE;...;sample.FIELD=VALUE]: score these variants of the one --models kind on --val",
+    )
+    parser.add_argument(
+        "--curve",
+        action="store_true",
+        help="with --variant: the record --question holds a learning curve, its rows at other --minutes kept (resume "
+        "the same runs with a larger --minutes to add a point)",
     )
     args = parser.parse_args()
     if args.checkpoint_every < 1:

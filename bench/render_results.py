@@ -13,10 +13,11 @@ its own history (that stays in git), and the same records always give the same b
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,53 @@ def _latest_table_summary(record: dict[str, Any]) -> str:
     return latest + kept + "\n\nWhat the numbers show:" + reading
 
 
+def _layer_tables_summary(record: dict[str, Any]) -> str:
+    """A ``bench_layer_tables.py`` record without its per-layer sweep table and Table 1 (the same layers' rows by
+    role): the correlations, the rank gap and Table 4; the two tables left in the record."""
+    kept, skip = [], False
+    for paragraph in record["body"].split("\n\n"):
+        if paragraph.startswith(("**Sweep**", "**Table 1**")):
+            skip = True
+            continue
+        if skip and paragraph.startswith("| layer"):
+            skip = False
+            continue
+        kept.append(paragraph)
+    return (
+        "\n\n".join(kept)
+        + "\n\nThe per-layer sweep table and Table 1 (l*, best, worst, shallowest, deepest) are in the record."
+    )
+
+
+def _bullets_in_one_line(record: dict[str, Any]) -> str:
+    """A body whose ``- name: value`` lines (JSON values; a ``{"mean", "std", "n_runs"}`` dict for a statistic over
+    repeated runs) are written as one line, ``name value; ...``."""
+
+    def value(text: str) -> str:
+        found = json.loads(text)
+        if isinstance(found, dict) and "mean" in found:
+            return f"{found['mean']:.3g} +- {found['std']:.2g} ({found['n_runs']} runs)"
+        return str(found)
+
+    lines, bullets = [], []
+    for line in record["body"].split("\n") + [""]:
+        name, sep, rest = line[2:].partition(": ")
+        if line.startswith("- ") and sep:
+            bullets.append(f"{name} {value(rest)}")
+            continue
+        if bullets:
+            lines.append("; ".join(bullets) + ".")
+            bullets = []
+        lines.append(line)
+    return "\n".join(lines[:-1])
+
+
+def _table_only(record: dict[str, Any]) -> str:
+    """A ``bench_hcdlm_protocol.py --variant`` record's table without the line above it (its seed, budget, file hash
+    and interval method, which the section's data line states)."""
+    return record["body"].split("\n\n", 1)[1]
+
+
 # Display order. A script that writes a new question key adds its entry here (the test fails on a record
 # whose key is missing).
 QUESTIONS: dict[str, Question] = {
@@ -205,6 +253,7 @@ QUESTIONS: dict[str, Question] = {
         "budget (Table 1), and is l*'s longer-trained hybrid within 5 % of the oracle layer's PPL (Table 4)?",
         "The shipped corpus (Gutenberg book tails + 2003-2006 State of the Union addresses, held out from the "
         "backbone's training); the sweep's protocol (`bench/bench_layer_tables.py`); 1 thread on a shared 2-core CPU.",
+        summary=_layer_tables_summary,
     ),
     "layer_tables_tiny_qwen3_16l": Question(
         "Layer tables on tiny-qwen3-16l (paper Tables 1, 2, 4)",
@@ -213,6 +262,7 @@ QUESTIONS: dict[str, Question] = {
         "grouped-query attention, untied head): does the score still rank 15 candidate layers, and does l* stay "
         "shallow at twice the depth?",
         "As for tiny-llama-8l: the shipped corpus, the sweep's protocol, 1 thread on a shared 2-core CPU.",
+        summary=_layer_tables_summary,
     ),
     "rehearsal": Question(
         "The pipeline at a real model's size: Llama-3.2-1B and Qwen3-0.6B shapes, random weights",
@@ -308,6 +358,33 @@ QUESTIONS: dict[str, Question] = {
         "training texts of the shared data, held-out blocks from their validation parts; 8 x 128 tokens per step, "
         "the same CPU budget per design on one thread, seed 0.",
     ),
+    **{
+        f"real_scaling_{key}": Question(
+            f"Target scaling of the bridge on a real model ({name}): one scalar std or per dimension",
+            PIPELINE,
+            f"At {name}'s selected layer a few massive-activation dimensions hold almost all of h_l*'s variance, "
+            "so under one scalar std the bridge's diffusion and reconstruction losses see little else. Does scaling "
+            "each dimension wider than the median one to unit variance (`--target-scaling clipped`) give a hybrid "
+            "closer to the backbone at the same CPU budget (target: PPL <= 1.5x the backbone's, KL <= 0.4 nats)?",
+            f"{data}; the four English training texts of the shared data, held-out blocks from their validation "
+            "parts; 8 x 128 tokens per step, the same CPU budget per design on one thread, seed 0; the bridge loss "
+            "is the fraction of h_l*'s variance unexplained under either scaling.",
+        )
+        for key, name, data in (
+            (
+                "smollm2",
+                "SmolLM2-135M",
+                "SmolLM2-135M-Instruct (Q4_1 GGUF) at hidden state 3, the default design "
+                "(layers 1-2 copied, layer 3 learned)",
+            ),
+            (
+                "gemma3_270m",
+                "Gemma-3-270M",
+                "Gemma-3-270M (Q4_K_M GGUF, Gemma Terms of Use) at hidden state 1, the "
+                "default design (the paper's bridge: nothing below layer 1 to copy)",
+            ),
+        )  # fmt: skip
+    },
     "bridge_speed": Question(
         "Bridge cost at generation: tokens/s and PPL together",
         PIPELINE,
@@ -396,6 +473,7 @@ QUESTIONS: dict[str, Question] = {
         "SmolLM2-135M-Instruct (Q4_1 GGUF, float32); `dihal sweep` with locate's repeated scores (30 x 500 tokens "
         "of 40,960) and, per layer, 100 steps of 8 x 128 tokens on the diffusion and reconstruction losses alone "
         "(`--w-lm 0 --w-kd 0`), the four English training texts, the corpus tail held out; one thread, seed 0.",
+        summary=_bullets_in_one_line,
     ),
     "real_samples_smollm2": Question(
         "The default hybrid of a real model on its backbone's own samples (SmolLM2-135M)",
@@ -584,6 +662,24 @@ QUESTIONS: dict[str, Question] = {
         )
         for minutes in (15, 30)
     },
+    **{
+        f"hcdlm_curve6_{kind}": Question(
+            f"{title} along one training run on 6x6 Sudoku",
+            HCDLM,
+            f"Along one training run of {title}, how many validation boards does its single chain solve at 15, 30 "
+            "and 60 CPU-minutes, at which sampling steps"
+            + (
+                ", and how much of that runs on its latent (x_t reset to the prior, latent re-encoded from its tokens)?"
+                if kind == "hcdlm"
+                else "?"
+            ),  # fmt: skip
+            "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards); seed 0, lr 3e-3 (chosen on this "
+            "file), one run resumed to each row's process-CPU-minutes on one thread; single chain (argmax"
+            + (", the givens in place" if kind == "mdm" else "")
+            + ") at 36, 50, 100 and 200 steps; nothing here was scored on a test file.",
+        )
+        for kind, title in (("hcdlm", "HC-DLM, the default (with its scaffold shortcuts)"), ("mdm", "MDM"))
+    },
     "hcdlm_latent_push6": Question(
         "HC-DLM: training changes that could make the latent carry the solution, on the frozen 6x6 validation split",
         HCDLM,
@@ -648,6 +744,20 @@ QUESTIONS: dict[str, Question] = {
         "Synthetic float32/float64 rows per kernel at the sizes of `bench_gpu.py`.",
     ),
 }
+
+# ``bench_hcdlm_protocol.py --variant`` records: shown as their tables, the line above each table (seed, budget,
+# validation hash, interval method) stated once in the data line instead.
+for _key in (
+    "hcdlm_faithfulness6", "hcdlm_faithful_design6", "hcdlm_faithful_design6_renoise", "hcdlm_faithful_cells_p1_20min",
+    "hcdlm_faithful_curve6_15min", "hcdlm_faithful_curve6_30min", "hcdlm_curve6_hcdlm", "hcdlm_curve6_mdm",
+    "hcdlm_latent_push6", "hcdlm_shape9_mdm", "hcdlm_shape9_ccdd", "hcdlm_shape9_ar",
+):  # fmt: skip
+    QUESTIONS[_key] = replace(
+        QUESTIONS[_key],
+        data=QUESTIONS[_key].data + " Intervals: paired bootstrap over the validation puzzles (2,000 draws, 95 %); "
+        "the record holds the validation file's sha256.",
+        summary=_table_only,
+    )
 
 GROUPS = (GEOMETRY, PIPELINE, HCDLM, PACKAGING)
 

@@ -335,6 +335,37 @@ def test_protocol_variant_parsing():
         protocol.parse_variant("bad=slot_aux_weight")
 
 
+def test_protocol_curve_keeps_the_rows_of_other_budgets_and_refuses_another_file_or_grid(tmp_path, monkeypatch):
+    import argparse
+
+    import bench_hcdlm_protocol as protocol
+
+    from dihal_fast.hcdlm.api import file_sha256
+
+    val, other = tmp_path / "validation.csv", tmp_path / "other.csv"
+    val.write_text("puzzle,solution\nx,y\n")
+    other.write_text("puzzle,solution\n")
+    header = ["variant", "CPU min", "36 steps %"]
+    rows = [["ours", 15, 10.0], ["ours", 30, 20.0]]
+    variants = {"ours@15min": {"minutes": 15}, "ours@30min": {"minutes": 30}}
+    figures = {"table": {"columns": header, "rows": rows}, "variants": variants, "validation_sha256": file_sha256(val)}
+    (tmp_path / "curve.json").write_text(json.dumps({"figures": figures}))
+    monkeypatch.setattr(protocol, "read_record", lambda path: json.loads(Path(path).read_text()))
+    monkeypatch.setattr(protocol, "RESULTS_DIR", tmp_path)
+
+    def earlier(minutes: float, path: Path = val, columns: list[str] = header, question: str = "curve"):
+        args = argparse.Namespace(question=question, val=str(path), minutes=minutes)
+        return protocol.earlier_budgets(args, columns)
+
+    assert earlier(30) == ([["ours", 15, 10.0]], {"ours@15min": {"minutes": 15}})
+    assert earlier(60) == (rows, variants)
+    assert earlier(60, question="none") == ([], {})
+    with pytest.raises(SystemExit, match="another validation file"):
+        earlier(60, other)
+    with pytest.raises(SystemExit, match="other columns"):
+        earlier(60, columns=[*header, "50 steps %"])
+
+
 def test_protocol_keeps_the_choice_apart_from_the_test_file(tmp_path, monkeypatch):
     """A kind's choice on validation is made once and reused for a second test file; a test file already scored with
     the same inputs is read back without any sampling."""

@@ -28,9 +28,11 @@ from ``c(x)``. ``dihal replace`` copies ``layer - 1`` layers by default: on a re
 (README, "Real checkpoints").
 
 Output ``i`` depends on ``c(x_1..x_i)`` and ``z_{t,i}`` only. Targets are normalised per layer,
-``z = (h - mean) / std`` with the teacher's per-dimension mean and one scalar std (the root mean
-per-dimension variance): an isotropic rescaling that keeps the layer's geometry, makes ``E|z|^2 / D = 1``,
-and makes the squared error in ``z`` the fraction of variance unexplained, comparable across layers.
+``z = (h - mean) / std`` with the teacher's per-dimension mean and either one scalar std (the root mean
+per-dimension variance: an isotropic rescaling that keeps the layer's geometry and makes ``E|z|^2 / D = 1``) or,
+with ``target_dim_std``, one std per dimension (``dihal replace --target-scaling``: a few massive-activation
+dimensions of a real model hold almost all of ``h_l``'s variance, and under one scalar the losses see little else).
+Validation reports the squared error over the scalar std either way: the fraction of variance unexplained.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class BridgeConfig(SerialConfig):
     nfe: int = 1  # one step: at l* = 1 every extra evaluation costs more than the layer it replaces
     target_mean: list[float] = field(default_factory=list)  # per-dimension mean of h_l (teacher)
     target_std: float = 1.0  # sqrt(mean per-dimension variance of h_l)
+    target_dim_std: list[float] = field(default_factory=list)  # per-dimension divisors of z (empty: target_std)
     condition_rms: float = 1.0  # root mean square of c(x): brings the condition to unit scale
 
     def __post_init__(self) -> None:
@@ -93,6 +96,8 @@ class BridgeConfig(SerialConfig):
             "target_std": self.target_std > 0,
             "condition_rms": self.condition_rms > 0,
             "target_mean": len(self.target_mean) == self.hidden_size,
+            "target_dim_std": len(self.target_dim_std) in (0, self.hidden_size)
+            and all(v > 0 for v in self.target_dim_std),
         }
         for name, ok in checks.items():
             if not ok:
@@ -185,19 +190,31 @@ class Bridge(nn.Module):
         # Plain float32 tensors, not buffers: a bf16 cast of the module must not round the statistics.
         self.target_mean = torch.tensor(config.target_mean, dtype=torch.float32)
         self.target_std = float(config.target_std)
+        self.target_scale = self._config_scale()
 
     @property
     def dtype(self) -> torch.dtype:
         return self.noisy_in.weight.dtype
 
-    def set_target_statistics(self, mean: Tensor, std: float) -> None:
-        """Store the teacher's per-dimension mean and scalar std of ``h_l`` (in the config, saved with it)."""
-        if mean.shape != (self.config.hidden_size,) or not std > 0:
+    def set_target_statistics(self, mean: Tensor, std: float, dim_std: Tensor | None = None) -> None:
+        """Store the teacher's per-dimension mean and scalar std of ``h_l``, and the per-dimension divisors of
+        ``z`` when given (default: the scalar std for every dimension); in the config, saved with it."""
+        size = self.config.hidden_size
+        if mean.shape != (size,) or not std > 0 or (dim_std is not None and dim_std.shape != (size,)):
             raise DihalValueError(
-                f"need a mean of shape ({self.config.hidden_size},) and std > 0, got {tuple(mean.shape)} and {std}"
+                f"need a mean of shape ({size},) and std > 0, got {tuple(mean.shape)} and {std}"
+                + ("" if dim_std is None else f" (per-dimension std {tuple(dim_std.shape)})")
             )
         self.target_mean, self.target_std = mean.detach().float().cpu(), float(std)
         self.config.target_mean, self.config.target_std = [float(v) for v in self.target_mean.tolist()], float(std)
+        self.config.target_dim_std = [] if dim_std is None else [float(v) for v in dim_std.tolist()]
+        self.target_scale = self._config_scale()
+
+    def _config_scale(self) -> Tensor | None:
+        """The per-dimension divisors of ``z`` ``(D,)`` in float32 from the config (None: the scalar std), on the
+        CPU even under a meta-device creation (they are config, not weights)."""
+        dim_std = self.config.target_dim_std
+        return torch.tensor(dim_std, dtype=torch.float32, device="cpu") if dim_std else None
 
     def _mean_on(self, device: torch.device) -> Tensor:
         """The target mean on ``device``; rebuilt from the config when the module was created on the meta
@@ -206,13 +223,17 @@ class Bridge(nn.Module):
             self.target_mean = torch.tensor(self.config.target_mean, dtype=torch.float32, device="cpu")
         return self.target_mean.to(device)
 
+    def _scale_on(self, device: torch.device) -> Tensor | float:
+        """The per-dimension divisors of ``z`` on ``device``, or the scalar std."""
+        return self.target_std if self.target_scale is None else self.target_scale.to(device)
+
     def normalize(self, hidden: Tensor) -> Tensor:
-        """``z = (h - mean) / std`` in float32."""
-        return (hidden.float() - self._mean_on(hidden.device)) / self.target_std
+        """``z = (h - mean) / std`` in float32 (``std`` per dimension or one scalar)."""
+        return (hidden.float() - self._mean_on(hidden.device)) / self._scale_on(hidden.device)
 
     def denormalize(self, z: Tensor) -> Tensor:
         """``h = z std + mean`` in float32."""
-        return z.float() * self.target_std + self._mean_on(z.device)
+        return z.float() * self._scale_on(z.device) + self._mean_on(z.device)
 
     def encode(
         self, condition: Tensor, positions: Tensor, key_mask: Tensor | None = None, cache: BridgeCache | None = None

@@ -44,6 +44,7 @@ LR_WIDTH = 128
 
 COPIED_INITS = ("backbone", "random")
 KD_DIVERGENCES = ("forward", "reverse")
+TARGET_SCALINGS = ("scalar", "clipped")
 
 
 @dataclass
@@ -64,6 +65,7 @@ class BridgeTrainConfig(CheckedConfig):
         "kd_divergence": "forward",
         "on_policy_every": 0,
         "on_policy_prefix": 32,
+        "target_scaling": "scalar",
     }
 
     # data
@@ -134,6 +136,13 @@ class BridgeTrainConfig(CheckedConfig):
         "fresh model of the family and trained with the bridge: the from-scratch control of what the copies' "
         "weights contribute; needs --train-copied-layers)",
         choices=COPIED_INITS,
+    )
+    target_scaling: str = option(
+        "scalar",
+        "how the bridge's targets z = (h - mean) / std are scaled: scalar (one std, the root mean per-dimension "
+        "variance: the layer's geometry kept) or clipped (per dimension, max(std_d, the median dimension's std): "
+        "a massive-activation dimension holds no more of the losses than any other)",
+        choices=TARGET_SCALINGS,
     )
     train_upper: bool = option(False, "also train the retained decoder layers and final norm (default: frozen)")
     dtype: str = dtype_option(

@@ -39,7 +39,7 @@ from dihal_fast.replace.data import Blocks, batch_indices, load_blocks, step_gen
 from dihal_fast.replace.objective import BridgeObjective
 from dihal_fast.replace.on_policy import own_continuations
 from dihal_fast.replace.placement import check_replace_placement, check_teacher_placed, training_device
-from dihal_fast.replace.statistics import Teacher, target_statistics
+from dihal_fast.replace.statistics import Teacher, target_scales, target_statistics
 from dihal_fast.replace.validation import validation_bridge_loss
 from dihal_fast.train.runlog import RunLog
 from dihal_fast.train.trainer import (
@@ -390,10 +390,12 @@ def _bridge_config(
     if checkpoint is not None:
         return BridgeConfig.from_dict(read_json(checkpoint / BRIDGE_CONFIG_NAME, "checkpoint bridge config"))
     bridge_config = config.bridge_options(backbone.config.hidden_size, layer)
-    mean, std, condition_rms = target_statistics(
+    mean, variance, condition_rms = target_statistics(
         backbone, blocks.train[: config.stats_blocks], layer, config.batch_size, teacher
     )
+    std, dim_std = target_scales(variance, config.target_scaling)
     bridge_config.target_mean, bridge_config.target_std = [float(v) for v in mean], std
+    bridge_config.target_dim_std = [] if dim_std is None else [float(v) for v in dim_std]
     bridge_config.condition_rms = condition_rms
     kill_point("statistics")  # test hook: a kill after the target statistics
     return bridge_config

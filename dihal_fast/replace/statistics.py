@@ -11,6 +11,7 @@ from dihal_fast.common.progress import progress_bar
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hybrid import hidden_state
 from dihal_fast.hybrid.slicing import embedding_output, position_table
+from dihal_fast.replace.config import TARGET_SCALINGS
 
 # ``(input_ids, layer) -> (h_layer, logits)`` as :func:`~dihal_fast.hybrid.backbone_targets` gives them (one forward
 # pass of the backbone); the sweep passes one that shares each batch's pass among its layers.
@@ -20,10 +21,10 @@ Teacher = Callable[[Tensor, int], tuple[Tensor, Tensor]]
 @torch.no_grad()
 def target_statistics(
     backbone: nn.Module, blocks: Tensor, layer: int, batch_size: int, teacher: Teacher | None = None
-) -> tuple[Tensor, float, float]:
-    """Per-dimension mean (float64 ``(D,)``) and ``sqrt(mean per-dimension variance)`` of ``h_layer`` on
-    ``blocks``, and the root mean square of the condition ``c(x)`` on the same tokens (``teacher``: where the
-    targets come from, default the backbone's layers up to ``layer`` alone)."""
+) -> tuple[Tensor, Tensor, float]:
+    """Per-dimension mean and variance (float64 ``(D,)`` each) of ``h_layer`` on ``blocks``, and the root mean
+    square of the condition ``c(x)`` on the same tokens (``teacher``: where the targets come from, default the
+    backbone's layers up to ``layer`` alone)."""
     if blocks.shape[0] == 0:
         raise DihalValueError("no blocks to compute target statistics on")
     device = backbone.get_input_embeddings().weight.device
@@ -42,10 +43,24 @@ def target_statistics(
         count += flat.shape[0]
     mean = total / count
     variance = (second / count - mean.pow(2)).clamp(min=0.0)
-    std = float(variance.mean().sqrt())
     condition_rms = (condition_square / (count * hidden.shape[-1])) ** 0.5
-    if not std > 0 or not condition_rms > 0:
+    if not float(variance.mean()) > 0 or not float(variance.median()) > 0 or not condition_rms > 0:
         raise DihalValueError(
             f"hidden state {layer} or the embedding output is constant on the statistics blocks; cannot normalise"
         )
-    return mean, std, condition_rms
+    return mean, variance, condition_rms
+
+
+def target_scales(variance: Tensor, scaling: str) -> tuple[float, Tensor | None]:
+    """The scalar std ``sqrt(mean variance)`` and the per-dimension divisors of ``z`` that ``scaling`` gives:
+    ``scalar`` none (every dimension divided by the scalar); ``clipped`` ``max(std_d, median std)`` (the median
+    dimension's: the lower middle one of an even count), so each
+    dimension wider than the median one is brought to unit variance (a massive-activation dimension holds no more
+    of the loss than any other) and the narrower ones keep their relative scales."""
+    std = float(variance.mean().sqrt())
+    if scaling == "scalar":
+        return std, None
+    if scaling != "clipped":
+        raise DihalValueError(f"unknown target scaling {scaling!r}; expected one of {list(TARGET_SCALINGS)}")
+    dim_std = variance.sqrt()
+    return std, dim_std.clamp(min=float(dim_std.median()))

@@ -46,7 +46,7 @@ def validation_bridge_loss(
         ids = blocks[start : start + batch_size].to(device)
         hidden, teacher_logits = teacher(ids, layer) if teacher is not None else backbone_targets(backbone, ids, layer)
         out = hybrid(ids, nfe=nfe, sampler=sampler, seed=seed + start)
-        error = bridge.normalize(out.bridge_hidden_state) - bridge.normalize(hidden)
+        error = (out.bridge_hidden_state.float() - hidden.float()) / bridge.target_std  # over the scalar std
         squared += error.double().pow(2).sum().cpu()
         count += error.numel()
         sums["hybrid"].append(token_nll(out.logits, ids))
