@@ -667,7 +667,7 @@ QUESTIONS: dict[str, Question] = {
             f"{title} along one training run on 6x6 Sudoku",
             HCDLM,
             f"Along one training run of {title}, how many validation boards does its single chain solve at 15, 30 "
-            "and 60 CPU-minutes, at which sampling steps"
+            "and 60 CPU-minutes (as far as the rows reach), at which sampling steps"
             + (
                 ", and how much of that runs on its latent (x_t reset to the prior, latent re-encoded from its tokens)?"
                 if kind == "hcdlm"

@@ -104,6 +104,13 @@ def test_bad_per_dimension_std_is_refused(bad):
         _bridge(torch.ones(5))
 
 
+def test_auto_scaling_clips_exactly_when_layers_are_copied():
+    auto = BridgeTrainConfig(target_scaling="auto")
+    assert [auto.scaling_for(k) for k in (0, 1, 2)] == ["scalar", "clipped", "clipped"]
+    assert BridgeTrainConfig(target_scaling="scalar").scaling_for(2) == "scalar"
+    assert BridgeTrainConfig(target_scaling="clipped").scaling_for(0) == "clipped"
+
+
 def test_bad_target_scaling_is_refused_in_one_line():
     with pytest.raises(DihalValueError, match="target_scaling"):
         BridgeTrainConfig(target_scaling="whiten")
@@ -138,3 +145,16 @@ def test_a_run_with_clipped_scaling_records_its_statistics_and_reports_the_varia
         rebuilt = hybrid(blocks, seed=0).bridge_hidden_state.double()
     expected = float(((rebuilt - target) / clipped.target_std).pow(2).mean())
     assert report["bridge_loss"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_auto_scaling_of_a_run_follows_its_copied_layers(tiny_checkpoints, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT)
+    options = dict(seq_len=16, batch_size=2, val_blocks=2, stats_blocks=4, steps=1, log_every=1, warmup_steps=1)
+    bridges = {}
+    for copied in (0, -1):
+        config = BridgeTrainConfig(**options, bridge=SMALL, target_scaling="auto", copied_layers=copied)
+        result = train_bridge(tiny_checkpoints["llama"], 2, corpus, tmp_path / f"copied{copied}", config)
+        bridges[copied] = HybridLM.from_pretrained(result["hybrid_dir"]).bridge.config
+    assert bridges[0].target_dim_std == [] and bridges[-1].copied_layers == 1
+    assert len(bridges[-1].target_dim_std) == bridges[-1].hidden_size

@@ -44,7 +44,7 @@ LR_WIDTH = 128
 
 COPIED_INITS = ("backbone", "random")
 KD_DIVERGENCES = ("forward", "reverse")
-TARGET_SCALINGS = ("scalar", "clipped")
+TARGET_SCALINGS = ("auto", "scalar", "clipped")
 
 
 @dataclass
@@ -138,10 +138,11 @@ class BridgeTrainConfig(CheckedConfig):
         choices=COPIED_INITS,
     )
     target_scaling: str = option(
-        "scalar",
+        "auto",
         "how the bridge's targets z = (h - mean) / std are scaled: scalar (one std, the root mean per-dimension "
-        "variance: the layer's geometry kept) or clipped (per dimension, max(std_d, the median dimension's std): "
-        "a massive-activation dimension holds no more of the losses than any other)",
+        "variance: the layer's geometry kept), clipped (per dimension, max(std_d, the median dimension's std): "
+        "a massive-activation dimension holds no more of the losses than any other) or auto (clipped when layers "
+        "are copied, whose h_k carries the massive dimensions into the prediction; else scalar)",
         choices=TARGET_SCALINGS,
     )
     train_upper: bool = option(False, "also train the retained decoder layers and final norm (default: frozen)")
@@ -183,6 +184,12 @@ class BridgeTrainConfig(CheckedConfig):
             raise DihalValueError(
                 "--copied-init random needs --train-copied-layers: frozen random layers would compute nothing useful"
             )
+
+    def scaling_for(self, copied_layers: int) -> str:
+        """The target scaling a bridge with ``copied_layers`` copied layers trains with (``auto`` resolved)."""
+        if self.target_scaling != "auto":
+            return self.target_scaling
+        return "clipped" if copied_layers > 0 else "scalar"
 
     def loop_settings(self, device: str | None = None, width: int = LR_WIDTH) -> LoopSettings:
         """The shared loop's view of a bridge run of width ``width`` (its peak rate, then a cosine to a tenth)."""

@@ -393,7 +393,7 @@ def _bridge_config(
     mean, variance, condition_rms = target_statistics(
         backbone, blocks.train[: config.stats_blocks], layer, config.batch_size, teacher
     )
-    std, dim_std = target_scales(variance, config.target_scaling)
+    std, dim_std = target_scales(variance, config.scaling_for(bridge_config.copied_layers))
     bridge_config.target_mean, bridge_config.target_std = [float(v) for v in mean], std
     bridge_config.target_dim_std = [] if dim_std is None else [float(v) for v in dim_std]
     bridge_config.condition_rms = condition_rms

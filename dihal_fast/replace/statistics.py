@@ -11,7 +11,6 @@ from dihal_fast.common.progress import progress_bar
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hybrid import hidden_state
 from dihal_fast.hybrid.slicing import embedding_output, position_table
-from dihal_fast.replace.config import TARGET_SCALINGS
 
 # ``(input_ids, layer) -> (h_layer, logits)`` as :func:`~dihal_fast.hybrid.backbone_targets` gives them (one forward
 # pass of the backbone); the sweep passes one that shares each batch's pass among its layers.
@@ -61,6 +60,6 @@ def target_scales(variance: Tensor, scaling: str) -> tuple[float, Tensor | None]
     if scaling == "scalar":
         return std, None
     if scaling != "clipped":
-        raise DihalValueError(f"unknown target scaling {scaling!r}; expected one of {list(TARGET_SCALINGS)}")
+        raise DihalValueError(f"unknown target scaling {scaling!r}; expected 'scalar' or 'clipped'")
     dim_std = variance.sqrt()
     return std, dim_std.clamp(min=float(dim_std.median()))
