@@ -1,5 +1,6 @@
-"""Which bridge makes a usable hybrid of a real pretrained model at a CPU budget? SmolLM2-135M-Instruct at its
-selected layer, one ``dihal replace`` run per design, each with the same CPU-second budget, data and validation.
+"""Which bridge makes a usable hybrid of a real pretrained model at a CPU budget? ``--model`` (SmolLM2-135M-Instruct
+by default) at its selected layer, one ``dihal replace`` run per design, each with the same CPU-second budget, data
+and validation.
 
 Designs: ``--copied-layers k`` for each given ``k`` (``0``: the paper's bridge, everything learned from ``c(x)``;
 ``l*``: the backbone's layers ``1..l*`` copied into the context encoder, the denoiser learning a correction; in
