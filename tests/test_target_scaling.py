@@ -64,6 +64,10 @@ def test_clipped_scaling_gives_every_dimension_above_the_median_unit_variance():
     torch.testing.assert_close(z_variance, torch.tensor([1.0, 0.25, 1.0, 1.0, 0.0625], dtype=torch.float64))
     with pytest.raises(DihalValueError, match="unknown target scaling 'whiten'"):
         target_scales(variance, "whiten")
+    mostly_constant = torch.tensor([0.0, 0.0, 0.0, 4.0, 9.0], dtype=torch.float64)
+    assert target_scales(mostly_constant, "scalar") == (pytest.approx(13.0**0.5 / 5**0.5), None)
+    with pytest.raises(DihalValueError, match="median dimension of the hidden state is constant"):
+        target_scales(mostly_constant, "clipped")
 
 
 def _bridge(dim_std: torch.Tensor | None) -> Bridge:

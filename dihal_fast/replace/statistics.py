@@ -43,7 +43,7 @@ def target_statistics(
     mean = total / count
     variance = (second / count - mean.pow(2)).clamp(min=0.0)
     condition_rms = (condition_square / (count * hidden.shape[-1])) ** 0.5
-    if not float(variance.mean()) > 0 or not float(variance.median()) > 0 or not condition_rms > 0:
+    if not float(variance.mean()) > 0 or not condition_rms > 0:
         raise DihalValueError(
             f"hidden state {layer} or the embedding output is constant on the statistics blocks; cannot normalise"
         )
@@ -53,13 +53,16 @@ def target_statistics(
 def target_scales(variance: Tensor, scaling: str) -> tuple[float, Tensor | None]:
     """The scalar std ``sqrt(mean variance)`` and the per-dimension divisors of ``z`` that ``scaling`` gives:
     ``scalar`` none (every dimension divided by the scalar); ``clipped`` ``max(std_d, median std)`` (the median
-    dimension's: the lower middle one of an even count), so each
-    dimension wider than the median one is brought to unit variance (a massive-activation dimension holds no more
-    of the loss than any other) and the narrower ones keep their relative scales."""
+    dimension's: the lower middle one of an even count), so each dimension wider than the median one is brought to
+    unit variance (a massive-activation dimension holds no more of the loss than any other) and the narrower ones
+    keep their relative scales; refused when the median dimension is constant (nothing to clip at)."""
     std = float(variance.mean().sqrt())
     if scaling == "scalar":
         return std, None
     if scaling != "clipped":
         raise DihalValueError(f"unknown target scaling {scaling!r}; expected 'scalar' or 'clipped'")
     dim_std = variance.sqrt()
-    return std, dim_std.clamp(min=float(dim_std.median()))
+    median = float(dim_std.median())
+    if not median > 0:
+        raise DihalValueError("clipped target scaling: the median dimension of the hidden state is constant")
+    return std, dim_std.clamp(min=median)
