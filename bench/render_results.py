@@ -167,6 +167,16 @@ def _bullets_in_one_line(record: dict[str, Any]) -> str:
     return "\n".join(lines[:-1])
 
 
+def _curve_every_100_steps(record: dict[str, Any]) -> str:
+    """A ``bench_real_curve.py`` record's table thinned to every 100 steps and the last (every validation point
+    stays in the record's figures), then the rest of its body."""
+    lines = record["body"].split("\n")
+    rows = [i for i, line in enumerate(lines) if line.startswith("| ") and line[2:].split(" |")[0].isdigit()]
+    kept = [i for i in rows if int(lines[i][2:].split(" |")[0]) % 100 == 0 or i == rows[-1]]
+    body = "\n".join(line for i, line in enumerate(lines) if i not in rows or i in kept)
+    return body.replace("Every 50 steps and the last;", "Every 100 steps and the last;")
+
+
 def _table_only(record: dict[str, Any]) -> str:
     """A ``bench_hcdlm_protocol.py --variant`` record's table without the line above it (its seed, budget, file hash
     and interval method, which the section's data line states)."""
@@ -448,9 +458,19 @@ QUESTIONS: dict[str, Question] = {
         PIPELINE,
         "What does a training budget buy: the default hybrid's held-out PPL ratio and KL against training tokens "
         "and CPU seconds (target: KL <= 0.4 nats)?",
-        "SmolLM2-135M-Instruct at hidden state 3, the default bridge (layers 1-2 copied, layer 3 learned); the four "
-        "English training texts, 32 held-out blocks of their validation parts, validated every 25 steps (EMA "
-        "weights); 8 x 128 tokens per step, one thread, a 2,000-step cosine, resumed across sessions.",
+        "SmolLM2-135M-Instruct at hidden state 3, the default bridge (layers 1-2 copied, layer 3 learned, targets "
+        "scaled per dimension: `--target-scaling auto`); the four English training texts, 32 held-out blocks of their "
+        "validation parts, validated every 25 steps (EMA weights); 8 x 128 tokens per step, one thread, a 2,000-step "
+        "cosine.",
+        summary=_curve_every_100_steps,
+    ),
+    "real_curve_copied_2_scalar": Question(
+        "Learning curve of the default bridge with one scalar target std (SmolLM2-135M)",
+        PIPELINE,
+        "The same curve with the bridge's targets scaled by one scalar std (`--target-scaling scalar`): what does "
+        "scaling per dimension buy at each budget?",
+        "As the curve above, `--target-scaling scalar`; one run resumed across sessions.",
+        summary=_curve_every_100_steps,
     ),
     "real_curve_gemma3_270m": Question(
         "The defaults on a second real model (Gemma-3-270M): the first points of its learning curve",
