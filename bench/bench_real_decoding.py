@@ -11,7 +11,8 @@ Each hybrid is scored by ``dihal evaluate`` on the held-out English blocks at ev
 hybrid and backbone): KL and PPL teacher-forced, Gen PPL under the backbone with its bootstrap interval, unigram
 entropy and diversity. Per setting, log(Gen PPL ratio) is fitted as a line through the origin in KL over the
 teacher-forced designs, which gives the KL such a hybrid needs for a stated Gen PPL ratio; the
-``real_curve_copied_2`` record's law (KL against training tokens past 75k tokens) turns that KL into tokens.
+``real_curve_copied_2`` record's law (KL against training tokens past 75k tokens; ``real_curve_copied_2_SCALING``
+with ``--target-scaling SCALING``) turns that KL into tokens.
 Finished runs and evaluations are reused, so two processes can train disjoint ``--designs`` into one ``--work``
 and a last invocation with all of them writes the record.
 
@@ -39,6 +40,8 @@ from _common import (
     table,
     target,
 )
+
+from dihal_fast.replace.config import TARGET_SCALINGS
 
 ON_POLICY = ("--on-policy-every", "2", "--on-policy-prefix", "32")
 # name: (row label with {long}/{short} minutes, replace options, long or short budget, in the KL fit)
@@ -77,10 +80,10 @@ def evaluate(run: Path, setting: tuple[float, float], args: argparse.Namespace) 
     return json.loads((out / "evaluate.json").read_text())
 
 
-def tokens_for_kl(kl: float) -> float | None:
-    """Training tokens the default design needs for ``kl`` by the learning-curve record's power law (its points past
-    75k tokens), or None without the record."""
-    path = RESULTS_DIR / "real_curve_copied_2.json"
+def tokens_for_kl(kl: float, curve: str) -> float | None:
+    """Training tokens the default design needs for ``kl`` by the power law of the learning-curve record ``curve``
+    (its points past 75k tokens), or None without the record."""
+    path = RESULTS_DIR / f"{curve}.json"
     if not path.is_file():
         return None
     curve = read_record(path)["figures"]["curve"]
@@ -102,18 +105,25 @@ def main() -> None:
     parser.add_argument(
         "--designs", default="default,copied,on_policy_reverse", help=f"comma-separated, of {', '.join(DESIGNS)}"
     )
+    parser.add_argument(
+        "--target-scaling", choices=TARGET_SCALINGS, default=None, help="dihal replace's option (default: its default)"
+    )
     parser.add_argument("--question", default="real_decoding_smollm2")
     args = parser.parse_args()
     settings = [decoding_setting(text) for text in args.decoding.split(",")]
     model = real_model(args)
+    scaling = ("--target-scaling", args.target_scaling) if args.target_scaling else ()
+    scaling_suffix = f"_{args.target_scaling}" if args.target_scaling else ""  # a run of its own, never reused
     runs, validation_kl, fitted = {}, {}, set()
     for key in args.designs.split(","):
         label, options, budget, in_fit = DESIGNS[key]
         minutes = args.minutes if budget == "long" else args.short_minutes
         name = label.format(long=f"{args.minutes:g}", short=f"{args.short_minutes:g}")
-        out = args.work / name.replace(", ", "_").replace(" ", "_")
+        out = args.work / (name.replace(", ", "_").replace(" ", "_") + scaling_suffix)
         if not (out / "result.json").is_file():
-            real_model_replace(model, args, out, *options, "--max-minutes", f"{minutes:g}", "--checkpoint-every", "25")
+            real_model_replace(
+                model, args, out, *options, *scaling, "--max-minutes", f"{minutes:g}", "--checkpoint-every", "25"
+            )
         runs[name] = {setting: evaluate(out, setting, args) for setting in settings}
         validation_kl[name] = json.loads((out / "result.json").read_text())["validation"]["kl"]
         if in_fit:
@@ -147,7 +157,9 @@ def main() -> None:
         fits[f"{setting[0]:g}/{setting[1]:g}"] = {
             "log_ratio_per_nat": round(per_nat, 3),
             "kl_for_goal": None if needed is None else round(needed, 4),
-            "tokens_for_goal": None if needed is None else tokens_for_kl(needed),
+            "tokens_for_goal": None
+            if needed is None
+            else tokens_for_kl(needed, f"real_curve_copied_2{scaling_suffix}"),
         }
     fit_rows = [
         [
@@ -179,10 +191,16 @@ def main() -> None:
         + "\n".join(excerpts)
     )
     report(
-        f"The SmolLM2-135M hybrid's samples against its backbone's at {len(settings)} decoding settings",
+        f"The SmolLM2-135M hybrid's samples against its backbone's at {len(settings)} decoding settings"
+        + (f", --target-scaling {args.target_scaling}" if args.target_scaling else ""),
         body,
         question=args.question,
-        figures={"runs": rows_figure(columns, rows), "fits": fits, "samples": args.samples},
+        figures={
+            "runs": rows_figure(columns, rows),
+            "fits": fits,
+            "samples": args.samples,
+            "target_scaling": args.target_scaling or "auto",
+        },
         targets=[
             target(
                 f"{default}: Gen PPL within {RATIO_GOAL}x the backbone's at T {row[1]}",

@@ -117,6 +117,11 @@ def _tables_and_last_samples(record: dict[str, Any]) -> str:
     return "\n**T".join([head, *settings[-1:]]) + "\n\nThe other settings' samples are in the record."
 
 
+def _first_table(record: dict[str, Any]) -> str:
+    """A body's first table, the rest (fits, samples) left in the record."""
+    return record["body"].split("\n\n")[0] + "\n\nThe fits and the samples are in the record."
+
+
 def _latest_table_summary(record: dict[str, Any]) -> str:
     """A record whose body holds its latest table, then earlier runs' tables, then what the numbers show: the first
     and the last, the earlier tables left in the record."""
@@ -167,14 +172,31 @@ def _bullets_in_one_line(record: dict[str, Any]) -> str:
     return "\n".join(lines[:-1])
 
 
+def _curve_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ``bench_real_curve.py`` record's validation points every 100 steps and the last, as dicts."""
+    curve = record["figures"]["curve"]
+    rows = [dict(zip(curve["columns"], row, strict=True)) for row in curve["rows"]]
+    return [row for row in rows if row["step"] % 100 == 0 or row is rows[-1]]
+
+
 def _curve_every_100_steps(record: dict[str, Any]) -> str:
     """A ``bench_real_curve.py`` record's table thinned to every 100 steps and the last (every validation point
     stays in the record's figures), then the rest of its body."""
     lines = record["body"].split("\n")
-    rows = [i for i, line in enumerate(lines) if line.startswith("| ") and line[2:].split(" |")[0].isdigit()]
-    kept = [i for i in rows if int(lines[i][2:].split(" |")[0]) % 100 == 0 or i == rows[-1]]
-    body = "\n".join(line for i, line in enumerate(lines) if i not in rows or i in kept)
-    return body.replace("Every 50 steps and the last;", "Every 100 steps and the last;")
+    steps = {row["step"] for row in _curve_rows(record)}
+    kept = [
+        line for line in lines if not (line[2:].split(" |")[0].isdigit() and int(line[2:].split(" |")[0]) not in steps)
+    ]
+    return "\n".join(kept).replace("Every 50 steps and the last;", "Every 100 steps and the last;")
+
+
+def _curve_in_one_line(record: dict[str, Any]) -> str:
+    """A ``bench_real_curve.py`` record as one line: KL and PPL ratio every 100 steps and at the last."""
+    points = [
+        f"{row['kl']:.3f} / {row['ppl_ratio']:.3f} at {row['tokens'] / 1000:.0f}k tokens ({row['cpu_s'] / 60:.0f} min)"
+        for row in _curve_rows(record)
+    ]
+    return "KL (nats) / PPL ratio: " + "; ".join(points) + ". Every validation point and the plot are in the record."
 
 
 def _table_only(record: dict[str, Any]) -> str:
@@ -470,7 +492,7 @@ QUESTIONS: dict[str, Question] = {
         "The same curve with the bridge's targets scaled by one scalar std (`--target-scaling scalar`): what does "
         "scaling per dimension buy at each budget?",
         "As the curve above, `--target-scaling scalar`; one run resumed across sessions.",
-        summary=_curve_every_100_steps,
+        summary=_curve_in_one_line,
     ),
     "real_curve_gemma3_270m": Question(
         "The defaults on a second real model (Gemma-3-270M): the first points of its learning curve",
@@ -505,15 +527,25 @@ QUESTIONS: dict[str, Question] = {
         "an equal share of the training tokens; `dihal evaluate` on the held-out samples (64 Gen PPL samples).",
     ),
     "real_decoding_smollm2": Question(
-        "The SmolLM2-135M hybrid's samples at the decoding settings users sample with, and on-policy distillation",
+        "The SmolLM2-135M hybrid's samples at the decoding settings users sample with",
         PIPELINE,
         "Do the real-model hybrid's free-running samples read like its backbone's at the decoding settings users "
-        "sample with (Gen PPL within 1.2x, the same diversity), how does the Gen PPL gap follow the teacher-forced "
-        "KL, and does distilling on the hybrid's own continuations (on-policy, forward or reverse KL) close it?",
-        "SmolLM2-135M-Instruct at hidden state 3, `dihal replace` on the four English training texts, one thread, "
-        "CPU-second budgets; `dihal evaluate` on the held-out English blocks, 64 unconditional samples of 128 tokens "
-        "per model and setting (seed 0, the backbone as Gen PPL evaluator, 95 % bootstrap intervals).",
+        "sample with (Gen PPL within 1.2x, the same diversity), and how does the Gen PPL gap follow the "
+        "teacher-forced KL?",
+        "SmolLM2-135M-Instruct at hidden state 3, `dihal replace` with its defaults on the four English training "
+        "texts, one thread, CPU-second budgets; `dihal evaluate` on the held-out English blocks, 64 unconditional "
+        "samples of 128 tokens per model and setting (seed 0, the backbone as Gen PPL evaluator, 95 % bootstrap "
+        "intervals).",
         summary=_tables_and_last_samples,
+    ),
+    "real_decoding_smollm2_scalar": Question(
+        "The SmolLM2-135M hybrid's samples with one scalar target std, and on-policy distillation",
+        PIPELINE,
+        "The same question for hybrids trained with `--target-scaling scalar`, and does distilling on the hybrid's "
+        "own continuations (on-policy, reverse KL) close the gap?",
+        "As the record above, `--target-scaling scalar`; the on-policy run distils every second step on the "
+        "hybrid's continuations of 32-token prompts.",
+        summary=_first_table,
     ),
     "generate_speed_smollm2": Question(
         "Generation speed on a real model (SmolLM2-135M)",
@@ -800,8 +832,8 @@ is edited by hand or not re-rendered after a record changes: `python bench/rende
 
 Each section below gives what the question measures, the data, the command, the latest run (date,
 machine, commit, record file), the figures with what they mean, and the stated targets with their
-status (a section without a **Targets.** table states none: its figures are reported); the table of targets comes
-first. Run a bench from the repository root with the venv, e.g.
+status (a section without a **Targets.** line states none: its figures are reported); the table of all targets
+comes first. Run a bench from the repository root with the venv, e.g.
 `python bench/bench_knn.py` (`DIHAL_BENCH_RESULTS=/tmp/trial` keeps a trial run's record out of
 `bench/results/`), then `python bench/render_results.py`, and commit the record and this file
 together. A new question is a new `question=` key passed to `report(...)` in `bench/_common.py` plus
@@ -856,8 +888,9 @@ def _section(key: str, record: dict[str, Any] | None) -> str:
     if record["targets"]:  # a body's own copy of the targets table is shown once, under **Targets.**
         body = body.replace("\n\n" + "\n".join(targets), "").rstrip()
     lines.append(body)
-    if record["targets"]:  # none stated: the figures are reported
-        lines += ["", "**Targets.**", "", *targets]
+    if record["targets"]:  # none stated: the figures are reported; the table of them all is at the top
+        stated = "; ".join(f"{t['target']}: {t['measured']} ({t['status']})" for t in record["targets"])
+        lines += ["", f"**Targets.** {stated}."]
     if record.get("runs"):
         lines += ["", _runs_table(key, record["runs"])]
     return "\n".join(lines + [""])
