@@ -714,6 +714,25 @@ QUESTIONS: dict[str, Question] = {
         )
         for minutes in (15, 30)
     },
+    "hcdlm_faithful_attached6": Question(
+        "HC-DLM without the scaffold shortcuts, its encoder trained with the denoiser: 15 CPU-minutes",
+        HCDLM,
+        "Does the shortcut-free design (one latent per cell, p = 1, no slot read-out, no slot head) train when the "
+        "latent regression's gradient reaches the encoder (`detach_latents=false`: the encoder learns latents the "
+        "denoiser can predict, as the paper trains it), and does its chain run on its latent (x_t reset to the prior, "
+        "latent re-encoded from its tokens)?",
+        "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards); HC-DLM seed 0, lr 3e-3, 15 process-CPU-"
+        "minutes on one thread, one run scored with the latent noised afresh (`latent_update=renoise`, the "
+        "reference row) and with the paper's deterministic step; single chain (argmax) at 36, 50 and 100 steps, "
+        "both interventions at the best steps; nothing here was scored on a test file.",
+    ),
+    "hcdlm_faithful_attached6_30min": Question(
+        "HC-DLM without the scaffold shortcuts, its encoder trained with the denoiser: 30 CPU-minutes",
+        HCDLM,
+        "The same run resumed to twice the budget: does it climb, and does its chain still run on its latent?",
+        "As the record above, the run resumed to 30 process-CPU-minutes, the latent noised afresh at every step; "
+        "single chain (argmax) at 50, 100 and 200 steps; nothing here was scored on a test file.",
+    ),
     **{
         f"hcdlm_curve6_{kind}": Question(
             f"{title} along one training run on 6x6 Sudoku",
@@ -801,7 +820,8 @@ QUESTIONS: dict[str, Question] = {
 # validation hash, interval method) stated once in the data line instead.
 for _key in (
     "hcdlm_faithfulness6", "hcdlm_faithful_design6", "hcdlm_faithful_design6_renoise", "hcdlm_faithful_cells_p1_20min",
-    "hcdlm_faithful_curve6_15min", "hcdlm_faithful_curve6_30min", "hcdlm_curve6_hcdlm", "hcdlm_curve6_mdm",
+    "hcdlm_faithful_curve6_15min", "hcdlm_faithful_curve6_30min", "hcdlm_faithful_attached6",
+    "hcdlm_faithful_attached6_30min", "hcdlm_curve6_hcdlm", "hcdlm_curve6_mdm",
     "hcdlm_latent_push6", "hcdlm_shape9_mdm", "hcdlm_shape9_ccdd", "hcdlm_shape9_ar",
 ):  # fmt: skip
     QUESTIONS[_key] = replace(
