@@ -733,6 +733,16 @@ QUESTIONS: dict[str, Question] = {
         "As the record above, the run resumed to 30 process-CPU-minutes, the latent noised afresh at every step; "
         "single chain (argmax) at 50, 100 and 200 steps; nothing here was scored on a test file.",
     ),
+    "hcdlm_faithful_attached6_p3": Question(
+        "HC-DLM without the scaffold shortcuts, its encoder trained with the denoiser, the latent less noisy than the "
+        "scaffold: 15 CPU-minutes",
+        HCDLM,
+        "With the encoder attached, does keeping the latent less noisy than the scaffold (noised to `s ** 3`, p = 3) "
+        "keep the chain on its latent (x_t reset to the prior, latent re-encoded from its tokens)?",
+        "As `hcdlm_faithful_attached6` with `latent_schedule_power=3`, a fresh run of 15 process-CPU-minutes, the "
+        "latent noised afresh at every step; single chain (argmax) at 50, 100 and 200 steps; nothing here was "
+        "scored on a test file.",
+    ),
     **{
         f"hcdlm_curve6_{kind}": Question(
             f"{title} along one training run on 6x6 Sudoku",
@@ -821,7 +831,7 @@ QUESTIONS: dict[str, Question] = {
 for _key in (
     "hcdlm_faithfulness6", "hcdlm_faithful_design6", "hcdlm_faithful_design6_renoise", "hcdlm_faithful_cells_p1_20min",
     "hcdlm_faithful_curve6_15min", "hcdlm_faithful_curve6_30min", "hcdlm_faithful_attached6",
-    "hcdlm_faithful_attached6_30min", "hcdlm_curve6_hcdlm", "hcdlm_curve6_mdm",
+    "hcdlm_faithful_attached6_30min", "hcdlm_faithful_attached6_p3", "hcdlm_curve6_hcdlm", "hcdlm_curve6_mdm",
     "hcdlm_latent_push6", "hcdlm_shape9_mdm", "hcdlm_shape9_ccdd", "hcdlm_shape9_ar",
 ):  # fmt: skip
     QUESTIONS[_key] = replace(
