@@ -240,6 +240,30 @@ def add_model_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="the checkpoint (default: SmolLM2-135M's GGUF)")
 
 
+def add_target_scaling_option(parser: argparse.ArgumentParser) -> None:
+    """``--target-scaling``: passed to every ``dihal replace`` of the bench (:func:`target_scaling_argv`)."""
+    from dihal_fast.replace.config import TARGET_SCALINGS
+
+    parser.add_argument(
+        "--target-scaling", choices=TARGET_SCALINGS, default=None, help="dihal replace's option (default: its default)"
+    )
+
+
+def target_scaling_argv(args: argparse.Namespace) -> tuple[str, ...]:
+    """``dihal replace``'s ``--target-scaling`` option from the bench's (none: replace's default)."""
+    return ("--target-scaling", args.target_scaling) if args.target_scaling else ()
+
+
+def run_target_scaling(out: Path) -> str:
+    """The target scaling the ``dihal replace`` run in ``out`` trained with, ``auto`` resolved by its copied layers
+    (a run from before the option: scalar)."""
+    from dihal_fast.replace import BridgeTrainConfig
+
+    option = json.loads((out / "train_config.json").read_text()).get("target_scaling", "scalar")
+    copied = json.loads((out / "bridge_config.json").read_text())["copied_layers"]
+    return BridgeTrainConfig(target_scaling=option).scaling_for(copied)
+
+
 def real_model(args: argparse.Namespace) -> Path:
     """``--model``, or SmolLM2-135M-Instruct's GGUF file fetched once into ``WORK/models``."""
     from dihal_fast.testing.real_models import smollm2_checkpoint

@@ -18,9 +18,19 @@ import json
 from pathlib import Path
 
 import numpy as np
-from _common import BENCH, add_real_model_options, real_model, real_model_replace, report, rows_figure, table, target
-
-from dihal_fast.replace.config import TARGET_SCALINGS
+from _common import (
+    BENCH,
+    add_real_model_options,
+    add_target_scaling_option,
+    real_model,
+    real_model_replace,
+    report,
+    rows_figure,
+    run_target_scaling,
+    table,
+    target,
+    target_scaling_argv,
+)
 
 
 def trained_seconds(out: Path) -> float:
@@ -66,16 +76,8 @@ def train(model: Path, args: argparse.Namespace, out: Path) -> None:
         model, args, out,
         "--copied-layers", str(args.copied_layers), "--steps", str(args.steps), "--eval-every", str(args.eval_every),
         "--checkpoint-every", str(args.eval_every), "--log-every", str(args.eval_every), "--max-minutes", f"{budget:g}",
-        *(("--target-scaling", args.target_scaling) if args.target_scaling else ()),
+        *target_scaling_argv(args),
     )  # fmt: skip
-
-
-def target_scaling(out: Path, copied_layers: int) -> str:
-    """The target scaling the run trained with (``auto`` resolved; a run from before the option: scalar)."""
-    from dihal_fast.replace import BridgeTrainConfig
-
-    config = json.loads((out / "train_config.json").read_text())
-    return BridgeTrainConfig(target_scaling=config.get("target_scaling", "scalar")).scaling_for(copied_layers)
 
 
 def plot(points: list[dict], path: Path, title: str) -> None:
@@ -110,9 +112,7 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=2000, help="--steps (the cosine's length) of the run")
     parser.add_argument("--eval-every", type=int, default=25)
-    parser.add_argument(
-        "--target-scaling", choices=TARGET_SCALINGS, default=None, help="dihal replace's option (default: its default)"
-    )
+    add_target_scaling_option(parser)
     parser.add_argument("--question", default=None, help="the record's key (default: real_curve_copied_K)")
     args = parser.parse_args()
     out = args.work / f"copied_{args.copied_layers}"
@@ -138,7 +138,7 @@ def main() -> None:
             "curve": rows_figure(columns, values),
             "copied_layers": args.copied_layers,
             "layer": args.layer,
-            "target_scaling": target_scaling(out, args.copied_layers),
+            "target_scaling": run_target_scaling(out),
         },
         targets=[target("KL <= 0.4 nats", f"{last['kl']:.3f} at {last['tokens']} tokens", last["kl"] <= 0.4)],
     )

@@ -31,17 +31,18 @@ import numpy as np
 from _common import (
     RESULTS_DIR,
     add_real_model_options,
+    add_target_scaling_option,
     dihal_one_thread,
     read_record,
     real_model,
     real_model_replace,
     report,
     rows_figure,
+    run_target_scaling,
     table,
     target,
+    target_scaling_argv,
 )
-
-from dihal_fast.replace.config import TARGET_SCALINGS
 
 ON_POLICY = ("--on-policy-every", "2", "--on-policy-prefix", "32")
 # name: (row label with {long}/{short} minutes, replace options, long or short budget, in the KL fit)
@@ -105,16 +106,13 @@ def main() -> None:
     parser.add_argument(
         "--designs", default="default,copied,on_policy_reverse", help=f"comma-separated, of {', '.join(DESIGNS)}"
     )
-    parser.add_argument(
-        "--target-scaling", choices=TARGET_SCALINGS, default=None, help="dihal replace's option (default: its default)"
-    )
+    add_target_scaling_option(parser)
     parser.add_argument("--question", default="real_decoding_smollm2")
     args = parser.parse_args()
     settings = [decoding_setting(text) for text in args.decoding.split(",")]
     model = real_model(args)
-    scaling = ("--target-scaling", args.target_scaling) if args.target_scaling else ()
     scaling_suffix = f"_{args.target_scaling}" if args.target_scaling else ""  # a run of its own, never reused
-    runs, validation_kl, fitted = {}, {}, set()
+    runs, validation_kl, scalings, fitted = {}, {}, {}, set()
     for key in args.designs.split(","):
         label, options, budget, in_fit = DESIGNS[key]
         minutes = args.minutes if budget == "long" else args.short_minutes
@@ -122,10 +120,19 @@ def main() -> None:
         out = args.work / (name.replace(", ", "_").replace(" ", "_") + scaling_suffix)
         if not (out / "result.json").is_file():
             real_model_replace(
-                model, args, out, *options, *scaling, "--max-minutes", f"{minutes:g}", "--checkpoint-every", "25"
+                model,
+                args,
+                out,
+                *options,
+                *target_scaling_argv(args),
+                "--max-minutes",
+                f"{minutes:g}",
+                "--checkpoint-every",
+                "25",
             )
         runs[name] = {setting: evaluate(out, setting, args) for setting in settings}
         validation_kl[name] = json.loads((out / "result.json").read_text())["validation"]["kl"]
+        scalings[name] = run_target_scaling(out)
         if in_fit:
             fitted.add(name)
     columns = [
@@ -199,7 +206,7 @@ def main() -> None:
             "runs": rows_figure(columns, rows),
             "fits": fits,
             "samples": args.samples,
-            "target_scaling": args.target_scaling or "auto",
+            "target_scaling": scalings,
         },
         targets=[
             target(

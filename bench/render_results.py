@@ -182,12 +182,14 @@ def _curve_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
 def _curve_every_100_steps(record: dict[str, Any]) -> str:
     """A ``bench_real_curve.py`` record's table thinned to every 100 steps and the last (every validation point
     stays in the record's figures), then the rest of its body."""
-    lines = record["body"].split("\n")
-    steps = {row["step"] for row in _curve_rows(record)}
-    kept = [
-        line for line in lines if not (line[2:].split(" |")[0].isdigit() and int(line[2:].split(" |")[0]) not in steps)
-    ]
-    return "\n".join(kept).replace("Every 50 steps and the last;", "Every 100 steps and the last;")
+    steps = {str(row["step"]) for row in _curve_rows(record)}
+
+    def kept(line: str) -> bool:
+        first = line[2:].split(" |")[0]
+        return not (line.startswith("| ") and first.isdigit()) or first in steps
+
+    body = "\n".join(filter(kept, record["body"].split("\n")))
+    return body.replace("Every 50 steps and the last;", "Every 100 steps and the last;")
 
 
 def _curve_in_one_line(record: dict[str, Any]) -> str:
