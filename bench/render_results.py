@@ -485,7 +485,7 @@ QUESTIONS: dict[str, Question] = {
         "SmolLM2-135M-Instruct at hidden state 3, the default bridge (layers 1-2 copied, layer 3 learned, targets "
         "scaled per dimension: `--target-scaling auto`); the four English training texts, 32 held-out blocks of their "
         "validation parts, validated every 25 steps (EMA weights); 8 x 128 tokens per step, one thread, a 2,000-step "
-        "cosine.",
+        "cosine; trained by the same command with `--session-minutes 120`, which the command shown (`0`) reports.",
         summary=_curve_every_100_steps,
     ),
     "real_curve_copied_2_scalar": Question(
