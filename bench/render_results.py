@@ -745,6 +745,16 @@ QUESTIONS: dict[str, Question] = {
         "latent noised afresh at every step; single chain (argmax) at 50, 100 and 200 steps; nothing here was "
         "scored on a test file.",
     ),
+    "hcdlm_faithful_floor6": Question(
+        "HC-DLM without the scaffold shortcuts, the scaffold kept noisy at every step: 15 CPU-minutes",
+        HCDLM,
+        "With the encoder attached, does keeping at least half of the scaffold re-noised at every step, the last "
+        "included (`scaffold_floor=0.5`: the scaffold at level 0.5 + 0.5 s), make the chain carry the answer in its "
+        "latent (x_t reset to the prior, latent re-encoded from its tokens), and what does it cost in boards solved?",
+        "As `hcdlm_faithful_attached6` with `scaffold_floor=0.5`, a fresh run of 15 process-CPU-minutes, the latent "
+        "noised afresh at every step; single chain (argmax) at 50, 100 and 200 steps; nothing here was scored on a "
+        "test file.",
+    ),
     **{
         f"hcdlm_curve6_{kind}": Question(
             f"{title} along one training run on 6x6 Sudoku",
@@ -833,7 +843,8 @@ QUESTIONS: dict[str, Question] = {
 for _key in (
     "hcdlm_faithfulness6", "hcdlm_faithful_design6", "hcdlm_faithful_design6_renoise", "hcdlm_faithful_cells_p1_20min",
     "hcdlm_faithful_curve6_15min", "hcdlm_faithful_curve6_30min", "hcdlm_faithful_attached6",
-    "hcdlm_faithful_attached6_30min", "hcdlm_faithful_attached6_p3", "hcdlm_curve6_hcdlm", "hcdlm_curve6_mdm",
+    "hcdlm_faithful_attached6_30min", "hcdlm_faithful_attached6_p3", "hcdlm_faithful_floor6", "hcdlm_curve6_hcdlm",
+    "hcdlm_curve6_mdm",
     "hcdlm_latent_push6", "hcdlm_shape9_mdm", "hcdlm_shape9_ccdd", "hcdlm_shape9_ar",
 ):  # fmt: skip
     QUESTIONS[_key] = replace(

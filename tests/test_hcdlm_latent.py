@@ -1,5 +1,5 @@
-"""Issue 23's options that make the latent carry information: the latent's own noise schedule
-(``latent_schedule_power``) and all-[MASK] scaffolds in training (``scaffold_blind``)."""
+"""The options that make the latent carry information: the latent's own noise schedule (``latent_schedule_power``),
+a scaffold kept noisy at every step (``scaffold_floor``) and all-[MASK] scaffolds in training (``scaffold_blind``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dihal_fast.cli import main
 from dihal_fast.hcdlm import mechanism, objective
 from dihal_fast.hcdlm.config import HCDLMModelConfig, ObjectiveConfig, RunConfig, SampleConfig
 from dihal_fast.hcdlm.networks import HCDLM
-from dihal_fast.hcdlm.noise import LATENT_FLOW, UniformKernel, latent_level, latent_step
+from dihal_fast.hcdlm.noise import LATENT_FLOW, UniformKernel, latent_level, latent_step, scaffold_level
 from dihal_fast.hcdlm.objective import hcdlm_loss
 from dihal_fast.hcdlm.sampler import sample_hcdlm
 from dihal_fast.hcdlm.scoring import load_run
@@ -30,9 +30,10 @@ def sudoku4():
     return task
 
 
-def _model(power: float = 1.0) -> HCDLM:
+def _model(power: float = 1.0, floor: float = 0.0) -> HCDLM:
     torch.manual_seed(0)
-    return HCDLM(SudokuTask(2, 2).spec, HCDLMModelConfig(latent_schedule_power=power, **HCDLM_TINY))
+    config = HCDLMModelConfig(latent_schedule_power=power, scaffold_floor=floor, **HCDLM_TINY)
+    return HCDLM(SudokuTask(2, 2).spec, config)
 
 
 def _plain(**overrides) -> ObjectiveConfig:
@@ -103,6 +104,48 @@ def test_sampler_carries_the_latent_on_its_own_levels(sudoku4):
     for (t, x, x_hat), (_, x_next, _) in zip(trace, trace[1:]):
         assert torch.allclose(x_next, x_hat + ((t - 1) / t) ** power * (x - x_hat), atol=1e-5)
         assert not torch.allclose(x_next, x - (x - x_hat) / t, atol=1e-4)  # not the shared-level step
+
+
+def test_scaffold_level_is_the_floor_plus_the_rest_of_the_way():
+    s = torch.rand(7, dtype=torch.float64)
+    assert scaffold_level(s, 0.0) is s  # the paper's: the scaffold at s itself
+    assert torch.allclose(scaffold_level(s, 0.4), 0.4 + 0.6 * s)
+    assert scaffold_level(1.0, 0.4) == 1.0 and scaffold_level(0.0, 0.4) == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("floor", [0.0, 0.5])
+def test_training_corrupts_the_scaffold_to_its_floored_level(sudoku4, monkeypatch, floor):
+    """The scaffold is drawn at ``f + (1 - f) s`` where the denoiser (and the latent) are at level ``s``; without a
+    floor the positions hit are a share ``s`` (the kernel's own draw, unchanged)."""
+    model, kernel = _model(floor=floor), UniformKernel(4)
+    levels, seen = [], []
+    corrupt = kernel.corrupt_with_mask
+    monkeypatch.setattr(kernel, "corrupt_with_mask", lambda k, s, g: levels.append(s.clone()) or corrupt(k, s, g))
+    model.denoiser.register_forward_hook(lambda module, args, out: seen.append(args[2].clone()))
+    context, target = sudoku4.train_batch(random.Random(0), 16)
+    hcdlm_loss(model, kernel, context, target, _plain(), torch.Generator().manual_seed(0))
+    assert len(levels) == 1 and torch.allclose(levels[0].float(), floor + (1 - floor) * seen[0])
+
+
+def test_sampler_renoises_the_scaffold_to_its_floored_levels(sudoku4, monkeypatch):
+    """Each step re-noises ``k_hat_0`` to ``f + (1 - f)(t - 1)/N``: never below the floor, the last re-noise
+    included."""
+    model, kernel, steps, floor = _model(floor=0.5).eval(), UniformKernel(4), 5, 0.5
+    levels = []
+    renoise = kernel.renoise
+    monkeypatch.setattr(kernel, "renoise", lambda k, s, *rest: levels.append(s) or renoise(k, s, *rest))
+    context, _ = sudoku4.train_batch(random.Random(1), 3)
+    sample_hcdlm(model, kernel, context, SampleConfig(steps=steps), torch.Generator().manual_seed(0))
+    assert levels == pytest.approx([floor + (1 - floor) * (t - 1) / steps for t in range(steps, 1, -1)])
+
+
+def test_scaffold_floor_changes_the_loss(sudoku4):
+    context, target = sudoku4.train_batch(random.Random(0), 16)
+    losses = [
+        hcdlm_loss(_model(floor=f), UniformKernel(4), context, target, _plain(), torch.Generator().manual_seed(0))[0]
+        for f in (0.0, 0.5)
+    ]
+    assert losses[0].item() != pytest.approx(losses[1].item(), rel=1e-4)
 
 
 @pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
@@ -193,14 +236,21 @@ def test_runs_saved_before_these_options_keep_their_meaning(tmp_path):
     _tiny_run(tmp_path, 2.0)
     data = json.loads((latest_checkpoint(tmp_path) / "config.json").read_text())
     data["model"].pop("latent_schedule_power")
+    data["model"].pop("scaffold_floor")
     data["objective"].pop("scaffold_blind")
     old = RunConfig.from_dict(data)
     assert old.model.latent_schedule_power == 1.0 and old.objective.scaffold_blind == 0.0
+    assert old.model.scaffold_floor == 0.0
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
-    [(["--latent-schedule-power", "0"], "latent_schedule_power"), (["--scaffold-blind", "1.5"], "scaffold_blind")],
+    [
+        (["--latent-schedule-power", "0"], "latent_schedule_power"),
+        (["--scaffold-blind", "1.5"], "scaffold_blind"),
+        (["--scaffold-floor", "1"], "scaffold_floor"),
+        (["--scaffold-floor", "-0.1"], "scaffold_floor"),
+    ],
 )
 def test_bad_values_are_one_line_errors(tmp_path, capsys, flags, message):
     argv = ["hcdlm", "train", "--task", "sudoku", "--out", str(tmp_path / "run"), "--steps", "1", *HCDLM_TINY_ARGS]

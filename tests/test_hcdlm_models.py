@@ -240,6 +240,7 @@ _CHANGED_FIELDS = {
     "logvar_bound": "clamp",
     "logvar_min": -5.0,
     "latent_schedule_power": 2.0,
+    "scaffold_floor": 0.5,
     "self_condition": True,
     "latents": 2,
     "slot_readout": False,

@@ -97,6 +97,14 @@ class HCDLMModelConfig(CheckedConfig):
         gt=0.0,
         cli_default=None,
     )
+    scaffold_floor: float = option(
+        0.0,
+        "the scaffold's noise level is f + (1 - f) s at level s: f > 0 keeps at least a share f of the scaffold "
+        "re-noised at every step, the last included, so the answer cannot be copied from the scaffold and must be "
+        "carried by the latent (ours; 0 = the paper's)",
+        min=0.0,
+        lt=1.0,
+    )
     dropout: float = option(0.0, "dropout rate", min=0.0, lt=1.0)
     baseline_blocks: int = option(0, "blocks of MDM/AR/CCDD (0 = match the HC-DLM parameter count)", min=0)
     slot_head: bool = option(
@@ -376,13 +384,25 @@ def task_defaults(task: str, sudoku_box: str) -> dict[str, float]:
 # The run fields a kind never reads: its networks, loss and sampler are the same whatever their values (a baseline
 # still reads the HC-DLM architecture fields, which size the parameter budget it matches). Tested both ways.
 _LATENT_FIELDS = ("logvar_bound", "logvar_min", "latent_schedule_power")
-_SCAFFOLD_FIELDS = ("kernel", "token_weighting", "guidance_training", "scaffold_drop", "scaffold_blind")
+_SCAFFOLD_FIELDS = (
+    "kernel",
+    "scaffold_floor",
+    "token_weighting",
+    "guidance_training",
+    "scaffold_drop",
+    "scaffold_blind",
+)
 _CCDD_OBJECTIVE = ("timesteps", "lambda_cont", "cont_weighting")
 UNREAD_FIELDS: dict[str, tuple[str, ...]] = {
     "hcdlm": (),
     "latent": _SCAFFOLD_FIELDS,
     **{
-        kind: (*_LATENT_FIELDS, "kernel", *(f.name for f in fields(ObjectiveConfig) if f.name not in reads))
+        kind: (
+            *_LATENT_FIELDS,
+            "kernel",
+            "scaffold_floor",
+            *(f.name for f in fields(ObjectiveConfig) if f.name not in reads),
+        )
         for kind, reads in (("mdm", ()), ("ar", ()), ("ccdd", _CCDD_OBJECTIVE))
     },
 }

@@ -25,7 +25,7 @@ import torch
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.models import kind_of
-from dihal_fast.hcdlm.noise import LATENT_FLOW, latent_level
+from dihal_fast.hcdlm.noise import LATENT_FLOW, latent_level, scaffold_level
 from dihal_fast.hcdlm.sampler import INTERVENTIONS, sample_hcdlm
 from dihal_fast.hcdlm.scoring import LoadedRun, example_contexts, mean_scores, readout_by_step
 from dihal_fast.hcdlm.stats import paired_bootstrap
@@ -142,7 +142,8 @@ def ablation_readout(
             x_0 = model.encoder(truth, context)[0]
             eps = torch.randn(x_0.shape, generator=generator, device=run.device)
             x_t = LATENT_FLOW.noise(x_0, latent_level(level, model.cfg.latent_schedule_power), eps)
-            scaffold = run.kernel.corrupt(truth, level, generator) if model.scaffold else None
+            scaffold_at = scaffold_level(level, model.cfg.scaffold_floor)
+            scaffold = run.kernel.corrupt(truth, scaffold_at, generator) if model.scaffold else None
             inputs = {"model": (x_t, scaffold), "x_t_noise": (eps, scaffold)}
             if model.scaffold:
                 inputs["scaffold_true"] = (x_t, truth)

@@ -30,6 +30,13 @@ def latent_level(s: torch.Tensor | float, power: float = 1.0) -> torch.Tensor | 
     return s if power == 1.0 else s**power
 
 
+def scaffold_level(s: torch.Tensor | float, floor: float = 0.0) -> torch.Tensor | float:
+    """The token scaffold's noise level at level ``s``: ``floor + (1 - floor) s`` (``floor`` 0: ``s`` itself, the
+    paper's; > 0: the scaffold stays at least ``floor`` noisy, the last step included, so the answer cannot be copied
+    from it and must travel in the latent, ours, ``HCDLMModelConfig.scaffold_floor``). Pure noise at ``s = 1``."""
+    return s if floor == 0.0 else floor + (1.0 - floor) * s
+
+
 def latent_step(x_t: torch.Tensor, x_hat_0: torch.Tensor, step: int, steps: int, power: float = 1.0) -> torch.Tensor:
     """The latent at step ``step - 1`` of ``steps`` from step ``step`` given ``x_hat_0``, on the latent's own levels
     ``a = latent_level(step / steps)`` -> ``b = latent_level((step - 1) / steps)``: ``x_hat_0 + (b / a)(x_t - x_hat_0)``

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import ObjectiveConfig
 from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
-from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel, latent_level
+from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel, latent_level, scaffold_level
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -124,14 +124,15 @@ def own_prediction_inputs(
     s_high = s + (1 - s) * torch.rand(s.shape, generator=generator, device=s.device)
     eps = torch.randn(clean.shape, generator=generator, device=clean.device)
     power = model.cfg.latent_schedule_power
+    floor = model.cfg.scaffold_floor
     x_high = LATENT_FLOW.noise(clean, latent_level(s_high, power), eps)
-    k_high = kernel.corrupt(target, s_high, generator) if model.scaffold else None
+    k_high = kernel.corrupt(target, scaffold_level(s_high, floor), generator) if model.scaffold else None
     x_hat = model.denoiser(x_high, k_high, s_high, context)
     eps = torch.randn(clean.shape, generator=generator, device=clean.device)
     x_s = LATENT_FLOW.noise(x_hat, latent_level(s, power), eps)
     if not model.scaffold:
         return x_s, None
-    return x_s, kernel.corrupt(model.predictor(x_hat, context).argmax(-1), s, generator)
+    return x_s, kernel.corrupt(model.predictor(x_hat, context).argmax(-1), scaffold_level(s, floor), generator)
 
 
 def hcdlm_loss(
@@ -143,19 +144,20 @@ def hcdlm_loss(
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``l_recon CE(p(k0|x0)) + l_ent E[log q(x0|k0)] + l_cont omega |d(x_t, k_t, s) - x0|^2
-    + l_token CE(p(k0 | d(x_t, k_t, s))) + w_aux CE_masked``.
+        + l_token CE(p(k0 | d(x_t, k_t, s))) + w_aux CE_masked``.
 
-    ``x0 ~ q(x0 | k0)``; the reconstruction term never touches the denoiser; the token term trains the
-    denoiser and the predictor together (the sampler reads tokens exactly this way). One ``t ~ U{1..T}``
-    per example, ``s = t / T``; with ``guidance_training`` the scaffold ``k_t ~ q(k_t | k0)`` is replaced by
-    random tokens for a share ``scaffold_drop`` of examples (the unconditional branch of classifier-free
-    guidance, :func:`drop_scaffolds`). A share ``exposure_share`` of the examples gets ``(x_t, k_t)`` from
-    :func:`own_prediction_inputs`. With ``latent_schedule_power`` p the latent is noised to ``s ** p``
-    (:func:`~dihal_fast.hcdlm.noise.latent_level`); ``scaffold_blind`` gives a share of the rows an all-[MASK]
-    scaffold (:func:`blind_scaffolds`). With ``self_condition`` half the batches first predict ``x_hat_0`` without
-    gradient and the denoiser then reads it (self-conditioning; the rest read none). The auxiliary term encodes
-    ``k0`` with ``mask_aux_rate`` of its tokens set to [MASK] and scores the masked positions. With
-    ``detach_latents`` no regression gradient reaches the encoder.
+        ``x0 ~ q(x0 | k0)``; the reconstruction term never touches the denoiser; the token term trains the
+        denoiser and the predictor together (the sampler reads tokens exactly this way). One ``t ~ U{1..T}``
+        per example, ``s = t / T``; with ``guidance_training`` the scaffold ``k_t ~ q(k_t | k0)`` is replaced by
+        random tokens for a share ``scaffold_drop`` of examples (the unconditional branch of classifier-free
+        guidance, :func:`drop_scaffolds`). A share ``exposure_share`` of the examples gets ``(x_t, k_t)`` from
+        :func:`own_prediction_inputs`. With ``latent_schedule_power`` p the latent is noised to ``s ** p``
+        (:func:`~dihal_fast.hcdlm.noise.latent_level`), with ``scaffold_floor`` f the scaffold to ``f + (1 - f) s``
+    (:func:`~dihal_fast.hcdlm.noise.scaffold_level`); ``scaffold_blind`` gives a share of the rows an all-[MASK]
+        scaffold (:func:`blind_scaffolds`). With ``self_condition`` half the batches first predict ``x_hat_0`` without
+        gradient and the denoiser then reads it (self-conditioning; the rest read none). The auxiliary term encodes
+        ``k0`` with ``mask_aux_rate`` of its tokens set to [MASK] and scores the masked positions. With
+        ``detach_latents`` no regression gradient reaches the encoder.
     """
     batch, device = target.shape[0], target.device
     mean, logvar = model.encoder(target, context)
@@ -172,7 +174,8 @@ def hcdlm_loss(
     clean = x_0.detach() if cfg.detach_latents else x_0
     s_latent = latent_level(s, model.cfg.latent_schedule_power)  # s itself unless latent_schedule_power != 1
     x_t = LATENT_FLOW.noise(clean, s_latent, eps)
-    scaffold, hit = kernel.corrupt_with_mask(target, s, generator) if model.scaffold else (None, None)
+    level = scaffold_level(s, model.cfg.scaffold_floor)  # s itself unless scaffold_floor > 0
+    scaffold, hit = kernel.corrupt_with_mask(target, level, generator) if model.scaffold else (None, None)
     own = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.exposure_share
     if bool(own.any()):
         x_own, k_own = own_prediction_inputs(
@@ -185,7 +188,6 @@ def hcdlm_loss(
     if cfg.latent_drop:
         blind = torch.rand(batch, generator=generator, dtype=torch.float64, device=device) < cfg.latent_drop
         x_t = torch.where(blind[:, None, None], eps, x_t)
-    level = s
     if scaffold is not None and cfg.scaffold_blind:
         scaffold, hit, level = blind_scaffolds(scaffold, hit, level, cfg.scaffold_blind, model.mask_id, generator)
     if scaffold is not None and cfg.guidance_training:

@@ -17,7 +17,14 @@ from dihal_fast.common.sampling import sample_categorical
 from dihal_fast.errors import DihalValueError
 from dihal_fast.hcdlm.config import SampleConfig
 from dihal_fast.hcdlm.networks import HCDLM, ARNet, MDMNet
-from dihal_fast.hcdlm.noise import LATENT_FLOW, AbsorbingKernel, UniformKernel, latent_level, latent_step
+from dihal_fast.hcdlm.noise import (
+    LATENT_FLOW,
+    AbsorbingKernel,
+    UniformKernel,
+    latent_level,
+    latent_step,
+    scaffold_level,
+)
 
 StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor], None]
 # In-sampler interventions (mechanism probes, applied at every step; see sample_hcdlm): what the chain carries is
@@ -81,7 +88,8 @@ def sample_hcdlm(
     re-noised to level ``(t-1)/N`` (absorbing: the least confident re-masked). Tokens of ``x_0`` at the end.
     The latent is carried from step to step (never re-encoded from tokens, unless ``cfg.clamp``); with
     ``latent_schedule_power`` p != 1 it moves on its own levels ``(t/N)^p``
-    (:func:`~dihal_fast.hcdlm.noise.latent_step`).
+    (:func:`~dihal_fast.hcdlm.noise.latent_step`); with ``scaffold_floor`` f the scaffold is re-noised to
+    ``f + (1 - f)(t-1)/N`` (:func:`~dihal_fast.hcdlm.noise.scaffold_level`).
 
     With ``cfg.clamp`` (ours), ``x_hat_0`` is replaced by the encoder mean of ``k_hat_0`` before the
     Euler step: the latent carried on is always the code of a definite token sequence.
@@ -132,7 +140,13 @@ def sample_hcdlm(
             scaffold = (
                 kernel.prior(tuple(scaffold.shape), generator, device)
                 if intervention == "scaffold_prior"
-                else kernel.renoise(clean, (t - 1) / cfg.steps, confidence, generator, cfg.remask)
+                else kernel.renoise(
+                    clean,
+                    scaffold_level((t - 1) / cfg.steps, model.cfg.scaffold_floor),
+                    confidence,
+                    generator,
+                    cfg.remask,
+                )
             )
     logits = model.predictor(x, context)
     tokens = sample_categorical(logits, cfg.temperature, generator=generator)
