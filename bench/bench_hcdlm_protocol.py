@@ -358,6 +358,12 @@ def parse_variant(text: str) -> tuple[str, dict, dict]:
     return name, run_fields, sample_fields
 
 
+def variant_fields(kind: str, own: dict, args: argparse.Namespace) -> dict:
+    """The run fields a ``--variant`` of ``kind`` trains with: the kind's ``--run-fields`` and ``--match-sampling``
+    shape, then the variant's own fields over them."""
+    return {**args.run_fields.get(kind, {}), **own}
+
+
 def faithfulness(kind: str, args: argparse.Namespace) -> None:
     """Each ``--variant`` of ``kind`` (seed 0, the protocol's lr and budget; the first variant is the reference,
     a variant with no run fields is the protocol's own seed-0 run) scored by its single chain on validation at each
@@ -374,7 +380,8 @@ def faithfulness(kind: str, args: argparse.Namespace) -> None:
     rows, found, reference = [], {}, None
     if args.curve:  # the record's rows at the other budgets stay: one record per curve
         rows, found = earlier_budgets(args, header)
-    for name, run_fields, sample_fields in variants:
+    for name, own_fields, sample_fields in variants:
+        run_fields = variant_fields(kind, own_fields, args)
         folder, summary = train_one(kind, 0, args, fields=run_fields)
         run = load_run(folder, device="cpu")
         validation = examples_from_file(run.task, args.val)
@@ -526,8 +533,8 @@ def main() -> None:
     for kind, shape in sampling_matched(args.match_sampling, kinds, args.sudoku_box, args.run_fields).items():
         args.run_fields[kind] = {**args.run_fields.get(kind, {}), **shape}
     if args.train_only and args.variant:
-        for _, run_fields, _ in map(parse_variant, args.variant):
-            folder, summary = train_one(kinds[0], 0, args, fields=run_fields)
+        for _, own_fields, _ in map(parse_variant, args.variant):
+            folder, summary = train_one(kinds[0], 0, args, fields=variant_fields(kinds[0], own_fields, args))
             print(f"{folder}: {summary['step']} steps, {summary['elapsed_s']:.0f} s, {summary['parameters']} p")
         return
     if args.train_only:

@@ -9,8 +9,10 @@ correction, the low-KL end) at ``--short-minutes``, and the default with on-poli
 Each hybrid is scored by ``dihal evaluate`` on the held-out English blocks at every decoding setting of
 ``--decoding`` (temperature / top-p; unconditional samples from the start-of-document token, the same seed for
 hybrid and backbone): KL and PPL teacher-forced, Gen PPL under the backbone with its bootstrap interval, unigram
-entropy and diversity. Per setting, log(Gen PPL ratio) is fitted as a line through the origin in KL over the
-teacher-forced designs, which gives the KL such a hybrid needs for a stated Gen PPL ratio; the
+entropy, diversity, and each sample's own distinct-4 (repetition inside a sample; the hybrid's mean minus the
+backbone's with a bootstrap interval). ``--extra-run LABEL=DIR`` scores and fits a finished run of the default design
+trained elsewhere (the learning curve's longest). Per setting, log(Gen PPL ratio) is fitted as a line through the
+origin in KL over the teacher-forced designs, which gives the KL such a hybrid needs for a stated Gen PPL ratio; the
 ``real_curve_copied_2`` record's law (KL against training tokens past 75k tokens; ``real_curve_copied_2_SCALING``
 with ``--target-scaling SCALING``) turns that KL into tokens.
 Finished runs and evaluations are reused, so two processes can train disjoint ``--designs`` into one ``--work``
@@ -44,6 +46,9 @@ from _common import (
     target_scaling_argv,
 )
 
+from dihal_fast.common.hf_loading import load_tokenizer
+from dihal_fast.common.metrics import distinct_n
+
 ON_POLICY = ("--on-policy-every", "2", "--on-policy-prefix", "32")
 # name: (row label with {long}/{short} minutes, replace options, long or short budget, in the KL fit)
 DESIGNS = {
@@ -60,6 +65,28 @@ DESIGNS = {
 }
 RATIO_GOAL = 1.2  # Gen PPL within 20 % of the backbone's: "reads like the backbone's"
 EXCERPT_CHARS = 160
+REPEAT_N = 4  # the n of the per-sample distinct-n that measures repetition inside a sample
+INTERVAL_DRAWS = 2000
+
+
+def per_sample_distinct(texts: list[str], tokenizer) -> np.ndarray:
+    """Distinct-``REPEAT_N`` of each sample on its own (unique / total n-grams of the retokenised text): 1 for a
+    sample that never repeats a 4-gram, low for one caught in a loop. The pooled diversity has no per-sample unit, so
+    this is the measure an interval can be put on."""
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    return np.array([distinct_n([sample], REPEAT_N) for sample in ids if len(sample) >= REPEAT_N])
+
+
+def difference_interval(hybrid: np.ndarray, backbone: np.ndarray, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of ``hybrid`` minus mean of ``backbone`` and its 95 % bootstrap interval (the two sample sets drawn
+    independently: unconditional samples are not paired)."""
+    rng = np.random.default_rng(seed)
+    draws = [
+        rng.choice(hybrid, hybrid.size).mean() - rng.choice(backbone, backbone.size).mean()
+        for _ in range(INTERVAL_DRAWS)
+    ]
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return float(hybrid.mean() - backbone.mean()), float(low), float(high)
 
 
 def decoding_setting(text: str) -> tuple[float, float]:
@@ -68,10 +95,10 @@ def decoding_setting(text: str) -> tuple[float, float]:
     return temperature, top_p
 
 
-def evaluate(run: Path, setting: tuple[float, float], args: argparse.Namespace) -> dict:
-    """``dihal evaluate`` of the replace run at one decoding setting (reused when finished)."""
+def evaluate(run: Path, stem: str, setting: tuple[float, float], args: argparse.Namespace) -> dict:
+    """``dihal evaluate`` of the replace run at one decoding setting into ``--work`` (reused when finished)."""
     temperature, top_p = setting
-    out = run.parent / f"{run.name}_eval_t{temperature:g}_p{top_p:g}"
+    out = args.work / f"{stem}_eval_t{temperature:g}_p{top_p:g}"
     if not (out / "evaluate.json").is_file():
         dihal_one_thread(
             "evaluate", "--hybrid", str(run), "--corpus", str(args.val_corpus), "--n-samples", str(args.samples),
@@ -79,6 +106,15 @@ def evaluate(run: Path, setting: tuple[float, float], args: argparse.Namespace) 
             f"{top_p:g}", "--out", str(out),
         )  # fmt: skip
     return json.loads((out / "evaluate.json").read_text())
+
+
+def extra_run(text: str) -> tuple[str, Path]:
+    """``"LABEL=DIR"`` -> (LABEL, DIR), checked before any work: DIR must hold a finished replace run."""
+    label, sep, directory = text.partition("=")
+    run = Path(directory)
+    if not sep or not label or not (run / "result.json").is_file():
+        raise SystemExit(f"--extra-run {text!r}: expected LABEL=DIR with DIR a finished replace run (its result.json)")
+    return label, run
 
 
 def tokens_for_kl(kl: float, curve: str) -> float | None:
@@ -106,10 +142,19 @@ def main() -> None:
     parser.add_argument(
         "--designs", default="default,copied,on_policy_reverse", help=f"comma-separated, of {', '.join(DESIGNS)}"
     )
+    parser.add_argument(
+        "--extra-run",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="a finished run of the default design trained elsewhere (e.g. the learning curve's), scored and fitted "
+        "beside the designs; repeatable",
+    )
     add_target_scaling_option(parser)
     parser.add_argument("--question", default="real_decoding_smollm2")
     args = parser.parse_args()
     settings = [decoding_setting(text) for text in args.decoding.split(",")]
+    extra_runs = [extra_run(text) for text in args.extra_run]
     model = real_model(args)
     scaling_suffix = f"_{args.target_scaling}" if args.target_scaling else ""  # a run of its own, never reused
     runs, validation_kl, scalings, fitted = {}, {}, {}, set()
@@ -130,21 +175,32 @@ def main() -> None:
                 "--checkpoint-every",
                 "25",
             )
-        runs[name] = {setting: evaluate(out, setting, args) for setting in settings}
+        runs[name] = {setting: evaluate(out, out.name, setting, args) for setting in settings}
         validation_kl[name] = json.loads((out / "result.json").read_text())["validation"]["kl"]
         scalings[name] = run_target_scaling(out)
         if in_fit:
             fitted.add(name)
+    for name, out in extra_runs:
+        stem = name.replace(", ", "_").replace(" ", "_")
+        runs[name] = {setting: evaluate(out, stem, setting, args) for setting in settings}
+        validation_kl[name] = json.loads((out / "result.json").read_text())["validation"]["kl"]
+        scalings[name] = run_target_scaling(out)
+        fitted.add(name)
     columns = [
         "hybrid", "T / top-p", "KL (validation)", "KL (evaluation)", "PPL ratio", "Gen PPL [95 %]",
         "backbone Gen PPL [95 %]", "Gen PPL ratio",
         "diversity (backbone)", "entropy (backbone)",
+        f"distinct-{REPEAT_N} per sample (backbone)", "hybrid - backbone [95 %]",
     ]  # fmt: skip
     rows, fits = [], {}
+    tokenizer = load_tokenizer(model)
     for setting in settings:
         points = []
         for name, by_setting in runs.items():
             hybrid, backbone = by_setting[setting]["hybrid"], by_setting[setting]["backbone"]
+            samples = by_setting[setting]["samples"]
+            own, base = (per_sample_distinct(samples[kind], tokenizer) for kind in ("hybrid", "backbone"))
+            gap, gap_low, gap_high = difference_interval(own, base)
             ratio = hybrid["gen_ppl"] / backbone["gen_ppl"]
             if name in fitted:  # on the learning curve's scale: the validation blocks' KL
                 points.append((validation_kl[name], math.log(ratio)))
@@ -157,6 +213,7 @@ def main() -> None:
                 f"{backbone['gen_ppl']:.1f} [{base_low:.1f}, {base_high:.1f}]", round(ratio, 2),
                 f"{hybrid['diversity_dihal']:.3f} ({backbone['diversity_dihal']:.3f})",
                 f"{hybrid['entropy']:.2f} ({backbone['entropy']:.2f})",
+                f"{own.mean():.3f} ({base.mean():.3f})", f"{gap:+.3f} [{gap_low:+.3f}, {gap_high:+.3f}]",
             ])  # fmt: skip
         kl, log_ratio = np.array(points).T
         per_nat = float(kl @ log_ratio / (kl @ kl))  # log(Gen PPL ratio) = per_nat x KL

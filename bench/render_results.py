@@ -532,13 +532,23 @@ QUESTIONS: dict[str, Question] = {
         "The SmolLM2-135M hybrid's samples at the decoding settings users sample with",
         PIPELINE,
         "Do the real-model hybrid's free-running samples read like its backbone's at the decoding settings users "
-        "sample with (Gen PPL within 1.2x, the same diversity), and how does the Gen PPL gap follow the "
-        "teacher-forced KL?",
+        "sample with (Gen PPL within 1.2x, the same diversity and repetition), and does the Gen PPL gap follow the "
+        "teacher-forced KL, across designs and along the default's training?",
         "SmolLM2-135M-Instruct at hidden state 3, `dihal replace` with its defaults on the four English training "
         "texts, one thread, CPU-second budgets; `dihal evaluate` on the held-out English blocks, 64 unconditional "
         "samples of 128 tokens per model and setting (seed 0, the backbone as Gen PPL evaluator, 95 % bootstrap "
         "intervals).",
         summary=_tables_and_last_samples,
+    ),
+    "real_repetition_smollm2": Question(
+        "Where the SmolLM2-135M hybrid differs from its backbone: copying and inventing",
+        PIPELINE,
+        "Do the default hybrids repeat themselves more in free-running samples because they copy more (give the "
+        "token an induction head predicts more probability than the backbone does), and where does their KL sit: at "
+        "positions that can be copied from earlier in the text or at positions that must be invented?",
+        "The 30-CPU-minute default hybrid of `real_decoding_smollm2` and the 120-minute learning-curve run, "
+        "teacher-forced beside their backbone on the 32 held-out English blocks `dihal evaluate` scores and on the "
+        "64 samples (T 0.7 / top-p 0.9) of the backbone and of each hybrid; float64 log-softmax, one thread.",
     ),
     "real_decoding_smollm2_scalar": Question(
         "The SmolLM2-135M hybrid's samples with one scalar target std, and on-policy distillation",
@@ -773,6 +783,17 @@ QUESTIONS: dict[str, Question] = {
         )
         for kind, title in (("hcdlm", "HC-DLM, the default (with its scaffold shortcuts)"), ("mdm", "MDM"))
     },
+    "hcdlm_curve6_mdm_matched": Question(
+        "MDM matched to HC-DLM's sampling parameters along one training run on 6x6 Sudoku",
+        HCDLM,
+        "With as many parameters as HC-DLM's chain reads when it samples (the paper's matching: HC-DLM's encoder "
+        "aside), how many validation boards does MDM's single chain solve at 15 CPU-minutes and beyond?",
+        "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards); MDM at width 64 with the depth whose "
+        "sampling parameters come closest to HC-DLM's (`--match-sampling mdm:64`), seed 0, lr 3e-3 (chosen on this "
+        "file for the total-matched MDM, not searched again), one run resumed to each row's process-CPU-minutes on "
+        "one thread; single chain (argmax, the givens in place) at 36, 50, 100 and 200 steps; nothing here was "
+        "scored on a test file.",
+    ),
     "hcdlm_latent_push6": Question(
         "HC-DLM: training changes that could make the latent carry the solution, on the frozen 6x6 validation split",
         HCDLM,
@@ -844,7 +865,7 @@ for _key in (
     "hcdlm_faithfulness6", "hcdlm_faithful_design6", "hcdlm_faithful_design6_renoise", "hcdlm_faithful_cells_p1_20min",
     "hcdlm_faithful_curve6_15min", "hcdlm_faithful_curve6_30min", "hcdlm_faithful_attached6",
     "hcdlm_faithful_attached6_30min", "hcdlm_faithful_attached6_p3", "hcdlm_faithful_floor6", "hcdlm_curve6_hcdlm",
-    "hcdlm_curve6_mdm",
+    "hcdlm_curve6_mdm", "hcdlm_curve6_mdm_matched",
     "hcdlm_latent_push6", "hcdlm_shape9_mdm", "hcdlm_shape9_ccdd", "hcdlm_shape9_ar",
 ):  # fmt: skip
     QUESTIONS[_key] = replace(

@@ -469,6 +469,20 @@ def test_protocol_matches_a_baselines_shape_on_sampling_parameters():
             protocol.sampling_matched([bad], ["hcdlm", "mdm"], "2x3", {})
 
 
+def test_a_variant_trains_with_the_kinds_matched_shape_and_its_own_fields_over_it():
+    """Regression: ``--variant`` runs took only the variant's fields, so ``--match-sampling`` and ``--run-fields``
+    were silently dropped."""
+    import argparse
+
+    import bench_hcdlm_protocol as protocol
+
+    shape = protocol.sampling_matched(["mdm:64"], ["mdm"], "2x3", {})["mdm"]
+    args = argparse.Namespace(run_fields={"mdm": shape})
+    assert protocol.variant_fields("mdm", {}, args) == shape
+    assert protocol.variant_fields("mdm", {"baseline_blocks": 2}, args) == {**shape, "baseline_blocks": 2}
+    assert protocol.variant_fields("hcdlm", {"latents": 36}, args) == {"latents": 36}
+
+
 def test_protocol_records_render_as_one_table_of_means():
     """A protocol record's section is the table its figures give (means, differences, cost, settings), not its
     whole body; the differences read as ``points_text`` writes them."""
