@@ -144,20 +144,20 @@ def hcdlm_loss(
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``l_recon CE(p(k0|x0)) + l_ent E[log q(x0|k0)] + l_cont omega |d(x_t, k_t, s) - x0|^2
-        + l_token CE(p(k0 | d(x_t, k_t, s))) + w_aux CE_masked``.
+    + l_token CE(p(k0 | d(x_t, k_t, s))) + w_aux CE_masked``.
 
-        ``x0 ~ q(x0 | k0)``; the reconstruction term never touches the denoiser; the token term trains the
-        denoiser and the predictor together (the sampler reads tokens exactly this way). One ``t ~ U{1..T}``
-        per example, ``s = t / T``; with ``guidance_training`` the scaffold ``k_t ~ q(k_t | k0)`` is replaced by
-        random tokens for a share ``scaffold_drop`` of examples (the unconditional branch of classifier-free
-        guidance, :func:`drop_scaffolds`). A share ``exposure_share`` of the examples gets ``(x_t, k_t)`` from
-        :func:`own_prediction_inputs`. With ``latent_schedule_power`` p the latent is noised to ``s ** p``
-        (:func:`~dihal_fast.hcdlm.noise.latent_level`), with ``scaffold_floor`` f the scaffold to ``f + (1 - f) s``
+    ``x0 ~ q(x0 | k0)``; the reconstruction term never touches the denoiser; the token term trains the
+    denoiser and the predictor together (the sampler reads tokens exactly this way). One ``t ~ U{1..T}``
+    per example, ``s = t / T``; with ``guidance_training`` the scaffold ``k_t ~ q(k_t | k0)`` is replaced by
+    random tokens for a share ``scaffold_drop`` of examples (the unconditional branch of classifier-free
+    guidance, :func:`drop_scaffolds`). A share ``exposure_share`` of the examples gets ``(x_t, k_t)`` from
+    :func:`own_prediction_inputs`. With ``latent_schedule_power`` p the latent is noised to ``s ** p``
+    (:func:`~dihal_fast.hcdlm.noise.latent_level`), with ``scaffold_floor`` f the scaffold to ``f + (1 - f) s``
     (:func:`~dihal_fast.hcdlm.noise.scaffold_level`); ``scaffold_blind`` gives a share of the rows an all-[MASK]
-        scaffold (:func:`blind_scaffolds`). With ``self_condition`` half the batches first predict ``x_hat_0`` without
-        gradient and the denoiser then reads it (self-conditioning; the rest read none). The auxiliary term encodes
-        ``k0`` with ``mask_aux_rate`` of its tokens set to [MASK] and scores the masked positions. With
-        ``detach_latents`` no regression gradient reaches the encoder.
+    scaffold (:func:`blind_scaffolds`). With ``self_condition`` half the batches first predict ``x_hat_0`` without
+    gradient and the denoiser then reads it (self-conditioning; the rest read none). The auxiliary term encodes
+    ``k0`` with ``mask_aux_rate`` of its tokens set to [MASK] and scores the masked positions. With
+    ``detach_latents`` no regression gradient reaches the encoder.
     """
     batch, device = target.shape[0], target.device
     mean, logvar = model.encoder(target, context)
