@@ -243,6 +243,20 @@ def test_runs_saved_before_these_options_keep_their_meaning(tmp_path):
     assert old.model.scaffold_floor == 0.0
 
 
+def test_a_run_saved_before_scaffold_floor_resumes_and_one_with_another_floor_is_refused(tmp_path):
+    """Regression: a checkpoint whose config has no ``scaffold_floor`` (saved before the field) resumes as trained
+    (its legacy value 0); a resume that asks for another floor is refused before any step."""
+    train(hcdlm_tiny_config(2, warmup_steps=1), tmp_path)
+    checkpoint = latest_checkpoint(tmp_path) / "config.json"
+    data = json.loads(checkpoint.read_text())
+    data["model"].pop("scaffold_floor")
+    checkpoint.write_text(json.dumps(data))
+    train(hcdlm_tiny_config(4, warmup_steps=1), tmp_path)
+    assert latest_checkpoint(tmp_path).name.endswith("4")
+    with pytest.raises(ValueError, match="scaffold_floor"):
+        train(hcdlm_tiny_config(6, model={"scaffold_floor": 0.5}, warmup_steps=1), tmp_path)
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -40,6 +40,7 @@ class HCDLMModelConfig(CheckedConfig):
         "slot_readout": True,
         "self_condition": False,
         "latent_layout": "pooled",
+        "scaffold_floor": 0.0,
     }
 
     kind: str = option(
