@@ -787,7 +787,8 @@ QUESTIONS: dict[str, Question] = {
         "MDM matched to HC-DLM's sampling parameters along one training run on 6x6 Sudoku",
         HCDLM,
         "With as many parameters as HC-DLM's chain reads when it samples (the paper's matching: HC-DLM's encoder "
-        "aside), how many validation boards does MDM's single chain solve at 15 and 30 CPU-minutes (as far as the rows reach)?",
+        "aside), how many validation boards does MDM's single chain solve at 15, 30 and 60 CPU-minutes (as far as "
+        "the rows reach)?",
         "`bench/data/sudoku6/validation.csv` (150 easy + 150 hard boards); MDM at width 64 with the depth whose "
         "sampling parameters come closest to HC-DLM's (`--match-sampling mdm:64`), seed 0, lr 3e-3 (chosen on this "
         "file for the total-matched MDM, not searched again), one run resumed to each row's process-CPU-minutes on "
