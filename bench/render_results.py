@@ -745,6 +745,14 @@ QUESTIONS: dict[str, Question] = {
         "As the record above, the run resumed to 30 process-CPU-minutes, the latent noised afresh at every step; "
         "single chain (argmax) at 50, 100 and 200 steps; nothing here was scored on a test file.",
     ),
+    "hcdlm_faithful_attached6_60min": Question(
+        "HC-DLM without the scaffold shortcuts, its encoder trained with the denoiser: 60 CPU-minutes",
+        HCDLM,
+        "The same run resumed to four times the first budget: does it keep climbing, and does its chain run on its "
+        "latent again?",
+        "As `hcdlm_faithful_attached6`, the run resumed to 60 process-CPU-minutes, the latent noised afresh at every "
+        "step; single chain (argmax) at 50, 100 and 200 steps; nothing here was scored on a test file.",
+    ),
     "hcdlm_faithful_attached6_p3": Question(
         "HC-DLM without the scaffold shortcuts, its encoder trained with the denoiser, the latent less noisy than the "
         "scaffold: 15 CPU-minutes",
@@ -865,7 +873,8 @@ QUESTIONS: dict[str, Question] = {
 for _key in (
     "hcdlm_faithfulness6", "hcdlm_faithful_design6", "hcdlm_faithful_design6_renoise", "hcdlm_faithful_cells_p1_20min",
     "hcdlm_faithful_curve6_15min", "hcdlm_faithful_curve6_30min", "hcdlm_faithful_attached6",
-    "hcdlm_faithful_attached6_30min", "hcdlm_faithful_attached6_p3", "hcdlm_faithful_floor6", "hcdlm_curve6_hcdlm",
+    "hcdlm_faithful_attached6_30min", "hcdlm_faithful_attached6_60min",
+    "hcdlm_faithful_attached6_p3", "hcdlm_faithful_floor6", "hcdlm_curve6_hcdlm",
     "hcdlm_curve6_mdm", "hcdlm_curve6_mdm_matched",
     "hcdlm_latent_push6", "hcdlm_shape9_mdm", "hcdlm_shape9_ccdd", "hcdlm_shape9_ar",
 ):  # fmt: skip
