@@ -48,6 +48,7 @@ from _common import (
 
 from dihal_fast.common.hf_loading import load_tokenizer
 from dihal_fast.common.metrics import distinct_n
+from dihal_fast.evaluate.scoring import INTERVAL_DRAWS
 
 ON_POLICY = ("--on-policy-every", "2", "--on-policy-prefix", "32")
 # name: (row label with {long}/{short} minutes, replace options, long or short budget, in the KL fit)
@@ -66,7 +67,6 @@ DESIGNS = {
 RATIO_GOAL = 1.2  # Gen PPL within 20 % of the backbone's: "reads like the backbone's"
 EXCERPT_CHARS = 160
 REPEAT_N = 4  # the n of the per-sample distinct-n that measures repetition inside a sample
-INTERVAL_DRAWS = 2000
 
 
 def per_sample_distinct(texts: list[str], tokenizer) -> np.ndarray:
@@ -106,6 +106,11 @@ def evaluate(run: Path, stem: str, setting: tuple[float, float], args: argparse.
             f"{top_p:g}", "--out", str(out),
         )  # fmt: skip
     return json.loads((out / "evaluate.json").read_text())
+
+
+def run_stem(label: str) -> str:
+    """A row label as the folder name of its run and evaluations: ``"default, 30 min"`` -> ``default_30_min``."""
+    return label.replace(", ", "_").replace(" ", "_")
 
 
 def extra_run(text: str) -> tuple[str, Path]:
@@ -162,7 +167,7 @@ def main() -> None:
         label, options, budget, in_fit = DESIGNS[key]
         minutes = args.minutes if budget == "long" else args.short_minutes
         name = label.format(long=f"{args.minutes:g}", short=f"{args.short_minutes:g}")
-        out = args.work / (name.replace(", ", "_").replace(" ", "_") + scaling_suffix)
+        out = args.work / (run_stem(name) + scaling_suffix)
         if not (out / "result.json").is_file():
             real_model_replace(
                 model,
@@ -181,8 +186,7 @@ def main() -> None:
         if in_fit:
             fitted.add(name)
     for name, out in extra_runs:
-        stem = name.replace(", ", "_").replace(" ", "_")
-        runs[name] = {setting: evaluate(out, stem, setting, args) for setting in settings}
+        runs[name] = {setting: evaluate(out, run_stem(name), setting, args) for setting in settings}
         validation_kl[name] = json.loads((out / "result.json").read_text())["validation"]["kl"]
         scalings[name] = run_target_scaling(out)
         fitted.add(name)

@@ -30,8 +30,8 @@ from transformers import AutoModelForCausalLM
 from dihal_fast.common.hf_loading import load_causal_lm
 from dihal_fast.corpus.convention import token_convention
 from dihal_fast.evaluate.harness import EvalProtocolConfig, heldout_blocks
+from dihal_fast.evaluate.scoring import INTERVAL_DRAWS
 
-INTERVAL_DRAWS = 2000
 MIN_TOKENS = 8  # a retokenised sample shorter than this holds no copy position worth scoring
 
 
